@@ -1,0 +1,53 @@
+// swift-tools-version:6.0
+//
+// AccessoryHost: a userspace USB host driver for MFi-style accessories (iAP1 / iAP2) on Linux.
+// Layers, bottom up: CLibUSB (system library) → IAPWire (pure codecs) → IAPInspect (human and
+// JSON views of frames) → tools. See README.md and CHANGELOG.md.
+
+import PackageDescription
+
+let strict: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "AccessoryHost",
+    products: [
+        .library(name: "IAPWire", targets: ["IAPWire"]),
+        .library(name: "IAPInspect", targets: ["IAPInspect"]),
+        .library(name: "CLIKit", targets: ["CLIKit"]),
+        .executable(name: "iapctl", targets: ["iapctl"]),
+        .executable(name: "iapbench", targets: ["iapbench"]),
+    ],
+    targets: [
+        // libusb-1.0 as Debian ships it (1.0.26): `apt-get install libusb-1.0-0-dev pkg-config`.
+        .systemLibrary(
+            name: "CLibUSB",
+            pkgConfig: "libusb-1.0",
+            providers: [.apt(["libusb-1.0-0-dev", "pkg-config"])]
+        ),
+        // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
+        .target(name: "IAPWire", swiftSettings: strict),
+        // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
+        .target(name: "IAPInspect", dependencies: ["IAPWire"], swiftSettings: strict),
+        // Small command-line utilities: argument parsing, logging.
+        .target(name: "CLIKit", swiftSettings: strict),
+        .executableTarget(
+            name: "iapctl",
+            dependencies: ["IAPWire", "IAPInspect", "CLIKit", "CLibUSB"],
+            path: "tools/iapctl",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "iapbench",
+            dependencies: ["IAPWire", "CLIKit"],
+            path: "tools/iapbench",
+            swiftSettings: strict
+        ),
+        .testTarget(name: "IAPWireTests", dependencies: ["IAPWire"], swiftSettings: strict),
+        .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "CLIKitTests", dependencies: ["CLIKit"], swiftSettings: strict),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,38 @@
+/// The one-byte checksums of iAP1 and iAP2: two's complement of the byte sum.
+///
+/// Every checksum in both protocols has the same shape: the sender picks the byte that makes the
+/// covered bytes plus the checksum sum to zero modulo 256. iAP1 covers the length field through
+/// the last payload byte; an iAP2 link header covers its first eight bytes; an iAP2 payload
+/// checksum covers the payload alone.
+///
+/// This is the hot loop of the receive path (every payload byte goes through it once), so it
+/// reads the bytes through `withUnsafeBytes` and lets the compiler vectorise the sum.
+public enum Checksum {
+    /// The sum of the bytes of `bytes`, modulo 256.
+    @inlinable
+    public static func sum(_ bytes: RawSpan) -> UInt8 {
+        bytes.withUnsafeBytes { buffer -> UInt8 in
+            var total: UInt8 = 0
+            for byte in buffer { total &+= byte }
+            return total
+        }
+    }
+
+    /// The checksum byte for `bytes`: `(0x100 - sum) & 0xFF`.
+    @inlinable
+    public static func of(_ bytes: RawSpan) -> UInt8 {
+        0 &- sum(bytes)
+    }
+
+    /// The checksum byte for `bytes`.
+    @inlinable
+    public static func of(_ bytes: [UInt8]) -> UInt8 {
+        of(bytes.span.bytes)
+    }
+
+    /// Whether `bytes`, which end with their checksum byte, sum to zero modulo 256.
+    @inlinable
+    public static func verifies(_ bytes: RawSpan) -> Bool {
+        sum(bytes) == 0
+    }
+}

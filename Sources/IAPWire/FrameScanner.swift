@@ -1,0 +1,362 @@
+/// Which kinds of frame a ``FrameScanner`` looks for.
+public struct FrameKinds: OptionSet, Hashable, Sendable {
+    public let rawValue: UInt8
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    /// iAP2 link packets (`FF 5A …`).
+    public static let iap2 = FrameKinds(rawValue: 1 << 0)
+    /// iAP1 packets (`[FF] 55 …`), other than the detect.
+    public static let iap1 = FrameKinds(rawValue: 1 << 1)
+    /// The iAP2 detect sequence `FF 55 02 00 EE 10`.
+    public static let detect = FrameKinds(rawValue: 1 << 2)
+    /// Everything: what a receiver needs before it knows which protocol the peer speaks.
+    public static let all: FrameKinds = [.iap2, .iap1, .detect]
+}
+
+/// A frame found by a ``FrameScanner``: what it is and where its bytes lie in the span handed
+/// to the callback alongside it.
+public struct ScannedFrame: Hashable, Sendable {
+    /// What the frame is.
+    public enum Kind: Hashable, Sendable {
+        /// An iAP2 link packet whose header and payload checksums verified.
+        case iap2(LinkPacketHeader)
+        /// An iAP1 packet whose checksum verified.
+        case iap1(IAP1Framing)
+        /// The iAP2 detect sequence (with or without its `FF`).
+        case detect
+    }
+
+    /// What the frame is.
+    public var kind: Kind
+    /// The whole frame within the span.
+    public var range: Range<Int>
+    /// The payload within the span: the link payload of an iAP2 packet, the body (lingo through
+    /// payload) of an iAP1 packet, empty for the detect.
+    public var payload: Range<Int>
+    /// True when the frame straddled two chunks and the scanner reassembled it (one copy into
+    /// its own buffer). False means the span is the caller's chunk: no byte was copied.
+    public var isReassembled: Bool
+}
+
+/// Why a ``FrameScanner`` dropped bytes.
+public enum ScanDropReason: Hashable, Sendable, CustomStringConvertible {
+    /// Bytes that cannot start any frame of the kinds looked for.
+    case garbage
+    /// An `FF 5A` whose header checksum did not verify.
+    case badHeaderChecksum
+    /// An iAP2 packet whose payload checksum did not verify.
+    case badPayloadChecksum
+    /// An iAP1 packet whose checksum did not verify.
+    case badIAP1Checksum
+    /// A length field no frame may have (iAP2 below 9 or equal to 10, iAP1 below 2).
+    case invalidLength(Int)
+    /// A length field longer than the scanner's ``FrameScanner/maxFrameLength``.
+    case frameTooLong(Int)
+    /// A valid iAP1 packet while the scanner does not look for iAP1 (the detect only).
+    case unexpectedIAP1
+
+    public var description: String {
+        switch self {
+        case .garbage: return "garbage"
+        case .badHeaderChecksum: return "bad iAP2 header checksum"
+        case .badPayloadChecksum: return "bad iAP2 payload checksum"
+        case .badIAP1Checksum: return "bad iAP1 checksum"
+        case let .invalidLength(length): return "invalid length \(length)"
+        case let .frameTooLong(length): return "frame of \(length) bytes is longer than allowed"
+        case .unexpectedIAP1: return "iAP1 packet while iAP1 is off"
+        }
+    }
+}
+
+/// Bytes a ``FrameScanner`` dropped, and why.
+public struct ScanDrop: Hashable, Sendable, CustomStringConvertible {
+    /// Why.
+    public var reason: ScanDropReason
+    /// How many bytes.
+    public var byteCount: Int
+
+    public var description: String { "dropped \(byteCount) byte\(byteCount == 1 ? "" : "s"): \(reason)" }
+}
+
+/// Counters kept by a ``FrameScanner``.
+public struct ScanStatistics: Hashable, Sendable {
+    /// Bytes fed to the scanner.
+    public var bytesScanned = 0
+    /// Frames delivered.
+    public var frames = 0
+    /// Bytes in delivered frames.
+    public var frameBytes = 0
+    /// Frames that straddled chunks and were reassembled by one copy.
+    public var reassembledFrames = 0
+    /// Bytes dropped, for any reason.
+    public var droppedBytes = 0
+    /// Drop events by reason.
+    public var dropsByReason: [ScanDropReason: Int] = [:]
+
+    public init() {}
+}
+
+/// Finds iAP2 link packets, iAP1 packets and the iAP2 detect in a byte stream fed in arbitrary
+/// chunks.
+///
+/// Feed chunks with ``scan(_:onFrame:onDrop:)``; each frame is handed to the callback with the
+/// span it lies in. A frame that lies inside one chunk is a view into that chunk (no copy); a
+/// frame that straddles chunks is reassembled by one copy into a buffer the scanner allocates
+/// once, at creation. Malformed input never traps: the scanner drops the first byte of a bad
+/// candidate and looks again from the next byte, so a lying length or a corrupted packet costs
+/// at most that packet, and the next good frame is still found. Every byte fed ends up in
+/// exactly one place: a delivered frame, a ``ScanDrop``, or the partial frame held for the next
+/// chunk (``pendingByteCount``), which never exceeds ``maxFrameLength``.
+///
+/// The scanner holds no reference to the chunks it is fed; the spans handed to the callbacks are
+/// valid only during the call.
+public struct FrameScanner: Sendable {
+    /// The kinds looked for. A receiver that has settled on iAP2 can turn iAP1 off, so that a
+    /// stray `55` byte in garbage does not make it wait for a long iAP1 candidate.
+    public var kinds: FrameKinds
+    /// The longest frame accepted and the most bytes held for a partial frame.
+    public let maxFrameLength: Int
+    /// Counters.
+    public private(set) var statistics = ScanStatistics()
+
+    private var pending: [UInt8]
+    private var garbageRun = 0
+
+    /// The default frame limit: the longest iAP1 packet (the longest iAP2 packet is shorter).
+    public static let defaultMaxFrameLength = IAP1Packet.maxEncodedLength
+
+    /// Creates a scanner.
+    ///
+    /// - Parameters:
+    ///   - kinds: the frame kinds to look for.
+    ///   - maxFrameLength: the longest frame accepted, at least 9; a link would pass its own
+    ///     negotiated maximum receive length here.
+    public init(kinds: FrameKinds = .all, maxFrameLength: Int = FrameScanner.defaultMaxFrameLength) {
+        precondition(maxFrameLength >= LinkPacketHeader.size, "maxFrameLength must be at least 9")
+        self.kinds = kinds
+        self.maxFrameLength = maxFrameLength
+        self.pending = []
+        self.pending.reserveCapacity(maxFrameLength)
+    }
+
+    /// Bytes held for a frame that has not been completed yet.
+    public var pendingByteCount: Int { pending.count }
+
+    /// Forgets a partial frame (for instance after a link reset), counting it as dropped.
+    public mutating func reset() {
+        if !pending.isEmpty {
+            record(ScanDrop(reason: .garbage, byteCount: pending.count), onDrop: { _ in })
+            pending.removeAll(keepingCapacity: true)
+        }
+        garbageRun = 0
+    }
+
+    /// Scans `chunk`, calling `onFrame` for each complete frame and `onDrop` for dropped bytes.
+    ///
+    /// - Parameters:
+    ///   - chunk: the next bytes of the stream.
+    ///   - onFrame: called with each frame and the span its ranges refer to: `chunk` itself, or
+    ///     the scanner's reassembly buffer when ``ScannedFrame/isReassembled`` is true.
+    ///   - onDrop: called for bytes that are dropped; consecutive garbage is reported once.
+    public mutating func scan(
+        _ chunk: RawSpan,
+        onFrame: (ScannedFrame, RawSpan) throws -> Void,
+        onDrop: (ScanDrop) throws -> Void = { _ in }
+    ) rethrows {
+        statistics.bytesScanned += chunk.byteCount
+        var offset = 0
+        if try completePending(chunk, offset: &offset, onFrame: onFrame, onDrop: onDrop) {
+            try scanBody(chunk, from: offset, reassembled: false, onFrame: onFrame, onDrop: onDrop)
+        }
+        try flushGarbage(onDrop)
+    }
+
+    /// Completes (or refutes) a frame held from earlier chunks, taking bytes from `chunk` at
+    /// `offset`. Returns false when `chunk` ran out before the held frame was decided.
+    private mutating func completePending(
+        _ chunk: RawSpan, offset: inout Int,
+        onFrame: (ScannedFrame, RawSpan) throws -> Void,
+        onDrop: (ScanDrop) throws -> Void
+    ) rethrows -> Bool {
+        while !pending.isEmpty {
+            switch Self.step(pending.span.bytes, at: 0, kinds: kinds, maxFrameLength: maxFrameLength) {
+            case let .needMore(total):
+                // Take exactly what the candidate needs, so `pending` never holds a byte past it.
+                let take = min(total - pending.count, chunk.byteCount - offset)
+                if take > 0 {
+                    chunk.extracting(offset..<(offset + take)).withUnsafeBytes { pending.append(contentsOf: $0) }
+                    offset += take
+                }
+                if pending.count < total { return false }
+            case let .frame(frame):
+                var delivered = frame
+                delivered.isReassembled = true
+                try flushGarbage(onDrop)
+                statistics.frames += 1
+                statistics.frameBytes += frame.range.count
+                statistics.reassembledFrames += 1
+                try onFrame(delivered, pending.span.bytes)
+                pending.removeAll(keepingCapacity: true)
+            case let .drop(reason, count), let .skip(reason, count):
+                // The bytes after the dropped ones must be scanned again from their start; this
+                // copy happens on the error path only.
+                let rest = Array(pending[count...])
+                pending.removeAll(keepingCapacity: true)
+                if reason == .garbage {
+                    garbageRun += count
+                } else {
+                    try flushGarbage(onDrop)
+                    try record(ScanDrop(reason: reason, byteCount: count), onDrop: onDrop)
+                }
+                try scanBody(rest.span.bytes, from: 0, reassembled: true, onFrame: onFrame, onDrop: onDrop)
+            }
+        }
+        return true
+    }
+
+    /// Scans bytes held in an array. See ``scan(_:onFrame:onDrop:)``.
+    public mutating func scan(
+        _ chunk: [UInt8],
+        onFrame: (ScannedFrame, RawSpan) throws -> Void,
+        onDrop: (ScanDrop) throws -> Void = { _ in }
+    ) rethrows {
+        try scan(chunk.span.bytes, onFrame: onFrame, onDrop: onDrop)
+    }
+
+    private mutating func scanBody(
+        _ bytes: RawSpan, from start: Int, reassembled: Bool,
+        onFrame: (ScannedFrame, RawSpan) throws -> Void,
+        onDrop: (ScanDrop) throws -> Void
+    ) rethrows {
+        var offset = start
+        while offset < bytes.byteCount {
+            switch Self.step(bytes, at: offset, kinds: kinds, maxFrameLength: maxFrameLength) {
+            case let .frame(frame):
+                var delivered = frame
+                delivered.isReassembled = reassembled
+                try flushGarbage(onDrop)
+                statistics.frames += 1
+                statistics.frameBytes += frame.range.count
+                if reassembled { statistics.reassembledFrames += 1 }
+                try onFrame(delivered, bytes)
+                offset = frame.range.upperBound
+            case let .skip(_, count):
+                garbageRun += count
+                offset += count
+            case let .drop(reason, count):
+                try flushGarbage(onDrop)
+                try record(ScanDrop(reason: reason, byteCount: count), onDrop: onDrop)
+                offset += count
+            case .needMore:
+                // Keep the partial frame; `pending` is empty here and has room for a whole frame.
+                bytes.extracting(offset..<bytes.byteCount).withUnsafeBytes { pending.append(contentsOf: $0) }
+                return
+            }
+        }
+    }
+
+    private mutating func flushGarbage(_ onDrop: (ScanDrop) throws -> Void) rethrows {
+        guard garbageRun > 0 else { return }
+        let count = garbageRun
+        garbageRun = 0
+        try record(ScanDrop(reason: .garbage, byteCount: count), onDrop: onDrop)
+    }
+
+    private mutating func record(_ drop: ScanDrop, onDrop: (ScanDrop) throws -> Void) rethrows {
+        statistics.droppedBytes += drop.byteCount
+        statistics.dropsByReason[drop.reason, default: 0] += 1
+        try onDrop(drop)
+    }
+
+    /// What the bytes at one offset are.
+    @usableFromInline
+    enum Step {
+        /// A verified frame; its ranges are relative to the scanned span.
+        case frame(ScannedFrame)
+        /// Bytes that cannot start a frame (reason is `.garbage`); may be coalesced.
+        case skip(ScanDropReason, Int)
+        /// A failed candidate: drop this many bytes (always 1) and look again.
+        case drop(ScanDropReason, Int)
+        /// A candidate that needs this many bytes from the offset to be decided.
+        case needMore(Int)
+    }
+
+    @usableFromInline
+    static func step(_ bytes: RawSpan, at offset: Int, kinds: FrameKinds, maxFrameLength: Int) -> Step {
+        let available = bytes.byteCount - offset
+        let first = bytes.byte(at: offset)
+        let lookForIAP1 = !kinds.isDisjoint(with: [.iap1, .detect])
+        if first == 0xFF {
+            guard available >= 2 else { return .needMore(2) }
+            let second = bytes.byte(at: offset + 1)
+            if second == 0x5A, kinds.contains(.iap2) {
+                return stepIAP2(bytes, at: offset, maxFrameLength: maxFrameLength)
+            }
+            if second == 0x55, lookForIAP1 {
+                return stepIAP1(bytes, at: offset, kinds: kinds, maxFrameLength: maxFrameLength)
+            }
+            return .skip(.garbage, 1)
+        }
+        if first == 0x55, lookForIAP1 {
+            return stepIAP1(bytes, at: offset, kinds: kinds, maxFrameLength: maxFrameLength)
+        }
+        // Skip a run of bytes that cannot start a frame.
+        var end = offset + 1
+        while end < bytes.byteCount {
+            let byte = bytes.byte(at: end)
+            if byte == 0xFF || (byte == 0x55 && lookForIAP1) { break }
+            end += 1
+        }
+        return .skip(.garbage, end - offset)
+    }
+
+    @usableFromInline
+    static func stepIAP2(_ bytes: RawSpan, at offset: Int, maxFrameLength: Int) -> Step {
+        let available = bytes.byteCount - offset
+        guard available >= LinkPacketHeader.size else { return .needMore(LinkPacketHeader.size) }
+        guard Checksum.verifies(bytes.extracting(offset..<(offset + LinkPacketHeader.size))) else {
+            return .drop(.badHeaderChecksum, 1)
+        }
+        let length = Int(bytes.uint16BE(at: offset + 2))
+        guard length == LinkPacketHeader.size || length > LinkPacketHeader.overhead else {
+            return .drop(.invalidLength(length), 1)
+        }
+        guard length <= maxFrameLength else { return .drop(.frameTooLong(length), 1) }
+        guard available >= length else { return .needMore(length) }
+        let header = LinkPacketHeader(
+            control: LinkControl(rawValue: bytes.byte(at: offset + 4)), sequence: bytes.byte(at: offset + 5),
+            acknowledgement: bytes.byte(at: offset + 6), sessionID: bytes.byte(at: offset + 7), packetLength: length)
+        let payloadStart = offset + LinkPacketHeader.size
+        let payloadEnd = payloadStart + header.payloadLength
+        if header.payloadLength > 0, !Checksum.verifies(bytes.extracting(payloadStart..<(payloadEnd + 1))) {
+            return .drop(.badPayloadChecksum, 1)
+        }
+        return .frame(ScannedFrame(kind: .iap2(header), range: offset..<(offset + length),
+                                   payload: payloadStart..<payloadEnd, isReassembled: false))
+    }
+
+    @usableFromInline
+    static func stepIAP1(_ bytes: RawSpan, at offset: Int, kinds: FrameKinds, maxFrameLength: Int) -> Step {
+        let rest = bytes.extracting(offset..<bytes.byteCount)
+        switch IAP1Framing.probe(rest) {
+        case .notAPacket:
+            return .skip(.garbage, 1)
+        case let .needMore(count):
+            return .needMore(count)
+        case let .invalidLength(length):
+            return .drop(.invalidLength(length), 1)
+        case let .framing(framing):
+            guard framing.packetLength <= maxFrameLength else { return .drop(.frameTooLong(framing.packetLength), 1) }
+            guard rest.byteCount >= framing.packetLength else { return .needMore(framing.packetLength) }
+            guard framing.checksumVerifies(in: rest) else { return .drop(.badIAP1Checksum, 1) }
+            let range = offset..<(offset + framing.packetLength)
+            let body = (offset + framing.body.lowerBound)..<(offset + framing.body.upperBound)
+            if kinds.contains(.detect), IAP2Detect.isDetect(body: bytes.extracting(body)) {
+                return .frame(ScannedFrame(kind: .detect, range: range, payload: body.upperBound..<body.upperBound,
+                                           isReassembled: false))
+            }
+            guard kinds.contains(.iap1) else { return .drop(.unexpectedIAP1, 1) }
+            return .frame(ScannedFrame(kind: .iap1(framing), range: range, payload: body, isReassembled: false))
+        }
+    }
+}
