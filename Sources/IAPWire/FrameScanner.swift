@@ -75,6 +75,11 @@ public struct ScanDrop: Hashable, Sendable, CustomStringConvertible {
     /// How many bytes.
     public var byteCount: Int
 
+    public init(reason: ScanDropReason, byteCount: Int) {
+        self.reason = reason
+        self.byteCount = byteCount
+    }
+
     public var description: String { "dropped \(byteCount) byte\(byteCount == 1 ? "" : "s"): \(reason)" }
 }
 
@@ -161,7 +166,7 @@ public struct FrameScanner: Sendable {
     public mutating func scan(
         _ chunk: RawSpan,
         onFrame: (ScannedFrame, RawSpan) throws -> Void,
-        onDrop: (ScanDrop) throws -> Void = { _ in }
+        onDrop: (ScanDrop) throws -> Void
     ) rethrows {
         statistics.bytesScanned += chunk.byteCount
         var offset = 0
@@ -214,13 +219,23 @@ public struct FrameScanner: Sendable {
         return true
     }
 
+    /// Scans `chunk`, ignoring drops (they are still counted in ``statistics``).
+    public mutating func scan(_ chunk: RawSpan, onFrame: (ScannedFrame, RawSpan) throws -> Void) rethrows {
+        try scan(chunk, onFrame: onFrame, onDrop: { _ in })
+    }
+
     /// Scans bytes held in an array. See ``scan(_:onFrame:onDrop:)``.
     public mutating func scan(
         _ chunk: [UInt8],
         onFrame: (ScannedFrame, RawSpan) throws -> Void,
-        onDrop: (ScanDrop) throws -> Void = { _ in }
+        onDrop: (ScanDrop) throws -> Void
     ) rethrows {
         try scan(chunk.span.bytes, onFrame: onFrame, onDrop: onDrop)
+    }
+
+    /// Scans bytes held in an array, ignoring drops.
+    public mutating func scan(_ chunk: [UInt8], onFrame: (ScannedFrame, RawSpan) throws -> Void) rethrows {
+        try scan(chunk.span.bytes, onFrame: onFrame, onDrop: { _ in })
     }
 
     private mutating func scanBody(
