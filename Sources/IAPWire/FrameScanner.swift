@@ -36,6 +36,8 @@ public struct ScannedFrame: Hashable, Sendable {
     /// True when the frame straddled two chunks and the scanner reassembled it (one copy into
     /// its own buffer). False means the span is the caller's chunk: no byte was copied.
     public var isReassembled: Bool
+    /// Where the frame starts in the whole stream fed to the scanner (0 = its first byte).
+    public var streamOffset: Int
 }
 
 /// Why a ``FrameScanner`` dropped bytes.
@@ -74,10 +76,13 @@ public struct ScanDrop: Hashable, Sendable, CustomStringConvertible {
     public var reason: ScanDropReason
     /// How many bytes.
     public var byteCount: Int
+    /// Where the dropped bytes start in the whole stream fed to the scanner.
+    public var streamOffset: Int
 
-    public init(reason: ScanDropReason, byteCount: Int) {
+    public init(reason: ScanDropReason, byteCount: Int, streamOffset: Int) {
         self.reason = reason
         self.byteCount = byteCount
+        self.streamOffset = streamOffset
     }
 
     public var description: String { "dropped \(byteCount) byte\(byteCount == 1 ? "" : "s"): \(reason)" }
@@ -125,7 +130,10 @@ public struct FrameScanner: Sendable {
     public private(set) var statistics = ScanStatistics()
 
     private var pending: [UInt8]
+    /// Stream offset of `pending[0]`.
+    private var pendingOffset = 0
     private var garbageRun = 0
+    private var garbageOffset = 0
 
     /// The default frame limit: the longest iAP1 packet (the longest iAP2 packet is shorter).
     public static let defaultMaxFrameLength = IAP1Packet.maxEncodedLength
@@ -150,7 +158,7 @@ public struct FrameScanner: Sendable {
     /// Forgets a partial frame (for instance after a link reset), counting it as dropped.
     public mutating func reset() {
         if !pending.isEmpty {
-            record(ScanDrop(reason: .garbage, byteCount: pending.count), onDrop: { _ in })
+            record(ScanDrop(reason: .garbage, byteCount: pending.count, streamOffset: pendingOffset), onDrop: { _ in })
             pending.removeAll(keepingCapacity: true)
         }
         garbageRun = 0
@@ -168,10 +176,11 @@ public struct FrameScanner: Sendable {
         onFrame: (ScannedFrame, RawSpan) throws -> Void,
         onDrop: (ScanDrop) throws -> Void
     ) rethrows {
+        let base = statistics.bytesScanned
         statistics.bytesScanned += chunk.byteCount
         var offset = 0
-        if try completePending(chunk, offset: &offset, onFrame: onFrame, onDrop: onDrop) {
-            try scanBody(chunk, from: offset, reassembled: false, onFrame: onFrame, onDrop: onDrop)
+        if try completePending(chunk, base: base, offset: &offset, onFrame: onFrame, onDrop: onDrop) {
+            try scanBody(chunk, base: base, from: offset, reassembled: false, onFrame: onFrame, onDrop: onDrop)
         }
         try flushGarbage(onDrop)
     }
@@ -179,7 +188,7 @@ public struct FrameScanner: Sendable {
     /// Completes (or refutes) a frame held from earlier chunks, taking bytes from `chunk` at
     /// `offset`. Returns false when `chunk` ran out before the held frame was decided.
     private mutating func completePending(
-        _ chunk: RawSpan, offset: inout Int,
+        _ chunk: RawSpan, base: Int, offset: inout Int,
         onFrame: (ScannedFrame, RawSpan) throws -> Void,
         onDrop: (ScanDrop) throws -> Void
     ) rethrows -> Bool {
@@ -196,6 +205,7 @@ public struct FrameScanner: Sendable {
             case let .frame(frame):
                 var delivered = frame
                 delivered.isReassembled = true
+                delivered.streamOffset = pendingOffset
                 try flushGarbage(onDrop)
                 statistics.frames += 1
                 statistics.frameBytes += frame.range.count
@@ -206,14 +216,16 @@ public struct FrameScanner: Sendable {
                 // The bytes after the dropped ones must be scanned again from their start; this
                 // copy happens on the error path only.
                 let rest = Array(pending[count...])
+                let restOffset = pendingOffset + count
+                let dropOffset = pendingOffset
                 pending.removeAll(keepingCapacity: true)
                 if reason == .garbage {
-                    garbageRun += count
+                    addGarbage(count, at: dropOffset)
                 } else {
                     try flushGarbage(onDrop)
-                    try record(ScanDrop(reason: reason, byteCount: count), onDrop: onDrop)
+                    try record(ScanDrop(reason: reason, byteCount: count, streamOffset: dropOffset), onDrop: onDrop)
                 }
-                try scanBody(rest.span.bytes, from: 0, reassembled: true, onFrame: onFrame, onDrop: onDrop)
+                try scanBody(rest.span.bytes, base: restOffset, from: 0, reassembled: true, onFrame: onFrame, onDrop: onDrop)
             }
         }
         return true
@@ -239,7 +251,7 @@ public struct FrameScanner: Sendable {
     }
 
     private mutating func scanBody(
-        _ bytes: RawSpan, from start: Int, reassembled: Bool,
+        _ bytes: RawSpan, base: Int, from start: Int, reassembled: Bool,
         onFrame: (ScannedFrame, RawSpan) throws -> Void,
         onDrop: (ScanDrop) throws -> Void
     ) rethrows {
@@ -249,6 +261,7 @@ public struct FrameScanner: Sendable {
             case let .frame(frame):
                 var delivered = frame
                 delivered.isReassembled = reassembled
+                delivered.streamOffset = base + frame.range.lowerBound
                 try flushGarbage(onDrop)
                 statistics.frames += 1
                 statistics.frameBytes += frame.range.count
@@ -256,25 +269,31 @@ public struct FrameScanner: Sendable {
                 try onFrame(delivered, bytes)
                 offset = frame.range.upperBound
             case let .skip(_, count):
-                garbageRun += count
+                addGarbage(count, at: base + offset)
                 offset += count
             case let .drop(reason, count):
                 try flushGarbage(onDrop)
-                try record(ScanDrop(reason: reason, byteCount: count), onDrop: onDrop)
+                try record(ScanDrop(reason: reason, byteCount: count, streamOffset: base + offset), onDrop: onDrop)
                 offset += count
             case .needMore:
                 // Keep the partial frame; `pending` is empty here and has room for a whole frame.
+                pendingOffset = base + offset
                 bytes.extracting(offset..<bytes.byteCount).withUnsafeBytes { pending.append(contentsOf: $0) }
                 return
             }
         }
     }
 
+    private mutating func addGarbage(_ count: Int, at streamOffset: Int) {
+        if garbageRun == 0 { garbageOffset = streamOffset }
+        garbageRun += count
+    }
+
     private mutating func flushGarbage(_ onDrop: (ScanDrop) throws -> Void) rethrows {
         guard garbageRun > 0 else { return }
         let count = garbageRun
         garbageRun = 0
-        try record(ScanDrop(reason: .garbage, byteCount: count), onDrop: onDrop)
+        try record(ScanDrop(reason: .garbage, byteCount: count, streamOffset: garbageOffset), onDrop: onDrop)
     }
 
     private mutating func record(_ drop: ScanDrop, onDrop: (ScanDrop) throws -> Void) rethrows {
@@ -347,7 +366,7 @@ public struct FrameScanner: Sendable {
             return .drop(.badPayloadChecksum, 1)
         }
         return .frame(ScannedFrame(kind: .iap2(header), range: offset..<(offset + length),
-                                   payload: payloadStart..<payloadEnd, isReassembled: false))
+                                   payload: payloadStart..<payloadEnd, isReassembled: false, streamOffset: 0))
     }
 
     @usableFromInline
@@ -368,10 +387,10 @@ public struct FrameScanner: Sendable {
             let body = (offset + framing.body.lowerBound)..<(offset + framing.body.upperBound)
             if kinds.contains(.detect), IAP2Detect.isDetect(body: bytes.extracting(body)) {
                 return .frame(ScannedFrame(kind: .detect, range: range, payload: body.upperBound..<body.upperBound,
-                                           isReassembled: false))
+                                           isReassembled: false, streamOffset: 0))
             }
             guard kinds.contains(.iap1) else { return .drop(.unexpectedIAP1, 1) }
-            return .frame(ScannedFrame(kind: .iap1(framing), range: range, payload: body, isReassembled: false))
+            return .frame(ScannedFrame(kind: .iap1(framing), range: range, payload: body, isReassembled: false, streamOffset: 0))
         }
     }
 }

@@ -31,6 +31,7 @@ struct FrameScannerTests {
         let (result, scanner) = scanAll(Self.mixed, chunkSizes: chunkSizes)
         #expect(result.frames.map { Self.kindName($0.kind) } == Self.expectedKinds())
         #expect(result.frames.flatMap(\.bytes) == Self.mixed)
+        #expect(result.tiles(upTo: Self.mixed.count))
         #expect(result.drops.isEmpty)
         #expect(scanner.pendingByteCount == 0)
         #expect(scanner.statistics.frames == 7)
@@ -72,7 +73,7 @@ struct FrameScannerTests {
         let garbage: [UInt8] = [0x00, 0x13, 0x37, 0xFF, 0x00, 0x5A, 0x42]
         let (result, _) = scanAll(garbage + Self.ack + garbage + Self.syn, chunkSizes: [1_000])
         #expect(result.frames.map(\.bytes) == [Self.ack, Self.syn])
-        #expect(result.drops == [ScanDrop(reason: .garbage, byteCount: 7), ScanDrop(reason: .garbage, byteCount: 7)])
+        #expect(result.drops == [ScanDrop(reason: .garbage, byteCount: 7, streamOffset: 0), ScanDrop(reason: .garbage, byteCount: 7, streamOffset: 16)])
     }
 
     @Test("a corrupted byte anywhere costs that frame only", arguments: 0..<26)
@@ -84,6 +85,7 @@ struct FrameScannerTests {
             let (result, scanner) = scanAll(stream, chunkSizes: chunkSizes)
             #expect(result.frames.map(\.bytes) == [Self.ack, Self.startIdentification], "position \(position) chunks \(chunkSizes)")
             #expect(result.droppedBytes == bad.count)
+            #expect(result.tiles(upTo: stream.count))
             #expect(scanner.pendingByteCount == 0)
         }
     }
@@ -91,15 +93,15 @@ struct FrameScannerTests {
     @Test func reasonsAreTyped() {
         var badHeader = Self.ack
         badHeader[8] ^= 0xFF
-        #expect(scanAll(badHeader, chunkSizes: [100]).0.drops.first == ScanDrop(reason: .badHeaderChecksum, byteCount: 1))
+        #expect(scanAll(badHeader, chunkSizes: [100]).0.drops.first == ScanDrop(reason: .badHeaderChecksum, byteCount: 1, streamOffset: 0))
 
         var badPayload = Self.startIdentification
         badPayload[15] ^= 0xFF
-        #expect(scanAll(badPayload, chunkSizes: [100]).0.drops.first == ScanDrop(reason: .badPayloadChecksum, byteCount: 1))
+        #expect(scanAll(badPayload, chunkSizes: [100]).0.drops.first == ScanDrop(reason: .badPayloadChecksum, byteCount: 1, streamOffset: 0))
 
         var badIAP1 = Self.startIDPS
         badIAP1[7] ^= 0xFF
-        #expect(scanAll(badIAP1, chunkSizes: [100]).0.drops.first == ScanDrop(reason: .badIAP1Checksum, byteCount: 1))
+        #expect(scanAll(badIAP1, chunkSizes: [100]).0.drops.first == ScanDrop(reason: .badIAP1Checksum, byteCount: 1, streamOffset: 0))
     }
 
     /// A header that checks out but lies about the length: the payload checksum refutes it and
@@ -133,7 +135,7 @@ struct FrameScannerTests {
         header.append(Checksum.of(header))
         var scanner = FrameScanner(maxFrameLength: 2_048)
         let result = scanAll(header + Self.ack, chunkSizes: [1], scanner: &scanner)
-        #expect(result.drops.first == ScanDrop(reason: .frameTooLong(4_096), byteCount: 1))
+        #expect(result.drops.first == ScanDrop(reason: .frameTooLong(4_096), byteCount: 1, streamOffset: 0))
         #expect(result.frames.map(\.bytes) == [Self.ack])
         #expect(scanner.pendingByteCount == 0)
     }
@@ -155,7 +157,7 @@ struct FrameScannerTests {
     @Test func detectOnlyDropsOtherIAP1Packets() {
         let (result, _) = scanAll(Self.startIDPS + IAP2Detect.bytes, chunkSizes: [100], kinds: [.iap2, .detect])
         #expect(result.frames.map(\.bytes) == [IAP2Detect.bytes])
-        #expect(result.drops.first == ScanDrop(reason: .unexpectedIAP1, byteCount: 1))
+        #expect(result.drops.first == ScanDrop(reason: .unexpectedIAP1, byteCount: 1, streamOffset: 0))
         #expect(result.droppedBytes == Self.startIDPS.count)
     }
 
@@ -212,6 +214,7 @@ struct FrameScannerTests {
         #expect(cursor == intact.count)
         let frameBytes = result.frames.reduce(0) { $0 + $1.bytes.count }
         #expect(frameBytes + result.droppedBytes + scanner.pendingByteCount == stream.count)
+        #expect(result.tiles(upTo: stream.count - scanner.pendingByteCount))
         #expect(scanner.statistics.frameBytes == frameBytes)
         #expect(scanner.statistics.droppedBytes == result.droppedBytes)
     }

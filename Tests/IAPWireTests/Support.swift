@@ -18,6 +18,7 @@ func bytes(_ hex: String) -> [UInt8] {
 /// A frame as a test sees it: its kind and its bytes, copied out of the span.
 struct SeenFrame: Equatable, CustomStringConvertible {
     var kind: ScannedFrame.Kind
+    var streamOffset = 0
     var bytes: [UInt8]
     var payload: [UInt8]
     var description: String { "\(kind) \(bytes.count) bytes" }
@@ -28,6 +29,18 @@ struct ScanResult: Equatable {
     var frames: [SeenFrame] = []
     var drops: [ScanDrop] = []
     var droppedBytes: Int { drops.reduce(0) { $0 + $1.byteCount } }
+
+    /// Whether the frames and drops cover the stream from 0 to `end` without gap or overlap.
+    func tiles(upTo end: Int) -> Bool {
+        let pieces = (frames.map { ($0.streamOffset, $0.bytes.count) } + drops.map { ($0.streamOffset, $0.byteCount) })
+            .sorted { $0.0 < $1.0 }
+        var position = 0
+        for (offset, length) in pieces {
+            guard offset == position, length > 0 else { return false }
+            position += length
+        }
+        return position == end
+    }
 }
 
 /// Feeds `stream` to `scanner` in chunks of the given sizes (cycled) and collects what it finds.
@@ -41,7 +54,8 @@ func scanAll(_ stream: [UInt8], chunkSizes: [Int], scanner: inout FrameScanner) 
         let end = min(stream.count, offset + size)
         let chunk = Array(stream[offset..<end])
         scanner.scan(chunk, onFrame: { frame, span in
-            result.frames.append(SeenFrame(kind: frame.kind, bytes: copy(span, frame.range), payload: copy(span, frame.payload)))
+            result.frames.append(SeenFrame(kind: frame.kind, streamOffset: frame.streamOffset, bytes: copy(span, frame.range),
+                                           payload: copy(span, frame.payload)))
         }, onDrop: { result.drops.append($0) })
         offset = end
     }
