@@ -1,0 +1,126 @@
+internal import Glibc
+internal import Synchronization
+
+/// Writes each record as one line to a file descriptor (standard error by default):
+///
+///     2026-11-30T05:20:11.123456Z notice iapctl: message key=value
+///
+/// The timestamp is UTC; metadata follows sorted by key. Each line goes out in one `write(2)`
+/// call, so lines logged from several threads do not interleave.
+public struct StderrLogHandler: LogHandler {
+    /// The descriptor the lines are written to.
+    public let fileDescriptor: Int32
+
+    /// Makes a handler writing to `fileDescriptor` (2, standard error, unless told otherwise).
+    public init(fileDescriptor: Int32 = 2) {
+        self.fileDescriptor = fileDescriptor
+    }
+
+    /// Writes the record's line; a failed write is ignored (there is nowhere to report it).
+    public func log(_ record: LogRecord) {
+        _ = FileDescriptorWriter.writeAll(Self.line(for: record), to: fileDescriptor)
+    }
+
+    /// The line written for `record`, newline included. Metadata values that are empty or hold
+    /// spaces, quotes, `=` or control characters are quoted with backslash escapes.
+    public static func line(for record: LogRecord) -> String {
+        var text = WallClock.iso8601(record.timestamp)
+        text += " \(record.level) \(record.label): \(record.message)"
+        for key in record.metadata.keys.sorted() {
+            text += " \(key)=\(quoted(record.metadata[key] ?? ""))"
+        }
+        text += "\n"
+        return text
+    }
+
+    static func quoted(_ value: String) -> String {
+        let needsQuotes = value.isEmpty || value.unicodeScalars.contains { scalar in
+            scalar == " " || scalar == "\"" || scalar == "=" || scalar == "\\" || scalar.value < 0x20
+                || scalar.value == 0x7F
+        }
+        guard needsQuotes else { return value }
+        var result = "\""
+        for scalar in value.unicodeScalars {
+            switch scalar {
+            case "\"": result += "\\\""
+            case "\\": result += "\\\\"
+            case "\n": result += "\\n"
+            case "\r": result += "\\r"
+            case "\t": result += "\\t"
+            default:
+                if scalar.value < 0x20 || scalar.value == 0x7F {
+                    result += "\\u{" + String(scalar.value, radix: 16) + "}"
+                } else {
+                    result.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        return result + "\""
+    }
+}
+
+/// Keeps every record in memory, for tests. Safe to use from several threads.
+public final class InMemoryLogHandler: LogHandler {
+    private let storage = Mutex<[LogRecord]>([])
+
+    /// Makes an empty handler.
+    public init() {}
+
+    /// Stores the record.
+    public func log(_ record: LogRecord) {
+        storage.withLock { $0.append(record) }
+    }
+
+    /// The records logged so far, oldest first.
+    public var records: [LogRecord] {
+        storage.withLock { $0 }
+    }
+
+    /// The messages of the records logged so far, oldest first.
+    public var messages: [String] {
+        storage.withLock { $0.map(\.message) }
+    }
+
+    /// Forgets every record.
+    public func clear() {
+        storage.withLock { $0.removeAll() }
+    }
+}
+
+/// The real-time clock, as log timestamps use it.
+public enum WallClock {
+    /// The time since the Unix epoch (`clock_gettime(CLOCK_REALTIME)`).
+    public static func now() -> Duration {
+        var spec = timespec()
+        guard clock_gettime(CLOCK_REALTIME, &spec) == 0 else { return .zero }
+        return .seconds(Int64(spec.tv_sec)) + .nanoseconds(Int64(spec.tv_nsec))
+    }
+
+    /// Formats a time since the Unix epoch as UTC ISO-8601 with microseconds
+    /// (`2026-11-30T05:20:11.123456Z`); sub-microsecond parts are truncated, and times before
+    /// the epoch are rounded down to the earlier microsecond.
+    public static func iso8601(_ sinceEpoch: Duration) -> String {
+        var (seconds, attoseconds) = sinceEpoch.components
+        if attoseconds < 0 {
+            seconds -= 1
+            attoseconds += 1_000_000_000_000_000_000
+        }
+        let microseconds = attoseconds / 1_000_000_000_000
+        var time = time_t(seconds)
+        var parts = tm()
+        guard gmtime_r(&time, &parts) != nil else {
+            return "\(seconds).\(padded(microseconds, width: 6))s"
+        }
+        return padded(Int64(parts.tm_year) + 1900, width: 4) + "-" + padded(Int64(parts.tm_mon) + 1, width: 2)
+            + "-" + padded(Int64(parts.tm_mday), width: 2) + "T" + padded(Int64(parts.tm_hour), width: 2)
+            + ":" + padded(Int64(parts.tm_min), width: 2) + ":" + padded(Int64(parts.tm_sec), width: 2)
+            + "." + padded(microseconds, width: 6) + "Z"
+    }
+
+    /// Decimal digits of `value`, zero-padded on the left to `width` (sign first when negative).
+    static func padded(_ value: Int64, width: Int) -> String {
+        let digits = String(value.magnitude)
+        let zeros = String(repeating: "0", count: max(0, width - digits.count))
+        return (value < 0 ? "-" : "") + zeros + digits
+    }
+}
