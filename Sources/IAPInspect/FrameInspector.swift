@@ -65,7 +65,8 @@ public struct FrameInspector: Sendable {
             return FrameReport(summary: "detect  \(HexInput.format(copy(packet)))  (iAP2 detect sequence)", details: [],
                                json: .object(common), isValid: true)
         case let .iap2(header):
-            return inspectIAP2(header, payload: bytes.extracting(frame.payload), common: common)
+            let checksums = (packet.byte(at: 8), header.payloadLength > 0 ? packet.byte(at: header.packetLength - 1) : nil)
+            return inspectIAP2(header, payload: bytes.extracting(frame.payload), checksums: checksums, common: common)
         case let .iap1(framing):
             return inspectIAP1(framing, packet: packet, common: common)
         }
@@ -106,17 +107,15 @@ public struct FrameInspector: Sendable {
     }
 
     private static func failure(_ body: () throws(WireError) -> Void) -> WireError? {
-        do {
-            try body()
-            return nil
-        } catch {
-            return error
-        }
+        if case let .failure(error) = Result2.catching(body) { return error }
+        return nil
     }
 
     // MARK: iAP2
 
-    private mutating func inspectIAP2(_ header: LinkPacketHeader, payload: RawSpan, common: [(String, JSONValue)]) -> FrameReport {
+    private mutating func inspectIAP2(
+        _ header: LinkPacketHeader, payload: RawSpan, checksums: (header: UInt8, payload: UInt8?), common: [(String, JSONValue)]
+    ) -> FrameReport {
         var fields: [(String, JSONValue)] = [("kind", .string("iap2"))] + common + [
             ("control", .string(header.control.description)), ("seq", .int(Int(header.sequence))),
             ("ack", .int(Int(header.acknowledgement))), ("session", .int(Int(header.sessionID))),
@@ -124,10 +123,13 @@ public struct FrameInspector: Sendable {
         let sessionType = sessionTypes[header.sessionID]
         if let sessionType { fields.append(("sessionType", .string(sessionType.description))) }
         fields.append(("payloadLength", .int(header.payloadLength)))
+        fields.append(("headerChecksum", .int(Int(checksums.header))))
+        if let payloadChecksum = checksums.payload { fields.append(("payloadChecksum", .int(Int(payloadChecksum)))) }
         fields.append(("checksums", .string("ok")))
         var summary = "iAP2 \(header.control) seq=0x\(hex(header.sequence)) ack=0x\(hex(header.acknowledgement)) sid=\(header.sessionID)"
         if let sessionType { summary += " (\(sessionType))" }
-        summary += "  \(header.packetLength) bytes, payload \(header.payloadLength), checksums ok"
+        summary += "  \(header.packetLength) bytes, payload \(header.payloadLength), checksums ok (header 0x\(hex(checksums.header))"
+        summary += checksums.payload.map { ", payload 0x\(hex($0)))" } ?? ")"
         var details: [String] = []
 
         if header.control.contains(.syn) {

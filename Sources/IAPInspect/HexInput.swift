@@ -9,6 +9,11 @@ public enum HexInput {
         public var line: Int
         public var column: Int
         public var reason: String
+        public init(line: Int, column: Int, reason: String) {
+            self.line = line
+            self.column = column
+            self.reason = reason
+        }
         public var description: String { "line \(line), column \(column): \(reason)" }
     }
 
@@ -60,11 +65,12 @@ public enum HexInput {
         return result
     }
 
-    /// Whether `bytes` look like hex text rather than raw binary: valid UTF-8 made only of the
-    /// characters ``parse(_:)`` accepts (comments aside).
-    public static func looksLikeHex(_ bytes: [UInt8]) -> Bool {
-        guard let text = String(validating: bytes, as: UTF8.self) else { return false }
-        return (try? parse(text)) != nil && text.contains { $0.isHexDigit }
+    /// Whether `bytes` look like text (and so should be read as hex) rather than raw binary:
+    /// valid UTF-8 without control characters other than tab, CR and LF. Raw iAP captures fail
+    /// this at once (`FF` alone is not UTF-8; headers hold small binary values).
+    public static func looksLikeText(_ bytes: [UInt8]) -> Bool {
+        guard !bytes.isEmpty, let text = String(validating: bytes, as: UTF8.self) else { return false }
+        return !text.unicodeScalars.contains { $0.value < 0x20 && $0 != "\n" && $0 != "\r" && $0 != "\t" || $0.value == 0x7F }
     }
 
     private static func hexValue(_ scalar: Unicode.Scalar) -> UInt8? {
