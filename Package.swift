@@ -41,7 +41,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["IAPWire", "CLIKit"],
+            dependencies: ["IAPWire", "IAPInspect", "CLIKit"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),

@@ -1,1 +1,83 @@
-print("iapbench")
+// iapbench: honest numbers for AccessoryHost. Every figure is printed beside a baseline measured
+// in the same run (the machines are noisy); build with `swift build -c release` first.
+
+import CLIKit
+import IAPInspect
+
+let codecCommand = CommandSpec(
+    name: "codec",
+    abstract: "Encode/decode throughput of iAP2 link packets and the frame scanner, beside memcpy.",
+    discussion: """
+        Measures, on one core: decoding (scanner + header + both checksums) and encoding of \
+        64 KiB and 16-byte-payload link packets, and the scanner over a long mixed stream fed in \
+        16 KiB chunks; each group beside a memcpy of the same bytes. Each figure is the median of \
+        --runs runs of --seconds each. With --count N the bodies run N times untimed, for counting \
+        heap allocations under valgrind (tools/check-allocations.sh).
+        """,
+    options: [
+        .flag("json", help: "Print one JSON object per measurement."),
+        .value("seconds", valueName: "s", help: "Length of one timed run.", defaultValue: "0.3"),
+        .value("runs", valueName: "n", help: "Timed runs per measurement; the median is reported.", defaultValue: "5"),
+        .value("stream-mib", valueName: "n", help: "Size of the mixed stream in MiB.", defaultValue: "64"),
+        .value("count", valueName: "n", help: "Run each body n times untimed and print nothing (allocation checks)."),
+        .value("only", valueName: "group", help: "Run one group only.", allowedValues: ["large", "small", "stream"]),
+    ]
+)
+
+let iapbench = CommandSpec(
+    name: "iapbench",
+    abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
+    version: "0.1.0-dev",
+    subcommands: [codecCommand]
+)
+
+CommandLineTool.run(iapbench) { command in
+    switch command.path.dropFirst().first {
+    case "codec": return try CodecCommand.run(command)
+    default: throw ExitCode.software
+    }
+}
+
+enum CodecCommand {
+    static func run(_ command: ParsedCommand) throws -> ExitCode {
+        let seconds = Double(command.value("seconds") ?? "0.3") ?? 0.3
+        let runs = try command.integer("runs", in: 1...101) ?? 5
+        let streamMiB = try command.integer("stream-mib", in: 1...1_024) ?? 64
+        let only = command.value("only")
+        let benchmarks = try CodecBenchmarks.all(streamMegabytes: only == nil || only == "stream" ? streamMiB : 1)
+            .filter { only == nil || $0.group == only }
+        let harness = Harness(secondsPerRun: seconds, runs: runs)
+        if let count = try command.integer("count", in: 1...100_000_000) {
+            for benchmark in benchmarks { harness.repeatFixed(benchmark, count: count) }
+            return .success
+        }
+        let json = command.flag("json")
+        if !json {
+            #if DEBUG
+            StandardError.write("warning: this is a debug build; its numbers mean nothing. Use: swift build -c release\n")
+            #endif
+            StandardOutput.write("iapbench codec: one core, median of \(runs) runs of \(seconds) s each\n")
+            StandardOutput.write(Report.padded("measurement", 46) + Report.leftPadded("throughput", 12)
+                + Report.leftPadded("per frame", 12) + Report.leftPadded("frames/s", 12) + Report.leftPadded("vs memcpy", 11)
+                + Report.leftPadded("spread", 8) + "\n")
+        }
+        var baseline: [String: Double] = [:]
+        for benchmark in benchmarks {
+            let measurement = harness.measure(benchmark)
+            if benchmark.name.hasPrefix("memcpy") { baseline[benchmark.group] = measurement.bytesPerSecond }
+            let ratio = baseline[benchmark.group].map { measurement.bytesPerSecond / $0 }
+            if json {
+                StandardOutput.write(Report.json(measurement, baseline: baseline[benchmark.group]).serialized() + "\n")
+            } else {
+                let line = Report.padded(measurement.name, 46)
+                    + Report.leftPadded(Report.gigabytes(measurement.bytesPerSecond), 12)
+                    + Report.leftPadded(Report.duration(nanoseconds: measurement.nanosecondsPerFrame), 12)
+                    + Report.leftPadded(Report.format(measurement.framesPerSecond / 1e6, digits: 2) + " M", 12)
+                    + Report.leftPadded(ratio.map { Report.format($0, digits: 2) + "×" } ?? "", 11)
+                    + Report.leftPadded(Report.format(measurement.spread * 100, digits: 1) + "%", 8)
+                StandardOutput.write(line + "\n")
+            }
+        }
+        return .success
+    }
+}
