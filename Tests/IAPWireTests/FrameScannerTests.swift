@@ -219,3 +219,16 @@ struct FrameScannerTests {
         #expect(scanner.statistics.droppedBytes == result.droppedBytes)
     }
 }
+
+@Suite("Frame scanner edge cases found by fuzzing")
+struct FrameScannerFuzzFindings {
+    /// The detect is an iAP1 packet with body `00 EE`; a large-form encoding of it is the same
+    /// packet and is reported as the detect (found by the scanner fuzz target, whose oracle
+    /// wrongly expected the small form only).
+    @Test func largeFormDetect() {
+        let largeForm: [UInt8] = [0x55, 0x00, 0x00, 0x02, 0x00, 0xEE, 0x10]
+        let (result, _) = scanAll(largeForm, chunkSizes: [3])
+        #expect(result.frames.map(\.kind) == [.detect])
+        #expect(result.drops.isEmpty)
+    }
+}

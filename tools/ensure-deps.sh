@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages AccessoryHost needs, when they are missing. Run as root (or with
+# sudo available). Usage: tools/ensure-deps.sh [extra-package…]
+set -euo pipefail
+need=()
+pkg-config --exists libusb-1.0 2>/dev/null || need+=(libusb-1.0-0-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+for extra in "$@"; do
+    case "$extra" in
+        valgrind) command -v valgrind >/dev/null || need+=(valgrind) ;;
+        xxd) command -v xxd >/dev/null || need+=(xxd) ;;
+        *) dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra") ;;
+    esac
+done
+[ ${#need[@]} -eq 0 ] && exit 0
+if ! command -v swift >/dev/null; then
+    echo "ensure-deps: no 'swift' on PATH; install the Swift 6 toolchain first (swift.org)" >&2
+    exit 69
+fi
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "ensure-deps: missing ${need[*]}; run as root: apt-get install -y ${need[*]}" >&2; exit 77; }
+    sudo=sudo
+fi
+echo "ensure-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Every test of the project, on a fresh machine: installs what is missing, builds with warnings
+# treated as failures, runs the unit and integration tests, checks that the codec allocates
+# nothing per frame, and fuzzes each parser for FUZZ_SECONDS (default 60) seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/ensure-deps.sh valgrind xxd
+fuzz_seconds=${FUZZ_SECONDS:-60}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "build (debug, tests included; warnings fail the build)"
+swift build --build-tests 2>&1 | tee "$log" | grep -E "error|warning:|Compiling|Build complete" | grep -v "^\[" || true
+if grep -q "warning:" "$log"; then echo "test: the build has warnings (see above)" >&2; exit 1; fi
+grep -q "Build complete" "$log" || { echo "test: the build failed" >&2; cat "$log" >&2; exit 1; }
+
+step "unit and integration tests"
+swift test --skip-build 2>&1 | tee "$log" | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true
+grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log" || { echo "test: swift test failed" >&2; exit 1; }
+
+step "release build and allocation check"
+swift build -c release --product iapbench 2>&1 | grep -E "error|warning:" && exit 1 || true
+tools/check-allocations.sh .build/release/iapbench
+
+step "fuzzing, ${fuzz_seconds}s per target"
+tools/fuzz/run.sh "$fuzz_seconds"
+
+step "done"
+echo "all tests passed"
