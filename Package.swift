@@ -15,6 +15,7 @@ let package = Package(
     name: "AccessoryHost",
     products: [
         .library(name: "IAPWire", targets: ["IAPWire"]),
+        .library(name: "IAPLink", targets: ["IAPLink"]),
         .library(name: "IAPInspect", targets: ["IAPInspect"]),
         .library(name: "CLIKit", targets: ["CLIKit"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
@@ -29,6 +30,9 @@ let package = Package(
         ),
         // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
         .target(name: "IAPWire", swiftSettings: strict),
+        // The iAP2 link, control session and EA session router as deterministic state machines
+        // for both roles (no clocks, threads or Dispatch inside).
+        .target(name: "IAPLink", dependencies: ["IAPWire"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         .target(name: "IAPInspect", dependencies: ["IAPWire"], swiftSettings: strict),
         // Small command-line utilities: argument parsing, logging.
@@ -46,6 +50,7 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(name: "IAPWireTests", dependencies: ["IAPWire"], swiftSettings: strict),
+        .testTarget(name: "IAPLinkTests", dependencies: ["IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "CLIKitTests", dependencies: ["CLIKit"], swiftSettings: strict),
     ],

@@ -1,0 +1,606 @@
+public import IAPWire
+
+/// The state of an EA session on an ``IAP2Endpoint``.
+public enum EASessionState: Hashable, Sendable {
+    /// Device: StartExternalAccessoryProtocolSession sent, status not yet received.
+    case opening
+    case open
+    /// Closed, with the reason (nil for a normal close).
+    case closed(String?)
+}
+
+/// Why the control session stopped the connection.
+public enum ControlFailure: Hashable, Sendable, CustomStringConvertible {
+    /// The accessory did not answer a request in time (the step is named).
+    case noAnswer(String)
+    /// The authentication policy refused the certificate or the response.
+    case authenticationFailed(String)
+    /// The device rejected identification (accessory role sees this).
+    case identificationRejected([UInt16])
+    /// The device said authentication failed (accessory role sees this).
+    case authenticationRefusedByDevice
+
+    public var description: String {
+        switch self {
+        case let .noAnswer(step): return "the accessory did not answer \(step) in time"
+        case let .authenticationFailed(why): return "authentication failed: \(why)"
+        case let .identificationRejected(ids): return "identification rejected (parameters \(ids.map(String.init).joined(separator: ", ")))"
+        case .authenticationRefusedByDevice: return "the device refused the accessory's authentication"
+        }
+    }
+}
+
+/// What an ``IAP2Endpoint`` tells its owner.
+public enum EndpointEvent: Hashable, Sendable {
+    case link(LinkEvent)
+    /// Device: the accessory passed authentication (its certificate is kept).
+    case authenticated(certificate: [UInt8])
+    /// Device: identification accepted. Accessory: the device accepted ours.
+    case identified(AccessoryIdentity)
+    /// Device: identification rejected, with the reasons; the accessory may try again.
+    case identificationRejected(IdentificationRejection)
+    case controlFailed(ControlFailure)
+    /// A control message nobody handles (counted, never fatal).
+    case unhandledMessage(MessageID)
+    /// A control message that could not be decoded.
+    case malformedMessage(String)
+    case sessionOpened(sessionID: UInt16, protocolName: String)
+    case sessionClosed(sessionID: UInt16, reason: String?)
+    /// New bytes are readable on a session.
+    case bytesAvailable(sessionID: UInt16)
+    /// A session that was full can take writes again.
+    case spaceAvailable(sessionID: UInt16)
+}
+
+/// Errors of the session calls.
+public enum EndpointError: Error, Hashable, Sendable, CustomStringConvertible {
+    case notIdentified
+    case unsupportedProtocol(String)
+    case protocolInUse(String)
+    case unknownSession(UInt16)
+    case sessionNotOpen(UInt16)
+    case noExternalAccessoryLinkSession
+
+    public var description: String {
+        switch self {
+        case .notIdentified: return "the accessory is not identified yet"
+        case let .unsupportedProtocol(name): return "the accessory does not declare the protocol '\(name)'"
+        case let .protocolInUse(name): return "a session for '\(name)' is already open on this accessory; close it first"
+        case let .unknownSession(id): return "no session \(id)"
+        case let .sessionNotOpen(id): return "session \(id) is not open"
+        case .noExternalAccessoryLinkSession: return "the link has no External Accessory session (the accessory's SYN declared none)"
+        }
+    }
+}
+
+/// One side of an iAP2 connection: the link, the control session (authentication,
+/// identification, power) and the EA session router, as one deterministic state machine.
+///
+/// The device role is what the host runs; the accessory role is what the simulator runs. Like
+/// ``IAP2Link``, it does no I/O and reads no clock: the owner feeds bytes and time and takes
+/// output and events.
+public struct IAP2Endpoint: Sendable {
+    public private(set) var link: IAP2Link
+    private var upper: Upper
+
+    /// How long the device waits for each answer of the accessory during authentication and
+    /// identification.
+    public var answerTimeout: Duration {
+        get { upper.answerTimeout }
+        set { upper.answerTimeout = newValue }
+    }
+
+    /// Creates the device side.
+    public init(device configuration: LinkConfiguration = .device, policy: any AuthenticationPolicy = AcceptingAuthentication(),
+                sessionBufferLimit: Int = 1 << 20, initialSequence: UInt8, randomSeed: UInt64) {
+        link = IAP2Link(role: .device, configuration: configuration, initialSequence: initialSequence)
+        upper = Upper(role: .device, identity: nil, policy: policy, bufferLimit: sessionBufferLimit, seed: randomSeed)
+    }
+
+    /// Creates the accessory side with the identity it will declare.
+    public init(accessory identity: AccessoryIdentity, configuration: LinkConfiguration = .accessory,
+                certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), sessionBufferLimit: Int = 1 << 20,
+                initialSequence: UInt8, randomSeed: UInt64) {
+        link = IAP2Link(role: .accessory, configuration: configuration, initialSequence: initialSequence)
+        upper = Upper(role: .accessory, identity: identity, policy: AcceptingAuthentication(), bufferLimit: sessionBufferLimit,
+                      seed: randomSeed)
+        upper.certificate = certificate
+    }
+
+    // MARK: Driving
+
+    public mutating func start(now: LinkTime) {
+        link.start(now: now)
+        settle(now: now)
+    }
+
+    public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
+        upper.now = now
+        link.receive(bytes, now: now, sink: &upper)
+        settle(now: now)
+    }
+
+    public mutating func receive(_ bytes: [UInt8], now: LinkTime) {
+        receive(bytes.span.bytes, now: now)
+    }
+
+    public mutating func advance(to now: LinkTime) {
+        link.advance(to: now)
+        upper.now = now
+        upper.advance(to: now)
+        settle(now: now)
+    }
+
+    public var nextDeadline: LinkTime? {
+        switch (link.nextDeadline, upper.deadline) {
+        case let (a?, b?): return min(a, b)
+        case let (a, b): return a ?? b
+        }
+    }
+
+    public mutating func takeOutput() -> [[UInt8]] { link.takeOutput() }
+    public var hasOutput: Bool { link.hasOutput }
+
+    public mutating func takeEvents() -> [EndpointEvent] {
+        defer { upper.events.removeAll(keepingCapacity: true) }
+        return upper.events
+    }
+
+    /// The identity, once identification is accepted.
+    public var identity: AccessoryIdentity? { upper.identified ? upper.identity : nil }
+
+    /// Link events and upper-layer reactions to them, then moves queued control messages and EA
+    /// data into the link as far as its window and queue allow.
+    private mutating func settle(now: LinkTime) {
+        for event in link.takeEvents() {
+            upper.events.append(.link(event))
+            switch event {
+            case let .negotiated(parameters):
+                upper.linkUp(parameters, now: now)
+            case .stateChanged(.negotiating), .stateChanged(.failed), .stateChanged(.sleeping), .stateChanged(.detecting):
+                upper.linkDown()
+            default:
+                break
+            }
+        }
+        guard link.state == .connected else { return }
+        while let message = upper.controlOut.first {
+            guard let controlSession = upper.controlSessionID, link.canSend else { break }
+            if link.send(sessionID: controlSession, payload: message, now: now) {
+                _ = upper.controlOut.popFirst()
+            } else {
+                break
+            }
+        }
+        upper.pumpData(into: &link, now: now)
+    }
+
+    // MARK: Sessions
+
+    /// Device: opens an EA session for `protocolName`.
+    ///
+    /// - Returns: the new EA session id; ``EndpointEvent/sessionOpened(sessionID:protocolName:)``
+    ///   follows when the accessory confirms.
+    public mutating func openSession(protocolName: String, now: LinkTime) throws(EndpointError) -> UInt16 {
+        let id = try upper.openSession(protocolName: protocolName)
+        settle(now: now)
+        return id
+    }
+
+    /// Closes a session (the device tells the accessory; the accessory just forgets it).
+    public mutating func closeSession(_ sessionID: UInt16, now: LinkTime) {
+        upper.closeSession(sessionID, reason: nil, notifyPeer: true)
+        settle(now: now)
+    }
+
+    /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).
+    public mutating func write(_ sessionID: UInt16, _ bytes: some Collection<UInt8>, now: LinkTime) throws(EndpointError) -> Int {
+        let taken = try upper.write(sessionID, bytes, linkPayload: link.maxPayloadLength)
+        settle(now: now)
+        return taken
+    }
+
+    /// Takes up to `maxBytes` received bytes of a session.
+    public mutating func read(_ sessionID: UInt16, maxBytes: Int = .max) -> [UInt8] {
+        upper.read(sessionID, maxBytes: maxBytes)
+    }
+
+    /// Bytes readable on a session.
+    public func bytesAvailable(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.inbound.byteCount ?? 0 }
+    /// Bytes a session may still queue for sending.
+    public func spaceAvailable(_ sessionID: UInt16) -> Int {
+        guard let session = upper.sessions[sessionID], session.state == .open else { return 0 }
+        return max(0, upper.bufferLimit - session.outbound.byteCount)
+    }
+    /// Bytes written to a session and not yet handed to the link.
+    public func bytesPending(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.outbound.byteCount ?? 0 }
+    public func sessionState(_ sessionID: UInt16) -> EASessionState? { upper.sessions[sessionID]?.state }
+    /// The open sessions and their protocol names.
+    public var sessions: [(id: UInt16, protocolName: String)] {
+        upper.sessions.sorted { $0.key < $1.key }.map { ($0.key, $0.value.protocolName) }
+    }
+    /// Control messages received that nobody handles.
+    public var unhandledMessages: Int { upper.unhandledMessages }
+}
+
+/// Bytes queued as chunks, with a running count.
+struct ByteQueue: Sendable {
+    private var chunks = FIFO<[UInt8]>()
+    private var offset = 0
+    private(set) var byteCount = 0
+
+    mutating func append(_ bytes: [UInt8]) {
+        guard !bytes.isEmpty else { return }
+        chunks.append(bytes)
+        byteCount += bytes.count
+    }
+
+    mutating func take(_ maxBytes: Int) -> [UInt8] {
+        var result: [UInt8] = []
+        result.reserveCapacity(min(maxBytes, byteCount))
+        while result.count < maxBytes, let chunk = chunks.first {
+            let take = min(maxBytes - result.count, chunk.count - offset)
+            result.append(contentsOf: chunk[offset..<(offset + take)])
+            offset += take
+            if offset == chunk.count {
+                _ = chunks.popFirst()
+                offset = 0
+            }
+        }
+        byteCount -= result.count
+        return result
+    }
+
+    mutating func removeAll() {
+        chunks.removeAll()
+        offset = 0
+        byteCount = 0
+    }
+}
+
+/// The control session and the EA router: everything above the link.
+struct Upper: LinkSink, Sendable {
+    struct Session: Sendable {
+        var protocolName: String
+        var protocolID: UInt8
+        var state: EASessionState
+        var inbound = ByteQueue()
+        var outbound = ByteQueue()
+        var wasFull = false
+    }
+
+    enum ControlStep: Sendable {
+        case idle
+        case awaitingCertificate
+        case awaitingResponse(certificate: [UInt8], challenge: [UInt8])
+        case awaitingIdentification
+        case done
+    }
+
+    let role: LinkRole
+    var identity: AccessoryIdentity?
+    var identified = false
+    let policy: any AuthenticationPolicy
+    let bufferLimit: Int
+    var random: SplitMix
+    var certificate: [UInt8] = []
+    var answerTimeout: Duration = .seconds(10)
+    var now: LinkTime = .zero
+
+    var events: [EndpointEvent] = []
+    var controlOut = FIFO<[UInt8]>()
+    var controlSessionID: UInt8?
+    var eaLinkSessionID: UInt8?
+    var step: ControlStep = .idle
+    var deadline: LinkTime?
+    var sessions: [UInt16: Session] = [:]
+    var nextSessionID: UInt16 = 1
+    var unhandledMessages = 0
+    var roundRobin: [UInt16] = []
+
+    init(role: LinkRole, identity: AccessoryIdentity?, policy: any AuthenticationPolicy, bufferLimit: Int, seed: UInt64) {
+        self.role = role
+        self.identity = identity
+        self.policy = policy
+        self.bufferLimit = bufferLimit
+        self.random = SplitMix(state: seed)
+    }
+
+    // MARK: Link up and down
+
+    mutating func linkUp(_ parameters: LinkParameters, now: LinkTime) {
+        controlSessionID = parameters.session(ofType: .control)?.id
+        eaLinkSessionID = parameters.session(ofType: .externalAccessory)?.id
+        identified = role == .accessory ? false : identified
+        if role == .device {
+            identified = false
+            identity = nil
+            send(ControlMessage(id: .requestAuthenticationCertificate))
+            step = .awaitingCertificate
+            deadline = now + answerTimeout
+        }
+    }
+
+    mutating func linkDown() {
+        for id in sessions.keys.sorted() { closeSession(id, reason: "the link went down", notifyPeer: false) }
+        controlOut.removeAll()
+        step = .idle
+        deadline = nil
+        if role == .device { identified = false }
+    }
+
+    mutating func advance(to now: LinkTime) {
+        guard let deadline, deadline <= now else { return }
+        self.deadline = nil
+        let what: String
+        switch step {
+        case .awaitingCertificate: what = "the certificate request"
+        case .awaitingResponse: what = "the authentication challenge"
+        case .awaitingIdentification: what = "StartIdentification"
+        case .idle, .done: return
+        }
+        step = .done
+        events.append(.controlFailed(.noAnswer(what)))
+    }
+
+    // MARK: LinkSink
+
+    mutating func accept(sessionID: UInt8, payload: RawSpan) -> Bool {
+        if sessionID == controlSessionID {
+            var offset = 0
+            while offset < payload.byteCount {
+                do {
+                    let (message, length) = try ControlMessage.decode(prefixOf: payload.extracting(offset..<payload.byteCount))
+                    handle(message)
+                    offset += length
+                } catch {
+                    events.append(.malformedMessage(error.description))
+                    break
+                }
+            }
+            return true
+        }
+        if sessionID == eaLinkSessionID {
+            guard let (id, range) = try? EASessionData.decode(payload) else {
+                events.append(.malformedMessage("EA data shorter than its session id"))
+                return true
+            }
+            guard var session = sessions[id], session.state == .open else { return true } // unknown: dropped
+            if session.inbound.byteCount + range.count > bufferLimit { return false } // back-pressure
+            let wasEmpty = session.inbound.byteCount == 0
+            session.inbound.append(payload.extracting(range).withUnsafeBytes { Array($0) })
+            sessions[id] = session
+            if wasEmpty { events.append(.bytesAvailable(sessionID: id)) }
+            return true
+        }
+        return true
+    }
+
+    // MARK: Control messages
+
+    mutating func send(_ message: ControlMessage) {
+        if let bytes = try? message.encoded() { controlOut.append(bytes) }
+    }
+
+    mutating func handle(_ message: ControlMessage) {
+        switch role {
+        case .device: deviceHandle(message)
+        case .accessory: accessoryHandle(message)
+        }
+    }
+
+    mutating func deviceHandle(_ message: ControlMessage) {
+        switch (message.id, step) {
+        case (.authenticationCertificate, .awaitingCertificate):
+            let certificate = message.parameter(0)?.data ?? []
+            guard policy.acceptsCertificate(certificate) else {
+                send(ControlMessage(id: .authenticationFailed))
+                fail(.authenticationFailed("the certificate was refused"))
+                return
+            }
+            var challenge = [UInt8](repeating: 0, count: policy.challengeLength(certificate: certificate))
+            for index in challenge.indices { challenge[index] = UInt8(truncatingIfNeeded: random.next()) }
+            send(ControlMessage(id: .requestAuthenticationChallengeResponse, parameters: [.blob(0, challenge)]))
+            step = .awaitingResponse(certificate: certificate, challenge: challenge)
+            deadline = now + answerTimeout
+        case let (.authenticationResponse, .awaitingResponse(certificate, challenge)):
+            let response = message.parameter(0)?.data ?? []
+            guard policy.verifies(certificate: certificate, challenge: challenge, response: response) else {
+                send(ControlMessage(id: .authenticationFailed))
+                fail(.authenticationFailed("the challenge response did not verify"))
+                return
+            }
+            send(ControlMessage(id: .authenticationSucceeded))
+            events.append(.authenticated(certificate: certificate))
+            send(ControlMessage(id: .startIdentification))
+            step = .awaitingIdentification
+            deadline = now + answerTimeout
+        case (.identificationInformation, .awaitingIdentification), (.identificationInformation, .done):
+            switch AccessoryIdentity.validate(message) {
+            case let .success(identity):
+                self.identity = identity
+                identified = true
+                send(ControlMessage(id: .identificationAccepted))
+                step = .done
+                deadline = nil
+                events.append(.identified(identity))
+            case let .failure(rejection):
+                send(rejection.message)
+                events.append(.identificationRejected(rejection))
+                deadline = now + answerTimeout // the accessory may send a corrected one
+            }
+        case (.startPowerUpdates, _):
+            // Answer with what was asked for: full current available, battery at 100 %.
+            var parameters: [Parameter] = []
+            for parameter in message.parameters {
+                switch parameter.id {
+                case 0: parameters.append(.uint16(0, 1_000))
+                case 1: parameters.append(.bool(1, false))
+                case 2: parameters.append(.uint8(2, 0))
+                case 4: parameters.append(.bool(4, true))
+                case 5: parameters.append(.uint8(5, 0))
+                case 6: parameters.append(.uint16(6, 100))
+                default: break
+                }
+            }
+            send(ControlMessage(id: .powerUpdate, parameters: parameters))
+        case (.stopPowerUpdates, _), (.powerSourceUpdate, _), (.accessoryAuthenticationSerialNumber, _):
+            break
+        case (.statusExternalAccessoryProtocolSession, _):
+            guard let id = try? message.parameter(0)?.uint16(), var session = sessions[id] else { return }
+            let status = (try? message.parameter(1)?.uint8()) ?? 0
+            if status == 0, session.state == .opening {
+                session.state = .open
+                sessions[id] = session
+                events.append(.sessionOpened(sessionID: id, protocolName: session.protocolName))
+                events.append(.spaceAvailable(sessionID: id))
+            } else if status != 0 {
+                closeSession(id, reason: "the accessory refused the session (status \(status))", notifyPeer: false)
+            }
+        default:
+            unhandledMessages += 1
+            events.append(.unhandledMessage(message.id))
+        }
+    }
+
+    mutating func accessoryHandle(_ message: ControlMessage) {
+        switch message.id {
+        case .requestAuthenticationCertificate:
+            send(ControlMessage(id: .authenticationCertificate, parameters: [.blob(0, certificate)]))
+        case .requestAuthenticationChallengeResponse:
+            // A stand-in signature: a real accessory asks its coprocessor.
+            let challenge = message.parameter(0)?.data ?? []
+            let length = challenge.count == 20 ? 128 : 64
+            var response = [UInt8](repeating: 0, count: length)
+            for index in response.indices { response[index] = challenge.isEmpty ? 0 : challenge[index % challenge.count] ^ UInt8(index & 0xFF) }
+            send(ControlMessage(id: .authenticationResponse, parameters: [.blob(0, response)]))
+        case .authenticationSucceeded:
+            break
+        case .authenticationFailed:
+            events.append(.controlFailed(.authenticationRefusedByDevice))
+        case .startIdentification:
+            if let identity { send(identity.message) }
+        case .identificationAccepted:
+            identified = true
+            if let identity { events.append(.identified(identity)) }
+        case .identificationRejected:
+            events.append(.controlFailed(.identificationRejected(message.parameters.map(\.id))))
+        case .startExternalAccessoryProtocolSession:
+            guard let protocolID = try? message.parameter(0)?.uint8(), let id = try? message.parameter(1)?.uint16() else {
+                events.append(.malformedMessage("StartExternalAccessoryProtocolSession without protocol or session id"))
+                return
+            }
+            guard let declared = identity?.protocols.first(where: { $0.identifier == protocolID }) else {
+                send(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 1)]))
+                return
+            }
+            sessions[id] = Session(protocolName: declared.name, protocolID: protocolID, state: .open)
+            send(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 0)]))
+            events.append(.sessionOpened(sessionID: id, protocolName: declared.name))
+        case .stopExternalAccessoryProtocolSession:
+            if let id = try? message.parameter(0)?.uint16() { closeSession(id, reason: nil, notifyPeer: false) }
+        case .powerUpdate:
+            break
+        default:
+            unhandledMessages += 1
+            events.append(.unhandledMessage(message.id))
+        }
+    }
+
+    mutating func fail(_ failure: ControlFailure) {
+        step = .done
+        deadline = nil
+        events.append(.controlFailed(failure))
+    }
+
+    // MARK: Sessions
+
+    mutating func openSession(protocolName: String) throws(EndpointError) -> UInt16 {
+        guard role == .device, identified, let identity else { throw .notIdentified }
+        guard let declared = identity.protocols.first(where: { $0.name == protocolName }) else {
+            throw .unsupportedProtocol(protocolName)
+        }
+        guard eaLinkSessionID != nil else { throw .noExternalAccessoryLinkSession }
+        if sessions.values.contains(where: { $0.protocolName == protocolName && $0.state != .closed(nil) }) {
+            throw .protocolInUse(protocolName)
+        }
+        var id = nextSessionID
+        while id == 0 || sessions[id] != nil { id &+= 1 }
+        nextSessionID = id &+ 1
+        sessions[id] = Session(protocolName: protocolName, protocolID: declared.identifier, state: .opening)
+        send(ControlMessage(id: .startExternalAccessoryProtocolSession, parameters: [.uint8(0, declared.identifier), .uint16(1, id)]))
+        return id
+    }
+
+    mutating func closeSession(_ id: UInt16, reason: String?, notifyPeer: Bool) {
+        guard sessions[id] != nil else { return }
+        sessions[id] = nil
+        roundRobin.removeAll { $0 == id }
+        if notifyPeer, role == .device {
+            send(ControlMessage(id: .stopExternalAccessoryProtocolSession, parameters: [.uint16(0, id)]))
+        }
+        events.append(.sessionClosed(sessionID: id, reason: reason))
+    }
+
+    mutating func write(_ id: UInt16, _ bytes: some Collection<UInt8>, linkPayload: Int) throws(EndpointError) -> Int {
+        guard var session = sessions[id] else { throw .unknownSession(id) }
+        guard session.state == .open else { throw .sessionNotOpen(id) }
+        let room = max(0, bufferLimit - session.outbound.byteCount)
+        let taken = min(room, bytes.count)
+        if taken > 0 { session.outbound.append(Array(bytes.prefix(taken))) }
+        if taken < bytes.count { session.wasFull = true }
+        sessions[id] = session
+        if !roundRobin.contains(id) { roundRobin.append(id) }
+        return taken
+    }
+
+    mutating func read(_ id: UInt16, maxBytes: Int) -> [UInt8] {
+        guard var session = sessions[id] else { return [] }
+        let bytes = session.inbound.take(maxBytes)
+        sessions[id] = session
+        return bytes
+    }
+
+    /// Moves queued session bytes into the link, one packet per session in turn, so several
+    /// sessions share the link fairly.
+    mutating func pumpData(into link: inout IAP2Link, now: LinkTime) {
+        guard let eaSession = eaLinkSessionID else { return }
+        let chunk = link.maxPayloadLength - EASessionData.headerSize
+        guard chunk > 0 else { return }
+        var idle = 0
+        while link.canSend, !roundRobin.isEmpty, idle < roundRobin.count {
+            let id = roundRobin.removeFirst()
+            guard var session = sessions[id] else { continue }
+            if session.outbound.byteCount == 0 {
+                idle += 1
+                roundRobin.append(id)
+                continue
+            }
+            idle = 0
+            var payload: [UInt8] = []
+            payload.reserveCapacity(EASessionData.headerSize + min(chunk, session.outbound.byteCount))
+            payload.append(UInt8(id >> 8))
+            payload.append(UInt8(id & 0xFF))
+            payload.append(contentsOf: session.outbound.take(chunk))
+            _ = link.send(sessionID: eaSession, payload: payload, now: now)
+            if session.wasFull, session.outbound.byteCount < bufferLimit {
+                session.wasFull = false
+                events.append(.spaceAvailable(sessionID: id))
+            }
+            sessions[id] = session
+            roundRobin.append(id)
+        }
+    }
+}
+
+/// A small deterministic generator (SplitMix64) for challenges; seeded by the owner.
+struct SplitMix: Sendable {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}

@@ -1,0 +1,267 @@
+public import IAPWire
+
+/// An External Accessory protocol an accessory declares (IdentificationInformation parameter 10).
+public struct ExternalAccessoryProtocol: Hashable, Sendable {
+    /// The id the device uses in StartExternalAccessoryProtocolSession.
+    public var identifier: UInt8
+    /// The reverse-DNS protocol string apps open sessions for.
+    public var name: String
+    /// What the device should do when no app speaks the protocol (0 no action, 1 optional
+    /// action, 2 no alert, 3 no communication protocol).
+    public var matchAction: UInt8
+    /// The USB host transport component whose native interface carries this protocol, if any.
+    public var nativeTransportComponentIdentifier: UInt16?
+
+    public init(identifier: UInt8, name: String, matchAction: UInt8 = 0, nativeTransportComponentIdentifier: UInt16? = nil) {
+        self.identifier = identifier
+        self.name = name
+        self.matchAction = matchAction
+        self.nativeTransportComponentIdentifier = nativeTransportComponentIdentifier
+    }
+}
+
+/// A transport component an accessory declares (IdentificationInformation parameters 14–17, 24).
+public struct TransportComponent: Hashable, Sendable {
+    /// The IdentificationInformation parameter id of the component kind (e.g. 16 for
+    /// USBHostTransportComponent).
+    public var kind: UInt16
+    public var identifier: UInt16
+    public var name: String
+    public var supportsIAP2: Bool
+
+    public init(kind: UInt16, identifier: UInt16, name: String, supportsIAP2: Bool = true) {
+        self.kind = kind
+        self.identifier = identifier
+        self.name = name
+        self.supportsIAP2 = supportsIAP2
+    }
+
+    /// The kind's catalogue name.
+    public var kindName: String { MessageCatalogue.identificationParameters[kind]?.name ?? "component \(kind)" }
+}
+
+/// Everything an accessory said about itself in IdentificationInformation: what EAAccessory
+/// exposes, and more.
+public struct AccessoryIdentity: Hashable, Sendable {
+    public var name: String
+    public var modelIdentifier: String
+    public var manufacturer: String
+    public var serialNumber: String
+    public var firmwareVersion: String
+    public var hardwareVersion: String
+    public var messagesSent: [UInt16]
+    public var messagesReceived: [UInt16]
+    public var powerProvidingCapability: UInt8
+    public var maximumCurrentDrawnFromDevice: UInt16
+    public var protocols: [ExternalAccessoryProtocol]
+    public var appMatchTeamID: String?
+    public var currentLanguage: String
+    public var supportedLanguages: [String]
+    public var transportComponents: [TransportComponent]
+    public var productPlanUID: String?
+
+    public init(
+        name: String, modelIdentifier: String, manufacturer: String, serialNumber: String, firmwareVersion: String,
+        hardwareVersion: String, messagesSent: [UInt16] = [], messagesReceived: [UInt16] = [],
+        powerProvidingCapability: UInt8 = 0, maximumCurrentDrawnFromDevice: UInt16 = 0,
+        protocols: [ExternalAccessoryProtocol] = [], appMatchTeamID: String? = nil, currentLanguage: String = "en",
+        supportedLanguages: [String] = ["en"],
+        transportComponents: [TransportComponent] = [TransportComponent(kind: IdentificationParameter.usbHostTransportComponent, identifier: 1, name: "iAP2")],
+        productPlanUID: String? = nil
+    ) {
+        self.name = name
+        self.modelIdentifier = modelIdentifier
+        self.manufacturer = manufacturer
+        self.serialNumber = serialNumber
+        self.firmwareVersion = firmwareVersion
+        self.hardwareVersion = hardwareVersion
+        self.messagesSent = messagesSent
+        self.messagesReceived = messagesReceived
+        self.powerProvidingCapability = powerProvidingCapability
+        self.maximumCurrentDrawnFromDevice = maximumCurrentDrawnFromDevice
+        self.protocols = protocols
+        self.appMatchTeamID = appMatchTeamID
+        self.currentLanguage = currentLanguage
+        self.supportedLanguages = supportedLanguages
+        self.transportComponents = transportComponents
+        self.productPlanUID = productPlanUID
+    }
+
+    /// The IdentificationInformation message describing this identity.
+    public var message: ControlMessage {
+        typealias P = IdentificationParameter
+        var parameters: [Parameter] = [
+            .string(P.name, name), .string(P.modelIdentifier, modelIdentifier), .string(P.manufacturer, manufacturer),
+            .string(P.serialNumber, serialNumber), .string(P.firmwareVersion, firmwareVersion),
+            .string(P.hardwareVersion, hardwareVersion), .uint16List(P.messagesSentByAccessory, messagesSent),
+            .uint16List(P.messagesReceivedFromDevice, messagesReceived),
+            .uint8(P.powerProvidingCapability, powerProvidingCapability),
+            .uint16(P.maximumCurrentDrawnFromDevice, maximumCurrentDrawnFromDevice),
+        ]
+        for item in protocols {
+            var group: [Parameter] = [.uint8(0, item.identifier), .string(1, item.name), .uint8(2, item.matchAction)]
+            if let native = item.nativeTransportComponentIdentifier { group.append(.uint16(3, native)) }
+            parameters.append(.group(P.supportedExternalAccessoryProtocol, group))
+        }
+        if let appMatchTeamID { parameters.append(.string(P.appMatchTeamID, appMatchTeamID)) }
+        parameters.append(.string(P.currentLanguage, currentLanguage))
+        for language in supportedLanguages { parameters.append(.string(P.supportedLanguage, language)) }
+        for component in transportComponents {
+            var group: [Parameter] = [.uint16(0, component.identifier), .string(1, component.name)]
+            if component.supportsIAP2 { group.append(.flag(2)) }
+            parameters.append(.group(component.kind, group))
+        }
+        if let productPlanUID { parameters.append(.string(P.productPlanUID, productPlanUID)) }
+        return ControlMessage(id: .identificationInformation, parameters: parameters)
+    }
+
+    /// The parameters every IdentificationInformation must carry.
+    public static let requiredParameters: [UInt16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13]
+
+    /// Reads and validates an IdentificationInformation message.
+    ///
+    /// - Returns: the identity, or the ids of every parameter that is missing or wrong (the
+    ///   content of an IdentificationRejected).
+    public static func validate(_ message: ControlMessage) -> Result<AccessoryIdentity, IdentificationRejection> {
+        typealias P = IdentificationParameter
+        var offending = Set<UInt16>()
+        var reasons: [String] = []
+        func string(_ id: UInt16) -> String {
+            guard let parameter = message.parameter(id) else { return "" }
+            do { return try parameter.string() } catch {
+                offending.insert(id)
+                reasons.append("\(name(id)): \(error)")
+                return ""
+            }
+        }
+        for id in requiredParameters where message.parameter(id) == nil {
+            offending.insert(id)
+            reasons.append("\(name(id)) is missing")
+        }
+        func ids(_ id: UInt16, sender: MessageSender) -> [UInt16] {
+            guard let parameter = message.parameter(id) else { return [] }
+            guard let list = try? parameter.uint16List() else {
+                offending.insert(id)
+                reasons.append("\(name(id)) is not a list of message ids")
+                return []
+            }
+            let wrong = list.filter { MessageCatalogue.info(for: MessageID($0)).map { $0.sender != sender } ?? false }
+            if !wrong.isEmpty {
+                offending.insert(id)
+                reasons.append("\(name(id)) lists messages the \(sender == .accessory ? "device" : "accessory") sends: "
+                    + wrong.map { MessageID($0).description }.joined(separator: ", "))
+            }
+            return list
+        }
+        var identity = AccessoryIdentity(
+            name: string(P.name), modelIdentifier: string(P.modelIdentifier), manufacturer: string(P.manufacturer),
+            serialNumber: string(P.serialNumber), firmwareVersion: string(P.firmwareVersion),
+            hardwareVersion: string(P.hardwareVersion),
+            messagesSent: ids(P.messagesSentByAccessory, sender: .accessory),
+            messagesReceived: ids(P.messagesReceivedFromDevice, sender: .device),
+            currentLanguage: string(P.currentLanguage), supportedLanguages: [], transportComponents: [])
+        if let parameter = message.parameter(P.powerProvidingCapability) {
+            if let value = try? parameter.uint8() { identity.powerProvidingCapability = value } else {
+                offending.insert(P.powerProvidingCapability)
+                reasons.append("PowerProvidingCapability is not one byte")
+            }
+        }
+        if let parameter = message.parameter(P.maximumCurrentDrawnFromDevice) {
+            if let value = try? parameter.uint16() { identity.maximumCurrentDrawnFromDevice = value } else {
+                offending.insert(P.maximumCurrentDrawnFromDevice)
+                reasons.append("MaximumCurrentDrawnFromDevice is not a 16-bit value")
+            }
+        }
+        for parameter in message.parameters(P.supportedLanguage) {
+            if let language = try? parameter.string() { identity.supportedLanguages.append(language) } else {
+                offending.insert(P.supportedLanguage)
+                reasons.append("a SupportedLanguage is not valid UTF-8")
+            }
+        }
+        if message.parameter(P.appMatchTeamID) != nil { identity.appMatchTeamID = string(P.appMatchTeamID) }
+        if message.parameter(P.productPlanUID) != nil { identity.productPlanUID = string(P.productPlanUID) }
+        var protocolIDs = Set<UInt8>()
+        for parameter in message.parameters(P.supportedExternalAccessoryProtocol) {
+            guard let group = try? parameter.group(),
+                  let identifier = try? group.first(where: { $0.id == 0 })?.uint8(),
+                  let name = try? group.first(where: { $0.id == 1 })?.string(), !name.isEmpty
+            else {
+                offending.insert(P.supportedExternalAccessoryProtocol)
+                reasons.append("an External Accessory protocol lacks a valid identifier or name")
+                continue
+            }
+            if !protocolIDs.insert(identifier).inserted {
+                offending.insert(P.supportedExternalAccessoryProtocol)
+                reasons.append("External Accessory protocol id \(identifier) is declared twice")
+            }
+            let action = (try? group.first(where: { $0.id == 2 })?.uint8()) ?? 0
+            let native = try? group.first(where: { $0.id == 3 })?.uint16()
+            identity.protocols.append(ExternalAccessoryProtocol(identifier: identifier, name: name, matchAction: action,
+                                                                nativeTransportComponentIdentifier: native))
+        }
+        for kind: UInt16 in [14, 15, 16, 17, 24] {
+            for parameter in message.parameters(kind) {
+                guard let group = try? parameter.group(),
+                      let identifier = try? group.first(where: { $0.id == 0 })?.uint16(),
+                      let name = try? group.first(where: { $0.id == 1 })?.string()
+                else {
+                    offending.insert(kind)
+                    reasons.append("a \(Self.name(kind)) lacks a valid identifier or name")
+                    continue
+                }
+                identity.transportComponents.append(TransportComponent(
+                    kind: kind, identifier: identifier, name: name, supportsIAP2: group.contains { $0.id == 2 }))
+            }
+        }
+        if offending.isEmpty { return .success(identity) }
+        return .failure(IdentificationRejection(parameterIDs: offending.sorted(), reasons: reasons))
+    }
+
+    static func name(_ id: UInt16) -> String { MessageCatalogue.identificationParameters[id]?.name ?? "parameter \(id)" }
+}
+
+/// Why identification was rejected: the offending parameter ids and what is wrong with each.
+public struct IdentificationRejection: Error, Hashable, Sendable, CustomStringConvertible {
+    public var parameterIDs: [UInt16]
+    public var reasons: [String]
+    public var description: String { "identification rejected: " + reasons.joined(separator: "; ") }
+
+    /// The IdentificationRejected message: one flag per offending parameter id.
+    public var message: ControlMessage {
+        ControlMessage(id: .identificationRejected, parameters: parameterIDs.map { .flag($0) })
+    }
+}
+
+/// Decides whether an accessory's authentication is good enough.
+///
+/// The default, ``AcceptingAuthentication``, records the certificate and accepts any response:
+/// verifying for real needs Apple's root certificate and signing scheme, which are not public.
+/// A real verifier plugs in here.
+public protocol AuthenticationPolicy: Sendable {
+    /// Challenge bytes to send for this certificate (20 for coprocessor 2.0, 32 for 3.0).
+    func challengeLength(certificate: [UInt8]) -> Int
+    /// Whether to go on after seeing the certificate.
+    func acceptsCertificate(_ certificate: [UInt8]) -> Bool
+    /// Whether `response` answers `challenge` for `certificate`.
+    func verifies(certificate: [UInt8], challenge: [UInt8], response: [UInt8]) -> Bool
+}
+
+extension AuthenticationPolicy {
+    /// Coprocessor 3.0 certificates are about 608 bytes and take a 32-byte challenge; 2.0
+    /// certificates are longer and take 20 bytes.
+    public func challengeLength(certificate: [UInt8]) -> Int { certificate.count <= 640 ? 32 : 20 }
+}
+
+/// Accepts every certificate and response (what iPhone-impersonating tools do today).
+public struct AcceptingAuthentication: AuthenticationPolicy {
+    public init() {}
+    public func acceptsCertificate(_ certificate: [UInt8]) -> Bool { !certificate.isEmpty }
+    public func verifies(certificate: [UInt8], challenge: [UInt8], response: [UInt8]) -> Bool { !response.isEmpty }
+}
+
+/// Rejects every accessory (for tests and for locking a host down).
+public struct RejectingAuthentication: AuthenticationPolicy {
+    public init() {}
+    public func acceptsCertificate(_ certificate: [UInt8]) -> Bool { false }
+    public func verifies(certificate: [UInt8], challenge: [UInt8], response: [UInt8]) -> Bool { false }
+}

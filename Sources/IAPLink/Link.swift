@@ -1,0 +1,617 @@
+public import IAPWire
+
+/// Counters kept by an ``IAP2Link``.
+public struct LinkStatistics: Hashable, Sendable {
+    public var packetsSent = 0
+    public var packetsReceived = 0
+    public var retransmissions = 0
+    public var duplicatesReceived = 0
+    public var outOfOrderReceived = 0
+    public var outsideWindowReceived = 0
+    /// Packets the sink could not take yet (receiver flow control); the peer sends them again.
+    public var refusedByReceiver = 0
+    public var eaksSent = 0
+    public var eaksReceived = 0
+    public var acksSent = 0
+    public var payloadBytesSent = 0
+    public var payloadBytesDelivered = 0
+    public init() {}
+}
+
+/// The iAP2 link layer as a deterministic state machine, for both roles.
+///
+/// Inputs are received bytes (``receive(_:now:sink:)``), the passage of time (``advance(to:)``)
+/// and payloads to send (``send(sessionID:payload:now:)``). Outputs are taken by the owner:
+/// packets to transmit (``takeOutput()``, one link packet or detect per element, to be written one
+/// per USB transfer), events (``takeEvents()``), and payloads handed in order to a ``LinkSink``.
+/// The owner asks ``nextDeadline`` when to call ``advance(to:)`` next. No clocks, threads or
+/// Dispatch inside: the same code runs under an event loop and under virtual time in tests.
+///
+/// Wire rules implemented (PROTOCOL.md §2): detect and its answer, SYN negotiation with
+/// validation and counter-offers (the device never sends the first SYN), 8-bit sequence numbers
+/// with wrap-around, a send window of the negotiated outstanding-packet count, cumulative ACKs on
+/// a timer or a count, duplicates re-acknowledged and never delivered twice, out-of-order packets
+/// held and reported with EAK, EAK honoured by resending exactly the missing packets,
+/// retransmission on timeout until the negotiated maximum, RST and SLP.
+public struct IAP2Link: Sendable {
+    public let role: LinkRole
+    public let configuration: LinkConfiguration
+    public private(set) var state: LinkState = .detecting
+    /// The parameters both sides agreed on, once connected.
+    public private(set) var negotiated: LinkParameters?
+    public private(set) var statistics = LinkStatistics()
+
+    private var scanner: FrameScanner
+    private var outbox: [[UInt8]] = []
+    private var events: [LinkEvent] = []
+
+    // Negotiation.
+    private var initialSequence: UInt8
+    private var rounds = 0
+    private var lastOffer: LinkParameters?
+    private var lastPeerOffer: LinkParameters?
+    private var detectDeadline: LinkTime?
+    private var synDeadline: LinkTime?
+    private var synTransmissions = 0
+
+    // Data.
+    private struct InFlight: Sendable {
+        var sequence: UInt8
+        var sessionID: UInt8
+        var payload: [UInt8]
+        var sentAt: LinkTime
+        var transmissions: Int
+    }
+    private struct Held: Sendable {
+        var sessionID: UInt8
+        var payload: [UInt8]
+    }
+    private var nextSequence: UInt8 = 0
+    private var lastSentSequence: UInt8 = 0
+    private var lastReceived: UInt8 = 0
+    private var unacked: [InFlight] = []
+    private var sendQueue = FIFO<(sessionID: UInt8, payload: [UInt8])>()
+    private var held: [UInt8: Held] = [:]
+    private var pendingAcks = 0
+    private var ackDeadline: LinkTime?
+    /// Most packets queued beyond the window before ``send(sessionID:payload:now:)`` refuses.
+    public var sendQueueLimit = 64
+
+    // Scratch buffers reused across receive calls.
+    private var frameScratch: [(ScannedFrame, Bool)] = []
+    private var spillScratch: [UInt8] = []
+
+    /// Creates a link.
+    ///
+    /// - Parameters:
+    ///   - initialSequence: the first sequence number (the ISN); pick it at random in production.
+    public init(role: LinkRole, configuration: LinkConfiguration, initialSequence: UInt8) {
+        self.role = role
+        self.configuration = configuration
+        self.initialSequence = initialSequence
+        self.scanner = FrameScanner(kinds: .all, maxFrameLength: max(Int(configuration.parameters.maxPacketLength), 1_024))
+    }
+
+    // MARK: Owner's view
+
+    /// When ``advance(to:)`` must be called next, if any timer is armed.
+    public var nextDeadline: LinkTime? {
+        var deadline: LinkTime?
+        func consider(_ candidate: LinkTime?) {
+            guard let candidate else { return }
+            if deadline.map({ candidate < $0 }) ?? true { deadline = candidate }
+        }
+        consider(detectDeadline)
+        consider(synDeadline)
+        consider(ackDeadline)
+        if state == .connected, let timeout = negotiated.map({ Duration.milliseconds(Int($0.retransmissionTimeout)) }) {
+            for packet in unacked { consider(packet.sentAt + timeout) }
+        }
+        return deadline
+    }
+
+    /// Packets to transmit, oldest first; each element is one link packet (or detect).
+    public mutating func takeOutput() -> [[UInt8]] {
+        defer { outbox.removeAll(keepingCapacity: true) }
+        return outbox
+    }
+
+    /// Whether packets are waiting in ``takeOutput()``.
+    public var hasOutput: Bool { !outbox.isEmpty }
+
+    /// Events since the last call.
+    public mutating func takeEvents() -> [LinkEvent] {
+        defer { events.removeAll(keepingCapacity: true) }
+        return events
+    }
+
+    /// Packets sent and not yet acknowledged.
+    public var inFlightCount: Int { unacked.count }
+    /// Packets queued behind the window.
+    public var queuedCount: Int { sendQueue.count }
+    /// Whether ``send(sessionID:payload:now:)`` would accept a packet now.
+    public var canSend: Bool { state == .connected && sendQueue.count < sendQueueLimit }
+    /// The largest payload one packet may carry towards the peer (0 before the link is up).
+    public var maxPayloadLength: Int {
+        negotiated.map { Int($0.maxPacketLength) - LinkPacketHeader.overhead } ?? 0
+    }
+
+    // MARK: Inputs
+
+    /// Starts the link: the accessory sends the detect; the device waits for it.
+    public mutating func start(now: LinkTime) {
+        guard role == .accessory else { return }
+        sendDetect(now: now)
+    }
+
+    /// Queues a payload for link session `sessionID`.
+    ///
+    /// - Returns: false when the link is not up, the payload is longer than
+    ///   ``maxPayloadLength``, or ``sendQueueLimit`` packets are already waiting (back-pressure:
+    ///   try again when ``canSend`` is true).
+    @discardableResult
+    public mutating func send(sessionID: UInt8, payload: [UInt8], now: LinkTime) -> Bool {
+        guard canSend, !payload.isEmpty, payload.count <= maxPayloadLength else { return false }
+        sendQueue.append((sessionID, payload))
+        pump(now: now)
+        return true
+    }
+
+    /// Feeds received bytes; payloads are offered to `sink` in order.
+    public mutating func receive<Sink: LinkSink>(_ bytes: RawSpan, now: LinkTime, sink: inout Sink) {
+        // Collect the frames first (the scanner cannot call back into `self` while it runs).
+        var frames = frameScratch
+        var spill = spillScratch
+        frameScratch = []
+        spillScratch = []
+        frames.removeAll(keepingCapacity: true)
+        spill.removeAll(keepingCapacity: true)
+        var drops: [ScanDrop] = []
+        scanner.scan(bytes, onFrame: { frame, span in
+            if frame.isReassembled {
+                // Reassembled frames live in the scanner's buffer, which the next frame reuses.
+                let start = spill.count
+                span.extracting(frame.range).withUnsafeBytes { spill.append(contentsOf: $0) }
+                var moved = frame
+                let shift = start - frame.range.lowerBound
+                moved.range = (frame.range.lowerBound + shift)..<(frame.range.upperBound + shift)
+                moved.payload = (frame.payload.lowerBound + shift)..<(frame.payload.upperBound + shift)
+                frames.append((moved, true))
+            } else {
+                frames.append((frame, false))
+            }
+        }, onDrop: { drops.append($0) })
+        for drop in drops { events.append(.dropped(drop)) }
+        for (frame, spilled) in frames {
+            if spilled {
+                handle(frame, in: spill.span.bytes, now: now, sink: &sink)
+            } else {
+                handle(frame, in: bytes, now: now, sink: &sink)
+            }
+        }
+        frameScratch = frames
+        spillScratch = spill
+    }
+
+    /// Feeds received bytes held in an array.
+    public mutating func receive<Sink: LinkSink>(_ bytes: [UInt8], now: LinkTime, sink: inout Sink) {
+        receive(bytes.span.bytes, now: now, sink: &sink)
+    }
+
+    /// Fires every timer due at `now`.
+    public mutating func advance(to now: LinkTime) {
+        if let deadline = detectDeadline, deadline <= now, state == .detecting, role == .accessory {
+            sendDetect(now: now)
+        }
+        if let deadline = synDeadline, deadline <= now, state == .negotiating, role == .accessory, let offer = lastOffer {
+            synTransmissions += 1
+            if synTransmissions > Int(offer.maxRetransmissions) {
+                fail(.negotiationFailed(rounds: rounds))
+                return
+            }
+            transmitSYN(offer, acknowledging: false, now: now)
+        }
+        if let deadline = ackDeadline, deadline <= now {
+            sendAck()
+        }
+        guard state == .connected, let parameters = negotiated else { return }
+        let timeout = Duration.milliseconds(Int(parameters.retransmissionTimeout))
+        for index in unacked.indices where unacked[index].sentAt + timeout <= now {
+            if unacked[index].transmissions > Int(parameters.maxRetransmissions) {
+                fail(.maxRetransmissionsExceeded(sequence: unacked[index].sequence, count: unacked[index].transmissions))
+                return
+            }
+            retransmit(at: index, now: now)
+        }
+    }
+
+    /// Device role: resets the link (RST); the accessory answers with a fresh SYN. Everything in
+    /// flight or queued is discarded.
+    public mutating func reset(now: LinkTime) {
+        transmitControl([.rst], payload: [])
+        clearData()
+        rounds = 0
+        setState(.negotiating)
+    }
+
+    /// Device role: tells the accessory this side goes to sleep (SLP).
+    public mutating func suspend(now: LinkTime) {
+        transmitControl([.slp, .ack], payload: [])
+        clearData()
+        setState(.sleeping)
+    }
+
+    /// Accessory role: wakes from sleep and starts over with the detect.
+    public mutating func wake(now: LinkTime) {
+        guard state == .sleeping else { return }
+        setState(.detecting)
+        if role == .accessory { sendDetect(now: now) }
+    }
+
+    /// Closes the link for good.
+    public mutating func close() {
+        clearData()
+        fail(.closed)
+    }
+
+    // MARK: Frames
+
+    private mutating func handle<Sink: LinkSink>(_ frame: ScannedFrame, in bytes: RawSpan, now: LinkTime, sink: inout Sink) {
+        if case .failed = state { return }
+        switch frame.kind {
+        case .detect:
+            handleDetect(now: now)
+        case let .iap1(framing):
+            let body = bytes.extracting(frame.payload).withUnsafeBytes { Array($0) }
+            if role == .accessory, state == .detecting, framing.body.count == 4,
+               body == [0x00, 0x02, 0x04, IAP2Detect.command] {
+                fail(.peerSpeaksIAP1)
+            } else {
+                events.append(.iap1Packet(body))
+            }
+        case let .iap2(header):
+            statistics.packetsReceived += 1
+            handle(header, payload: bytes.extracting(frame.payload), now: now, sink: &sink)
+        }
+    }
+
+    private mutating func handleDetect(now: LinkTime) {
+        switch role {
+        case .device:
+            // Answer every detect with one detect. A detect on a live link means the accessory
+            // started over: so does the link.
+            outbox.append(IAP2Detect.bytes)
+            if state != .negotiating {
+                clearData()
+                rounds = 0
+                setState(.negotiating)
+            }
+        case .accessory:
+            guard state == .detecting else { return }
+            detectDeadline = nil
+            rounds = 0
+            synTransmissions = 0
+            setState(.negotiating)
+            lastOffer = configuration.parameters
+            nextSequence = initialSequence
+            transmitSYN(configuration.parameters, acknowledging: false, now: now)
+        }
+    }
+
+    private mutating func handle<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, now: LinkTime, sink: inout Sink) {
+        let control = header.control
+        if control.contains(.rst) {
+            if role == .accessory { restartAfterReset(now: now) }
+            return
+        }
+        if control.contains(.slp) {
+            if role == .accessory {
+                clearData()
+                setState(.sleeping)
+            }
+            return
+        }
+        if control.contains(.syn) {
+            switch role {
+            case .device: deviceReceivedSYN(header, payload: payload, now: now)
+            case .accessory: accessoryReceivedSYNACK(header, payload: payload, now: now)
+            }
+            return
+        }
+        if state == .negotiating, role == .device, control.contains(.ack), header.acknowledgement == initialSequence,
+           let offer = lastOffer {
+            linkUp(offer)
+        }
+        guard state == .connected else { return }
+        if control.contains(.ack) { acknowledge(upTo: header.acknowledgement, now: now) }
+        if control.contains(.eak) {
+            statistics.eaksReceived += 1
+            let listed = payload.withUnsafeBytes { Array($0) }
+            let missing = ExtendedAcknowledgement.missing(after: header.acknowledgement, received: listed)
+            for sequence in missing {
+                if let index = unacked.firstIndex(where: { $0.sequence == sequence }) { retransmit(at: index, now: now) }
+            }
+            return
+        }
+        if header.payloadLength > 0 {
+            if let parameters = negotiated, header.packetLength > Int(parameters.maxPacketLength) {
+                events.append(.protocolViolation("received a \(header.packetLength)-byte packet; \(parameters.maxPacketLength) was agreed"))
+            }
+            receiveData(header, payload: payload, now: now, sink: &sink)
+        }
+    }
+
+    // MARK: Negotiation
+
+    private mutating func deviceReceivedSYN(_ header: LinkPacketHeader, payload: RawSpan, now: LinkTime) {
+        let offer: LinkParameters
+        do {
+            offer = try LinkParameters.decode(payload)
+        } catch {
+            fail(.malformedSYN(error))
+            return
+        }
+        if state == .connected || state == .sleeping || state == .detecting {
+            clearData()
+            rounds = 0
+            lastPeerOffer = nil
+            setState(.negotiating)
+        }
+        // A repeated SYN (our SYN|ACK was lost) is answered again without counting a round.
+        if offer != lastPeerOffer {
+            rounds += 1
+            lastPeerOffer = offer
+        }
+        if rounds > configuration.maxNegotiationRounds {
+            fail(.negotiationFailed(rounds: rounds - 1))
+            return
+        }
+        lastReceived = header.sequence
+        let reply = counterOffer(to: offer)
+        lastOffer = reply
+        nextSequence = initialSequence
+        transmitSYN(reply, acknowledging: true, now: now)
+    }
+
+    /// The device's answer to an offer: the offer itself when it is valid and within our receive
+    /// limits (an echo), otherwise the nearest parameters that are.
+    func counterOffer(to offer: LinkParameters) -> LinkParameters {
+        var reply = offer
+        let limits = configuration.parameters
+        func clamp<T: FixedWidthInteger>(_ value: T, _ field: LinkParameters.Field) -> T {
+            let range = field.validRange
+            return T(min(max(Int(value), range.lowerBound), range.upperBound))
+        }
+        reply.version = 1
+        reply.maxOutstandingPackets = min(clamp(offer.maxOutstandingPackets, .maxOutstandingPackets), limits.maxOutstandingPackets)
+        reply.maxPacketLength = min(clamp(offer.maxPacketLength, .maxPacketLength), limits.maxPacketLength)
+        reply.retransmissionTimeout = clamp(offer.retransmissionTimeout, .retransmissionTimeout)
+        reply.cumulativeAckTimeout = clamp(offer.cumulativeAckTimeout, .cumulativeAckTimeout)
+        reply.maxRetransmissions = clamp(offer.maxRetransmissions, .maxRetransmissions)
+        reply.maxCumulativeAcks = clamp(offer.maxCumulativeAcks, .maxCumulativeAcks)
+        // Keep the valid sessions; make sure there is exactly one control session.
+        var ids = Set<UInt8>()
+        var types = Set<LinkSessionType>()
+        reply.sessions = offer.sessions.filter { session in
+            session.id != 0 && session.type.rawValue <= LinkSessionType.externalAccessory.rawValue
+                && ids.insert(session.id).inserted && types.insert(session.type).inserted
+        }
+        if !types.contains(.control) {
+            let id = (1...255).map(UInt8.init).first { !ids.contains($0) } ?? 1
+            reply.sessions.insert(LinkSession(id: id, type: .control), at: 0)
+        }
+        return reply
+    }
+
+    private mutating func accessoryReceivedSYNACK(_ header: LinkPacketHeader, payload: RawSpan, now: LinkTime) {
+        guard state == .negotiating, header.control.contains(.ack), let ours = lastOffer else { return }
+        let offer: LinkParameters
+        do {
+            offer = try LinkParameters.decode(payload)
+        } catch {
+            fail(.malformedSYN(error))
+            return
+        }
+        lastReceived = header.sequence
+        if offer == ours {
+            transmitControl([.ack], payload: [])
+            linkUp(offer)
+            return
+        }
+        rounds += 1
+        if rounds >= configuration.maxNegotiationRounds || !offer.violations().isEmpty {
+            fail(.negotiationFailed(rounds: rounds))
+            return
+        }
+        // Adopt the device's counter-offer, keeping the smaller of the timing values (the
+        // reference accessory does the same); agree at once if nothing changed.
+        var adopted = offer
+        adopted.retransmissionTimeout = min(offer.retransmissionTimeout, ours.retransmissionTimeout)
+        adopted.cumulativeAckTimeout = min(offer.cumulativeAckTimeout, ours.cumulativeAckTimeout)
+        adopted.maxRetransmissions = min(offer.maxRetransmissions, ours.maxRetransmissions)
+        adopted.maxCumulativeAcks = min(offer.maxCumulativeAcks, ours.maxCumulativeAcks)
+        if adopted == offer {
+            transmitControl([.ack], payload: [])
+            linkUp(offer)
+        } else {
+            lastOffer = adopted
+            synTransmissions = 0
+            transmitSYN(adopted, acknowledging: false, now: now)
+        }
+    }
+
+    private mutating func restartAfterReset(now: LinkTime) {
+        clearData()
+        initialSequence = initialSequence &+ 0x40
+        nextSequence = initialSequence
+        rounds = 0
+        synTransmissions = 0
+        setState(.negotiating)
+        lastOffer = configuration.parameters
+        transmitSYN(configuration.parameters, acknowledging: false, now: now)
+    }
+
+    private mutating func linkUp(_ parameters: LinkParameters) {
+        negotiated = parameters
+        synDeadline = nil
+        detectDeadline = nil
+        nextSequence = initialSequence &+ 1
+        lastSentSequence = initialSequence
+        events.append(.negotiated(parameters))
+        setState(.connected)
+    }
+
+    private mutating func sendDetect(now: LinkTime) {
+        outbox.append(IAP2Detect.bytes)
+        detectDeadline = now + configuration.detectInterval
+        setState(.detecting)
+    }
+
+    private mutating func transmitSYN(_ parameters: LinkParameters, acknowledging: Bool, now: LinkTime) {
+        let control: LinkControl = acknowledging ? [.syn, .ack] : [.syn]
+        if let packet = try? LinkPacket.encode(control: control, sequence: initialSequence,
+                                               acknowledgement: acknowledging ? lastReceived : 0, sessionID: 0,
+                                               payload: parameters.encoded) {
+            outbox.append(packet)
+            statistics.packetsSent += 1
+        }
+        if role == .accessory {
+            synDeadline = now + .milliseconds(Int(max(parameters.retransmissionTimeout, 20)))
+        }
+    }
+
+    // MARK: Data
+
+    private mutating func pump(now: LinkTime) {
+        guard state == .connected, let parameters = negotiated else { return }
+        while unacked.count < Int(parameters.maxOutstandingPackets), let next = sendQueue.popFirst() {
+            let sequence = nextSequence
+            nextSequence &+= 1
+            lastSentSequence = sequence
+            transmitData(sequence: sequence, sessionID: next.sessionID, payload: next.payload)
+            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, payload: next.payload, sentAt: now, transmissions: 1))
+            statistics.payloadBytesSent += next.payload.count
+        }
+    }
+
+    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, payload: [UInt8]) {
+        if let packet = try? LinkPacket.encode(control: .ack, sequence: sequence, acknowledgement: lastReceived,
+                                               sessionID: sessionID, payload: payload) {
+            outbox.append(packet)
+            statistics.packetsSent += 1
+        }
+        // The packet carries our acknowledgement.
+        pendingAcks = 0
+        ackDeadline = nil
+    }
+
+    private mutating func retransmit(at index: Int, now: LinkTime) {
+        let packet = unacked[index]
+        transmitData(sequence: packet.sequence, sessionID: packet.sessionID, payload: packet.payload)
+        unacked[index].sentAt = now
+        unacked[index].transmissions += 1
+        statistics.retransmissions += 1
+    }
+
+    private mutating func acknowledge(upTo acknowledgement: UInt8, now: LinkTime) {
+        var removed = 0
+        while let first = unacked.first, Int(acknowledgement &- first.sequence) < 128 {
+            unacked.removeFirst()
+            removed += 1
+        }
+        if removed > 0 { pump(now: now) }
+    }
+
+    private mutating func receiveData<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, now: LinkTime, sink: inout Sink) {
+        let expected = lastReceived &+ 1
+        let distance = Int(header.sequence &- expected)
+        let window = Int(configuration.parameters.maxOutstandingPackets)
+        if distance == 0 {
+            guard sink.accept(sessionID: header.sessionID, payload: payload) else {
+                statistics.refusedByReceiver += 1
+                return
+            }
+            lastReceived = header.sequence
+            statistics.payloadBytesDelivered += payload.byteCount
+            pendingAcks += 1
+            // Packets held out of order may now follow.
+            while let next = held[lastReceived &+ 1] {
+                guard sink.accept(sessionID: next.sessionID, payload: next.payload.span.bytes) else {
+                    statistics.refusedByReceiver += 1
+                    break
+                }
+                held[lastReceived &+ 1] = nil
+                lastReceived &+= 1
+                statistics.payloadBytesDelivered += next.payload.count
+                pendingAcks += 1
+            }
+            scheduleAck(now: now)
+        } else if distance >= 128 {
+            // Already delivered: acknowledge again, deliver nothing.
+            statistics.duplicatesReceived += 1
+            sendAck()
+        } else if distance < max(window, 1) {
+            statistics.outOfOrderReceived += 1
+            if held[header.sequence] == nil {
+                held[header.sequence] = Held(sessionID: header.sessionID, payload: payload.withUnsafeBytes { Array($0) })
+            }
+            sendEAK()
+        } else {
+            statistics.outsideWindowReceived += 1
+        }
+    }
+
+    private mutating func scheduleAck(now: LinkTime) {
+        guard let parameters = negotiated else { return }
+        if pendingAcks >= max(1, Int(parameters.maxCumulativeAcks)) {
+            sendAck()
+        } else if ackDeadline == nil {
+            ackDeadline = now + .milliseconds(Int(parameters.cumulativeAckTimeout))
+        }
+    }
+
+    private mutating func sendAck() {
+        transmitControl([.ack], payload: [])
+        statistics.acksSent += 1
+    }
+
+    private mutating func sendEAK() {
+        let expected = lastReceived &+ 1
+        let listed = held.keys.sorted { Int($0 &- expected) < Int($1 &- expected) }
+        transmitControl([.ack, .eak], payload: listed)
+        statistics.eaksSent += 1
+    }
+
+    private mutating func transmitControl(_ control: LinkControl, payload: [UInt8]) {
+        if let packet = try? LinkPacket.encode(control: control, sequence: lastSentSequence, acknowledgement: lastReceived,
+                                               sessionID: 0, payload: payload) {
+            outbox.append(packet)
+        }
+        if control.contains(.ack) {
+            pendingAcks = 0
+            ackDeadline = nil
+        }
+    }
+
+    private mutating func clearData() {
+        unacked.removeAll(keepingCapacity: true)
+        sendQueue.removeAll()
+        held.removeAll()
+        pendingAcks = 0
+        ackDeadline = nil
+        synDeadline = nil
+        detectDeadline = nil
+        negotiated = nil
+    }
+
+    private mutating func setState(_ new: LinkState) {
+        guard new != state else { return }
+        state = new
+        events.append(.stateChanged(new))
+    }
+
+    private mutating func fail(_ failure: LinkFailure) {
+        clearData()
+        setState(.failed(failure))
+    }
+}

@@ -1,0 +1,111 @@
+public import IAPWire
+
+/// Which side of the iAP2 link a state machine plays.
+public enum LinkRole: String, Sendable {
+    /// The Apple-device role: what the Linux host runs. Answers the detect, never sends the
+    /// first SYN, accepts or counter-offers the accessory's parameters.
+    case device
+    /// The accessory role: what the simulator runs. Sends the detect and the first SYN.
+    case accessory
+}
+
+/// Time on the link's clock: a duration since an arbitrary origin. The owner of a state machine
+/// passes the current time with every input, so tests run on virtual time.
+public typealias LinkTime = Duration
+
+/// How a link behaves.
+public struct LinkConfiguration: Sendable {
+    /// Accessory role: the SYN parameters it proposes. Device role: its receive limits
+    /// (`maxPacketLength`, `maxOutstandingPackets`, bounded by its receive buffers) and the values
+    /// it falls back to when an accessory proposes something invalid.
+    public var parameters: LinkParameters
+    /// Accessory role: how often the detect is sent until answered.
+    public var detectInterval: Duration
+    /// How many SYN rounds before negotiation fails (Apple's reference code: 10).
+    public var maxNegotiationRounds: Int
+
+    public init(parameters: LinkParameters, detectInterval: Duration = .seconds(1), maxNegotiationRounds: Int = 10) {
+        self.parameters = parameters
+        self.detectInterval = detectInterval
+        self.maxNegotiationRounds = maxNegotiationRounds
+    }
+
+    /// Defaults for the device role: up to 32 packets of up to 65535 bytes in flight towards us;
+    /// timing values are taken from the accessory's offer.
+    public static let device = LinkConfiguration(parameters: LinkParameters(
+        maxOutstandingPackets: 32, maxPacketLength: 65_535, retransmissionTimeout: 1_000, cumulativeAckTimeout: 20,
+        maxRetransmissions: 30, maxCumulativeAcks: 16,
+        sessions: [LinkSession(id: 1, type: .control), LinkSession(id: 2, type: .externalAccessory)]))
+
+    /// Defaults for the accessory role (the values the BOYA mini 2 proposes, with a larger window
+    /// and packets).
+    public static let accessory = LinkConfiguration(parameters: LinkParameters(
+        maxOutstandingPackets: 8, maxPacketLength: 4_096, retransmissionTimeout: 1_000, cumulativeAckTimeout: 20,
+        maxRetransmissions: 30, maxCumulativeAcks: 4,
+        sessions: [LinkSession(id: 1, type: .control), LinkSession(id: 2, type: .externalAccessory)]))
+}
+
+/// Where a link is.
+public enum LinkState: Hashable, Sendable {
+    /// Accessory: sending the detect. Device: waiting for it.
+    case detecting
+    /// SYN exchanged, waiting for the other side to agree.
+    case negotiating
+    /// Link up: data flows.
+    case connected
+    /// The peer sent SLP (or this side did): waiting to be woken.
+    case sleeping
+    /// The link is down for good; see ``LinkFailure``.
+    case failed(LinkFailure)
+}
+
+/// Why a link went down.
+public enum LinkFailure: Hashable, Sendable, CustomStringConvertible {
+    /// A packet was sent `count` times without acknowledgement.
+    case maxRetransmissionsExceeded(sequence: UInt8, count: Int)
+    /// The two sides did not agree on parameters within the allowed number of rounds.
+    case negotiationFailed(rounds: Int)
+    /// The peer answered the detect the iAP1 way: it does not speak iAP2.
+    case peerSpeaksIAP1
+    /// The peer's SYN could not be decoded.
+    case malformedSYN(WireError)
+    /// The owner closed the link.
+    case closed
+
+    public var description: String {
+        switch self {
+        case let .maxRetransmissionsExceeded(sequence, count):
+            return "packet 0x\(String(sequence, radix: 16)) was sent \(count) times without acknowledgement; the accessory stopped answering"
+        case let .negotiationFailed(rounds):
+            return "link parameters not agreed after \(rounds) rounds"
+        case .peerSpeaksIAP1:
+            return "the peer answered the iAP2 detect with iAP1: it does not speak iAP2"
+        case let .malformedSYN(error):
+            return "the peer's SYN is malformed: \(error)"
+        case .closed:
+            return "the link was closed"
+        }
+    }
+}
+
+/// Something the link tells its owner.
+public enum LinkEvent: Hashable, Sendable {
+    /// The state changed.
+    case stateChanged(LinkState)
+    /// Negotiation finished: these parameters govern the link.
+    case negotiated(LinkParameters)
+    /// An iAP1 packet arrived (body bytes) while the link was not up: the iAP1 layer's business.
+    case iap1Packet([UInt8])
+    /// Bytes the scanner dropped.
+    case dropped(ScanDrop)
+    /// A received packet was malformed for the link (e.g. longer than negotiated).
+    case protocolViolation(String)
+}
+
+/// What receives the payloads the link delivers, in order.
+public protocol LinkSink {
+    /// Offers a payload that arrived on link session `sessionID`. Return false when it cannot be
+    /// taken now (a reader's buffer is full): the link then does not acknowledge it, and the peer
+    /// sends it again later. That is the receiver flow control of the reference implementation.
+    mutating func accept(sessionID: UInt8, payload: RawSpan) -> Bool
+}

@@ -1,0 +1,208 @@
+import IAPLink
+import IAPWire
+import Testing
+
+@Suite("iAP2 link and control session under virtual time")
+struct LinkTests {
+    @Test func handshakeIdentifiesTheAccessory() {
+        var pair = Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let identity = pair.device.identity
+        #expect(identity == AccessoryIdentity.sample)
+        #expect(identity?.protocols.map(\.name) == ["com.acme.fw", "com.acme.data", "com.acme.log", "com.acme.ctl"])
+        #expect(pair.device.link.state == .connected)
+        #expect(pair.deviceEvents.contains { if case .authenticated = $0 { return true } else { return false } })
+        // The device never sends the first SYN: its first SYN is a SYN|ACK.
+        #expect(pair.windowViolations == 0)
+    }
+
+    @Test func theDeviceNeverSendsTheFirstSYN() {
+        var device = IAP2Endpoint(initialSequence: 0x10, randomSeed: 1)
+        device.start(now: .zero)
+        device.advance(to: .seconds(30))
+        #expect(device.takeOutput().isEmpty)
+        device.receive(IAP2Detect.bytes, now: .seconds(31))
+        #expect(device.takeOutput() == [IAP2Detect.bytes])
+    }
+
+    /// The captured handshakes of PROTOCOL.md §2.3: the device echoes an acceptable SYN.
+    @Test("device answers captured SYNs", arguments: [
+        ("BOYA", "FF 5A 00 1A 80 01 10 00 FC 01 05 04 00 13 88 00 FF 1E 03 01 00 01 02 02 01 34"),
+        ("DJI", "FF 5A 00 17 80 00 00 00 10 01 05 04 00 07 D0 00 14 1E 05 0A 00 01 DD"),
+    ])
+    func capturedSYNs(name: String, hex: String) throws {
+        var device = IAP2Endpoint(initialSequence: 0x40, randomSeed: 1)
+        device.receive(IAP2Detect.bytes, now: .zero)
+        _ = device.takeOutput()
+        let syn = bytesFromHex(hex)
+        device.receive(syn, now: .milliseconds(1))
+        let output = device.takeOutput()
+        #expect(output.count == 1)
+        let (header, payload) = try LinkPacket.decode(output[0])
+        #expect(header.control == [.syn, .ack])
+        #expect(header.sequence == 0x40)
+        #expect(header.acknowledgement == syn[5])
+        #expect(payload == Array(syn[9..<(syn.count - 1)]), "\(name): an acceptable offer is echoed")
+        // The accessory's ACK brings the link up.
+        let ack = try LinkPacket.encode(control: .ack, sequence: syn[5], acknowledgement: 0x40, sessionID: 0)
+        device.receive(ack, now: .milliseconds(2))
+        #expect(device.link.state == .connected)
+        // …and the device asks for the certificate at once.
+        let request = try LinkPacket.decode(try #require(device.takeOutput().first))
+        #expect(try ControlMessage.decode(request.payload).id == .requestAuthenticationCertificate)
+        #expect(request.header.sessionID == (name == "BOYA" ? 1 : 0x0A))
+    }
+
+    @Test func aSYNBeyondOurLimitsGetsACounterOffer() throws {
+        var configuration = LinkConfiguration.device
+        configuration.parameters.maxPacketLength = 2_048
+        configuration.parameters.maxOutstandingPackets = 4
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.maxPacketLength = 65_535
+        accessory.parameters.maxOutstandingPackets = 100
+        var pair = Pair(device: configuration, accessory: accessory)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        #expect(pair.device.link.negotiated?.maxPacketLength == 2_048)
+        #expect(pair.device.link.negotiated?.maxOutstandingPackets == 4)
+        #expect(pair.accessory.link.negotiated == pair.device.link.negotiated)
+    }
+
+    @Test func anInvalidSYNIsCounteredWithAValidOne() {
+        var device = IAP2Link(role: .device, configuration: .device, initialSequence: 0x20)
+        var sink = NullSink()
+        let bad = LinkParameters(version: 3, maxOutstandingPackets: 0, maxPacketLength: 10, retransmissionTimeout: 5,
+                                 cumulativeAckTimeout: 40_000, maxRetransmissions: 99, maxCumulativeAcks: 200,
+                                 sessions: [LinkSession(id: 0, type: .externalAccessory), LinkSession(id: 5, type: .externalAccessory)])
+        let packet = try? LinkPacket.encode(control: .syn, sequence: 1, acknowledgement: 0, sessionID: 0, payload: bad.encoded)
+        device.receive(packet ?? [], now: .zero, sink: &sink)
+        let reply = device.takeOutput().first.flatMap { try? LinkPacket.decode($0) }
+        let offer = reply.flatMap { try? LinkParameters.decode($0.payload) }
+        #expect(offer?.violations() == [])
+        #expect(offer?.sessions.contains { $0.type == .control } == true)
+        #expect(offer?.maxRetransmissions == 30)
+    }
+
+    @Test func negotiationGivesUpAfterTenRounds() throws {
+        var device = IAP2Link(role: .device, configuration: .device, initialSequence: 0x20)
+        var sink = NullSink()
+        for round in 0..<11 {
+            // An accessory that proposes something new every time and never agrees.
+            var parameters = LinkConfiguration.accessory.parameters
+            parameters.retransmissionTimeout = UInt16(100 + round)
+            let packet = try LinkPacket.encode(control: .syn, sequence: 1, acknowledgement: 0, sessionID: 0, payload: parameters.encoded)
+            device.receive(packet, now: .milliseconds(round), sink: &sink)
+        }
+        #expect(device.state == .failed(.negotiationFailed(rounds: 10)))
+    }
+
+    @Test func anIAP1AnswerToTheDetectIsReported() {
+        var accessory = IAP2Link(role: .accessory, configuration: .accessory, initialSequence: 0)
+        var sink = NullSink()
+        accessory.start(now: .zero)
+        #expect(accessory.takeOutput() == [IAP2Detect.bytes])
+        accessory.receive(IAP2Detect.iap1Reply, now: .milliseconds(5), sink: &sink)
+        #expect(accessory.state == .failed(.peerSpeaksIAP1))
+    }
+
+    @Test func theAccessoryRepeatsTheDetectUntilAnswered() {
+        var accessory = IAP2Link(role: .accessory, configuration: .accessory, initialSequence: 0)
+        accessory.start(now: .zero)
+        _ = accessory.takeOutput()
+        #expect(accessory.nextDeadline == .seconds(1))
+        accessory.advance(to: .seconds(1))
+        #expect(accessory.takeOutput() == [IAP2Detect.bytes])
+        accessory.advance(to: .milliseconds(1_500))
+        #expect(accessory.takeOutput().isEmpty)
+    }
+
+    @Test func anAccessoryThatNeverSendsItsCertificateFailsClearly() {
+        var pair = Pair()
+        pair.device.answerTimeout = .seconds(5)
+        pair.start()
+        // Let the link come up, then silence the accessory's control answers by dropping
+        // everything it sends after the link is up.
+        #expect(pair.run { $0.device.link.state == .connected })
+        pair.toDevice.blackHole = true
+        let failed = pair.run(until: .seconds(20)) { pair in
+            pair.deviceEvents.contains { $0 == .controlFailed(.noAnswer("the certificate request")) }
+        }
+        #expect(failed)
+        #expect(pair.device.identity == nil)
+    }
+
+    @Test func aRejectingPolicyStopsAuthentication() {
+        var pair = Pair(policy: RejectingAuthentication())
+        pair.start()
+        #expect(pair.run(until: .seconds(10)) { pair in
+            pair.accessoryEvents.contains(.controlFailed(.authenticationRefusedByDevice))
+        })
+        #expect(pair.deviceEvents.contains(.controlFailed(.authenticationFailed("the certificate was refused"))))
+        #expect(pair.device.identity == nil)
+    }
+
+    @Test func identificationIsRejectedWithTheOffendingParameters() {
+        var identity = AccessoryIdentity.sample
+        identity.protocols.append(ExternalAccessoryProtocol(identifier: 1, name: "com.acme.duplicate"))
+        identity.messagesSent.append(0xEA00) // a device-originated message
+        var pair = Pair(identity: identity)
+        pair.start()
+        #expect(pair.run(until: .seconds(10)) { pair in
+            pair.accessoryEvents.contains { if case .controlFailed(.identificationRejected) = $0 { return true } else { return false } }
+        })
+        let rejection = pair.deviceEvents.compactMap { event -> IdentificationRejection? in
+            if case let .identificationRejected(rejection) = event { return rejection } else { return nil }
+        }.first
+        #expect(rejection?.parameterIDs == [6, 10])
+        #expect(pair.accessoryEvents.contains(.controlFailed(.identificationRejected([6, 10]))))
+    }
+
+    @Test func missingRequiredParametersAreNamed() {
+        let message = ControlMessage(id: .identificationInformation, parameters: [.string(0, "x"), .blob(1, [0xFF, 0x00])])
+        guard case let .failure(rejection) = AccessoryIdentity.validate(message) else {
+            Issue.record("accepted an identification without required parameters")
+            return
+        }
+        #expect(rejection.parameterIDs == [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13])
+        #expect(rejection.reasons.contains("ModelIdentifier: parameter 1 is not a valid string: not valid UTF-8"))
+        #expect(rejection.message.parameters.allSatisfy { $0.isFlag })
+    }
+
+    @Test func sessionsOpenOncePerProtocol() throws {
+        var pair = Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let id = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now)
+        #expect(throws: EndpointError.protocolInUse("com.acme.fw")) { _ = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now) }
+        #expect(throws: EndpointError.unsupportedProtocol("com.other")) { _ = try pair.device.openSession(protocolName: "com.other", now: pair.now) }
+        #expect(pair.run { $0.device.sessionState(id) == .open })
+        #expect(pair.accessory.sessions.map(\.protocolName) == ["com.acme.fw"])
+        pair.device.closeSession(id, now: pair.now)
+        #expect(pair.run { $0.accessory.sessions.isEmpty })
+        let again = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now)
+        #expect(again != id)
+    }
+
+    @Test func powerUpdatesAreAnswered() throws {
+        var pair = Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        // The accessory asks for the battery level; an unhandled message is counted, not fatal.
+        _ = pair
+        #expect(pair.device.unhandledMessages == 0)
+    }
+}
+
+struct NullSink: LinkSink {
+    var delivered: [[UInt8]] = []
+    mutating func accept(sessionID: UInt8, payload: RawSpan) -> Bool {
+        delivered.append(payload.withUnsafeBytes { Array($0) })
+        return true
+    }
+}
+
+func bytesFromHex(_ hex: String) -> [UInt8] {
+    let digits = Array(hex.filter(\.isHexDigit))
+    return stride(from: 0, to: digits.count, by: 2).compactMap { UInt8(String(digits[$0...$0 + 1]), radix: 16) }
+}
