@@ -45,7 +45,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["IAPWire", "IAPInspect", "CLIKit"],
+            dependencies: ["IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),

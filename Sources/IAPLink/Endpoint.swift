@@ -50,6 +50,8 @@ public enum EndpointEvent: Hashable, Sendable {
     case bytesAvailable(sessionID: UInt16)
     /// A session that was full can take writes again.
     case spaceAvailable(sessionID: UInt16)
+    /// Accessory: the device's PowerUpdate (its parameters).
+    case powerUpdate([Parameter])
 }
 
 /// Errors of the session calls.
@@ -173,6 +175,32 @@ public struct IAP2Endpoint: Sendable {
             }
         }
         upper.pumpData(into: &link, now: now)
+    }
+
+    /// Sends a control message as it is (for messages this layer does not originate itself, and
+    /// for tests of a peer's robustness).
+    public mutating func sendControlMessage(_ message: ControlMessage, now: LinkTime) {
+        upper.send(message)
+        settle(now: now)
+    }
+
+    /// Device: resets the link (RST). Open sessions end; the accessory renegotiates and is
+    /// authenticated and identified again.
+    public mutating func resetLink(now: LinkTime) {
+        link.reset(now: now)
+        settle(now: now)
+    }
+
+    /// Device: tells the accessory this side goes to sleep (SLP). Sessions end.
+    public mutating func suspendLink(now: LinkTime) {
+        link.suspend(now: now)
+        settle(now: now)
+    }
+
+    /// Accessory: wakes after the device's SLP and starts over with the detect.
+    public mutating func wake(now: LinkTime) {
+        link.wake(now: now)
+        settle(now: now)
     }
 
     // MARK: Sessions
@@ -482,7 +510,13 @@ struct Upper: LinkSink, Sendable {
             if let identity { send(identity.message) }
         case .identificationAccepted:
             identified = true
-            if let identity { events.append(.identified(identity)) }
+            if let identity {
+                events.append(.identified(identity))
+                // Ask for power updates when the identity says so (DJI asks for fields 0, 1, 6).
+                if identity.messagesSent.contains(MessageID.startPowerUpdates.rawValue) {
+                    send(ControlMessage(id: .startPowerUpdates, parameters: [.flag(0), .flag(1), .flag(6)]))
+                }
+            }
         case .identificationRejected:
             events.append(.controlFailed(.identificationRejected(message.parameters.map(\.id))))
         case .startExternalAccessoryProtocolSession:
@@ -500,7 +534,7 @@ struct Upper: LinkSink, Sendable {
         case .stopExternalAccessoryProtocolSession:
             if let id = try? message.parameter(0)?.uint16() { closeSession(id, reason: nil, notifyPeer: false) }
         case .powerUpdate:
-            break
+            events.append(.powerUpdate(message.parameters))
         default:
             unhandledMessages += 1
             events.append(.unhandledMessage(message.id))

@@ -53,6 +53,7 @@ public struct IAP2Link: Sendable {
     private var detectDeadline: LinkTime?
     private var synDeadline: LinkTime?
     private var synTransmissions = 0
+    private var lastReceivedSYNACK: UInt8?
 
     // Data.
     private struct InFlight: Sendable {
@@ -203,13 +204,15 @@ public struct IAP2Link: Sendable {
         if let deadline = detectDeadline, deadline <= now, state == .detecting, role == .accessory {
             sendDetect(now: now)
         }
-        if let deadline = synDeadline, deadline <= now, state == .negotiating, role == .accessory, let offer = lastOffer {
+        if let deadline = synDeadline, deadline <= now, state == .negotiating, let offer = lastOffer {
+            // The accessory repeats its SYN until answered; the device repeats its SYN|ACK until
+            // the accessory's ACK arrives (a lost ACK would otherwise leave both sides waiting).
             synTransmissions += 1
             if synTransmissions > Int(offer.maxRetransmissions) {
                 fail(.negotiationFailed(rounds: rounds))
                 return
             }
-            transmitSYN(offer, acknowledging: false, now: now)
+            transmitSYN(offer, acknowledging: role == .device, now: now)
         }
         if let deadline = ackDeadline, deadline <= now {
             sendAck()
@@ -368,6 +371,7 @@ public struct IAP2Link: Sendable {
         }
         lastReceived = header.sequence
         let reply = counterOffer(to: offer)
+        if reply != lastOffer { synTransmissions = 0 }
         lastOffer = reply
         nextSequence = initialSequence
         transmitSYN(reply, acknowledging: true, now: now)
@@ -404,7 +408,14 @@ public struct IAP2Link: Sendable {
     }
 
     private mutating func accessoryReceivedSYNACK(_ header: LinkPacketHeader, payload: RawSpan, now: LinkTime) {
+        // A repeated SYN|ACK after we agreed means our ACK was lost: send it again.
+        if state == .connected, header.control.contains(.ack), header.sequence == lastReceivedSYNACK,
+           let negotiated, (try? LinkParameters.decode(payload)) == negotiated {
+            transmitControl([.ack], payload: [])
+            return
+        }
         guard state == .negotiating, header.control.contains(.ack), let ours = lastOffer else { return }
+        lastReceivedSYNACK = header.sequence
         let offer: LinkParameters
         do {
             offer = try LinkParameters.decode(payload)
@@ -414,8 +425,8 @@ public struct IAP2Link: Sendable {
         }
         lastReceived = header.sequence
         if offer == ours {
-            transmitControl([.ack], payload: [])
             linkUp(offer)
+            transmitControl([.ack], payload: [])
             return
         }
         rounds += 1
@@ -431,8 +442,8 @@ public struct IAP2Link: Sendable {
         adopted.maxRetransmissions = min(offer.maxRetransmissions, ours.maxRetransmissions)
         adopted.maxCumulativeAcks = min(offer.maxCumulativeAcks, ours.maxCumulativeAcks)
         if adopted == offer {
-            transmitControl([.ack], payload: [])
             linkUp(offer)
+            transmitControl([.ack], payload: [])
         } else {
             lastOffer = adopted
             synTransmissions = 0
@@ -475,9 +486,7 @@ public struct IAP2Link: Sendable {
             outbox.append(packet)
             statistics.packetsSent += 1
         }
-        if role == .accessory {
-            synDeadline = now + .milliseconds(Int(max(parameters.retransmissionTimeout, 20)))
-        }
+        synDeadline = now + .milliseconds(Int(max(parameters.retransmissionTimeout, 20)))
     }
 
     // MARK: Data

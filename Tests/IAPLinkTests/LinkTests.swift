@@ -187,10 +187,29 @@ struct LinkTests {
     @Test func powerUpdatesAreAnswered() throws {
         var pair = Pair()
         pair.start()
-        #expect(pair.run { $0.identified })
-        // The accessory asks for the battery level; an unhandled message is counted, not fatal.
-        _ = pair
+        // The sample identity lists StartPowerUpdates among the messages it sends, and asks for
+        // the maximum current, the charge flag and the battery level.
+        #expect(pair.run { pair in pair.accessoryEvents.contains { if case .powerUpdate = $0 { return true } else { return false } } })
+        let update = pair.accessoryEvents.compactMap { event -> [Parameter]? in
+            if case let .powerUpdate(parameters) = event { return parameters } else { return nil }
+        }.first
+        #expect(update?.map(\.id) == [0, 1, 6])
+        #expect(try update?.first { $0.id == 6 }?.uint16() == 100)
         #expect(pair.device.unhandledMessages == 0)
+    }
+
+    @Test func unknownAndMalformedMessagesAreCountedNotFatal() throws {
+        var pair = Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        pair.accessory.sendControlMessage(ControlMessage(id: MessageID(0x4C01), parameters: [.uint8(0, 1)]), now: pair.now)
+        // A StatusExternalAccessoryProtocolSession for a session that does not exist.
+        pair.accessory.sendControlMessage(ControlMessage(id: .statusExternalAccessoryProtocolSession,
+                                                         parameters: [.uint16(0, 999), .uint8(1, 0)]), now: pair.now)
+        #expect(pair.run { $0.device.unhandledMessages == 1 })
+        #expect(pair.deviceEvents.contains(.unhandledMessage(MessageID(0x4C01))))
+        #expect(pair.device.link.state == .connected)
+        #expect(pair.device.identity == .sample)
     }
 }
 
@@ -205,4 +224,34 @@ struct NullSink: LinkSink {
 func bytesFromHex(_ hex: String) -> [UInt8] {
     let digits = Array(hex.filter(\.isHexDigit))
     return stride(from: 0, to: digits.count, by: 2).compactMap { UInt8(String(digits[$0...$0 + 1]), radix: 16) }
+}
+
+@Suite("Conformance with captured bytes")
+struct ConformanceTests {
+    /// The BOYA handshake of PROTOCOL.md §2.4, replayed: with the accessory's parameters and the
+    /// same initial sequence numbers, our device's SYN|ACK, the accessory's ACK and the first
+    /// control packet are the captured (and §2.7 computed) bytes, to the byte.
+    @Test func boyaHandshakeBytes() throws {
+        let boya = try LinkParameters.decode(bytesFromHex("01 05 04 00 13 88 00 FF 1E 03 01 00 01 02 02 01"))
+        var accessoryLink = LinkConfiguration.accessory
+        accessoryLink.parameters = boya
+        var device = IAP2Endpoint(initialSequence: 0x40, randomSeed: 1)
+        var accessory = IAP2Endpoint(accessory: .sample, configuration: accessoryLink, initialSequence: 0x01, randomSeed: 2)
+
+        accessory.start(now: .zero)
+        #expect(accessory.takeOutput() == [IAP2Detect.bytes])
+        device.receive(IAP2Detect.bytes, now: .zero)
+        #expect(device.takeOutput() == [IAP2Detect.bytes])
+        accessory.receive(IAP2Detect.bytes, now: .zero)
+        let syn = accessory.takeOutput()
+        #expect(syn == [bytesFromHex("FF 5A 00 1A 80 01 00 00 0C 01 05 04 00 13 88 00 FF 1E 03 01 00 01 02 02 01 34")])
+        device.receive(syn[0], now: .zero)
+        let synAck = device.takeOutput()
+        #expect(synAck == [bytesFromHex("FF 5A 00 1A C0 40 01 00 8C 01 05 04 00 13 88 00 FF 1E 03 01 00 01 02 02 01 34")])
+        accessory.receive(synAck[0], now: .zero)
+        let ack = accessory.takeOutput()
+        #expect(ack == [bytesFromHex("FF 5A 00 09 40 01 40 00 1D")])
+        device.receive(ack[0], now: .zero)
+        #expect(device.takeOutput() == [bytesFromHex("FF 5A 00 10 40 41 01 01 14 40 40 00 06 AA 00 D0")])
+    }
 }

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect)
+[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link)
 
 out=tools/fuzz/out
 bin=$out/bin
@@ -20,18 +20,20 @@ flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6)
 # ld.gold warns about every ASan helper symbol; those lines carry no information.
 quiet() { grep -v "Cannot export local symbol '__asan" || true; }
 
-echo "fuzz: building IAPWire and IAPInspect with coverage instrumentation"
+echo "fuzz: building IAPWire, IAPLink and IAPInspect with coverage instrumentation"
 swiftc "${flags[@]}" -module-name IAPWire -emit-module -emit-module-path "$bin/IAPWire.swiftmodule" \
     -wmo -c -o "$bin/IAPWire.o" Sources/IAPWire/*.swift 2>&1 | quiet
+swiftc "${flags[@]}" -module-name IAPLink -I "$bin" -emit-module -emit-module-path "$bin/IAPLink.swiftmodule" \
+    -wmo -c -o "$bin/IAPLink.o" Sources/IAPLink/*.swift 2>&1 | quiet
 swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module-path "$bin/IAPInspect.swiftmodule" \
     -wmo -c -o "$bin/IAPInspect.o" Sources/IAPInspect/*.swift 2>&1 | quiet
 
-declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift)
+declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]=LinkFuzz.swift)
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
-    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect)" >&2; exit 64; }
-    swiftc "${flags[@]}" -I "$bin" "tools/fuzz/$file" "$bin/IAPWire.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
+    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link)" >&2; exit 64; }
+    swiftc "${flags[@]}" -I "$bin" "tools/fuzz/$file" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
     [ -x "$bin/$target" ] || { echo "fuzz: building $target failed" >&2; exit 1; }
     corpus=$out/$target/corpus
     rm -f "$out/$target"/crash-* "$out/$target"/leak-* "$out/$target"/timeout-* "$out/$target"/oom-*

@@ -24,16 +24,28 @@ let codecCommand = CommandSpec(
     ]
 )
 
+let linkCommand = CommandSpec(
+    name: "link",
+    abstract: "Two iAP2 link state machines wired in memory: payload throughput and packets/s, beside the codec alone.",
+    options: [
+        .flag("json", help: "Print one JSON object per measurement."),
+        .value("seconds", valueName: "s", help: "Length of one timed run.", defaultValue: "0.3"),
+        .value("runs", valueName: "n", help: "Timed runs per measurement; the median is reported.", defaultValue: "5"),
+    ]
+)
+
 let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
     version: "0.1.0-dev",
-    subcommands: [codecCommand]
+    subcommands: [codecCommand, linkCommand]
 )
 
 CommandLineTool.run(iapbench) { command in
     switch command.path.dropFirst().first {
     case "codec": return try CodecCommand.run(command)
+    case "link": return try CodecCommand.report(command, title: "iapbench link", benchmarks: try LinkBenchmarks.all(),
+                                                baselineMarker: "(baseline)", ratioHeader: "vs codec")
     default: throw ExitCode.software
     }
 }
@@ -51,20 +63,30 @@ enum CodecCommand {
             for benchmark in benchmarks { harness.repeatFixed(benchmark, count: count) }
             return .success
         }
+        return try report(command, title: "iapbench codec", benchmarks: benchmarks, baselineMarker: "memcpy", ratioHeader: "vs memcpy")
+    }
+
+    /// Times `benchmarks` and prints each beside the baseline of its group (the benchmark whose
+    /// name contains `baselineMarker`, measured first).
+    static func report(_ command: ParsedCommand, title: String, benchmarks: [Benchmark], baselineMarker: String,
+                       ratioHeader: String) throws -> ExitCode {
+        let seconds = Double(command.value("seconds") ?? "0.3") ?? 0.3
+        let runs = try command.integer("runs", in: 1...101) ?? 5
+        let harness = Harness(secondsPerRun: seconds, runs: runs)
         let json = command.flag("json")
         if !json {
             #if DEBUG
             StandardError.write("warning: this is a debug build; its numbers mean nothing. Use: swift build -c release\n")
             #endif
-            StandardOutput.write("iapbench codec: one core, median of \(runs) runs of \(seconds) s each\n")
+            StandardOutput.write("\(title): one core, median of \(runs) runs of \(seconds) s each\n")
             StandardOutput.write(Report.padded("measurement", 46) + Report.leftPadded("throughput", 12)
-                + Report.leftPadded("per frame", 12) + Report.leftPadded("frames/s", 12) + Report.leftPadded("vs memcpy", 11)
+                + Report.leftPadded("per frame", 12) + Report.leftPadded("frames/s", 12) + Report.leftPadded(ratioHeader, 11)
                 + Report.leftPadded("spread", 8) + "\n")
         }
         var baseline: [String: Double] = [:]
         for benchmark in benchmarks {
             let measurement = harness.measure(benchmark)
-            if benchmark.name.hasPrefix("memcpy") { baseline[benchmark.group] = measurement.bytesPerSecond }
+            if benchmark.name.contains(baselineMarker) { baseline[benchmark.group] = measurement.bytesPerSecond }
             let ratio = baseline[benchmark.group].map { measurement.bytesPerSecond / $0 }
             if json {
                 StandardOutput.write(Report.json(measurement, baseline: baseline[benchmark.group]).serialized() + "\n")

@@ -1,0 +1,210 @@
+import IAPLink
+import IAPWire
+import Testing
+
+/// Drives sessions through a pair: the device writes a pattern per session, the accessory reads
+/// and checks every byte in order.
+struct Transfer {
+    var sessionIDs: [UInt16] = []
+    var written: [UInt16: Int] = [:]
+    var verified: [UInt16: Int] = [:]
+    var mismatches = 0
+    let total: Int
+    let readChunk: Int
+
+    init(total: Int, readChunk: Int = .max) {
+        self.total = total
+        self.readChunk = readChunk
+    }
+
+    var done: Bool { sessionIDs.allSatisfy { verified[$0, default: 0] >= total } }
+
+    mutating func pump(_ pair: inout Pair, reading: Bool = true) {
+        for (index, id) in sessionIDs.enumerated() {
+            let offset = written[id, default: 0]
+            if offset < total {
+                let chunk = pattern(index, offset, min(256 * 1_024, total - offset))
+                let taken = (try? pair.device.write(id, chunk, now: pair.now)) ?? 0
+                written[id] = offset + taken
+            }
+            guard reading else { continue }
+            while pair.accessory.bytesAvailable(id) > 0 {
+                let bytes = pair.accessory.read(id, maxBytes: readChunk)
+                let start = verified[id, default: 0]
+                if bytes != pattern(index, start, bytes.count) { mismatches += 1 }
+                verified[id] = start + bytes.count
+                if readChunk != .max { break }
+            }
+        }
+    }
+}
+
+@Suite("iAP2 data transfer under loss, virtual time")
+struct DataTests {
+    static func openSessions(_ pair: inout Pair, _ names: [String]) throws -> [UInt16] {
+        pair.start()
+        #expect(pair.run { $0.identified })
+        var ids: [UInt16] = []
+        for name in names { ids.append(try pair.device.openSession(protocolName: name, now: pair.now)) }
+        #expect(pair.run { pair in ids.allSatisfy { pair.device.sessionState($0) == .open } })
+        return ids
+    }
+
+    /// 64 MiB through four sessions at once over a channel that drops 5 % of the packets in
+    /// each direction, duplicates, reorders and corrupts some: byte-exact and in order.
+    @Test(.timeLimit(.minutes(5)))
+    func sixtyFourMebibytesThroughFourSessionsAtFivePercentLoss() throws {
+        var device = LinkConfiguration.device
+        device.parameters.maxOutstandingPackets = 16
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.maxPacketLength = 65_535
+        accessory.parameters.maxOutstandingPackets = 16
+        accessory.parameters.retransmissionTimeout = 50
+        accessory.parameters.cumulativeAckTimeout = 10
+        var pair = Pair(device: device, accessory: accessory, seed: 2024, bufferLimit: 4 << 20)
+        for channel in [\Pair.toAccessory, \Pair.toDevice] {
+            pair[keyPath: channel].drop = 0.05
+            pair[keyPath: channel].duplicate = 0.01
+            pair[keyPath: channel].reorder = 0.02
+            pair[keyPath: channel].corrupt = 0.005
+        }
+        var transfer = Transfer(total: 16 << 20)
+        transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.fw", "com.acme.data", "com.acme.log", "com.acme.ctl"])
+        let finished = pair.run(until: .seconds(3_600)) { pair in
+            transfer.pump(&pair)
+            return transfer.done
+        }
+        #expect(finished)
+        #expect(transfer.mismatches == 0)
+        #expect(transfer.sessionIDs.map { transfer.verified[$0] } == Array(repeating: 16 << 20, count: 4))
+        #expect(pair.windowViolations == 0)
+        let stats = pair.device.link.statistics
+        #expect(stats.retransmissions > 0)     // the loss really happened…
+        #expect(pair.device.link.state == .connected) // …and the link survived it
+        // Sequence numbers wrapped many times: over a thousand packets were sent.
+        #expect(stats.packetsSent > 1_000)
+    }
+
+    @Test("seeded channels of every kind", arguments: [
+        (0.0, 0.0, 0.0, 0.0), (0.2, 0.0, 0.0, 0.0), (0.0, 0.3, 0.0, 0.0), (0.0, 0.0, 0.3, 0.0), (0.0, 0.0, 0.0, 0.1),
+        (0.1, 0.1, 0.1, 0.05),
+    ])
+    func channelKinds(drop: Double, duplicate: Double, reorder: Double, corrupt: Double) throws {
+        var pair = Pair(seed: UInt64(drop * 100 + duplicate * 10 + reorder * 1_000 + corrupt * 7))
+        for channel in [\Pair.toAccessory, \Pair.toDevice] {
+            pair[keyPath: channel].drop = drop
+            pair[keyPath: channel].duplicate = duplicate
+            pair[keyPath: channel].reorder = reorder
+            pair[keyPath: channel].corrupt = corrupt
+        }
+        var transfer = Transfer(total: 300_000)
+        transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.fw", "com.acme.data"])
+        #expect(pair.run(until: .seconds(3_600)) { pair in
+            transfer.pump(&pair)
+            return transfer.done
+        })
+        #expect(transfer.mismatches == 0)
+        #expect(pair.windowViolations == 0)
+        if duplicate > 0 { #expect(pair.accessory.link.statistics.duplicatesReceived > 0) }
+        if reorder > 0 { #expect(pair.accessory.link.statistics.outOfOrderReceived > 0) }
+    }
+
+    @Test func theLinkFailsAfterTheMaximumRetransmissions() throws {
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.maxRetransmissions = 3
+        accessory.parameters.retransmissionTimeout = 100
+        var pair = Pair(accessory: accessory)
+        var transfer = Transfer(total: 10_000)
+        transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.data"])
+        pair.toAccessory.blackHole = true
+        transfer.pump(&pair)
+        let failed = pair.run(until: .seconds(10)) { pair in
+            if case .failed(.maxRetransmissionsExceeded(_, let count)) = pair.device.link.state { return count == 4 }
+            return false
+        }
+        #expect(failed)
+        // Sessions end with a reason, and the device says what happened.
+        #expect(pair.deviceEvents.contains { if case .sessionClosed(_, "the link went down") = $0 { return true } else { return false } })
+        #expect(pair.device.link.state.description.contains("stopped answering"))
+    }
+
+    @Test func resetRenegotiatesAndIdentifiesAgain() throws {
+        var pair = Pair()
+        var transfer = Transfer(total: 50_000)
+        transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.data"])
+        #expect(pair.run { pair in
+            transfer.pump(&pair)
+            return transfer.done
+        })
+        pair.deviceEvents.removeAll()
+        pair.accessoryEvents.removeAll()
+        pair.device.resetLink(now: pair.now)
+        #expect(pair.run(until: pair.now + .seconds(10)) { pair in
+            pair.device.identity != nil && pair.deviceEvents.contains { if case .identified = $0 { return true } else { return false } }
+        })
+        #expect(pair.device.link.state == .connected)
+        #expect(pair.deviceEvents.contains { if case .sessionClosed(_, "the link went down") = $0 { return true } else { return false } })
+        #expect(pair.device.sessions.isEmpty)
+    }
+
+    @Test func sleepAndWake() throws {
+        var pair = Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        pair.device.suspendLink(now: pair.now)
+        #expect(pair.run { $0.accessory.link.state == .sleeping })
+        #expect(pair.device.link.state == .sleeping)
+        pair.deviceEvents.removeAll()
+        pair.accessory.wake(now: pair.now)
+        #expect(pair.run(until: pair.now + .seconds(10)) { pair in
+            pair.deviceEvents.contains { if case .identified = $0 { return true } else { return false } }
+        })
+        #expect(pair.device.link.state == .connected)
+    }
+
+    /// A reader that stops reading: the accessory-side buffer fills to its limit and no further,
+    /// the link refuses (does not acknowledge) what does not fit, and the writer is held back.
+    /// When reading resumes, every byte arrives.
+    @Test func aSlowReaderSlowsTheWriterInsteadOfGrowingMemory() throws {
+        var pair = Pair(bufferLimit: 64 * 1_024)
+        var transfer = Transfer(total: 1 << 20)
+        transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.data"])
+        let id = transfer.sessionIDs[0]
+        var peak = 0
+        pair.run(until: pair.now + .seconds(2)) { pair in
+            transfer.pump(&pair, reading: false)
+            peak = max(peak, pair.accessory.bytesAvailable(id))
+            return false
+        }
+        #expect(peak <= 64 * 1_024)
+        #expect(pair.accessory.bytesAvailable(id) > 0)
+        #expect(pair.device.bytesPending(id) <= 64 * 1_024) // the writer's side is bounded too
+        #expect(transfer.written[id, default: 0] < 1 << 20)  // and the writer was held back
+        #expect(pair.accessory.link.statistics.refusedByReceiver > 0)
+        #expect(pair.run(until: pair.now + .seconds(600)) { pair in
+            transfer.pump(&pair)
+            return transfer.done
+        })
+        #expect(transfer.mismatches == 0)
+    }
+
+    @Test func closeWhileDataIsInFlight() throws {
+        var pair = Pair()
+        var transfer = Transfer(total: 500_000)
+        transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.data", "com.acme.fw"])
+        transfer.pump(&pair, reading: false)
+        pair.device.closeSession(transfer.sessionIDs[0], now: pair.now)
+        #expect(pair.run { pair in
+            transfer.pump(&pair)
+            return pair.accessory.sessions.count == 1 && transfer.verified[transfer.sessionIDs[1], default: 0] == 500_000
+        })
+        #expect(transfer.mismatches == 0)
+    }
+}
+
+extension LinkState {
+    var description: String {
+        if case let .failed(failure) = self { return failure.description }
+        return "\(self)"
+    }
+}
