@@ -243,9 +243,10 @@ public struct IAP2Endpoint: Sendable {
     /// Bytes written to a session and not yet handed to the link.
     public func bytesPending(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.outbound.byteCount ?? 0 }
     public func sessionState(_ sessionID: UInt16) -> EASessionState? { upper.sessions[sessionID]?.state }
-    /// The open sessions and their protocol names.
+    /// The open (or opening) sessions and their protocol names.
     public var sessions: [(id: UInt16, protocolName: String)] {
-        upper.sessions.sorted { $0.key < $1.key }.map { ($0.key, $0.value.protocolName) }
+        upper.sessions.filter { $0.value.state == .open || $0.value.state == .opening }
+            .sorted { $0.key < $1.key }.map { ($0.key, $0.value.protocolName) }
     }
     /// Control messages received that nobody handles.
     public var unhandledMessages: Int { upper.unhandledMessages }
@@ -555,7 +556,7 @@ struct Upper: LinkSink, Sendable {
             throw .unsupportedProtocol(protocolName)
         }
         guard eaLinkSessionID != nil else { throw .noExternalAccessoryLinkSession }
-        if sessions.values.contains(where: { $0.protocolName == protocolName && $0.state != .closed(nil) }) {
+        if sessions.values.contains(where: { $0.protocolName == protocolName && ($0.state == .open || $0.state == .opening) }) {
             throw .protocolInUse(protocolName)
         }
         var id = nextSessionID
@@ -566,14 +567,24 @@ struct Upper: LinkSink, Sendable {
         return id
     }
 
+    /// Ends a session. The owner's close (`notifyPeer`) forgets it at once; a close that comes
+    /// from the peer or the link keeps the session, closed, with the bytes already received still
+    /// readable, until the owner closes it too.
     mutating func closeSession(_ id: UInt16, reason: String?, notifyPeer: Bool) {
-        guard sessions[id] != nil else { return }
-        sessions[id] = nil
+        guard var session = sessions[id] else { return }
+        let wasLive = session.state == .open || session.state == .opening
         roundRobin.removeAll { $0 == id }
-        if notifyPeer, role == .device {
-            send(ControlMessage(id: .stopExternalAccessoryProtocolSession, parameters: [.uint16(0, id)]))
+        if notifyPeer {
+            sessions[id] = nil
+            if wasLive, role == .device {
+                send(ControlMessage(id: .stopExternalAccessoryProtocolSession, parameters: [.uint16(0, id)]))
+            }
+        } else {
+            session.state = .closed(reason)
+            session.outbound.removeAll()
+            sessions[id] = session
         }
-        events.append(.sessionClosed(sessionID: id, reason: reason))
+        if wasLive { events.append(.sessionClosed(sessionID: id, reason: reason)) }
     }
 
     mutating func write(_ id: UInt16, _ bytes: some Collection<UInt8>, linkPayload: Int) throws(EndpointError) -> Int {

@@ -208,3 +208,25 @@ extension LinkState {
         return "\(self)"
     }
 }
+
+@Suite("Session ends")
+struct SessionEndTests {
+    @Test func bytesReceivedBeforeTheLinkWentDownStayReadable() throws {
+        var pair = Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let id = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
+        #expect(pair.run { $0.device.sessionState(id) == .open })
+        let accessorySide = try #require(pair.accessory.sessions.first?.id)
+        _ = try pair.accessory.write(accessorySide, Array(repeating: 7, count: 5_000), now: pair.now)
+        #expect(pair.run { $0.device.bytesAvailable(id) == 5_000 })
+        pair.device.resetLink(now: pair.now)
+        #expect(pair.device.sessionState(id) == .closed("the link went down"))
+        #expect(throws: EndpointError.sessionNotOpen(id)) { _ = try pair.device.write(id, [1], now: pair.now) }
+        #expect(pair.device.read(id) == Array(repeating: 7, count: 5_000))
+        // The protocol can be opened again once identified again.
+        #expect(pair.run(until: pair.now + .seconds(10)) { $0.device.identity != nil && $0.device.link.state == .connected })
+        pair.device.closeSession(id, now: pair.now)
+        #expect(pair.device.sessionState(id) == nil)
+    }
+}
