@@ -17,6 +17,7 @@ let package = Package(
         .library(name: "IAPWire", targets: ["IAPWire"]),
         .library(name: "IAPLink", targets: ["IAPLink"]),
         .library(name: "IAPInspect", targets: ["IAPInspect"]),
+        .library(name: "AccessoryHost", targets: ["AccessoryHost"]),
         .library(name: "CLIKit", targets: ["CLIKit"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
@@ -33,13 +34,20 @@ let package = Package(
         // The iAP2 link, control session and EA session router as deterministic state machines
         // for both roles (no clocks, threads or Dispatch inside).
         .target(name: "IAPLink", dependencies: ["IAPWire"], swiftSettings: strict),
+        // Transports (in-memory, serial, pseudo-terminal) and the Dispatch driver that runs an
+        // endpoint over one.
+        .target(name: "IAPTransport", dependencies: ["IAPLink", "IAPWire"], swiftSettings: strict),
+        // A virtual accessory on the same IAPLink, in the accessory role: profiles, behaviours.
+        .target(name: "AccessorySimulator", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
+        // The public API: AccessoryManager, Accessory, AccessorySession.
+        .target(name: "AccessoryHost", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         .target(name: "IAPInspect", dependencies: ["IAPWire"], swiftSettings: strict),
         // Small command-line utilities: argument parsing, logging.
         .target(name: "CLIKit", swiftSettings: strict),
         .executableTarget(
             name: "iapctl",
-            dependencies: ["IAPWire", "IAPInspect", "CLIKit", "CLibUSB"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit", "CLibUSB"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
@@ -51,6 +59,9 @@ let package = Package(
         ),
         .testTarget(name: "IAPWireTests", dependencies: ["IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPLinkTests", dependencies: ["IAPLink", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "IAPTransportTests", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "CLIKitTests", dependencies: ["CLIKit"], swiftSettings: strict),
     ],

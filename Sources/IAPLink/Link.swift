@@ -75,6 +75,13 @@ public struct IAP2Link: Sendable {
     private var held: [UInt8: Held] = [:]
     private var pendingAcks = 0
     private var ackDeadline: LinkTime?
+    /// Retransmission timeouts since the peer was last heard from; the link fails past the
+    /// negotiated maximum. Any packet from the peer resets it: a peer that answers but cannot
+    /// take data yet (receiver flow control) is alive, and waiting for it is back-pressure.
+    private var silentTimeouts = 0
+    /// The peer's next in-order packet was refused by the sink; until it is taken, later
+    /// packets are neither held nor reported with EAK (that would only make the peer resend).
+    private var refusing = false
     /// Most packets queued beyond the window before ``send(sessionID:payload:now:)`` refuses.
     public var sendQueueLimit = 64
 
@@ -141,8 +148,12 @@ public struct IAP2Link: Sendable {
 
     /// Starts the link: the accessory sends the detect; the device waits for it.
     public mutating func start(now: LinkTime) {
-        guard role == .accessory else { return }
-        sendDetect(now: now)
+        switch role {
+        case .accessory:
+            sendDetect(now: now)
+        case .device:
+            if configuration.announcesDetect { outbox.append(IAP2Detect.bytes) }
+        }
     }
 
     /// Queues a payload for link session `sessionID`.
@@ -219,10 +230,15 @@ public struct IAP2Link: Sendable {
         }
         guard state == .connected, let parameters = negotiated else { return }
         let timeout = Duration.milliseconds(Int(parameters.retransmissionTimeout))
+        var expired = false
         for index in unacked.indices where unacked[index].sentAt + timeout <= now {
-            if unacked[index].transmissions > Int(parameters.maxRetransmissions) {
-                fail(.maxRetransmissionsExceeded(sequence: unacked[index].sequence, count: unacked[index].transmissions))
-                return
+            if !expired {
+                expired = true
+                silentTimeouts += 1
+                if silentTimeouts > Int(parameters.maxRetransmissions) {
+                    fail(.maxRetransmissionsExceeded(sequence: unacked[index].sequence, count: unacked[index].transmissions))
+                    return
+                }
             }
             retransmit(at: index, now: now)
         }
@@ -290,6 +306,11 @@ public struct IAP2Link: Sendable {
                 setState(.negotiating)
             }
         case .accessory:
+            if state == .connected {
+                // The device started over (a new host on a serial line): so do we.
+                restartAfterReset(now: now)
+                return
+            }
             guard state == .detecting else { return }
             detectDeadline = nil
             rounds = 0
@@ -326,6 +347,7 @@ public struct IAP2Link: Sendable {
             linkUp(offer)
         }
         guard state == .connected else { return }
+        silentTimeouts = 0
         if control.contains(.ack) { acknowledge(upTo: header.acknowledgement, now: now) }
         if control.contains(.eak) {
             statistics.eaksReceived += 1
@@ -537,9 +559,14 @@ public struct IAP2Link: Sendable {
         let window = Int(configuration.parameters.maxOutstandingPackets)
         if distance == 0 {
             guard sink.accept(sessionID: header.sessionID, payload: payload) else {
+                // Not taken, so not acknowledged: the peer sends it again later. A bare ACK of
+                // what we did take tells it we are alive.
                 statistics.refusedByReceiver += 1
+                refusing = true
+                sendAck()
                 return
             }
+            refusing = false
             lastReceived = header.sequence
             statistics.payloadBytesDelivered += payload.byteCount
             pendingAcks += 1
@@ -559,6 +586,9 @@ public struct IAP2Link: Sendable {
             // Already delivered: acknowledge again, deliver nothing.
             statistics.duplicatesReceived += 1
             sendAck()
+        } else if refusing {
+            // Behind a refused packet: the peer resends these after it anyway.
+            statistics.outOfOrderReceived += 1
         } else if distance < max(window, 1) {
             statistics.outOfOrderReceived += 1
             if held[header.sequence] == nil {
@@ -603,6 +633,8 @@ public struct IAP2Link: Sendable {
     }
 
     private mutating func clearData() {
+        silentTimeouts = 0
+        refusing = false
         unacked.removeAll(keepingCapacity: true)
         sendQueue.removeAll()
         held.removeAll()

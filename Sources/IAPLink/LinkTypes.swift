@@ -23,11 +23,18 @@ public struct LinkConfiguration: Sendable {
     public var detectInterval: Duration
     /// How many SYN rounds before negotiation fails (Apple's reference code: 10).
     public var maxNegotiationRounds: Int
+    /// Device role: send one detect when starting, without waiting for the accessory's. An
+    /// accessory that is already up (a serial line whose previous host went away) then
+    /// renegotiates instead of waiting for a SYN the device never sends; a fresh accessory takes
+    /// it as the answer to its own detect. Captures show iPhone-impersonating hosts doing it.
+    public var announcesDetect: Bool
 
-    public init(parameters: LinkParameters, detectInterval: Duration = .seconds(1), maxNegotiationRounds: Int = 10) {
+    public init(parameters: LinkParameters, detectInterval: Duration = .seconds(1), maxNegotiationRounds: Int = 10,
+                announcesDetect: Bool = false) {
         self.parameters = parameters
         self.detectInterval = detectInterval
         self.maxNegotiationRounds = maxNegotiationRounds
+        self.announcesDetect = announcesDetect
     }
 
     /// Defaults for the device role: up to 32 packets of up to 65535 bytes in flight towards us;
@@ -35,7 +42,7 @@ public struct LinkConfiguration: Sendable {
     public static let device = LinkConfiguration(parameters: LinkParameters(
         maxOutstandingPackets: 32, maxPacketLength: 65_535, retransmissionTimeout: 1_000, cumulativeAckTimeout: 20,
         maxRetransmissions: 30, maxCumulativeAcks: 16,
-        sessions: [LinkSession(id: 1, type: .control), LinkSession(id: 2, type: .externalAccessory)]))
+        sessions: [LinkSession(id: 1, type: .control), LinkSession(id: 2, type: .externalAccessory)]), announcesDetect: true)
 
     /// Defaults for the accessory role (the values the BOYA mini 2 proposes, with a larger window
     /// and packets).

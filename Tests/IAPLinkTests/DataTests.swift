@@ -116,16 +116,38 @@ struct DataTests {
         var pair = Pair(accessory: accessory)
         var transfer = Transfer(total: 10_000)
         transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.data"])
+        // The accessory goes silent: nothing reaches it and nothing comes back.
         pair.toAccessory.blackHole = true
+        pair.toDevice.blackHole = true
         transfer.pump(&pair)
-        let failed = pair.run(until: .seconds(10)) { pair in
-            if case .failed(.maxRetransmissionsExceeded(_, let count)) = pair.device.link.state { return count == 4 }
+        let silentSince = pair.now
+        let failed = pair.run(until: pair.now + .seconds(10)) { pair in
+            if case .failed(.maxRetransmissionsExceeded(_, let count)) = pair.device.link.state { return count <= 4 }
             return false
         }
         #expect(failed)
+        // Four timeouts of 100 ms (the first send and three resends), give or take the first one's age.
+        #expect(pair.now - silentSince <= .milliseconds(500), "failed after \(pair.now - silentSince)")
         // Sessions end with a reason, and the device says what happened.
         #expect(pair.deviceEvents.contains { if case .sessionClosed(_, "the link went down") = $0 { return true } else { return false } })
         #expect(pair.device.link.state.description.contains("stopped answering"))
+    }
+
+    /// Only one direction breaks: the accessory hears nothing, gives up, falls silent, and then
+    /// the device gives up too.
+    @Test func aOneWayBreakAlsoEndsTheLink() throws {
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.maxRetransmissions = 3
+        accessory.parameters.retransmissionTimeout = 100
+        var pair = Pair(accessory: accessory)
+        var transfer = Transfer(total: 10_000)
+        transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.data"])
+        pair.toAccessory.blackHole = true
+        transfer.pump(&pair)
+        #expect(pair.run(until: pair.now + .seconds(60)) { pair in
+            if case .failed(.maxRetransmissionsExceeded) = pair.device.link.state { return true }
+            return false
+        })
     }
 
     @Test func resetRenegotiatesAndIdentifiesAgain() throws {
@@ -181,6 +203,26 @@ struct DataTests {
         #expect(pair.device.bytesPending(id) <= 64 * 1_024) // the writer's side is bounded too
         #expect(transfer.written[id, default: 0] < 1 << 20)  // and the writer was held back
         #expect(pair.accessory.link.statistics.refusedByReceiver > 0)
+        #expect(pair.run(until: pair.now + .seconds(600)) { pair in
+            transfer.pump(&pair)
+            return transfer.done
+        })
+        #expect(transfer.mismatches == 0)
+    }
+
+    /// A reader that pauses for two minutes (far longer than retransmissions × timeout): the
+    /// link stays up because the receiver keeps answering, and every byte arrives afterwards.
+    @Test func aLongPauseIsBackPressureNotALinkFailure() throws {
+        var pair = Pair(bufferLimit: 32 * 1_024)
+        var transfer = Transfer(total: 512 * 1_024)
+        transfer.sessionIDs = try Self.openSessions(&pair, ["com.acme.data"])
+        let pauseEnds = pair.now + .seconds(120)
+        pair.run(until: pauseEnds) { pair in
+            transfer.pump(&pair, reading: false)
+            return false
+        }
+        #expect(pair.device.link.state == .connected)
+        #expect(pair.accessory.link.state == .connected)
         #expect(pair.run(until: pair.now + .seconds(600)) { pair in
             transfer.pump(&pair)
             return transfer.done

@@ -27,17 +27,66 @@ let decodeCommand = CommandSpec(
     positionals: [PositionalSpec("input", help: "The file to read; '-' or nothing for standard input.", optional: true)]
 )
 
+let hostOptions: [OptionSpec] = [
+    .value("serial", valueName: "device[:baud]", help: "Look for an iAP2 accessory on a serial port (repeatable).",
+           repeatable: true, inherited: true),
+    .optionalValue("simulate", valueName: "profile", help: "Add the built-in simulated accessory (profile: a built-in name or a JSON file).",
+                   defaultValue: "multi-sensor", inherited: true),
+    .value("timeout", valueName: "seconds", help: "How long to wait for accessories to identify.", defaultValue: "3", inherited: true),
+    .flag("trace", help: "Print every frame in both directions, decoded and timestamped, to standard error.", inherited: true),
+    .value("trace-file", valueName: "path", help: "Write the trace to a file instead.", inherited: true),
+]
+let accessoryOption = OptionSpec.value("accessory", short: "a", valueName: "id|serial|name", help: "Which accessory (by connection id, serial number or name).")
+let jsonOption = OptionSpec.flag("json", help: "Machine-readable output: one JSON object per line.")
+
+let listCommand = CommandSpec(name: "list", abstract: "List the connected accessories.", options: [jsonOption])
+let infoCommand = CommandSpec(name: "info", abstract: "Everything an accessory declared about itself.", options: [accessoryOption, jsonOption])
+let watchCommand = CommandSpec(
+    name: "watch", abstract: "Print accessories connecting and disconnecting until interrupted.",
+    options: [jsonOption, .value("count", valueName: "n", help: "Stop after n events.")])
+let openCommand = CommandSpec(
+    name: "open", abstract: "Open a session and bridge it to standard input and output.",
+    discussion: """
+        Bytes read from standard input go to the accessory, bytes from the accessory go to standard \
+        output, with back-pressure both ways. After standard input ends, output is copied until the \
+        accessory has been quiet for --idle seconds. Exit status: 0 done, 69 no such accessory or \
+        protocol, 74 the accessory went away.
+        """,
+    options: [accessoryOption, .value("idle", valueName: "seconds", help: "Quiet time that ends the session after input ended.", defaultValue: "1")],
+    positionals: [PositionalSpec("protocol", help: "The protocol string, e.g. com.example.echo.")])
+let sendCommand = CommandSpec(
+    name: "send", abstract: "Send a file through a session, with progress and throughput.",
+    discussion: """
+        Exit status: 0 sent (and verified), 65 the echo differs, 66 the file cannot be read, 69 no \
+        such accessory or protocol, 74 the transfer broke (the message says how many bytes were \
+        handed to the link).
+        """,
+    options: [accessoryOption, jsonOption,
+              .flag("verify-echo", help: "Read the accessory's echo back and compare it byte for byte."),
+              .value("chunk", valueName: "bytes", help: "Bytes per write.", defaultValue: "65536")],
+    positionals: [PositionalSpec("protocol", help: "The protocol string."), PositionalSpec("file", help: "The file to send.")])
+let simulateCommand = CommandSpec(
+    name: "simulate", abstract: "Run a simulated accessory on a pseudo-terminal (or a serial port) for another host to use.",
+    options: [.value("profile", valueName: "name|path", help: "A built-in profile name or a JSON profile.", defaultValue: "multi-sensor"),
+              .value("port", valueName: "device[:baud]", help: "Run on this serial port instead of a new pseudo-terminal.")])
+
 let iapctl = CommandSpec(
     name: "iapctl",
     abstract: "Talk to MFi-style (iAP1/iAP2) accessories from Linux.",
     version: toolVersion(),
-    options: [verboseOption],
-    subcommands: [decodeCommand]
+    options: [verboseOption] + hostOptions,
+    subcommands: [listCommand, infoCommand, watchCommand, openCommand, sendCommand, simulateCommand, decodeCommand]
 )
 
 CommandLineTool.run(iapctl) { command in
     switch command.path.dropFirst().first {
     case "decode": return try DecodeCommand.run(command)
+    case "list": return try ListCommand.run(command)
+    case "info": return try InfoCommand.run(command)
+    case "watch": return try WatchCommand.run(command)
+    case "open": return try OpenCommand.run(command)
+    case "send": return try SendCommand.run(command)
+    case "simulate": return try SimulateCommand.run(command)
     default: throw ExitCode.software
     }
 }

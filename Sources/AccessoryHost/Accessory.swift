@@ -1,0 +1,61 @@
+public import IAPLink
+public import IAPTransport
+internal import Synchronization
+
+/// A connected accessory, as ExternalAccessory's EAAccessory describes one.
+///
+/// Created when an accessory has been authenticated and identified; ``isConnected`` turns false
+/// when it goes away, and a reconnection is a new `Accessory` with a new ``connectionID``.
+public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
+    /// Unique while the manager runs; never 0 (0 means "no accessory").
+    public let connectionID: Int
+    /// Everything the accessory declared in identification.
+    public let identity: AccessoryIdentity
+    /// The kind of wire it is attached by.
+    public let transportKind: TransportKind
+    /// Where it is attached, e.g. `serial /dev/ttyUSB0 @ 115200`.
+    public let location: String
+    /// Whether it declares at least one of the manager's supported protocols (all accessories
+    /// are listed; those without are marked).
+    public let supportsConfiguredProtocols: Bool
+
+    let connection: Connection
+    private let connected = Atomic<Bool>(true)
+
+    init(connectionID: Int, identity: AccessoryIdentity, transport: any Transport, supportsConfiguredProtocols: Bool,
+         connection: Connection) {
+        self.connectionID = connectionID
+        self.identity = identity
+        self.transportKind = transport.kind
+        self.location = transport.description
+        self.supportsConfiguredProtocols = supportsConfiguredProtocols
+        self.connection = connection
+    }
+
+    public var id: Int { connectionID }
+    /// Whether the accessory is still attached.
+    public var isConnected: Bool { connected.load(ordering: .acquiring) }
+    func markDisconnected() { connected.store(false, ordering: .releasing) }
+
+    public var name: String { identity.name }
+    public var manufacturer: String { identity.manufacturer }
+    public var modelNumber: String { identity.modelIdentifier }
+    public var serialNumber: String { identity.serialNumber }
+    public var firmwareRevision: String { identity.firmwareVersion }
+    public var hardwareRevision: String { identity.hardwareVersion }
+    /// The EA protocol strings, in the order declared.
+    public var protocolStrings: [String] { identity.protocols.map(\.name) }
+
+    public var description: String {
+        "\(connectionID): \(name) (\(manufacturer) \(modelNumber), serial \(serialNumber), firmware \(firmwareRevision)) on \(location)"
+    }
+
+    /// Opens the session for `protocolString`: one per protocol per accessory.
+    ///
+    /// - Throws: ``AccessoryError/unsupportedProtocol(_:available:)``,
+    ///   ``AccessoryError/protocolInUse(_:)``, ``AccessoryError/disconnected(_:)``,
+    ///   ``AccessoryError/sessionRefused(_:)``.
+    public func openSession(for protocolString: String) async throws -> AccessorySession {
+        try await connection.openSession(accessory: self, protocolString: protocolString)
+    }
+}

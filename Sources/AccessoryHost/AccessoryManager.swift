@@ -1,0 +1,235 @@
+public import Dispatch
+public import IAPLink
+public import IAPTransport
+internal import Synchronization
+
+/// Something that happened to the set of connected accessories.
+public enum AccessoryEvent: Sendable {
+    /// An accessory was authenticated and identified.
+    case connected(Accessory)
+    /// An accessory went away; its sessions ended. The reason says why.
+    case disconnected(Accessory, reason: String)
+    /// A transport failed before any accessory on it was identified.
+    case failed(location: String, reason: String)
+}
+
+/// Finds accessories on the transports it is given, runs the protocol with each, and hands out
+/// ``Accessory`` objects and their sessions: the ExternalAccessory framework's
+/// EAAccessoryManager for Linux.
+///
+/// One serial Dispatch queue per manager owns all protocol state; transports and timers deliver
+/// on it; your code is called back on queues you choose (or through async sequences).
+public final class AccessoryManager: Sendable {
+    /// How a manager behaves.
+    public struct Configuration: Sendable {
+        /// The protocol strings your application speaks. Accessories declaring none of them are
+        /// still listed, marked with ``Accessory/supportsConfiguredProtocols`` false. Empty means
+        /// every accessory is supported.
+        public var supportedProtocols: [String]
+        /// The link limits and defaults of the host side.
+        public var link: LinkConfiguration
+        /// How long the host waits for each answer during authentication and identification.
+        public var answerTimeout: Duration
+        /// Most bytes buffered per session and direction.
+        public var sessionBufferLimit: Int
+        /// Decides on the accessory's authentication.
+        public var authentication: any AuthenticationPolicy
+
+        public init(supportedProtocols: [String] = [], link: LinkConfiguration = .device, answerTimeout: Duration = .seconds(10),
+                    sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = AcceptingAuthentication()) {
+            self.supportedProtocols = supportedProtocols
+            self.link = link
+            self.answerTimeout = answerTimeout
+            self.sessionBufferLimit = sessionBufferLimit
+            self.authentication = authentication
+        }
+    }
+
+    private struct State {
+        var nextConnectionID = 1
+        var nextAccessoryID = 1
+        var connections: [Int: Connection] = [:]
+        var accessories: [Accessory] = []
+        var subscribers: [Int: AsyncStream<AccessoryEvent>.Continuation] = [:]
+        var callbacks: [Int: (DispatchQueue, @Sendable (AccessoryEvent) -> Void)] = [:]
+        var nextSubscriber = 0
+        var stopped = false
+    }
+
+    public let configuration: Configuration
+    /// The queue that owns all protocol state.
+    public let queue: DispatchQueue
+    private let state = Mutex(State())
+
+    public init(configuration: Configuration = Configuration()) {
+        self.configuration = configuration
+        self.queue = DispatchQueue(label: "AccessoryHost.manager")
+    }
+
+    /// The accessories connected now.
+    public var connectedAccessories: [Accessory] { state.withLock { $0.accessories } }
+
+    /// Connect and disconnect events from now on, as an async sequence (one per call).
+    public var events: AsyncStream<AccessoryEvent> {
+        let (stream, continuation) = AsyncStream<AccessoryEvent>.makeStream(bufferingPolicy: .bufferingNewest(1_024))
+        let key = state.withLock { state -> Int in
+            state.nextSubscriber += 1
+            state.subscribers[state.nextSubscriber] = continuation
+            return state.nextSubscriber
+        }
+        continuation.onTermination = { [weak self] _ in _ = self?.state.withLock { $0.subscribers.removeValue(forKey: key) } }
+        return stream
+    }
+
+    /// Delivers events to `handler` on `queue` until the returned token's `cancel()`.
+    @discardableResult
+    public func onEvent(queue: DispatchQueue, _ handler: @escaping @Sendable (AccessoryEvent) -> Void) -> EventSubscription {
+        let key = state.withLock { state -> Int in
+            state.nextSubscriber += 1
+            state.callbacks[state.nextSubscriber] = (queue, handler)
+            return state.nextSubscriber
+        }
+        return EventSubscription { [weak self] in _ = self?.state.withLock { $0.callbacks.removeValue(forKey: key) } }
+    }
+
+    /// Runs the host side of the protocol over `transport`: the accessory on it is announced
+    /// with ``AccessoryEvent/connected(_:)`` once identified.
+    public func attach(_ transport: any Transport) {
+        queue.async {
+            let (id, stopped) = self.state.withLock { state -> (Int, Bool) in
+                defer { state.nextConnectionID += 1 }
+                return (state.nextConnectionID, state.stopped)
+            }
+            guard !stopped else {
+                transport.cancel()
+                return
+            }
+            var random = SystemRandomNumberGenerator()
+            var endpoint = IAP2Endpoint(device: self.configuration.link, policy: self.configuration.authentication,
+                                        sessionBufferLimit: self.configuration.sessionBufferLimit,
+                                        initialSequence: UInt8.random(in: 0...255, using: &random), randomSeed: random.next())
+            endpoint.answerTimeout = self.configuration.answerTimeout
+            let connection = Connection(
+                connectionID: id,
+                makeConnectionID: { [weak self] in
+                    self?.state.withLock { state -> Int in
+                        defer { state.nextAccessoryID += 1 }
+                        return state.nextAccessoryID
+                    } ?? Int.max
+                },
+                transport: transport, queue: self.queue, supportedProtocols: Set(self.configuration.supportedProtocols),
+                endpoint: endpoint,
+                onConnected: { [weak self] accessory in self?.connected(accessory) },
+                onDisconnected: { [weak self] accessory, reason in self?.disconnected(accessory, reason: reason) },
+                onClosed: { [weak self] everIdentified, reason in
+                    self?.closed(connectionID: id, location: transport.description, everIdentified: everIdentified, reason: reason)
+                })
+            self.state.withLock { $0.connections[id] = connection }
+            connection.start()
+        }
+    }
+
+    /// Stops every connection; accessories disconnect, sessions end.
+    public func stop() {
+        let connections = state.withLock { state -> [Connection] in
+            state.stopped = true
+            return Array(state.connections.values)
+        }
+        queue.sync {
+            for connection in connections { connection.stop(reason: "the manager stopped") }
+        }
+        state.withLock { state in
+            for continuation in state.subscribers.values { continuation.finish() }
+            state.subscribers.removeAll()
+        }
+    }
+
+    /// Waits for an accessory matching `predicate` (one already connected counts), up to
+    /// `timeout`; nil when none came.
+    public func waitForAccessory(timeout: Duration, where predicate: @escaping @Sendable (Accessory) -> Bool = { _ in true }) async -> Accessory? {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Accessory?, Never>) in
+            let once = Mutex<CheckedContinuation<Accessory?, Never>?>(continuation)
+            let finish: @Sendable (Accessory?) -> Void = { accessory in
+                once.withLock { pending -> CheckedContinuation<Accessory?, Never>? in
+                    defer { pending = nil }
+                    return pending
+                }?.resume(returning: accessory)
+            }
+            let subscription = onEvent(queue: queue) { event in
+                if case let .connected(accessory) = event, predicate(accessory) { finish(accessory) }
+            }
+            if let found = connectedAccessories.first(where: predicate) { finish(found) }
+            let (seconds, attoseconds) = timeout.components
+            queue.asyncAfter(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))) {
+                subscription.cancel()
+                finish(nil)
+            }
+        }
+    }
+
+    /// Waits until every attached transport has either an identified accessory or has failed,
+    /// up to `timeout`. Returns whether that happened in time.
+    public func waitUntilSettled(timeout: Duration) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let once = Mutex<CheckedContinuation<Bool, Never>?>(continuation)
+            let finish: @Sendable (Bool) -> Void = { settled in
+                once.withLock { pending -> CheckedContinuation<Bool, Never>? in
+                    defer { pending = nil }
+                    return pending
+                }?.resume(returning: settled)
+            }
+            let subscription = onEvent(queue: queue) { [weak self] _ in
+                if self?.isSettled ?? true { finish(true) }
+            }
+            queue.async { [weak self] in
+                if self?.isSettled ?? true { finish(true) }
+            }
+            let (seconds, attoseconds) = timeout.components
+            queue.asyncAfter(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))) {
+                subscription.cancel()
+                finish(false)
+            }
+        }
+    }
+
+    /// On the queue: no connection is still working towards an identified accessory.
+    private var isSettled: Bool {
+        state.withLock { $0.connections.values.map { $0 } }.allSatisfy { !$0.isPending }
+    }
+
+    private func connected(_ accessory: Accessory) {
+        state.withLock { $0.accessories.append(accessory) }
+        publish(.connected(accessory))
+    }
+
+    private func disconnected(_ accessory: Accessory, reason: String) {
+        state.withLock { $0.accessories.removeAll { $0 === accessory } }
+        publish(.disconnected(accessory, reason: reason))
+    }
+
+    private func closed(connectionID: Int, location: String, everIdentified: Bool, reason: String) {
+        state.withLock { _ = $0.connections.removeValue(forKey: connectionID) }
+        if !everIdentified { publish(.failed(location: location, reason: reason)) }
+    }
+
+    private func publish(_ event: AccessoryEvent) {
+        let (subscribers, callbacks) = state.withLock { ($0.subscribers.values.map { $0 }, $0.callbacks.values.map { $0 }) }
+        for continuation in subscribers { continuation.yield(event) }
+        for (queue, handler) in callbacks { queue.async { handler(event) } }
+    }
+}
+
+/// Cancels an event subscription.
+public final class EventSubscription: Sendable {
+    private let cancellation: Mutex<(@Sendable () -> Void)?>
+    init(_ cancel: @escaping @Sendable () -> Void) { cancellation = Mutex(cancel) }
+    /// Stops the deliveries.
+    public func cancel() {
+        let cancel = cancellation.withLock { current -> (@Sendable () -> Void)? in
+            defer { current = nil }
+            return current
+        }
+        cancel?()
+    }
+    deinit { cancel() }
+}

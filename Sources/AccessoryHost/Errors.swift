@@ -1,0 +1,28 @@
+/// What went wrong with an accessory or a session, with what a person can do about it.
+public enum AccessoryError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// The accessory does not declare the protocol.
+    case unsupportedProtocol(String, available: [String])
+    /// A session for the protocol is already open on this accessory.
+    case protocolInUse(String)
+    /// The accessory is gone (unplugged, link failed); the reason says which.
+    case disconnected(String)
+    /// The session was closed (by this side or by the accessory).
+    case sessionClosed
+    /// The accessory did not confirm the session.
+    case sessionRefused(String)
+
+    public var description: String {
+        switch self {
+        case let .unsupportedProtocol(name, available):
+            return "the accessory does not declare '\(name)'; it declares: " + (available.isEmpty ? "no protocols" : available.joined(separator: ", "))
+        case let .protocolInUse(name):
+            return "a session for '\(name)' is already open on this accessory (one per protocol); close it first"
+        case let .disconnected(reason):
+            return "the accessory disconnected: \(reason)"
+        case .sessionClosed:
+            return "the session is closed"
+        case let .sessionRefused(reason):
+            return "the accessory refused the session: \(reason)"
+        }
+    }
+}

@@ -1,0 +1,76 @@
+public import Dispatch
+internal import IAPLink
+
+/// The stream events of a session, as NSStream reports them for an EASession.
+public enum SessionStreamEvent: Hashable, Sendable {
+    case openCompleted
+    case hasBytesAvailable
+    case hasSpaceAvailable
+    case errorOccurred(AccessoryError)
+    case endEncountered
+}
+
+/// One bidirectional byte stream to an accessory for one protocol string: an EASession.
+///
+/// Use it with async/await (``write(_:)`` suspends under back-pressure, ``read(maxBytes:)``
+/// suspends until bytes arrive and returns nil at the end), or with stream events delivered on a
+/// queue you choose (``setEventHandler(queue:_:)``) and the non-blocking ``readAvailable(maxBytes:)``
+/// / ``writeAvailable(_:)``. When the accessory goes away, bytes already received stay
+/// readable, then the stream ends; writes fail with ``AccessoryError/disconnected(_:)``.
+public final class AccessorySession: Sendable {
+    /// The protocol string.
+    public let protocolString: String
+    /// The accessory.
+    public let accessory: Accessory
+    let sessionID: UInt16
+    let connection: Connection
+
+    init(protocolString: String, accessory: Accessory, sessionID: UInt16, connection: Connection) {
+        self.protocolString = protocolString
+        self.accessory = accessory
+        self.sessionID = sessionID
+        self.connection = connection
+    }
+
+    /// Writes all of `bytes`, suspending while the accessory (or the link) cannot take more.
+    public func write(_ bytes: some Collection<UInt8>) async throws {
+        try await connection.write(self, Array(bytes))
+    }
+
+    /// The next received bytes (at most `maxBytes`), waiting for some; nil at the end of the stream.
+    public func read(maxBytes: Int = 1 << 20) async throws -> [UInt8]? {
+        try await connection.read(self, maxBytes: maxBytes)
+    }
+
+    /// Takes what is readable now without waiting (empty when nothing is).
+    public func readAvailable(maxBytes: Int = 1 << 20) -> [UInt8] {
+        connection.queue.sync { connection.readNow(self, maxBytes: maxBytes) }
+    }
+
+    /// Writes what fits now without waiting; returns how many bytes were taken (0 when full).
+    public func writeAvailable(_ bytes: some Collection<UInt8>) throws -> Int {
+        let array = Array(bytes)
+        return try connection.queue.sync { try connection.writeNow(self, array) }
+    }
+
+    /// Whether bytes are readable now.
+    public var hasBytesAvailable: Bool { connection.queue.sync { connection.bytesAvailable(self) > 0 } }
+    /// Whether a write would take bytes now.
+    public var hasSpaceAvailable: Bool { connection.queue.sync { connection.spaceAvailable(self) > 0 } }
+
+    /// Delivers the stream events to `handler` on `queue`. `openCompleted` comes first (at
+    /// once, since the session is open when you get it).
+    public func setEventHandler(queue: DispatchQueue, _ handler: @escaping @Sendable (SessionStreamEvent) -> Void) {
+        connection.queue.async { self.connection.setEventHandler(self, queue: queue, handler: handler) }
+    }
+
+    /// Closes the session: the accessory is told; pending reads end and pending writes fail.
+    public func close() {
+        connection.queue.async { self.connection.close(self) }
+    }
+
+    /// Waits until every written byte was handed to the link (for example before closing).
+    public func flush() async throws {
+        try await connection.flush(self)
+    }
+}

@@ -1,0 +1,396 @@
+public import IAPLink
+
+/// A virtual MFi accessory: an accessory-role ``IAP2Endpoint`` built from a
+/// ``SimulatorProfile``, with a behaviour running on every open EA session and optional faults.
+///
+/// Like `IAP2Endpoint` it is a pure state machine: no I/O, no clock, no Dispatch. The owner feeds
+/// the device's bytes (``receive(_:now:)``) and the passage of time (``advance(to:)`` at
+/// ``nextDeadline``), and takes frames for the device (``takeOutput()``) and events
+/// (``takeEvents()``). After every input the behaviours run:
+///
+/// - echo writes back every byte it reads, in order. What the endpoint does not take waits in a
+///   buffer of at most ``pendingLimit`` bytes; while that is full nothing more is read, so a host
+///   that does not read slows the echo down instead of growing memory.
+/// - sink reads everything, counting bytes and their CRC-32 (``statistics(for:)``).
+/// - source writes `sourceBytes` bytes of ``sourcePatternByte(at:)`` as fast as back-pressure
+///   allows, then nothing (bytes the host sends are read and counted).
+/// - firmware-update speaks ``FirmwareUpdateProtocol``; a successful update ends with
+///   ``SimulatorEvent/reboot(newFirmwareVersion:)`` after the profile's `rebootDelayMs`.
+///
+/// Faults apply to the frames the accessory sends (drop, corrupt, delay) and to the session data
+/// it reads (stop reading, vanish). After ``SimulatorEvent/reboot(newFirmwareVersion:)`` or
+/// ``SimulatorEvent/vanish`` the accessory is gone: it takes no input, produces no output
+/// (frames still held by the delay fault are discarded) and has no deadline.
+public struct SimulatedAccessory: Sendable {
+    /// Whether the accessory is still there.
+    public enum Lifecycle: Hashable, Sendable {
+        /// Connected and working.
+        case running
+        /// Rebooted after a firmware update; start a new accessory with the new version.
+        case rebooted(newFirmwareVersion: String)
+        /// Gone by the `vanishAfterBytes` fault.
+        case vanished
+    }
+
+    /// The profile the accessory was built from.
+    public let profile: SimulatorProfile
+    /// The accessory-role endpoint inside (for inspection: link state, statistics).
+    public private(set) var endpoint: IAP2Endpoint
+    /// The most bytes the endpoint holds per session and direction.
+    public let sessionBufferLimit: Int
+    /// Whether the accessory is still there.
+    public private(set) var lifecycle = Lifecycle.running
+    /// The latest time the owner passed in.
+    public private(set) var now: LinkTime = .zero
+    /// What the fault injection did so far.
+    public private(set) var faultCounters = FaultCounters()
+
+    /// The most bytes a behaviour holds for one session beyond what the endpoint takes (echo data
+    /// waiting for the endpoint; firmware-update answers may exceed it by one read's worth).
+    public static let pendingLimit = 16_384
+
+    private var runtimes: [UInt16: SessionRuntime] = [:]
+    private var events: [SimulatorEvent] = []
+    private var outbox = Queue<(release: LinkTime, frame: [UInt8])>()
+    private var random: FaultRandom
+    private var bytesRead = 0
+    private var bytesMoved = 0
+    private var readingStopped = false
+    private var reboot: (at: LinkTime, version: String)?
+
+    /// Bytes a firmware-update session reads at a time (bounds the answers one read produces).
+    static let firmwareReadSize = 256
+    /// Most rounds of event handling and behaviours per input (a guard; a round that moves
+    /// nothing ends the work much earlier).
+    static let maxSettleRounds = 1_000
+
+    /// Creates an accessory from a profile.
+    ///
+    /// - Parameters:
+    ///   - sessionBufferLimit: bytes the endpoint holds per session and direction; raised to the
+    ///     profile's packet length if smaller (a packet must fit).
+    ///   - initialSequence: the link's first sequence number.
+    /// - Throws: ``SimulatorProfileError`` when the profile has an invalid value.
+    public init(profile: SimulatorProfile, sessionBufferLimit: Int = 65_536, initialSequence: UInt8 = 0x01)
+        throws(SimulatorProfileError)
+    {
+        try profile.validate()
+        let configuration = profile.linkConfiguration()
+        self.profile = profile
+        self.sessionBufferLimit = max(sessionBufferLimit, Int(configuration.parameters.maxPacketLength))
+        endpoint = IAP2Endpoint(accessory: profile.identity(), configuration: configuration,
+                                sessionBufferLimit: self.sessionBufferLimit, initialSequence: initialSequence,
+                                randomSeed: profile.faults.seed)
+        random = FaultRandom(seed: profile.faults.seed)
+    }
+
+    /// Whether the accessory is still there (neither rebooted nor vanished).
+    public var isRunning: Bool { lifecycle == .running }
+
+    /// Byte `index` of what a source session sends: `UInt8(truncatingIfNeeded: index &* 31 &+ 7)`.
+    public static func sourcePatternByte(at index: Int) -> UInt8 { UInt8(truncatingIfNeeded: index &* 31 &+ 7) }
+
+    // MARK: Driving
+
+    /// Starts the link (the accessory sends the detect).
+    public mutating func start(now: LinkTime) {
+        note(now)
+        guard isRunning else { return }
+        endpoint.start(now: self.now)
+        settle()
+    }
+
+    /// Feeds bytes from the device.
+    public mutating func receive(_ bytes: [UInt8], now: LinkTime) {
+        note(now)
+        guard isRunning else { return }
+        endpoint.receive(bytes, now: self.now)
+        settle()
+    }
+
+    /// Fires every timer due at `now`: the link's, the delay fault's, the reboot.
+    public mutating func advance(to now: LinkTime) {
+        note(now)
+        guard isRunning else { return }
+        if let reboot, reboot.at <= self.now {
+            self.reboot = nil
+            goAway(.rebooted(newFirmwareVersion: reboot.version))
+            events.append(.reboot(newFirmwareVersion: reboot.version))
+            return
+        }
+        endpoint.advance(to: self.now)
+        settle()
+    }
+
+    /// When ``advance(to:)`` must be called next, if anything is scheduled.
+    public var nextDeadline: LinkTime? {
+        guard isRunning else { return nil }
+        return [endpoint.nextDeadline, outbox.first?.release, reboot?.at].compactMap { $0 }.min()
+    }
+
+    /// Frames for the device that are due, oldest first (one link packet or detect each).
+    public mutating func takeOutput() -> [[UInt8]] {
+        var frames: [[UInt8]] = []
+        while let next = outbox.first, next.release <= now, let frame = outbox.popFirst()?.frame {
+            frames.append(frame)
+        }
+        return frames
+    }
+
+    /// Whether ``takeOutput()`` has frames now.
+    public var hasOutput: Bool { outbox.first.map { $0.release <= now } ?? false }
+
+    /// Events since the last call.
+    public mutating func takeEvents() -> [SimulatorEvent] {
+        defer { events.removeAll(keepingCapacity: true) }
+        return events
+    }
+
+    // MARK: Inspection
+
+    /// The counters of an open session.
+    public func statistics(for sessionID: UInt16) -> SessionStatistics? { runtimes[sessionID].map(snapshot) }
+
+    /// The counters of every open session, by session id.
+    public var sessionStatistics: [SessionStatistics] {
+        runtimes.keys.sorted().compactMap { id in runtimes[id].map(snapshot) }
+    }
+
+    /// Session data the accessory holds now: the endpoint's receive and send buffers plus what the
+    /// behaviours hold. Stays within ``bufferedBytesLimit`` whatever the host does.
+    public var bufferedBytes: Int {
+        runtimes.reduce(0) { total, entry in
+            total + endpoint.bytesAvailable(entry.key) + endpoint.bytesPending(entry.key) + entry.value.pending.count
+                + (entry.value.firmware?.bufferedBytes ?? 0)
+        }
+    }
+
+    /// The most session data the accessory can hold with the sessions open now: per session, two
+    /// endpoint buffers of ``sessionBufferLimit``, twice ``pendingLimit`` and one firmware-update
+    /// message. (The link's own window and send queue are bounded by the link.)
+    public var bufferedBytesLimit: Int {
+        runtimes.count * (2 * sessionBufferLimit + 2 * Self.pendingLimit + FirmwareUpdateProtocol.headerSize + 4
+            + FirmwareUpdateProtocol.maxChunkSize)
+    }
+
+    private func snapshot(_ runtime: SessionRuntime) -> SessionStatistics {
+        var statistics = runtime.statistics
+        statistics.crc32In = runtime.crc.value
+        statistics.pendingBytes = runtime.pending.count
+        return statistics
+    }
+
+    // MARK: Work after every input
+
+    private mutating func note(_ time: LinkTime) {
+        now = max(now, time)
+    }
+
+    /// Handles the endpoint's events, runs the behaviours until nothing moves, checks the vanish
+    /// fault, and passes the endpoint's frames through the output faults.
+    private mutating func settle() {
+        for _ in 0..<Self.maxSettleRounds {
+            let endpointEvents = endpoint.takeEvents()
+            for event in endpointEvents { handle(event) }
+            let moved = runBehaviours()
+            if let limit = profile.faults.vanishAfterBytes, bytesMoved >= limit {
+                goAway(.vanished)
+                events.append(.vanish)
+                return
+            }
+            if endpointEvents.isEmpty, !moved { break }
+        }
+        takeEndpointOutput()
+    }
+
+    private mutating func goAway(_ state: Lifecycle) {
+        lifecycle = state
+        outbox.removeAll()
+        _ = endpoint.takeOutput()
+    }
+
+    private mutating func handle(_ event: EndpointEvent) {
+        switch event {
+        case let .identified(identity):
+            events.append(.identified(identity))
+        case let .sessionOpened(id, name):
+            let spec = profile.protocols.first { $0.name == name }
+            runtimes[id] = SessionRuntime(id: id, name: name, spec: spec)
+            events.append(.sessionOpened(sessionID: id, protocolName: name))
+        case let .sessionClosed(id, reason):
+            guard let runtime = runtimes.removeValue(forKey: id) else { return }
+            events.append(.sessionClosed(sessionID: id, protocolName: runtime.statistics.protocolName, reason: reason,
+                                         statistics: snapshot(runtime)))
+        case .bytesAvailable, .spaceAvailable:
+            break
+        default:
+            events.append(.endpoint(event))
+        }
+    }
+
+    private mutating func takeEndpointOutput() {
+        let frames = endpoint.takeOutput()
+        guard isRunning else { return }
+        let faults = profile.faults
+        let release = now + .milliseconds(faults.delayMs)
+        for var frame in frames {
+            faultCounters.framesProduced += 1
+            if faults.dropRate > 0, random.unit() < faults.dropRate {
+                faultCounters.framesDropped += 1
+                continue
+            }
+            if faults.corruptRate > 0, !frame.isEmpty, random.unit() < faults.corruptRate {
+                frame[random.below(frame.count)] ^= UInt8(1 + random.below(255))
+                faultCounters.framesCorrupted += 1
+            }
+            outbox.append((release, frame))
+        }
+    }
+
+    // MARK: Behaviours
+
+    /// Runs every session's behaviour; true when any byte moved.
+    private mutating func runBehaviours() -> Bool {
+        var moved = false
+        for id in runtimes.keys.sorted() {
+            // Taken out of the dictionary while it runs, so its buffers are not copied.
+            guard var runtime = runtimes.removeValue(forKey: id) else { continue }
+            switch runtime.statistics.behaviour {
+            case .echo: moved = runEcho(id, &runtime) || moved
+            case .sink: moved = runSink(id, &runtime) || moved
+            case .source: moved = runSource(id, &runtime) || moved
+            case .firmwareUpdate: moved = runFirmwareUpdate(id, &runtime) || moved
+            }
+            runtimes[id] = runtime
+        }
+        return moved
+    }
+
+    private mutating func runEcho(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+        var moved = false
+        while true {
+            let flushed = flush(id, &runtime)
+            let room = Self.pendingLimit - runtime.pending.count
+            let bytes = room > 0 ? read(id, maxBytes: room, into: &runtime) : []
+            runtime.pending.append(bytes)
+            guard flushed || !bytes.isEmpty else { return moved }
+            moved = true
+        }
+    }
+
+    private mutating func runSink(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+        var moved = false
+        while !read(id, maxBytes: 65_536, into: &runtime).isEmpty { moved = true }
+        return moved
+    }
+
+    private mutating func runSource(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+        var moved = runSink(id, &runtime)
+        while runtime.statistics.bytesOut < runtime.sourceBytes {
+            let count = min(endpoint.spaceAvailable(id), runtime.sourceBytes - runtime.statistics.bytesOut, 16_384)
+            guard count > 0 else { break }
+            let start = runtime.statistics.bytesOut
+            let chunk = (0..<count).map { Self.sourcePatternByte(at: start + $0) }
+            let taken = write(id, chunk[...])
+            guard taken > 0 else { break }
+            runtime.statistics.bytesOut += taken
+            moved = true
+        }
+        if runtime.statistics.bytesOut >= runtime.sourceBytes, !runtime.sourceFinished {
+            runtime.sourceFinished = true
+            events.append(.sourceFinished(sessionID: id, bytes: runtime.statistics.bytesOut))
+        }
+        return moved
+    }
+
+    private mutating func runFirmwareUpdate(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+        guard var receiver = runtime.firmware else { return false }
+        runtime.firmware = nil // one owner while it runs, so its buffers are not copied
+        defer { runtime.firmware = receiver }
+        var moved = false
+        while true {
+            let flushed = flush(id, &runtime)
+            var bytes: [UInt8] = []
+            if runtime.pending.count < Self.pendingLimit {
+                bytes = read(id, maxBytes: Self.firmwareReadSize, into: &runtime)
+                var responses: [UInt8] = []
+                var updates: [FirmwareUpdateReceiver.Event] = []
+                receiver.consume(bytes, responses: &responses, events: &updates)
+                runtime.pending.append(responses)
+                for update in updates { report(update, session: id) }
+            }
+            guard flushed || !bytes.isEmpty else { return moved }
+            moved = true
+        }
+    }
+
+    private mutating func report(_ update: FirmwareUpdateReceiver.Event, session id: UInt16) {
+        switch update {
+        case let .began(version, size):
+            events.append(.firmwareUpdateBegan(sessionID: id, version: version, imageSize: size))
+        case let .finished(status, crc, version):
+            events.append(.firmwareUpdateFinished(sessionID: id, status: status, computedCRC: crc))
+            if status == .ok, reboot == nil {
+                reboot = (now + .milliseconds(profile.rebootDelayMs), version)
+            }
+        case let .error(code, message):
+            events.append(.firmwareUpdateError(sessionID: id, code: code, message: message))
+        }
+    }
+
+    /// Hands pending bytes to the endpoint; true when it took any.
+    private mutating func flush(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+        guard !runtime.pending.isEmpty else { return false }
+        let taken = write(id, runtime.pending.bytes)
+        runtime.pending.removeFirst(taken)
+        runtime.statistics.bytesOut += taken
+        return taken > 0
+    }
+
+    private mutating func write(_ id: UInt16, _ bytes: ArraySlice<UInt8>) -> Int {
+        let taken = (try? endpoint.write(id, bytes, now: now)) ?? 0
+        bytesMoved += taken
+        return taken
+    }
+
+    /// Reads session data, honouring the stop-reading fault, and counts it.
+    private mutating func read(_ id: UInt16, maxBytes: Int, into runtime: inout SessionRuntime) -> [UInt8] {
+        var limit = maxBytes
+        if let stop = profile.faults.stopReadingAfterBytes {
+            limit = min(limit, stop - bytesRead)
+            if limit <= 0 {
+                if !readingStopped, endpoint.bytesAvailable(id) > 0 {
+                    readingStopped = true
+                    events.append(.readingStopped(afterBytes: bytesRead))
+                }
+                return []
+            }
+        }
+        let bytes = endpoint.read(id, maxBytes: limit)
+        guard !bytes.isEmpty else { return [] }
+        bytesRead += bytes.count
+        bytesMoved += bytes.count
+        runtime.statistics.bytesIn += bytes.count
+        runtime.crc.update(bytes)
+        return bytes
+    }
+}
+
+/// The behaviour state of one open session.
+struct SessionRuntime: Sendable {
+    var statistics: SessionStatistics
+    var crc = CRC32()
+    var pending = PendingBytes()
+    var sourceBytes = 0
+    var sourceFinished = false
+    var firmware: FirmwareUpdateReceiver?
+
+    init(id: UInt16, name: String, spec: SimulatorProfile.ProtocolSpec?) {
+        // A session for a protocol the profile does not declare cannot be opened; a sink is the
+        // harmless choice should it ever happen.
+        let behaviour = spec?.behaviour ?? .sink
+        statistics = SessionStatistics(sessionID: id, protocolName: name, behaviour: behaviour)
+        if behaviour == .source { sourceBytes = spec?.sourceBytes ?? 0 }
+        if behaviour == .firmwareUpdate { firmware = FirmwareUpdateReceiver() }
+    }
+}

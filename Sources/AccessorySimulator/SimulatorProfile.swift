@@ -1,0 +1,417 @@
+public import IAPLink
+import IAPWire
+
+/// What a simulated accessory is: its identity, the External Accessory protocols it declares and
+/// how each behaves, optional link parameters, and optional faults.
+///
+/// Profiles are JSON files (see `tools/profiles/`), loaded with ``load(path:)`` or
+/// ``decode(_:)``, or built in (``builtIn(named:)``). The format:
+///
+/// ```json
+/// {
+///   "identity": { "name": "Multi Sensor", "model": "SIM-MS1", "manufacturer": "Acme",
+///                 "serialNumber": "MS-0001", "firmwareVersion": "2.1.0", "hardwareVersion": "B" },
+///   "protocols": [ { "name": "com.acme.echo", "behaviour": "echo" },
+///                  { "name": "com.acme.source", "behaviour": "source", "sourceBytes": 1048576 } ],
+///   "link": { "maxPacketLength": 4096, "maxOutstandingPackets": 8,
+///             "retransmissionTimeoutMs": 1000, "cumulativeAckTimeoutMs": 20 },
+///   "rebootDelayMs": 200,
+///   "faults": { "dropRate": 0.0, "corruptRate": 0.0, "delayMs": 0,
+///               "stopReadingAfterBytes": 4096, "vanishAfterBytes": 65536, "seed": 1 }
+/// }
+/// ```
+///
+/// `identity` and `protocols` are required; `link`, every field inside it, `rebootDelayMs`
+/// (default 200), `faults` and every field inside it are optional. Unknown fields are refused,
+/// so a misspelt field is reported instead of silently ignored.
+public struct SimulatorProfile: Codable, Sendable, Equatable {
+    /// The strings the accessory declares in IdentificationInformation.
+    public struct Identity: Codable, Sendable, Equatable {
+        /// The accessory's name (what EAAccessory.name shows).
+        public var name: String
+        /// The model identifier.
+        public var model: String
+        /// The manufacturer.
+        public var manufacturer: String
+        /// The serial number.
+        public var serialNumber: String
+        /// The firmware version; a firmware update changes it (``SimulatorProfile/withFirmwareVersion(_:)``).
+        public var firmwareVersion: String
+        /// The hardware version.
+        public var hardwareVersion: String
+
+        /// Creates an identity from its six strings.
+        public init(name: String, model: String, manufacturer: String, serialNumber: String, firmwareVersion: String,
+                    hardwareVersion: String) {
+            self.name = name
+            self.model = model
+            self.manufacturer = manufacturer
+            self.serialNumber = serialNumber
+            self.firmwareVersion = firmwareVersion
+            self.hardwareVersion = hardwareVersion
+        }
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case name, model, manufacturer, serialNumber, firmwareVersion, hardwareVersion
+        }
+
+        /// Decodes the identity, refusing unknown fields.
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownFields(in: decoder, known: CodingKeys.self)
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            name = try container.decode(String.self, forKey: .name)
+            model = try container.decode(String.self, forKey: .model)
+            manufacturer = try container.decode(String.self, forKey: .manufacturer)
+            serialNumber = try container.decode(String.self, forKey: .serialNumber)
+            firmwareVersion = try container.decode(String.self, forKey: .firmwareVersion)
+            hardwareVersion = try container.decode(String.self, forKey: .hardwareVersion)
+        }
+    }
+
+    /// What the simulator does with an open session of a protocol.
+    public enum Behaviour: String, Codable, Sendable, Equatable, CaseIterable {
+        /// Writes back every byte read, in order, under back-pressure.
+        case echo
+        /// Reads and counts every byte and keeps their CRC-32.
+        case sink
+        /// Writes `sourceBytes` bytes of ``SimulatedAccessory/sourcePatternByte(at:)``, then nothing.
+        case source
+        /// Speaks the firmware-update protocol (``FirmwareUpdateProtocol``).
+        case firmwareUpdate = "firmware-update"
+
+        /// Decodes a behaviour name, naming the valid ones when it is not one of them.
+        public init(from decoder: any Decoder) throws {
+            let raw = try decoder.singleValueContainer().decode(String.self)
+            guard let behaviour = Behaviour(rawValue: raw) else {
+                throw SimulatorProfileError(field: fieldPath(decoder.codingPath),
+                                            problem: "'\(raw)' is not a behaviour; use one of "
+                                                + Behaviour.allCases.map(\.rawValue).joined(separator: ", "))
+            }
+            self = behaviour
+        }
+    }
+
+    /// One declared External Accessory protocol.
+    public struct ProtocolSpec: Codable, Sendable, Equatable {
+        /// The reverse-DNS protocol string apps open sessions for.
+        public var name: String
+        /// What the simulator does on a session of this protocol.
+        public var behaviour: Behaviour
+        /// For ``Behaviour/source`` only (and required there): how many bytes each session sends.
+        public var sourceBytes: Int?
+
+        /// Creates a protocol entry.
+        public init(name: String, behaviour: Behaviour, sourceBytes: Int? = nil) {
+            self.name = name
+            self.behaviour = behaviour
+            self.sourceBytes = sourceBytes
+        }
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case name, behaviour, sourceBytes
+        }
+
+        /// Decodes a protocol entry, refusing unknown fields.
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownFields(in: decoder, known: CodingKeys.self)
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            name = try container.decode(String.self, forKey: .name)
+            behaviour = try container.decode(Behaviour.self, forKey: .behaviour)
+            sourceBytes = try container.decodeIfPresent(Int.self, forKey: .sourceBytes)
+        }
+    }
+
+    /// Link parameters that replace those of `LinkConfiguration.accessory`; nil keeps the default.
+    public struct LinkOverrides: Codable, Sendable, Equatable {
+        /// The longest packet the accessory accepts, header included (default 4096).
+        public var maxPacketLength: Int?
+        /// How many unacknowledged packets the accessory accepts at once (default 8).
+        public var maxOutstandingPackets: Int?
+        /// Milliseconds before an unacknowledged packet is sent again (default 1000).
+        public var retransmissionTimeoutMs: Int?
+        /// Milliseconds a receiver may wait before acknowledging (default 20).
+        public var cumulativeAckTimeoutMs: Int?
+
+        /// Creates overrides; every nil field keeps the default.
+        public init(maxPacketLength: Int? = nil, maxOutstandingPackets: Int? = nil, retransmissionTimeoutMs: Int? = nil,
+                    cumulativeAckTimeoutMs: Int? = nil) {
+            self.maxPacketLength = maxPacketLength
+            self.maxOutstandingPackets = maxOutstandingPackets
+            self.retransmissionTimeoutMs = retransmissionTimeoutMs
+            self.cumulativeAckTimeoutMs = cumulativeAckTimeoutMs
+        }
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case maxPacketLength, maxOutstandingPackets, retransmissionTimeoutMs, cumulativeAckTimeoutMs
+        }
+
+        /// Decodes the overrides, refusing unknown fields.
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownFields(in: decoder, known: CodingKeys.self)
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            maxPacketLength = try container.decodeIfPresent(Int.self, forKey: .maxPacketLength)
+            maxOutstandingPackets = try container.decodeIfPresent(Int.self, forKey: .maxOutstandingPackets)
+            retransmissionTimeoutMs = try container.decodeIfPresent(Int.self, forKey: .retransmissionTimeoutMs)
+            cumulativeAckTimeoutMs = try container.decodeIfPresent(Int.self, forKey: .cumulativeAckTimeoutMs)
+        }
+    }
+
+    /// Misbehaviour on purpose, to test how a host copes. Everything is deterministic for a seed.
+    public struct Faults: Codable, Sendable, Equatable {
+        /// Fraction (0…1) of outgoing frames dropped.
+        public var dropRate: Double
+        /// Fraction (0…1) of the remaining outgoing frames with one byte changed.
+        public var corruptRate: Double
+        /// Milliseconds every outgoing frame is held before it may be taken.
+        public var delayMs: Int
+        /// Stop reading EA session data once this many bytes were read (all sessions together):
+        /// the host then sees its writes back up.
+        public var stopReadingAfterBytes: Int?
+        /// Disappear once this many EA session bytes moved (read plus written, all sessions):
+        /// ``SimulatorEvent/vanish`` is reported and the accessory goes silent.
+        public var vanishAfterBytes: Int?
+        /// Seed of the fault generator (and of the endpoint's own generator).
+        public var seed: UInt64
+
+        /// Creates faults; the defaults are no faults at all.
+        public init(dropRate: Double = 0, corruptRate: Double = 0, delayMs: Int = 0, stopReadingAfterBytes: Int? = nil,
+                    vanishAfterBytes: Int? = nil, seed: UInt64 = 1) {
+            self.dropRate = dropRate
+            self.corruptRate = corruptRate
+            self.delayMs = delayMs
+            self.stopReadingAfterBytes = stopReadingAfterBytes
+            self.vanishAfterBytes = vanishAfterBytes
+            self.seed = seed
+        }
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case dropRate, corruptRate, delayMs, stopReadingAfterBytes, vanishAfterBytes, seed
+        }
+
+        /// Decodes the faults, refusing unknown fields; missing fields take the defaults.
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownFields(in: decoder, known: CodingKeys.self)
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            dropRate = try container.decodeIfPresent(Double.self, forKey: .dropRate) ?? 0
+            corruptRate = try container.decodeIfPresent(Double.self, forKey: .corruptRate) ?? 0
+            delayMs = try container.decodeIfPresent(Int.self, forKey: .delayMs) ?? 0
+            stopReadingAfterBytes = try container.decodeIfPresent(Int.self, forKey: .stopReadingAfterBytes)
+            vanishAfterBytes = try container.decodeIfPresent(Int.self, forKey: .vanishAfterBytes)
+            seed = try container.decodeIfPresent(UInt64.self, forKey: .seed) ?? 1
+        }
+
+        /// Whether any fault is switched on.
+        public var isActive: Bool {
+            dropRate > 0 || corruptRate > 0 || delayMs > 0 || stopReadingAfterBytes != nil || vanishAfterBytes != nil
+        }
+    }
+
+    /// The identity strings (the JSON field `identity`; ``identity()`` builds the full
+    /// `AccessoryIdentity` from them).
+    public var accessory: Identity
+    /// The declared protocols, in order (their identifiers are 1, 2, … in this order).
+    public var protocols: [ProtocolSpec]
+    /// Link parameters replacing the defaults.
+    public var link: LinkOverrides
+    /// Milliseconds between a successful firmware update (DONE 0) and ``SimulatorEvent/reboot(newFirmwareVersion:)``.
+    public var rebootDelayMs: Int
+    /// Faults to inject (none by default).
+    public var faults: Faults
+
+    /// The reboot delay when a profile gives none.
+    public static let defaultRebootDelayMs = 200
+
+    /// Creates a profile.
+    public init(accessory: Identity, protocols: [ProtocolSpec], link: LinkOverrides = LinkOverrides(),
+                rebootDelayMs: Int = SimulatorProfile.defaultRebootDelayMs, faults: Faults = Faults()) {
+        self.accessory = accessory
+        self.protocols = protocols
+        self.link = link
+        self.rebootDelayMs = rebootDelayMs
+        self.faults = faults
+    }
+
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case accessory = "identity", protocols, link, rebootDelayMs, faults
+    }
+
+    /// Decodes a profile, refusing unknown fields; optional parts take their defaults. Values are
+    /// checked by ``validate()`` (``decode(_:)`` and ``load(path:)`` call it).
+    public init(from decoder: any Decoder) throws {
+        try rejectUnknownFields(in: decoder, known: CodingKeys.self)
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        accessory = try container.decode(Identity.self, forKey: .accessory)
+        protocols = try container.decode([ProtocolSpec].self, forKey: .protocols)
+        link = try container.decodeIfPresent(LinkOverrides.self, forKey: .link) ?? LinkOverrides()
+        rebootDelayMs = try container.decodeIfPresent(Int.self, forKey: .rebootDelayMs) ?? Self.defaultRebootDelayMs
+        faults = try container.decodeIfPresent(Faults.self, forKey: .faults) ?? Faults()
+    }
+
+    /// Encodes the profile, leaving out parts that hold their defaults.
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(accessory, forKey: .accessory)
+        try container.encode(protocols, forKey: .protocols)
+        if link != LinkOverrides() { try container.encode(link, forKey: .link) }
+        if rebootDelayMs != Self.defaultRebootDelayMs { try container.encode(rebootDelayMs, forKey: .rebootDelayMs) }
+        if faults != Faults() { try container.encode(faults, forKey: .faults) }
+    }
+
+    // MARK: What the endpoint needs
+
+    /// Message ids the simulated accessory sends: StartPowerUpdates, StatusExternalAccessoryProtocolSession.
+    public static let messagesSent: [UInt16] = [0xAE00, 0xEA03]
+    /// Message ids the simulated accessory receives: PowerUpdate, Start- and
+    /// StopExternalAccessoryProtocolSession.
+    public static let messagesReceived: [UInt16] = [0xAE01, 0xEA00, 0xEA01]
+
+    /// The identity the accessory declares: the profile's strings, the message lists above, and
+    /// the protocols with identifiers 1…n in profile order.
+    public func identity() -> AccessoryIdentity {
+        AccessoryIdentity(
+            name: accessory.name, modelIdentifier: accessory.model, manufacturer: accessory.manufacturer,
+            serialNumber: accessory.serialNumber, firmwareVersion: accessory.firmwareVersion,
+            hardwareVersion: accessory.hardwareVersion, messagesSent: Self.messagesSent,
+            messagesReceived: Self.messagesReceived,
+            protocols: protocols.enumerated().map { index, spec in
+                ExternalAccessoryProtocol(identifier: UInt8(truncatingIfNeeded: index + 1), name: spec.name)
+            })
+    }
+
+    /// `LinkConfiguration.accessory` with the profile's overrides applied (values are clamped to
+    /// the link's valid ranges; ``validate()`` reports them instead).
+    public func linkConfiguration() -> LinkConfiguration {
+        var configuration = LinkConfiguration.accessory
+        func clamp(_ value: Int, _ field: LinkParameters.Field) -> Int {
+            min(max(value, field.validRange.lowerBound), field.validRange.upperBound)
+        }
+        if let value = link.maxPacketLength {
+            configuration.parameters.maxPacketLength = UInt16(clamping: clamp(value, .maxPacketLength))
+        }
+        if let value = link.maxOutstandingPackets {
+            configuration.parameters.maxOutstandingPackets = UInt8(clamping: clamp(value, .maxOutstandingPackets))
+        }
+        if let value = link.retransmissionTimeoutMs {
+            configuration.parameters.retransmissionTimeout = UInt16(clamping: clamp(value, .retransmissionTimeout))
+        }
+        if let value = link.cumulativeAckTimeoutMs {
+            configuration.parameters.cumulativeAckTimeout = UInt16(clamping: clamp(value, .cumulativeAckTimeout))
+        }
+        return configuration
+    }
+
+    /// The same profile after a firmware update to `version`: what the owner starts after
+    /// ``SimulatorEvent/reboot(newFirmwareVersion:)``.
+    public func withFirmwareVersion(_ version: String) -> SimulatorProfile {
+        var profile = self
+        profile.accessory.firmwareVersion = version
+        return profile
+    }
+
+    // MARK: Validation
+
+    /// Bytes of the AuthenticationCertificate message the simulator sends (a 608-byte certificate).
+    static let certificateMessageLength = ControlMessage.headerSize + Parameter.headerSize + 608
+
+    /// Checks every value, naming the first field that is wrong and what to do about it.
+    public func validate() throws(SimulatorProfileError) {
+        func fail(_ field: String, _ problem: String) -> SimulatorProfileError {
+            SimulatorProfileError(field: field, problem: problem)
+        }
+        let strings: [(String, String)] = [
+            ("name", accessory.name), ("model", accessory.model), ("manufacturer", accessory.manufacturer),
+            ("serialNumber", accessory.serialNumber), ("firmwareVersion", accessory.firmwareVersion),
+            ("hardwareVersion", accessory.hardwareVersion),
+        ]
+        for (key, value) in strings where value.isEmpty {
+            throw fail("identity.\(key)", "is empty; give it a value (any non-empty text)")
+        }
+        if protocols.isEmpty {
+            throw fail("protocols", "lists no protocol; declare at least one, e.g. { \"name\": \"com.example.echo\", \"behaviour\": \"echo\" }")
+        }
+        if protocols.count > 255 {
+            throw fail("protocols", "lists \(protocols.count) protocols; iAP2 identifies them with one byte, so at most 255")
+        }
+        var names = Set<String>()
+        for (index, spec) in protocols.enumerated() {
+            let path = "protocols[\(index)]"
+            if spec.name.isEmpty { throw fail("\(path).name", "is empty; give the reverse-DNS protocol string, e.g. com.example.echo") }
+            if !names.insert(spec.name).inserted {
+                throw fail("\(path).name", "'\(spec.name)' is declared twice; give each protocol a different name")
+            }
+            switch (spec.behaviour, spec.sourceBytes) {
+            case (.source, nil):
+                throw fail("\(path).sourceBytes", "is missing; a source protocol needs the number of bytes it sends, e.g. 1048576")
+            case let (.source, bytes?) where bytes < 0:
+                throw fail("\(path).sourceBytes", "is \(bytes); give a byte count of 0 or more")
+            case (.source, _), (_, nil):
+                break
+            case (_, _?):
+                throw fail("\(path).sourceBytes", "only a source protocol sends bytes on its own; remove sourceBytes or set behaviour to \"source\"")
+            }
+        }
+        let overrides: [(String, Int?, LinkParameters.Field)] = [
+            ("maxPacketLength", link.maxPacketLength, .maxPacketLength),
+            ("maxOutstandingPackets", link.maxOutstandingPackets, .maxOutstandingPackets),
+            ("retransmissionTimeoutMs", link.retransmissionTimeoutMs, .retransmissionTimeout),
+            ("cumulativeAckTimeoutMs", link.cumulativeAckTimeoutMs, .cumulativeAckTimeout),
+        ]
+        for case let (key, value?, field) in overrides where !field.validRange.contains(value) {
+            throw fail("link.\(key)", "is \(value); the link allows \(field.validRange.lowerBound)…\(field.validRange.upperBound)")
+        }
+        // Control messages travel one per link packet: the largest must fit.
+        let largest = max(identity().message.encodedLength, Self.certificateMessageLength)
+        let needed = largest + LinkPacketHeader.overhead
+        if needed > LinkParameters.Field.maxPacketLength.validRange.upperBound {
+            throw fail("protocols", "make the identification \(largest) bytes long, more than one iAP2 packet carries; use fewer or shorter names")
+        }
+        let packetLength = linkConfiguration().parameters.maxPacketLength
+        if Int(packetLength) < needed {
+            throw fail("link.maxPacketLength", "is \(packetLength); the accessory's largest control message needs packets of at least \(needed) bytes")
+        }
+        if !(0...3_600_000).contains(rebootDelayMs) {
+            throw fail("rebootDelayMs", "is \(rebootDelayMs); give milliseconds between 0 and 3600000")
+        }
+        for (key, rate) in [("dropRate", faults.dropRate), ("corruptRate", faults.corruptRate)] where !(0...1).contains(rate) {
+            throw fail("faults.\(key)", "is \(rate); give a fraction between 0.0 (never) and 1.0 (always)")
+        }
+        if !(0...3_600_000).contains(faults.delayMs) {
+            throw fail("faults.delayMs", "is \(faults.delayMs); give milliseconds between 0 and 3600000")
+        }
+        for (key, value) in [("stopReadingAfterBytes", faults.stopReadingAfterBytes), ("vanishAfterBytes", faults.vanishAfterBytes)] {
+            if let value, value < 0 { throw fail("faults.\(key)", "is \(value); give a byte count of 0 or more, or leave it out") }
+        }
+    }
+
+    // MARK: Built-in profiles
+
+    /// The names ``builtIn(named:)`` knows.
+    public static let builtInNames = ["firmware-updater", "multi-sensor"]
+
+    /// A built-in profile: "firmware-updater" (one firmware-update protocol,
+    /// `com.example.firmware`) or "multi-sensor" (echo, sink, a 1 MiB source and a telemetry
+    /// echo). The same profiles ship as JSON in `tools/profiles/`.
+    ///
+    /// - Returns: nil for any other name (see ``builtInNames``).
+    public static func builtIn(named name: String) -> SimulatorProfile? {
+        switch name {
+        case "firmware-updater":
+            return SimulatorProfile(
+                accessory: Identity(name: "Firmware Updater", model: "SIM-FW1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-FW-0001", firmwareVersion: "1.0.0", hardwareVersion: "A"),
+                protocols: [ProtocolSpec(name: "com.example.firmware", behaviour: .firmwareUpdate)])
+        case "multi-sensor":
+            return SimulatorProfile(
+                accessory: Identity(name: "Multi Sensor", model: "SIM-MS1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-MS-0001", firmwareVersion: "2.1.0", hardwareVersion: "B"),
+                protocols: [
+                    ProtocolSpec(name: "com.example.echo", behaviour: .echo),
+                    ProtocolSpec(name: "com.example.sink", behaviour: .sink),
+                    ProtocolSpec(name: "com.example.source", behaviour: .source, sourceBytes: 1 << 20),
+                    ProtocolSpec(name: "com.example.telemetry", behaviour: .echo),
+                ])
+        default:
+            return nil
+        }
+    }
+}

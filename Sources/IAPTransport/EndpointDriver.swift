@@ -1,0 +1,140 @@
+public import Dispatch
+public import IAPLink
+
+/// A state machine an ``EndpointDriver`` can run: fed bytes and time, asked for output and for
+/// when to wake next. ``IAP2Endpoint`` is one; the simulator's accessory is another.
+public protocol DrivenMachine: SendableMetatype {
+    mutating func start(now: LinkTime)
+    mutating func receive(_ bytes: [UInt8], now: LinkTime)
+    mutating func advance(to now: LinkTime)
+    var nextDeadline: LinkTime? { get }
+    mutating func takeOutput() -> [[UInt8]]
+}
+
+extension IAP2Endpoint: DrivenMachine {}
+
+/// Runs a ``DrivenMachine`` over a ``Transport`` on one serial Dispatch queue: the event loop.
+///
+/// Received bytes and the one timer arrive on the queue; after each, the machine's output goes to
+/// the transport, the owner's `update` hook runs (to take events and act on them), and the timer
+/// is moved to the machine's next deadline. When no deadline is set the timer sleeps: an idle
+/// link costs no wake-ups. All state is confined to the queue.
+public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
+    // Confinement: every stored property below is read and written on `queue` only (checked with
+    // dispatchPrecondition in the entry points), which is what makes the class Sendable.
+    public let queue: DispatchQueue
+    public let transport: any Transport
+    private var machine: Machine
+    private let clock = ContinuousClock()
+    private let origin: ContinuousClock.Instant
+    private var timer: (any DispatchSourceTimer)?
+    private var running = false
+    private var update: ((inout Machine, LinkTime) -> Void)?
+    private var closed: ((TransportError?) -> Void)?
+
+    /// Creates a driver; nothing happens until ``start(update:closed:)``.
+    public init(machine: Machine, transport: any Transport, queue: DispatchQueue) {
+        self.machine = machine
+        self.transport = transport
+        self.queue = queue
+        self.origin = clock.now
+    }
+
+    /// The current time on the machine's clock.
+    public var now: LinkTime { clock.now - origin }
+
+    /// Starts the transport and the machine. Must be called on ``queue``.
+    ///
+    /// - Parameters:
+    ///   - update: runs on the queue after every input, with the machine and the time.
+    ///   - closed: runs once when the transport closes (with its error, nil when cancelled).
+    public func start(update: @escaping (inout Machine, LinkTime) -> Void, closed: @escaping (TransportError?) -> Void) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard !running else { return }
+        running = true
+        self.update = update
+        self.closed = closed
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.setEventHandler { [weak self] in self?.timerFired() }
+        timer.schedule(deadline: .distantFuture)
+        timer.resume()
+        self.timer = timer
+        transport.activate(queue: queue) { [weak self] event in self?.handle(event) }
+        machine.start(now: now)
+        settle()
+    }
+
+    /// Runs `body` with the machine (to open sessions, write, read…), then flushes output and
+    /// reschedules the timer. Must be called on ``queue``.
+    @discardableResult
+    public func perform<Result>(_ body: (inout Machine, LinkTime) throws -> Result) rethrows -> Result {
+        dispatchPrecondition(condition: .onQueue(queue))
+        let result = try body(&machine, now)
+        if running { settle() }
+        return result
+    }
+
+    /// Replaces the machine with `machine` and starts it, keeping the transport: what a device
+    /// does when it reboots behind a wire that stays (a serial line). Must be called on ``queue``.
+    public func replaceMachine(_ machine: Machine) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        self.machine = machine
+        guard running else { return }
+        self.machine.start(now: now)
+        settle()
+    }
+
+    /// Stops: cancels the timer and the transport. Must be called on ``queue``.
+    public func stop() {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard running else { return }
+        running = false
+        timer?.cancel()
+        timer = nil
+        transport.cancel()
+    }
+
+    private func handle(_ event: TransportEvent) {
+        guard running else { return }
+        switch event {
+        case let .received(bytes):
+            machine.receive(bytes, now: now)
+            settle()
+        case let .closed(error):
+            running = false
+            timer?.cancel()
+            timer = nil
+            let closed = self.closed
+            self.closed = nil
+            self.update = nil
+            closed?(error)
+        }
+    }
+
+    private func timerFired() {
+        guard running else { return }
+        machine.advance(to: now)
+        settle()
+    }
+
+    /// Sends the machine's output, lets the owner react (take events, write, read), sends what
+    /// that produced, then moves the timer.
+    private func settle() {
+        for frame in machine.takeOutput() { transport.send(frame) }
+        update?(&machine, now)
+        for frame in machine.takeOutput() { transport.send(frame) }
+        reschedule()
+    }
+
+    private func reschedule() {
+        guard let timer else { return }
+        if let deadline = machine.nextDeadline {
+            let delay = max(deadline - now, .zero)
+            let (seconds, attoseconds) = delay.components
+            let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+            timer.schedule(deadline: .now() + .nanoseconds(nanoseconds), leeway: .microseconds(200))
+        } else {
+            timer.schedule(deadline: .distantFuture)
+        }
+    }
+}

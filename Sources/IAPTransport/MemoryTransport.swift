@@ -1,0 +1,102 @@
+public import Dispatch
+internal import Synchronization
+
+/// Two transports joined back to back in one process: what one sends, the other receives.
+///
+/// Each side delivers on its own queue with one hop per batch of frames (frames sent in one
+/// turn of the sender's queue arrive together), like a USB completion batch.
+public final class MemoryTransport: Transport {
+    public let description: String
+    public var kind: TransportKind { .memory }
+
+    private struct State {
+        var queue: DispatchQueue?
+        var handler: (@Sendable (TransportEvent) -> Void)?
+        var pending: [[UInt8]] = []
+        var closed = false
+        var flushScheduled = false
+    }
+    private let state = Mutex(State())
+    private let peerBox = Mutex<MemoryTransport?>(nil)
+
+    private init(description: String) {
+        self.description = description
+    }
+
+    /// A connected pair: `(host side, accessory side)`.
+    public static func pair(name: String = "memory") -> (MemoryTransport, MemoryTransport) {
+        let a = MemoryTransport(description: "\(name) (host side)")
+        let b = MemoryTransport(description: "\(name) (accessory side)")
+        a.peerBox.withLock { $0 = b }
+        b.peerBox.withLock { $0 = a }
+        return (a, b)
+    }
+
+    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+        state.withLock {
+            $0.queue = queue
+            $0.handler = handler
+        }
+        flush()
+    }
+
+    public func send(_ frame: [UInt8]) {
+        peerBox.withLock { $0 }?.deliver(frame)
+    }
+
+    public func cancel() {
+        let peer = peerBox.withLock { box -> MemoryTransport? in
+            defer { box = nil }
+            return box
+        }
+        close(error: nil)
+        peer?.close(error: TransportError("the other side of the in-memory transport closed"))
+    }
+
+    /// Simulates the peer vanishing: this side sees the error, the peer sees nothing more.
+    public func vanish() {
+        _ = peerBox.withLock { box -> MemoryTransport? in
+            defer { box = nil }
+            return box
+        }
+        close(error: TransportError("the device vanished"))
+    }
+
+    private func deliver(_ frame: [UInt8]) {
+        let schedule = state.withLock { state -> Bool in
+            guard !state.closed else { return false }
+            state.pending.append(frame)
+            guard !state.flushScheduled, state.queue != nil else { return false }
+            state.flushScheduled = true
+            return true
+        }
+        if schedule { state.withLock { $0.queue }?.async { self.flush() } }
+    }
+
+    private func flush() {
+        let (frames, handler) = state.withLock { state -> ([[UInt8]], (@Sendable (TransportEvent) -> Void)?) in
+            state.flushScheduled = false
+            defer { state.pending.removeAll(keepingCapacity: true) }
+            return (state.pending, state.closed ? nil : state.handler)
+        }
+        guard let handler, !frames.isEmpty else { return }
+        // One hop per batch: the frames are handed over back to back as one stream.
+        if frames.count == 1 {
+            handler(.received(frames[0]))
+        } else {
+            handler(.received(Array(frames.joined())))
+        }
+    }
+
+    private func close(error: TransportError?) {
+        let (queue, handler) = state.withLock { state -> (DispatchQueue?, (@Sendable (TransportEvent) -> Void)?) in
+            guard !state.closed else { return (nil, nil) }
+            state.closed = true
+            state.pending.removeAll()
+            defer { state.handler = nil }
+            return (state.queue, state.handler)
+        }
+        guard let queue, let handler else { return }
+        queue.async { handler(.closed(error)) }
+    }
+}

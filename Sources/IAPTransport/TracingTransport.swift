@@ -1,0 +1,41 @@
+public import Dispatch
+
+/// Wraps a transport and shows every byte in both directions to an observer, unchanged: how
+/// `--trace` sees the wire.
+public final class TracingTransport: Transport {
+    /// Which way bytes went.
+    public enum Direction: String, Sendable {
+        /// From the host to the accessory.
+        case out
+        /// From the accessory to the host.
+        case `in`
+    }
+
+    public let base: any Transport
+    private let observer: @Sendable (Direction, [UInt8]) -> Void
+
+    /// - Parameter observer: called on the transport's queue with each frame sent and each chunk
+    ///   received.
+    public init(_ base: any Transport, observer: @escaping @Sendable (Direction, [UInt8]) -> Void) {
+        self.base = base
+        self.observer = observer
+    }
+
+    public var description: String { base.description }
+    public var kind: TransportKind { base.kind }
+
+    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+        let observer = self.observer
+        base.activate(queue: queue) { event in
+            if case let .received(bytes) = event { observer(.in, bytes) }
+            handler(event)
+        }
+    }
+
+    public func send(_ frame: [UInt8]) {
+        observer(.out, frame)
+        base.send(frame)
+    }
+
+    public func cancel() { base.cancel() }
+}

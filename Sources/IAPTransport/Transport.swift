@@ -1,0 +1,62 @@
+public import Dispatch
+
+/// What kind of wire a ``Transport`` is.
+public enum TransportKind: String, Sendable, Hashable, Codable {
+    /// Two endpoints in one process (tests, the in-process simulator).
+    case memory
+    /// A serial line: a UART, a USB-serial adapter, or a pseudo-terminal.
+    case serial
+    /// The iAP2 bulk interface of a USB accessory.
+    case usb
+    /// This machine as a USB gadget (the simulator behind FunctionFS).
+    case gadget
+}
+
+/// Something that happened on a ``Transport``.
+public enum TransportEvent: Sendable {
+    /// Bytes arrived (any amount; frames may be split or coalesced).
+    case received([UInt8])
+    /// The transport closed: `nil` when asked to, otherwise why (the device vanished, a read
+    /// failed…). No event follows.
+    case closed(TransportError?)
+}
+
+/// Why a transport failed, with what a person can do about it.
+public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What failed, e.g. "cannot open /dev/ttyUSB0".
+    public var message: String
+    /// The errno, when the failure came from a system call.
+    public var errno: Int32?
+    /// What to do next, e.g. "add your user to the dialout group".
+    public var advice: String?
+
+    public init(_ message: String, errno: Int32? = nil, advice: String? = nil) {
+        self.message = message
+        self.errno = errno
+        self.advice = advice
+    }
+
+    public var description: String {
+        advice.map { "\(message); \($0)" } ?? message
+    }
+}
+
+/// A byte pipe to one peer: what the link layer runs over.
+///
+/// Every method is called on the queue given to ``activate(queue:handler:)``, and the handler
+/// is called on that queue too, so a transport needs no locking of its own. ``send(_:)`` takes
+/// one frame (one link packet or the detect): transports that have message boundaries (USB
+/// transfers) keep them; byte streams (serial) just write the bytes.
+public protocol Transport: AnyObject, Sendable {
+    /// What a person reads in `iapctl list`, e.g. `serial /dev/ttyUSB0 @ 115200`.
+    var description: String { get }
+    /// The kind of wire.
+    var kind: TransportKind { get }
+    /// Starts delivering events to `handler` on `queue`.
+    func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void)
+    /// Sends one frame. Must not block: a transport that cannot write at once queues the bytes
+    /// (the link's window bounds how many there can be).
+    func send(_ frame: [UInt8])
+    /// Closes the transport; the handler receives `.closed(nil)` unless it already got a close.
+    func cancel()
+}

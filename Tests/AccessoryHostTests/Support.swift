@@ -1,0 +1,77 @@
+import AccessoryHost
+import Dispatch
+import IAPLink
+import IAPTransport
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension AccessoryIdentity {
+    static let echoBox = AccessoryIdentity(
+        name: "Echo Box", modelIdentifier: "EB-2", manufacturer: "Acme", serialNumber: "EB000042", firmwareVersion: "2.0.1",
+        hardwareVersion: "B", messagesSent: [0xEA03], messagesReceived: [0xEA00, 0xEA01],
+        protocols: [ExternalAccessoryProtocol(identifier: 1, name: "com.acme.echo"),
+                    ExternalAccessoryProtocol(identifier: 2, name: "com.acme.other")])
+}
+
+/// An accessory that echoes every byte on every session, run by the real driver on its own
+/// queue over a transport.
+final class EchoAccessory: @unchecked Sendable {
+    // Confined to `queue`.
+    let queue = DispatchQueue(label: "test.echo-accessory")
+    let driver: EndpointDriver<IAP2Endpoint>
+    /// When false, the accessory stops reading (to test back-pressure).
+    let reading = Atomic<Bool>(true)
+
+    init(transport: any Transport, identity: AccessoryIdentity = .echoBox) {
+        let endpoint = IAP2Endpoint(accessory: identity, configuration: .accessory, initialSequence: 3, randomSeed: 9)
+        driver = EndpointDriver(machine: endpoint, transport: transport, queue: queue)
+    }
+
+    func start() {
+        queue.async {
+            self.driver.start(update: { [self] machine, now in
+                _ = machine.takeEvents()
+                guard self.reading.load(ordering: .relaxed) else { return }
+                for (id, _) in machine.sessions {
+                    let room = machine.spaceAvailable(id)
+                    guard room > 0, machine.bytesAvailable(id) > 0 else { continue }
+                    let bytes = machine.read(id, maxBytes: room)
+                    _ = try? machine.write(id, bytes, now: now)
+                }
+            }, closed: { _ in })
+        }
+    }
+
+    func resumeReading() {
+        reading.store(true, ordering: .relaxed)
+        queue.async { self.driver.perform { _, _ in } }
+    }
+
+    func stop() { queue.sync { driver.stop() } }
+}
+
+/// Open file descriptors of this process.
+func openDescriptorCount() -> Int {
+    guard let directory = opendir("/proc/self/fd") else { return -1 }
+    defer { closedir(directory) }
+    var count = 0
+    while readdir(directory) != nil { count += 1 }
+    return count
+}
+
+/// Resident memory of this process in bytes (from /proc/self/statm).
+func residentBytes() -> Int {
+    guard let file = fopen("/proc/self/statm", "r") else { return -1 }
+    defer { fclose(file) }
+    var buffer = [CChar](repeating: 0, count: 128)
+    guard fgets(&buffer, 128, file) != nil else { return -1 }
+    let fields = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self).split(separator: " ")
+    guard fields.count > 1, let pages = Int(fields[1]) else { return -1 }
+    return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+func testPattern(_ count: Int, seed: Int = 0) -> [UInt8] {
+    (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 7) ^ ($0 >> 9) &+ seed) }
+}

@@ -1,0 +1,439 @@
+import Dispatch
+import Glibc
+import IAPTransport
+import Synchronization
+import Testing
+
+/// How long any wait may take before the test fails (generous: CI machines have two cores).
+private let timeout: DispatchTimeInterval = .seconds(30)
+
+/// Collects what a transport's handler receives, and lets a test wait for a condition on it.
+private final class Recorder: Sendable {
+    struct Log {
+        var bytes: [UInt8] = []
+        var reads = 0
+        var closes: [TransportError?] = []
+        var eventsAfterClose = 0
+    }
+
+    private let log = Mutex(Log())
+    private let changed = DispatchSemaphore(value: 0)
+
+    var handler: @Sendable (TransportEvent) -> Void {
+        { [self] event in
+            log.withLock { log in
+                if !log.closes.isEmpty { log.eventsAfterClose += 1 }
+                switch event {
+                case .received(let bytes):
+                    log.bytes.append(contentsOf: bytes)
+                    log.reads += 1
+                case .closed(let error):
+                    log.closes.append(error)
+                }
+            }
+            changed.signal()
+        }
+    }
+
+    var snapshot: Log { log.withLock { $0 } }
+
+    /// Waits (on events, not a clock) until `condition` holds; false after ``timeout``.
+    func wait(until condition: (Log) -> Bool) -> Bool {
+        let deadline = DispatchTime.now() + timeout
+        while true {
+            if log.withLock({ condition($0) }) { return true }
+            if changed.wait(timeout: deadline) == .timedOut {
+                return log.withLock { condition($0) }
+            }
+        }
+    }
+}
+
+/// A transport running on its own serial queue with a recorder attached.
+///
+/// Every call goes through the queue, as ``Transport`` asks, and is waited for with ``timeout``
+/// so that a transport that blocks fails the test instead of hanging it.
+private struct Endpoint {
+    let transport: SerialTransport
+    let queue: DispatchQueue
+    let recorder = Recorder()
+
+    init(_ transport: SerialTransport, label: String) {
+        self.transport = transport
+        self.queue = DispatchQueue(label: "SerialTransportTests.\(label)")
+    }
+
+    /// Runs `body` on the queue and returns its result, or `nil` when it did not finish in time.
+    @discardableResult
+    func run<Result: Sendable>(_ body: @escaping @Sendable (SerialTransport) -> Result) -> Result? {
+        let transport = transport
+        let result = Mutex<Result?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        queue.async {
+            let value = body(transport)
+            result.withLock { $0 = value }
+            done.signal()
+        }
+        guard done.wait(timeout: .now() + timeout) == .success else {
+            Issue.record("\(transport.description): a call on its queue did not return in time")
+            return nil
+        }
+        return result.withLock { $0 }
+    }
+
+    func activate() {
+        let (queue, handler) = (queue, recorder.handler)
+        run { $0.activate(queue: queue, handler: handler) }
+    }
+
+    func send(_ frames: [[UInt8]]) {
+        run { transport in
+            for frame in frames { transport.send(frame) }
+        }
+    }
+
+    func cancel() {
+        run { $0.cancel() }
+    }
+
+    /// `pendingOutputBytes` read on the queue (-1 if the queue is stuck).
+    var pendingOutputBytes: Int {
+        run { $0.pendingOutputBytes } ?? -1
+    }
+
+    /// Returns once every block already queued on this endpoint's queue ran.
+    func drainQueue() {
+        run { _ in }
+    }
+}
+
+/// Byte `index` of a recognisable stream (period 251, a prime, so shifted copies differ).
+private func patternByte(_ index: Int, seed: Int) -> UInt8 {
+    UInt8((index &* 7 &+ seed) % 251)
+}
+
+/// `count` frames of assorted lengths (1 to 1500 bytes), consecutive slices of one pattern.
+private func patternFrames(count: Int, seed: Int) -> [[UInt8]] {
+    var frames: [[UInt8]] = []
+    var offset = 0
+    for number in 0..<count {
+        let length = 1 + (number &* 397) % 1500
+        frames.append((offset..<(offset + length)).map { patternByte($0, seed: seed) })
+        offset += length
+    }
+    return frames
+}
+
+/// Where two byte streams first differ, in words (`nil` when equal); keeps failure output short.
+private func difference(_ actual: [UInt8], _ expected: [UInt8]) -> String? {
+    guard actual != expected else { return nil }
+    let index = zip(actual.indices, zip(actual, expected)).first { $0.1.0 != $0.1.1 }?.0 ?? min(actual.count, expected.count)
+    return "got \(actual.count) bytes, expected \(expected.count); first difference at byte \(index)"
+}
+
+/// A pty with a transport on each side: the master wrapped, the slave opened by path.
+private func makePair(keepSlaveOpen: Bool = true) throws -> (PseudoTerminal, master: Endpoint, slave: Endpoint) {
+    let pty = try PseudoTerminal(keepSlaveOpen: keepSlaveOpen)
+    let slave = Endpoint(try SerialTransport(spec: SerialPortSpec(parsing: pty.slavePath)), label: "slave")
+    let master = Endpoint(try pty.makeMasterTransport(), label: "master")
+    return (pty, master, slave)
+}
+
+/// Entries in /proc/self/fd: the process's open descriptors (plus the one reading the list).
+private func openDescriptorCount() -> Int {
+    guard let directory = opendir("/proc/self/fd") else { return -1 }
+    defer { closedir(directory) }
+    var count = 0
+    while readdir(directory) != nil { count += 1 }
+    return count
+}
+
+@Suite(.serialized)
+struct SerialTransportTests {
+    @Test func bytesFlowBothWaysInOrder() throws {
+        let (pty, master, slave) = try makePair()
+        #expect(slave.transport.description == "serial \(pty.slavePath) @ 115200")
+        #expect(slave.transport.kind == .serial)
+        #expect(master.transport.kind == .serial)
+        master.activate()
+        slave.activate()
+
+        let toSlave = patternFrames(count: 300, seed: 1)
+        let expectedAtSlave = Array(toSlave.joined())
+        master.send(toSlave)
+        #expect(slave.recorder.wait { $0.bytes.count >= expectedAtSlave.count })
+        let atSlave = slave.recorder.snapshot
+        #expect(difference(atSlave.bytes, expectedAtSlave) == nil)
+        #expect(atSlave.reads > 1, "a few hundred KiB should take more than one read")
+
+        let toMaster = patternFrames(count: 300, seed: 2)
+        let expectedAtMaster = Array(toMaster.joined())
+        slave.send(toMaster)
+        #expect(master.recorder.wait { $0.bytes.count >= expectedAtMaster.count })
+        let atMaster = master.recorder.snapshot
+        #expect(difference(atMaster.bytes, expectedAtMaster) == nil)
+        #expect(atMaster.reads > 1)
+
+        master.cancel()
+        slave.cancel()
+        #expect(master.recorder.wait { !$0.closes.isEmpty })
+        #expect(slave.recorder.wait { !$0.closes.isEmpty })
+    }
+
+    @Test func fourMebibytesQueueWithoutBlockingAndAllArrive() throws {
+        let (_, writer, reader) = try makePair()
+        writer.activate()
+
+        let frameSize = 4096
+        let total = 4 * 1024 * 1024
+        let frames = (0..<(total / frameSize)).map { number in
+            (0..<frameSize).map { patternByte(number * frameSize + $0, seed: 3) }
+        }
+        // The reader is not reading yet: the kernel takes a little, the transport queues the rest.
+        writer.send(frames)
+        let queued = writer.pendingOutputBytes
+        #expect(queued > total / 2, "the pty holds far less than 4 MiB, so most of it must be pending")
+        #expect(queued <= total)
+
+        reader.activate()
+        #expect(reader.recorder.wait { $0.bytes.count >= total })
+        let received = reader.recorder.snapshot
+        #expect(received.bytes.count == total)
+        #expect(difference(received.bytes, Array(frames.joined())) == nil)
+        #expect(writer.pendingOutputBytes == 0)
+        #expect(writer.recorder.snapshot.closes.isEmpty)
+
+        writer.cancel()
+        reader.cancel()
+        #expect(writer.recorder.wait { !$0.closes.isEmpty })
+        #expect(reader.recorder.wait { !$0.closes.isEmpty })
+    }
+
+    @Test(arguments: [false, true])
+    func closingTheSlaveSideClosesTheMasterWithAnErrorOnce(keepSlaveOpen: Bool) throws {
+        let (pty, master, slave) = try makePair(keepSlaveOpen: keepSlaveOpen)
+        if keepSlaveOpen { pty.closeSlave() }
+        master.activate()
+        slave.activate()
+        slave.send([[1, 2, 3]])
+        #expect(master.recorder.wait { $0.bytes == [1, 2, 3] })
+
+        slave.cancel()
+        #expect(slave.recorder.wait { !$0.closes.isEmpty })
+        #expect(master.recorder.wait { !$0.closes.isEmpty })
+        // Anything the transport still had queued would have run by now.
+        master.send([[4, 5, 6]])
+        master.cancel()
+        master.drainQueue()
+
+        let log = master.recorder.snapshot
+        #expect(log.closes.count == 1)
+        #expect(log.eventsAfterClose == 0)
+        let error = try #require(log.closes.first.flatMap { $0 })
+        #expect(error.errno == EIO)
+        #expect(error.message.contains("hung up"))
+        #expect(error.advice?.contains("reconnect") == true)
+        #expect(slave.recorder.snapshot.closes.count == 1)
+    }
+
+    @Test func closingTheMasterSideClosesTheSlaveWithAnErrorOnce() throws {
+        let (_, master, slave) = try makePair()
+        master.activate()
+        slave.activate()
+        master.cancel()
+        #expect(master.recorder.wait { !$0.closes.isEmpty })
+        #expect(slave.recorder.wait { !$0.closes.isEmpty })
+        slave.cancel()
+        slave.drainQueue()
+
+        let log = slave.recorder.snapshot
+        #expect(log.closes.count == 1)
+        #expect(log.eventsAfterClose == 0)
+        let error = try #require(log.closes.first.flatMap { $0 })
+        #expect(error.message.contains("hung up"))
+        #expect(master.recorder.snapshot.closes.count == 1)
+        #expect(master.recorder.snapshot.closes.first.flatMap { $0 } == nil)
+    }
+
+    @Test func cancelDeliversClosedNilOnceAndNothingAfter() throws {
+        let (_, master, slave) = try makePair()
+        master.activate()
+        slave.activate()
+        master.send([[9, 8, 7]])
+        #expect(slave.recorder.wait { $0.bytes == [9, 8, 7] })
+
+        slave.cancel()
+        #expect(slave.recorder.wait { !$0.closes.isEmpty })
+        // None of this may reach the closed transport's handler.
+        master.send([[1, 2, 3]])
+        slave.send([[4, 5, 6]])
+        slave.cancel()
+        slave.activate()
+        slave.drainQueue()
+        master.drainQueue()
+        slave.drainQueue()
+
+        let log = slave.recorder.snapshot
+        #expect(log.closes.count == 1)
+        #expect(log.closes.first.map { $0 == nil } == true)
+        #expect(log.eventsAfterClose == 0)
+        #expect(log.bytes == [9, 8, 7])
+        #expect(slave.pendingOutputBytes == 0)
+        master.cancel()
+    }
+
+    @Test func cancelBeforeActivateStillDeliversOneClose() throws {
+        let (_, master, _) = try makePair()
+        master.send([[1, 2, 3]])
+        #expect(master.transport.pendingOutputBytes == 3)
+        master.cancel()
+        #expect(master.transport.pendingOutputBytes == 0)
+        master.activate()
+        #expect(master.recorder.wait { !$0.closes.isEmpty })
+        master.drainQueue()
+        let log = master.recorder.snapshot
+        #expect(log.closes.count == 1)
+        #expect(log.closes.first.map { $0 == nil } == true)
+    }
+
+    @Test func outputSentBeforeActivationGoesOutOnActivation() throws {
+        let (_, master, slave) = try makePair()
+        slave.activate()
+        master.send([[1, 2], [3]])
+        #expect(master.transport.pendingOutputBytes == 3)
+        master.activate()
+        #expect(slave.recorder.wait { $0.bytes == [1, 2, 3] })
+        #expect(master.pendingOutputBytes == 0)
+        master.cancel()
+        slave.cancel()
+    }
+
+    @Test func theMasterCanBeHandedOutOnlyOnce() throws {
+        let pty = try PseudoTerminal()
+        let first = try pty.makeMasterTransport()
+        let error = #expect(throws: TransportError.self) { _ = try pty.makeMasterTransport() }
+        #expect(error?.message.contains("already belongs") == true)
+        #expect(first.description.contains(pty.slavePath))
+        first.cancel()
+    }
+
+    @Test func wrappedNonTerminalDescriptorsWorkAndReportTheirPeerClosing() throws {
+        // A socket pair: two connected descriptors that are not terminals (termios is skipped).
+        var ends: [Int32] = [-1, -1]
+        let made = ends.withUnsafeMutableBufferPointer { socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, $0.baseAddress) }
+        try #require(made == 0)
+        let near = Endpoint(try SerialTransport(fileDescriptor: ends[0], description: "socket near"), label: "near")
+        let far = Endpoint(try SerialTransport(fileDescriptor: ends[1], description: "socket far"), label: "far")
+        #expect(near.transport.description == "socket near")
+        #expect(fcntl(ends[0], F_GETFL) & O_NONBLOCK != 0)
+        #expect(fcntl(ends[1], F_GETFL) & O_NONBLOCK != 0)
+        near.activate()
+        far.activate()
+
+        far.send([[0xFF, 0x5A], [0x00, 0x01]])
+        #expect(near.recorder.wait { $0.bytes == [0xFF, 0x5A, 0x00, 0x01] })
+        near.send([[7, 7]])
+        #expect(far.recorder.wait { $0.bytes == [7, 7] })
+
+        far.cancel()
+        #expect(far.recorder.wait { !$0.closes.isEmpty })
+        #expect(near.recorder.wait { !$0.closes.isEmpty })
+        near.drainQueue()
+        let log = near.recorder.snapshot
+        #expect(log.closes.count == 1)
+        #expect(log.eventsAfterClose == 0)
+        #expect(log.closes.first.flatMap { $0 }?.message.contains("hung up") == true)
+        #expect(far.recorder.snapshot.closes.count == 1)
+    }
+
+    @Test func aMissingDeviceSaysToPlugTheAdapterIn() {
+        let error = #expect(throws: TransportError.self) {
+            _ = try SerialTransport(spec: SerialPortSpec(parsing: "/dev/does-not-exist"))
+        }
+        #expect(error?.errno == ENOENT)
+        #expect(error?.message.contains("/dev/does-not-exist") == true)
+        #expect(error?.advice?.contains("is the adapter plugged in?") == true)
+        #expect(error?.advice?.contains("ls /dev/ttyUSB* /dev/ttyACM*") == true)
+    }
+
+    @Test func aRegularFileIsNotATerminal() throws {
+        var template = Array("/tmp/serial-transport-test-XXXXXX".utf8CString)
+        let descriptor = template.withUnsafeMutableBufferPointer { buffer in
+            buffer.baseAddress.map { mkstemp($0) } ?? -1
+        }
+        try #require(descriptor >= 0)
+        _ = close(descriptor)
+        let path = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        defer { _ = unlink(path) }
+
+        let before = openDescriptorCount()
+        let error = #expect(throws: TransportError.self) {
+            _ = try SerialTransport(spec: SerialPortSpec(parsing: path))
+        }
+        #expect(error?.errno == ENOTTY)
+        #expect(error?.message.contains("not a terminal") == true)
+        #expect(error?.message.contains(path) == true)
+        #expect(error?.advice?.contains("/dev/ttyUSB0") == true)
+        #expect(openDescriptorCount() == before, "the failed open must not leak its descriptor")
+    }
+
+    @Test(arguments: [
+        ("/dev/ttyS0", "/dev/ttyS0", 115_200),
+        ("/dev/ttyS0:9600", "/dev/ttyS0", 9_600),
+        ("/dev/ttyUSB0:3000000", "/dev/ttyUSB0", 3_000_000),
+        ("/dev/ttyACM0:921600", "/dev/ttyACM0", 921_600),
+        ("/dev/serial/by-path/pci-0000:00:14.0-usb-0:1:1.0-port0",
+         "/dev/serial/by-path/pci-0000:00:14.0-usb-0:1:1.0-port0", 115_200),
+        ("/dev/serial/by-path/pci-0000:00:14.0-usb-0:1:1.0-port0:57600",
+         "/dev/serial/by-path/pci-0000:00:14.0-usb-0:1:1.0-port0", 57_600),
+    ])
+    func goodSpecsParse(text: String, path: String, baudRate: Int) throws {
+        let spec = try SerialPortSpec(parsing: text)
+        #expect(spec.path == path)
+        #expect(spec.baudRate == baudRate)
+        #expect(try SerialPortSpec(parsing: spec.description) == spec)
+    }
+
+    @Test(arguments: [
+        ("/dev/ttyS0:1234", "unsupported baud rate 1234"),
+        (":115200", "missing serial device path"),
+        ("/dev/ttyS0:", "missing baud rate"),
+        ("/dev/ttyS0:fast", "not a number"),
+        ("", "missing serial device path"),
+    ])
+    func badSpecsAreRejected(text: String, expectedMessage: String) {
+        let error = #expect(throws: TransportError.self) { _ = try SerialPortSpec(parsing: text) }
+        #expect(error?.message.contains(expectedMessage) == true, "\(String(describing: error))")
+        #expect(error?.advice?.isEmpty == false)
+    }
+
+    @Test func anUnsupportedRateListsEverySupportedRate() throws {
+        let error = #expect(throws: TransportError.self) { _ = try SerialPortSpec(parsing: "/dev/ttyS0:1234") }
+        let advice = try #require(error?.advice)
+        #expect(advice.contains(
+            "9600, 19200, 38400, 57600, 115200, 230400, 460800, 921600, 1000000, 1500000, 2000000, 3000000"
+        ))
+    }
+
+    @Test func noDescriptorLeaksOverAHundredPseudoTerminals() throws {
+        // One round first, so that anything created once per process (Dispatch's epoll and
+        // event descriptors) already exists when counting starts.
+        try openAndCancelOnePair()
+        let before = openDescriptorCount()
+        for _ in 0..<100 {
+            try openAndCancelOnePair()
+        }
+        #expect(openDescriptorCount() == before)
+    }
+
+    private func openAndCancelOnePair() throws {
+        let (_, master, slave) = try makePair()
+        master.activate()
+        slave.activate()
+        master.cancel()
+        slave.cancel()
+        // `.closed` is delivered after the descriptor is closed.
+        #expect(master.recorder.wait { !$0.closes.isEmpty })
+        #expect(slave.recorder.wait { !$0.closes.isEmpty })
+    }
+}

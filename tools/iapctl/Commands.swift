@@ -1,0 +1,121 @@
+import AccessoryHost
+import CLIKit
+import Dispatch
+import Glibc
+import IAPInspect
+import IAPLink
+import IAPTransport
+import Synchronization
+
+enum ListCommand {
+    static func run(_ command: ParsedCommand) throws -> ExitCode {
+        let session = try Session(command)
+        defer { session.shutdown() }
+        let accessories = try discover(session, command: command)
+        if command.flag("json") {
+            StandardOutput.write(accessories.map { json($0).serialized() + "\n" }.joined())
+            return .success
+        }
+        guard !accessories.isEmpty else {
+            StandardOutput.write("no accessories found\n")
+            return .success
+        }
+        var out = ""
+        for accessory in accessories {
+            out += "\(accessory.connectionID)  \(accessory.name)  \(accessory.manufacturer) \(accessory.modelNumber)  "
+            out += "serial \(accessory.serialNumber)  firmware \(accessory.firmwareRevision)  on \(accessory.location)\n"
+            out += "    protocols: \(accessory.protocolStrings.joined(separator: ", "))"
+            out += accessory.supportsConfiguredProtocols ? "\n" : "  (none of the supported protocols)\n"
+        }
+        StandardOutput.write(out)
+        return .success
+    }
+}
+
+enum InfoCommand {
+    static func run(_ command: ParsedCommand) throws -> ExitCode {
+        let session = try Session(command)
+        defer { session.shutdown() }
+        let accessories = try discover(session, command: command)
+        let accessory = try select(accessories, command.value("accessory"))
+        let identity = accessory.identity
+        if command.flag("json") {
+            var fields: [(String, JSONValue)] = []
+            if case let .object(base) = json(accessory) { fields = base }
+            fields.append(("protocols", .array(identity.protocols.map { item in
+                .object([("identifier", .int(Int(item.identifier))), ("name", .string(item.name)),
+                         ("matchAction", .int(Int(item.matchAction))),
+                         ("native", .bool(item.nativeTransportComponentIdentifier != nil))])
+            })))
+            fields.append(("languages", .array(identity.supportedLanguages.map { .string($0) })))
+            fields.append(("maximumCurrentDrawnFromDevice", .int(Int(identity.maximumCurrentDrawnFromDevice))))
+            StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
+            return .success
+        }
+        var out = "connection \(accessory.connectionID) on \(accessory.location) (\(accessory.transportKind.rawValue))\n"
+        out += "  name:              \(identity.name)\n"
+        out += "  manufacturer:      \(identity.manufacturer)\n"
+        out += "  model:             \(identity.modelIdentifier)\n"
+        out += "  serial number:     \(identity.serialNumber)\n"
+        out += "  firmware revision: \(identity.firmwareVersion)\n"
+        out += "  hardware revision: \(identity.hardwareVersion)\n"
+        out += "  languages:         \(identity.currentLanguage) (supports \(identity.supportedLanguages.joined(separator: ", ")))\n"
+        out += "  current drawn:     up to \(identity.maximumCurrentDrawnFromDevice) mA\n"
+        out += "  protocols:\n"
+        for item in identity.protocols {
+            let transport = item.nativeTransportComponentIdentifier.map { "native transport (component \($0))" } ?? "on the iAP2 link"
+            out += "    \(item.name)  (id \(item.identifier), \(transport))\n"
+        }
+        out += "  transport components:\n"
+        for component in identity.transportComponents {
+            out += "    \(component.kindName) \(component.identifier) \"\(component.name)\"\(component.supportsIAP2 ? ", iAP2" : "")\n"
+        }
+        StandardOutput.write(out)
+        return .success
+    }
+}
+
+enum WatchCommand {
+    static func run(_ command: ParsedCommand) throws -> ExitCode {
+        let session = try Session(command)
+        defer { session.shutdown() }
+        let json = command.flag("json")
+        let limit = try command.integer("count", in: 1...1_000_000)
+        let stop = DispatchSemaphore(value: 0)
+        let seen = Mutex(0)
+        let signal = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
+        Glibc.signal(SIGINT, SIG_IGN)
+        signal.setEventHandler { stop.signal() }
+        signal.resume()
+        let subscription = session.manager.onEvent(queue: DispatchQueue(label: "iapctl.watch")) { event in
+            let line: String
+            switch event {
+            case let .connected(accessory):
+                line = json ? JSONValue.object([("event", .string("connected")), ("accessory", IapctlJSON.accessory(accessory))]).serialized()
+                    : "connected     \(accessory.connectionID)  \(accessory.name) (\(accessory.serialNumber)) on \(accessory.location)"
+            case let .disconnected(accessory, reason):
+                line = json ? JSONValue.object([("event", .string("disconnected")), ("connectionID", .int(accessory.connectionID)),
+                                                ("reason", .string(reason))]).serialized()
+                    : "disconnected  \(accessory.connectionID)  \(accessory.name): \(reason)"
+            case let .failed(location, reason):
+                line = json ? JSONValue.object([("event", .string("failed")), ("location", .string(location)),
+                                                ("reason", .string(reason))]).serialized()
+                    : "failed        \(location): \(reason)"
+            }
+            StandardOutput.write(line + "\n")
+            let count = seen.withLock { value -> Int in
+                value += 1
+                return value
+            }
+            if let limit, count >= limit { stop.signal() }
+        }
+        stop.wait()
+        subscription.cancel()
+        signal.cancel()
+        return .success
+    }
+}
+
+enum IapctlJSON {
+    static func accessory(_ accessory: Accessory) -> JSONValue { json(accessory) }
+}

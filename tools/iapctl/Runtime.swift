@@ -1,0 +1,208 @@
+import AccessoryHost
+import AccessorySimulator
+import CLIKit
+import Dispatch
+import Glibc
+import IAPInspect
+import IAPTransport
+import IAPWire
+import Synchronization
+
+/// Runs async work from the synchronous command body and waits for it.
+func blockingAwait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+    let result = Mutex<Result<T, any Error>?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    Task {
+        do {
+            let value = try await body()
+            result.withLock { $0 = .success(value) }
+        } catch {
+            result.withLock { $0 = .failure(error) }
+        }
+        done.signal()
+    }
+    done.wait()
+    guard let outcome = result.withLock({ $0 }) else { throw ExitCode.software }
+    return try outcome.get()
+}
+
+/// A failure with the exit status scripts can act on.
+struct ToolError: Error, ExitCodeProviding, CustomStringConvertible {
+    var description: String
+    var exitCode: ExitCode
+}
+
+/// The manager and the accessories the global options ask for: `--serial`, `--simulate`.
+final class Session: Sendable {
+    let manager: AccessoryManager
+    let simulators: Mutex<[SimulatorRunner]> = Mutex([])
+    let logger: Logger
+    let traceSink: TraceSink?
+
+    init(_ command: ParsedCommand, supportedProtocols: [String] = []) throws {
+        logger = Logger(label: "iapctl", logLevel: Logger.verbosity(command.count("verbose")))
+        traceSink = try TraceSink(command)
+        manager = AccessoryManager(configuration: .init(supportedProtocols: supportedProtocols))
+        for text in command.values("serial") {
+            let spec: SerialPortSpec
+            do { spec = try SerialPortSpec(parsing: text) } catch {
+                throw UsageError("\(error)", usage: "iapctl --serial DEVICE[:BAUD] …", commandPath: command.path)
+            }
+            do {
+                attach(try SerialTransport(spec: spec))
+                logger.info("opened \(spec)")
+            } catch {
+                throw ToolError(description: "\(error)", exitCode: error.errno == EACCES ? .noPermission : .unavailable)
+            }
+        }
+        if command.flag("simulate") {
+            let name = command.value("simulate") ?? "multi-sensor"
+            let profile = try loadProfile(name)
+            let runner: SimulatorRunner
+            do {
+                runner = try SimulatorRunner(profile: profile, attachment: .memory { [weak self] host in self?.attach(host) })
+            } catch {
+                throw ToolError(description: "profile '\(name)': \(error)", exitCode: .dataError)
+            }
+            simulators.withLock { $0.append(runner) }
+            runner.start()
+            runner.queue.sync {} // the runner has attached its transport to the manager…
+            logger.info("started the simulated accessory '\(profile.identity().name)'")
+        }
+        manager.queue.sync {} // …and the manager has taken every transport in.
+    }
+
+    func attach(_ transport: any Transport) {
+        if let traceSink {
+            manager.attach(TracingTransport(transport) { direction, bytes in traceSink.record(direction, bytes) })
+        } else {
+            manager.attach(transport)
+        }
+    }
+
+    var hasSources: Bool { true }
+
+    func shutdown() {
+        manager.stop()
+        for runner in simulators.withLock({ $0 }) { runner.stop() }
+        traceSink?.finish()
+    }
+}
+
+/// Loads a simulator profile by built-in name or JSON path.
+func loadProfile(_ name: String) throws -> SimulatorProfile {
+    if let builtIn = SimulatorProfile.builtIn(named: name) { return builtIn }
+    do {
+        return try SimulatorProfile.load(path: name)
+    } catch {
+        throw ToolError(description: "\(error) (built-in profiles: \(SimulatorProfile.builtInNames.joined(separator: ", ")))",
+                        exitCode: .noInput)
+    }
+}
+
+/// `--trace` and `--trace-file`: every frame in both directions, decoded and timestamped.
+final class TraceSink: Sendable {
+    private struct State {
+        var scanners: [TracingTransport.Direction: FrameScanner] = [.in: FrameScanner(), .out: FrameScanner()]
+        var inspector = FrameInspector()
+        var file: UnsafeMutablePointer<FILE>?
+    }
+    private let state: Mutex<State>
+    private let start = ContinuousClock.now
+
+    init?(_ command: ParsedCommand) throws {
+        let path = command.value("trace-file")
+        guard command.flag("trace") || path != nil else { return nil }
+        var initial = State()
+        if let path {
+            guard let file = fopen(path, "w") else {
+                throw ToolError(description: "cannot write the trace file '\(path)': \(String(cString: strerror(errno)))", exitCode: .ioError)
+            }
+            initial.file = file
+        }
+        state = Mutex(initial)
+    }
+
+    func record(_ direction: TracingTransport.Direction, _ bytes: [UInt8]) {
+        let elapsed = ContinuousClock.now - start
+        let (seconds, attoseconds) = elapsed.components
+        let stamp = "\(seconds).\(String(Int(attoseconds / 1_000_000_000_000) + 1_000_000).dropFirst())"
+        let arrow = direction == .out ? "host → acc" : "acc → host"
+        var lines: [String] = []
+        state.withLock { state in
+            var scanner = state.scanners[direction] ?? FrameScanner()
+            var inspector = state.inspector
+            scanner.scan(bytes.span.bytes, onFrame: { frame, span in
+                lines.append("\(stamp) \(arrow) " + inspector.inspect(frame, in: span).text(indent: "        "))
+            }, onDrop: { drop in
+                lines.append("\(stamp) \(arrow) " + inspector.inspect(drop).summary)
+            })
+            state.scanners[direction] = scanner
+            state.inspector = inspector
+            let text = lines.map { $0 + "\n" }.joined()
+            if let file = state.file {
+                fputs(text, file)
+                fflush(file)
+            } else {
+                StandardError.write(text)
+            }
+        }
+    }
+
+    func finish() {
+        state.withLock { state in
+            if let file = state.file { fclose(file) }
+            state.file = nil
+        }
+    }
+}
+
+/// Picks an accessory by connection id, serial number or name (or the only one there is).
+func select(_ accessories: [Accessory], _ selector: String?, protocolString: String? = nil) throws -> Accessory {
+    var candidates = accessories
+    if let protocolString { candidates = candidates.filter { $0.protocolStrings.contains(protocolString) } }
+    if let selector {
+        candidates = candidates.filter {
+            String($0.connectionID) == selector || $0.serialNumber == selector || $0.name == selector
+        }
+    }
+    guard let first = candidates.first else {
+        let what = [selector.map { "matching '\($0)'" }, protocolString.map { "speaking '\($0)'" }].compactMap { $0 }.joined(separator: " ")
+        let seen = accessories.isEmpty ? "no accessories found (connect one, or try --simulate)" :
+            "connected: " + accessories.map { "\($0.connectionID) \($0.name) [\($0.protocolStrings.joined(separator: ", "))]" }.joined(separator: "; ")
+        throw ToolError(description: "no accessory \(what.isEmpty ? "" : what + " ")available; \(seen)", exitCode: .unavailable)
+    }
+    if candidates.count > 1, selector == nil {
+        throw ToolError(description: "several accessories match; pick one with --accessory ID|SERIAL|NAME: "
+            + candidates.map { "\($0.connectionID) \($0.name) (\($0.serialNumber))" }.joined(separator: "; "), exitCode: .usage)
+    }
+    return first
+}
+
+/// Waits up to the `--timeout` for accessories to identify, then returns those connected.
+func discover(_ session: Session, command: ParsedCommand, until predicate: (@Sendable (Accessory) -> Bool)? = nil) throws -> [Accessory] {
+    let seconds = Double(command.value("timeout") ?? "3") ?? 3
+    let manager = session.manager
+    let wanted = predicate
+    let timeout = Duration.milliseconds(Int(seconds * 1_000))
+    _ = try blockingAwait {
+        if let wanted {
+            _ = await manager.waitForAccessory(timeout: timeout, where: wanted)
+        } else {
+            _ = await manager.waitUntilSettled(timeout: timeout)
+        }
+    }
+    return manager.connectedAccessories
+}
+
+func json(_ accessory: Accessory) -> JSONValue {
+    .object([
+        ("connectionID", .int(accessory.connectionID)), ("name", .string(accessory.name)),
+        ("manufacturer", .string(accessory.manufacturer)), ("modelNumber", .string(accessory.modelNumber)),
+        ("serialNumber", .string(accessory.serialNumber)), ("firmwareRevision", .string(accessory.firmwareRevision)),
+        ("hardwareRevision", .string(accessory.hardwareRevision)),
+        ("protocolStrings", .array(accessory.protocolStrings.map { .string($0) })),
+        ("supportsConfiguredProtocols", .bool(accessory.supportsConfiguredProtocols)),
+        ("transport", .string(accessory.transportKind.rawValue)), ("location", .string(accessory.location)),
+    ])
+}

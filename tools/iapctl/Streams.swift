@@ -1,0 +1,228 @@
+import AccessoryHost
+import AccessorySimulator
+import CLIKit
+import Dispatch
+import Glibc
+import IAPInspect
+import IAPTransport
+import Synchronization
+
+/// Writes all of `bytes` to a file descriptor, retrying on EINTR and partial writes.
+func writeFully(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+    var offset = 0
+    while offset < bytes.count {
+        let written = bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        if written < 0 {
+            if errno == EINTR { continue }
+            return false
+        }
+        offset += written
+    }
+    return true
+}
+
+enum OpenCommand {
+    static func run(_ command: ParsedCommand) throws -> ExitCode {
+        let protocolString = command.positional("protocol") ?? ""
+        let session = try Session(command, supportedProtocols: [protocolString])
+        defer { session.shutdown() }
+        let accessory = try select(try discover(session, command: command) { $0.protocolStrings.contains(protocolString) },
+                                   command.value("accessory"), protocolString: protocolString)
+        let stream = try blockingAwait { try await accessory.openSession(for: protocolString) }
+        session.logger.info("opened \(protocolString) on \(accessory.name)")
+        let idle = Double(command.value("idle") ?? "1") ?? 1
+        let failure = Mutex<ToolError?>(nil)
+        let activity = DispatchSemaphore(value: 0)
+        let outputDone = DispatchSemaphore(value: 0)
+        // Accessory → stdout. A slow stdout slows the accessory (we read only after writing).
+        DispatchQueue.global().async {
+            defer { outputDone.signal() }
+            while true {
+                let chunk: [UInt8]?
+                do { chunk = try blockingAwait { try await stream.read() } } catch {
+                    failure.withLock { $0 = ToolError(description: "\(error)", exitCode: .ioError) }
+                    return
+                }
+                guard let chunk else {
+                    if !accessory.isConnected {
+                        failure.withLock { $0 = $0 ?? ToolError(description: "the accessory disconnected", exitCode: .ioError) }
+                    }
+                    return
+                }
+                activity.signal()
+                guard writeFully(1, chunk) else { return }
+            }
+        }
+        // stdin → accessory, with back-pressure: the next read waits for the write.
+        var buffer = [UInt8](repeating: 0, count: 64 * 1_024)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) }
+            if count < 0, errno == EINTR { continue }
+            if count <= 0 { break }
+            let chunk = Array(buffer[0..<count])
+            do { try blockingAwait { try await stream.write(chunk) } } catch {
+                throw ToolError(description: "\(error)", exitCode: .ioError)
+            }
+        }
+        _ = try? blockingAwait { try await stream.flush() }
+        // Input ended: keep copying output until the accessory has been quiet for --idle seconds.
+        while activity.wait(timeout: .now() + .milliseconds(Int(idle * 1_000))) == .success {}
+        stream.close()
+        _ = outputDone.wait(timeout: .now() + .seconds(2))
+        if let error = failure.withLock({ $0 }) { throw error }
+        return .success
+    }
+}
+
+enum SendCommand {
+    static func run(_ command: ParsedCommand) throws -> ExitCode {
+        let protocolString = command.positional("protocol") ?? ""
+        let path = command.positional("file") ?? ""
+        let data: [UInt8]
+        do { data = try FileInput.readAll(path: path) } catch {
+            throw ToolError(description: "cannot read '\(path)': \(error)", exitCode: .noInput)
+        }
+        let session = try Session(command, supportedProtocols: [protocolString])
+        defer { session.shutdown() }
+        let accessory = try select(try discover(session, command: command) { $0.protocolStrings.contains(protocolString) },
+                                   command.value("accessory"), protocolString: protocolString)
+        let stream = try blockingAwait { try await accessory.openSession(for: protocolString) }
+        let verify = command.flag("verify-echo")
+        let json = command.flag("json")
+        let progress = !json && Terminal.isTTY(2)
+        let chunkSize = try command.integer("chunk", in: 1...(16 << 20)) ?? 64 * 1_024
+        let start = ContinuousClock.now
+        let echoed = Mutex<[UInt8]>([])
+        let reader: Task<Bool, any Error>? = verify ? Task {
+            var received = 0
+            var matches = true
+            while received < data.count, let chunk = try await stream.read() {
+                if Array(data[received..<min(data.count, received + chunk.count)]) != chunk { matches = false }
+                received += chunk.count
+                echoed.withLock { $0.append(contentsOf: chunk.prefix(0)) }
+            }
+            return matches && received == data.count
+        } : nil
+        var sent = 0
+        var lastDraw = ContinuousClock.now
+        do {
+            while sent < data.count {
+                let end = min(data.count, sent + chunkSize)
+                let chunk = Array(data[sent..<end])
+                try blockingAwait { try await stream.write(chunk) }
+                sent = end
+                if progress, ContinuousClock.now - lastDraw > .milliseconds(100) {
+                    lastDraw = .now
+                    drawProgress(sent: sent, total: data.count, since: start)
+                }
+            }
+            try blockingAwait { try await stream.flush() }
+        } catch {
+            if progress { StandardError.write("\n") }
+            let summary = "transfer broke after \(sent) of \(data.count) bytes were handed to the link: \(error)"
+            if json {
+                StandardOutput.write(JSONValue.object([("ok", .bool(false)), ("bytesHanded", .int(sent)), ("bytes", .int(data.count)),
+                                                       ("error", .string("\(error)"))]).serialized() + "\n")
+            }
+            throw ToolError(description: summary, exitCode: .ioError)
+        }
+        var verified: Bool?
+        if let reader {
+            let outcome = try blockingAwait { try await reader.value }
+            verified = outcome
+        }
+        let seconds = Double((ContinuousClock.now - start).components.attoseconds) / 1e18 + Double((ContinuousClock.now - start).components.seconds)
+        let rate = seconds > 0 ? Double(data.count) / seconds : 0
+        if progress { drawProgress(sent: sent, total: data.count, since: start); StandardError.write("\n") }
+        stream.close()
+        if json {
+            var fields: [(String, JSONValue)] = [("ok", .bool(verified ?? true)), ("protocol", .string(protocolString)),
+                                                 ("accessory", .int(accessory.connectionID)), ("bytes", .int(data.count)),
+                                                 ("seconds", .string(String(seconds))), ("bytesPerSecond", .int(Int(rate)))]
+            if let verified { fields.append(("verified", .bool(verified))) }
+            StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
+        } else {
+            var line = "sent \(data.count) bytes to \(accessory.name) (\(protocolString)) in \(formatSeconds(seconds)) s, \(formatRate(rate))"
+            if let verified { line += verified ? "; the echo matches byte for byte" : "; THE ECHO DIFFERS" }
+            StandardOutput.write(line + "\n")
+        }
+        return verified == false ? .dataError : .success
+    }
+
+    static func drawProgress(sent: Int, total: Int, since start: ContinuousClock.Instant) {
+        let width = max(10, min(40, Terminal.columns(2) - 40))
+        let fraction = total == 0 ? 1 : Double(sent) / Double(total)
+        let filled = Int(fraction * Double(width))
+        let elapsed = ContinuousClock.now - start
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let rate = seconds > 0 ? Double(sent) / seconds : 0
+        StandardError.write("\r[" + String(repeating: "#", count: filled) + String(repeating: " ", count: width - filled) + "] "
+            + "\(Int(fraction * 100))%  \(formatRate(rate))   ")
+    }
+}
+
+func formatSeconds(_ seconds: Double) -> String {
+    String(Double(Int(seconds * 1_000)) / 1_000)
+}
+
+func formatRate(_ bytesPerSecond: Double) -> String {
+    if bytesPerSecond >= 1e6 { return String(Double(Int(bytesPerSecond / 1e4)) / 100) + " MB/s" }
+    return String(Double(Int(bytesPerSecond / 10)) / 100) + " kB/s"
+}
+
+enum SimulateCommand {
+    static func run(_ command: ParsedCommand) throws -> ExitCode {
+        let profile = try loadProfile(command.value("profile") ?? "multi-sensor")
+        let transport: any Transport
+        var pty: PseudoTerminal?
+        if let port = command.value("port") {
+            do { transport = try SerialTransport(spec: try SerialPortSpec(parsing: port)) } catch {
+                throw ToolError(description: "\(error)", exitCode: .unavailable)
+            }
+        } else {
+            do {
+                let terminal = try PseudoTerminal()
+                transport = try terminal.makeMasterTransport()
+                pty = terminal
+            } catch {
+                throw ToolError(description: "cannot create a pseudo-terminal: \(error)", exitCode: .osError)
+            }
+        }
+        let runner: SimulatorRunner
+        do { runner = try SimulatorRunner(profile: profile, attachment: .transport(transport)) } catch {
+            throw ToolError(description: "\(error)", exitCode: .dataError)
+        }
+        let verbose = command.count("verbose") > 0
+        runner.start { event in
+            guard verbose else { return }
+            switch event {
+            case .endpoint: break
+            default: StandardError.write("simulator: \(event)\n")
+            }
+        }
+        if let pty {
+            StandardOutput.write(pty.slavePath + "\n")
+            StandardError.write("simulating '\(profile.identity().name)' on \(pty.slavePath); connect with: iapctl --serial \(pty.slavePath) list\n"
+                + "press Ctrl-C to stop\n")
+        }
+        let stop = DispatchSemaphore(value: 0)
+        Glibc.signal(SIGINT, SIG_IGN)
+        Glibc.signal(SIGTERM, SIG_IGN)
+        let sources = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { stop.signal() }
+            source.resume()
+            return source
+        }
+        stop.wait()
+        for source in sources { source.cancel() }
+        runner.stop()
+        withExtendedLifetime(pty) {}
+        return .success
+    }
+}
+
+extension ExitCode {
+    /// An operating-system error (EX_OSERR).
+    static let osError = ExitCode(rawValue: 71)
+}
