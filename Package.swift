@@ -53,7 +53,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),

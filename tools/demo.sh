@@ -1,13 +1,32 @@
 #!/usr/bin/env bash
-# The main job, on a fresh machine: installs what is missing, builds iapctl and shows what it
-# does. Today that is decoding a real iAP2 handshake capture; any iapctl arguments given are
-# passed through instead (e.g. tools/demo.sh decode --json tools/samples/dji-syn.hex).
+# The main job, on a fresh machine: installs what is missing, builds iapctl, and talks to an
+# accessory. With no arguments it uses the built-in simulated accessory (or real serial ports
+# given in IAPCTL_SERIAL, e.g. IAPCTL_SERIAL=/dev/ttyUSB0:115200): lists it, opens a session,
+# sends a file through it and verifies the echo byte for byte. With arguments, runs iapctl with
+# them (e.g. tools/demo.sh decode tools/samples/boya-handshake.hex).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/ensure-deps.sh
 swift build -c release --product iapctl 2>&1 | grep -E "error|warning:" >&2 || true
-[ -x .build/release/iapctl ] || { echo "demo: the build failed; run: swift build -c release --product iapctl" >&2; exit 1; }
-if [ $# -eq 0 ]; then
-    set -- decode tools/samples/boya-handshake.hex
+iapctl=.build/release/iapctl
+[ -x "$iapctl" ] || { echo "demo: the build failed; run: swift build -c release --product iapctl" >&2; exit 1; }
+if [ $# -gt 0 ]; then exec "$iapctl" "$@"; fi
+
+source=(--simulate)
+protocol=com.example.echo
+if [ -n "${IAPCTL_SERIAL:-}" ]; then
+    source=(--serial "$IAPCTL_SERIAL")
+    protocol=${IAPCTL_PROTOCOL:?set IAPCTL_PROTOCOL to an echo protocol of your accessory}
 fi
-exec .build/release/iapctl "$@"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "== iapctl ${source[*]} list"
+"$iapctl" "${source[@]}" list
+echo
+echo "== echo hello | iapctl ${source[*]} open $protocol"
+echo "hello from $(uname -n)" | "$iapctl" "${source[@]}" open "$protocol" --idle 0.3
+echo
+echo "== iapctl ${source[*]} send $protocol <16 MiB of random bytes> --verify-echo"
+head -c $((16 << 20)) /dev/urandom > "$work/payload.bin"
+"$iapctl" "${source[@]}" send "$protocol" "$work/payload.bin" --verify-echo

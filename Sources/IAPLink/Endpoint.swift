@@ -228,9 +228,15 @@ public struct IAP2Endpoint: Sendable {
         return taken
     }
 
-    /// Takes up to `maxBytes` received bytes of a session.
+    /// Takes up to `maxBytes` received bytes of a session. The room this makes lets packets the
+    /// link had to refuse come in at once.
     public mutating func read(_ sessionID: UInt16, maxBytes: Int = .max) -> [UInt8] {
-        upper.read(sessionID, maxBytes: maxBytes)
+        let bytes = upper.read(sessionID, maxBytes: maxBytes)
+        if !bytes.isEmpty {
+            link.redeliver(now: upper.now, sink: &upper)
+            settle(now: upper.now)
+        }
+        return bytes
     }
 
     /// Bytes readable on a session.

@@ -559,36 +559,36 @@ public struct IAP2Link: Sendable {
         let window = Int(configuration.parameters.maxOutstandingPackets)
         if distance == 0 {
             guard sink.accept(sessionID: header.sessionID, payload: payload) else {
-                // Not taken, so not acknowledged: the peer sends it again later. A bare ACK of
-                // what we did take tells it we are alive.
+                // Not taken, so not acknowledged: the sender's window stops it. The packet is
+                // parked (at most a window of packets can be) and offered again by
+                // ``redeliver(now:sink:)`` when the reader makes room; a bare ACK of what we did
+                // take tells the peer we are alive.
                 statistics.refusedByReceiver += 1
                 refusing = true
+                if held[header.sequence] == nil {
+                    held[header.sequence] = Held(sessionID: header.sessionID, payload: payload.withUnsafeBytes { Array($0) })
+                }
                 sendAck()
                 return
             }
+            held[header.sequence] = nil
             refusing = false
             lastReceived = header.sequence
             statistics.payloadBytesDelivered += payload.byteCount
             pendingAcks += 1
-            // Packets held out of order may now follow.
-            while let next = held[lastReceived &+ 1] {
-                guard sink.accept(sessionID: next.sessionID, payload: next.payload.span.bytes) else {
-                    statistics.refusedByReceiver += 1
-                    break
-                }
-                held[lastReceived &+ 1] = nil
-                lastReceived &+= 1
-                statistics.payloadBytesDelivered += next.payload.count
-                pendingAcks += 1
-            }
+            deliverHeld(sink: &sink)
             scheduleAck(now: now)
         } else if distance >= 128 {
             // Already delivered: acknowledge again, deliver nothing.
             statistics.duplicatesReceived += 1
             sendAck()
         } else if refusing {
-            // Behind a refused packet: the peer resends these after it anyway.
+            // Behind a refused packet: park it without an EAK (which would only make the peer
+            // resend what we cannot take yet).
             statistics.outOfOrderReceived += 1
+            if distance < max(window, 1), held[header.sequence] == nil {
+                held[header.sequence] = Held(sessionID: header.sessionID, payload: payload.withUnsafeBytes { Array($0) })
+            }
         } else if distance < max(window, 1) {
             statistics.outOfOrderReceived += 1
             if held[header.sequence] == nil {
@@ -598,6 +598,31 @@ public struct IAP2Link: Sendable {
         } else {
             statistics.outsideWindowReceived += 1
         }
+    }
+
+    /// Hands parked packets that now follow in order to `sink`, as far as it takes them.
+    private mutating func deliverHeld<Sink: LinkSink>(sink: inout Sink) {
+        while let next = held[lastReceived &+ 1] {
+            guard sink.accept(sessionID: next.sessionID, payload: next.payload.span.bytes) else {
+                statistics.refusedByReceiver += 1
+                refusing = true
+                return
+            }
+            held[lastReceived &+ 1] = nil
+            lastReceived &+= 1
+            statistics.payloadBytesDelivered += next.payload.count
+            pendingAcks += 1
+        }
+        refusing = false
+    }
+
+    /// Offers parked packets to `sink` again (call it when a reader made room). What is taken is
+    /// acknowledged at once, so the peer resumes without waiting for its retransmission timer.
+    public mutating func redeliver<Sink: LinkSink>(now: LinkTime, sink: inout Sink) {
+        guard state == .connected, refusing else { return }
+        let before = lastReceived
+        deliverHeld(sink: &sink)
+        if lastReceived != before { sendAck() }
     }
 
     private mutating func scheduleAck(now: LinkTime) {

@@ -5,18 +5,25 @@ internal import Synchronization
 /// iAP2 over a serial line: a UART, a USB-serial adapter (`/dev/ttyUSB*`, `/dev/ttyACM*`), or
 /// either side of a ``PseudoTerminal``.
 ///
-/// The descriptor is non-blocking and watched by Dispatch sources on the queue given to
-/// ``activate(queue:handler:)``:
-/// - incoming bytes are delivered as `.received` once per `read(2)` (a serial line is a byte
-///   stream: frames arrive split and coalesced);
-/// - ``send(_:)`` writes what the kernel takes at once and queues the rest, which a write source
-///   drains; that source runs only while output is pending, so an idle line costs no wake-ups;
+/// The descriptor is non-blocking. Once activated:
+/// - incoming bytes are read on the queue given to ``activate(queue:handler:)`` and delivered
+///   as `.received`, once per `read(2)` (a serial line is a byte stream: frames arrive split
+///   and coalesced);
+/// - ``send(_:)`` writes what the kernel takes at once and queues the rest, which is written
+///   as the line drains; the descriptor is watched for writability only while output is
+///   pending, so an idle line costs no wake-ups;
 /// - a hang-up (the adapter was unplugged, the pseudo-terminal's peer closed) or a failed read or
 ///   write delivers `.closed(error)`; ``cancel()`` delivers `.closed(nil)`. Either comes once,
 ///   after the descriptor is closed (when this transport owns it), and nothing follows it.
 ///
 /// Unsent output is discarded on close. Releasing a transport without ``cancel()`` closes the
 /// descriptor too, but delivers nothing.
+///
+/// Each active transport has one watcher thread blocked in `poll(2)` on the descriptor and a
+/// wake-up pipe; it only says when to read or write. (Dispatch read and write sources are not
+/// used: on Linux, a hang-up makes libdispatch free its record of the descriptor on the
+/// handler's thread while its event thread is still using it, and the process crashes in
+/// `_dispatch_event_merge_fd`, which hang-up tests hit every few runs.)
 public final class SerialTransport: Transport {
     /// What a person reads, e.g. `serial /dev/ttyUSB0 @ 115200`.
     public let description: String
@@ -25,14 +32,9 @@ public final class SerialTransport: Transport {
     /// The port this transport opened, or `nil` when it wraps a descriptor opened elsewhere.
     public let spec: SerialPortSpec?
 
-    /// Bytes read per `read(2)` at most.
-    static let readBufferSize = 64 * 1024
-
-    // All mutable state lives behind this lock. The Dispatch handlers run on the activation
-    // queue, but the lock also makes `send`, `cancel` and `pendingOutputBytes` safe from any
-    // thread (tests read `pendingOutputBytes` from theirs). The event handler is never called
-    // with the lock held, so it may call back into the transport.
-    private let state: Mutex<State>
+    /// Everything the watcher thread and the queue share; it outlives this object while the
+    /// watcher runs.
+    private let core: SerialCore
 
     /// Opens and configures the serial device named by `spec`.
     ///
@@ -102,147 +104,38 @@ public final class SerialTransport: Transport {
     private init(descriptor: Int32, description: String, spec: SerialPortSpec?, ownsDescriptor: Bool) {
         self.description = description
         self.spec = spec
-        self.state = Mutex(State(descriptor: descriptor, ownsDescriptor: ownsDescriptor))
+        self.core = SerialCore(descriptor: descriptor, ownsDescriptor: ownsDescriptor, name: description)
     }
 
     deinit {
-        // Released without cancel(): stop the sources and close the descriptor, silently.
-        state.withLock { $0.beginClose(reason: nil, deliver: false) }
+        // Released without cancel(): stop watching and close the descriptor, silently.
+        core.close(reason: nil, deliver: false)
     }
 
     /// Bytes accepted by ``send(_:)`` that the kernel has not taken yet (0 once closed).
     public var pendingOutputBytes: Int {
-        state.withLock { $0.output.count - $0.outputStart }
+        core.pendingOutputBytes
     }
 
-    /// Starts watching the descriptor: events go to `handler` on `queue` (a serial queue).
+    /// Starts watching the descriptor: events go to `handler` on `queue`, which must be serial.
     ///
     /// Output sent before activation is written now. Activating again does nothing; activating
     /// a transport that was cancelled before its first activation delivers `.closed(nil)`.
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
-        let alreadyClosed = state.withLock { state -> Bool in
-            guard !state.activated else { return false }
-            state.activated = true
-            switch state.phase {
-            case .closed: return true
-            case .active: return false
-            case .idle: break
-            }
-            let descriptor = state.descriptor
-            let readSource = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: queue)
-            let writeSource = DispatchSource.makeWriteSource(fileDescriptor: descriptor, queue: queue)
-            // The descriptor is closed only once both cancel handlers have run (see beginClose),
-            // so no source ever watches a closed, possibly reused, descriptor number.
-            let sourcesCancelled = DispatchGroup()
-            sourcesCancelled.enter()
-            sourcesCancelled.enter()
-            readSource.setEventHandler { [weak self] in self?.readAvailable() }
-            readSource.setCancelHandler { sourcesCancelled.leave() }
-            writeSource.setEventHandler { [weak self] in self?.writeAvailable() }
-            writeSource.setCancelHandler { sourcesCancelled.leave() }
-            state.phase = .active
-            state.queue = queue
-            state.handler = handler
-            state.readSource = readSource
-            state.writeSource = writeSource
-            state.sourcesCancelled = sourcesCancelled
-            state.readBuffer = [UInt8](repeating: 0, count: Self.readBufferSize)
-            readSource.activate()
-            // The write source stays inactive until output is pending.
-            if state.outputStart < state.output.count {
-                state.flushOutput(name: description)
-            }
-            return false
-        }
-        if alreadyClosed {
-            queue.async { handler(.closed(nil)) }
-        }
+        core.activate(queue: queue, handler: handler)
     }
 
     /// Writes `frame` now as far as the kernel takes it and queues the rest; never blocks.
     ///
     /// Bytes go out in the order they were sent. Sending on a closed transport does nothing.
     public func send(_ frame: [UInt8]) {
-        guard !frame.isEmpty else { return }
-        state.withLock { state in
-            switch state.phase {
-            case .closed:
-                return
-            case .idle:
-                state.output.append(contentsOf: frame)
-                return
-            case .active:
-                break
-            }
-            guard state.outputStart == state.output.count else {
-                // Earlier output is still waiting; the write source is running and takes this too.
-                state.output.append(contentsOf: frame)
-                return
-            }
-            let descriptor = state.descriptor
-            let result = frame.withUnsafeBytes { writeAvailableBytes(descriptor, $0) }
-            if let code = result.errorCode {
-                state.beginClose(reason: Self.writeError(name: description, errno: code), deliver: true)
-            } else if result.written < frame.count {
-                state.output.append(contentsOf: frame[result.written...])
-                state.resumeWriter()
-            }
-        }
+        core.send(frame)
     }
 
     /// Closes the transport: the handler receives `.closed(nil)` (after the descriptor is
     /// closed) unless it already received a close; nothing follows. Unsent output is dropped.
     public func cancel() {
-        state.withLock { $0.beginClose(reason: nil, deliver: true) }
-    }
-
-    // MARK: - Source handlers (on the activation queue)
-
-    private enum ReadStep {
-        case delivered
-        case again
-        case stop
-    }
-
-    private func readAvailable() {
-        while true {
-            // Read under the lock, deliver outside it (the handler may call send or cancel).
-            let (step, bytes, handler) = state.withLock { state -> (ReadStep, [UInt8], (@Sendable (TransportEvent) -> Void)?) in
-                guard state.phase == .active else { return (.stop, [], nil) }
-                let descriptor = state.descriptor
-                let count = state.readBuffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
-                if count > 0 {
-                    return (.delivered, Array(state.readBuffer[..<count]), state.handler)
-                }
-                let code = count == 0 ? nil : errno
-                switch code {
-                case EAGAIN?, EWOULDBLOCK?:
-                    return (.stop, [], nil)
-                case EINTR?:
-                    return (.again, [], nil)
-                case nil, EIO?:
-                    // read() returns 0 (a tty after hang-up) or EIO (a pty master whose slave
-                    // closed) once the other end is gone: the descriptor will never read again.
-                    state.beginClose(reason: Self.hangUpError(name: description, errno: code), deliver: true)
-                    return (.stop, [], nil)
-                case let code?:
-                    state.beginClose(reason: Self.readError(name: description, errno: code), deliver: true)
-                    return (.stop, [], nil)
-                }
-            }
-            switch step {
-            case .delivered: handler?(.received(bytes))
-            case .again: continue
-            case .stop: return
-            }
-        }
-    }
-
-    private func writeAvailable() {
-        state.withLock { state in
-            guard state.phase == .active else { return }
-            state.flushOutput(name: description)
-        }
+        core.close(reason: nil, deliver: true)
     }
 
     // MARK: - Configuration and errors
@@ -353,7 +246,7 @@ public final class SerialTransport: Transport {
         }
     }
 
-    fileprivate static func hangUpError(name: String, errno code: Int32?) -> TransportError {
+    static func hangUpError(name: String, errno code: Int32?) -> TransportError {
         TransportError(
             "\(name) hung up",
             errno: code,
@@ -361,7 +254,7 @@ public final class SerialTransport: Transport {
         )
     }
 
-    private static func readError(name: String, errno code: Int32) -> TransportError {
+    static func readError(name: String, errno code: Int32) -> TransportError {
         TransportError(
             "reading from \(name) failed: \(systemErrorText(code))",
             errno: code,
@@ -369,7 +262,7 @@ public final class SerialTransport: Transport {
         )
     }
 
-    fileprivate static func writeError(name: String, errno code: Int32) -> TransportError {
+    static func writeError(name: String, errno code: Int32) -> TransportError {
         if code == EPIPE || code == EIO {
             return hangUpError(name: name, errno: code)
         }
@@ -381,14 +274,263 @@ public final class SerialTransport: Transport {
     }
 }
 
+// MARK: - Core
+
+/// The shared part of a ``SerialTransport``: state behind a lock, the watcher loop and the
+/// read pass. The user's handler is never called with the lock held, so it may call back into
+/// the transport.
+private final class SerialCore: Sendable {
+    /// Bytes read per `read(2)` at most.
+    static let readBufferSize = 64 * 1024
+
+    let name: String
+    let state: Mutex<State>
+
+    init(descriptor: Int32, ownsDescriptor: Bool, name: String) {
+        self.name = name
+        self.state = Mutex(State(descriptor: descriptor, ownsDescriptor: ownsDescriptor))
+    }
+
+    var pendingOutputBytes: Int {
+        state.withLock { $0.output.count - $0.outputStart }
+    }
+
+    func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+        enum Outcome { case ignored, alreadyClosed, watch(wakeReader: Int32) }
+        let outcome = state.withLock { state -> Outcome in
+            guard !state.activated else { return .ignored }
+            state.activated = true
+            guard state.phase == .idle else { return .alreadyClosed }
+            state.phase = .active
+            state.queue = queue
+            state.handler = handler
+            guard let (reader, writer) = makeWakePipe() else {
+                let code = errno
+                state.close(reason: TransportError(
+                    "cannot watch \(name): \(systemErrorText(code))",
+                    errno: code,
+                    advice: "too many open files; close some (or raise ulimit -n) and open the port again"
+                ), deliver: true)
+                // Nothing watches the descriptor, so nothing else finishes the close.
+                return .watch(wakeReader: -1)
+            }
+            state.wakeReader = reader
+            state.wakeWriter = writer
+            state.readInterest = true
+            state.readBuffer = [UInt8](repeating: 0, count: Self.readBufferSize)
+            if state.outputStart < state.output.count {
+                state.flushOutput(name: name)
+            }
+            return .watch(wakeReader: reader)
+        }
+        switch outcome {
+        case .ignored:
+            return
+        case .alreadyClosed:
+            queue.async { handler(.closed(nil)) }
+        case .watch(let wakeReader) where wakeReader < 0:
+            finish()
+        case .watch(let wakeReader):
+            // A thread of its own: the loop blocks in poll(2) until the transport closes.
+            DispatchQueue(label: "SerialTransport watcher: \(name)").async { [self] in
+                watch(wakeReader: wakeReader)
+            }
+        }
+    }
+
+    func send(_ frame: [UInt8]) {
+        guard !frame.isEmpty else { return }
+        state.withLock { state in
+            switch state.phase {
+            case .closed:
+                return
+            case .idle:
+                state.output.append(contentsOf: frame)
+                return
+            case .active:
+                break
+            }
+            guard state.outputStart == state.output.count else {
+                // Earlier output is still waiting; the watcher writes this after it.
+                state.output.append(contentsOf: frame)
+                return
+            }
+            let descriptor = state.descriptor
+            let result = frame.withUnsafeBytes { writeAvailableBytes(descriptor, $0) }
+            if let code = result.errorCode {
+                state.close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
+            } else if result.written < frame.count {
+                state.output.append(contentsOf: frame[result.written...])
+                // The watcher now needs to watch for writability too.
+                state.wake()
+            }
+        }
+    }
+
+    func close(reason: TransportError?, deliver: Bool) {
+        state.withLock { $0.close(reason: reason, deliver: deliver) }
+    }
+
+    // MARK: Watcher thread
+
+    /// Polls the descriptor for what the state wants (readable unless a read pass is under
+    /// way, writable while output is pending) and the wake-up pipe, until the transport closes.
+    private func watch(wakeReader: Int32) {
+        var drain = [UInt8](repeating: 0, count: 64)
+        while true {
+            let plan = state.withLock { state -> pollfd? in
+                guard state.phase == .active else { return nil }
+                var events: Int16 = 0
+                if state.readInterest { events |= Int16(POLLIN) }
+                if state.outputStart < state.output.count { events |= Int16(POLLOUT) }
+                // After a hang-up poll(2) reports POLLHUP whatever was asked: ignore the
+                // descriptor until the read pass under way sees the hang-up and closes.
+                let watched = events != 0 && !state.hangUpSeen
+                return pollfd(fd: watched ? state.descriptor : -1, events: events, revents: 0)
+            }
+            guard let plan else { break }
+            var watched = [plan, pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
+            let ready = watched.withUnsafeMutableBufferPointer { poll($0.baseAddress, nfds_t($0.count), -1) }
+            if ready < 0 {
+                let code = errno
+                if code == EINTR || code == EAGAIN { continue }
+                state.withLock { state in
+                    state.close(reason: TransportError(
+                        "cannot watch \(name): \(systemErrorText(code))",
+                        errno: code,
+                        advice: "open the port again"
+                    ), deliver: true)
+                }
+                break
+            }
+            if watched[1].revents != 0 {
+                while drain.withUnsafeMutableBytes({ read(wakeReader, $0.baseAddress, $0.count) }) > 0 {}
+            }
+            let revents = Int32(watched[0].revents)
+            if revents != 0 {
+                handle(revents)
+            }
+        }
+        finish()
+    }
+
+    private func handle(_ revents: Int32) {
+        let readPass = state.withLock { state -> DispatchQueue? in
+            guard state.phase == .active else { return nil }
+            if revents & POLLNVAL != 0 {
+                state.close(reason: TransportError(
+                    "the descriptor of \(name) was closed behind the transport's back",
+                    advice: "do not close a descriptor a transport owns; open the port again"
+                ), deliver: true)
+                return nil
+            }
+            if revents & POLLOUT != 0 {
+                state.flushOutput(name: name)
+            }
+            guard state.phase == .active else { return nil }
+            if revents & (POLLHUP | POLLERR) != 0 {
+                state.hangUpSeen = true
+            }
+            guard revents & (POLLIN | POLLHUP | POLLERR) != 0, state.readInterest else { return nil }
+            state.readInterest = false
+            return state.queue
+        }
+        readPass?.async { [self] in readAvailable() }
+    }
+
+    /// Closes the descriptors once the watcher stopped polling them, then delivers the close.
+    private func finish() {
+        let (queue, handler, reason) = state.withLock { state in
+            state.releaseDescriptors()
+            defer { state.handler = nil }
+            return (state.queue, state.deliverClose ? state.handler : nil, state.closeReason)
+        }
+        guard let queue, let handler else { return }
+        queue.async { handler(.closed(reason)) }
+    }
+
+    // MARK: Read pass (on the activation queue)
+
+    private enum ReadStep {
+        case delivered
+        case again
+        case stop
+    }
+
+    /// Reads until the kernel has nothing more (`EAGAIN`), delivering each read, then asks the
+    /// watcher to wait for the next bytes.
+    private func readAvailable() {
+        while true {
+            // Read under the lock, deliver outside it.
+            let (step, bytes, handler) = state.withLock { state -> (ReadStep, [UInt8], (@Sendable (TransportEvent) -> Void)?) in
+                guard state.phase == .active else { return (.stop, [], nil) }
+                let descriptor = state.descriptor
+                let count = state.readBuffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+                if count > 0 {
+                    return (.delivered, Array(state.readBuffer[..<count]), state.handler)
+                }
+                let code = count == 0 ? nil : errno
+                switch code {
+                case EINTR?:
+                    return (.again, [], nil)
+                case EAGAIN?, EWOULDBLOCK?:
+                    if state.hangUpSeen {
+                        // poll(2) said hang-up or error, yet there is nothing to read: the
+                        // line will not recover.
+                        state.close(reason: SerialTransport.hangUpError(name: name, errno: nil), deliver: true)
+                    } else {
+                        state.readInterest = true
+                        state.wake()
+                    }
+                    return (.stop, [], nil)
+                case nil, EIO?:
+                    // read() returns 0 (a tty after hang-up, a socket whose peer closed) or EIO
+                    // (a pty master whose slave closed) once the other end is gone.
+                    state.close(reason: SerialTransport.hangUpError(name: name, errno: code), deliver: true)
+                    return (.stop, [], nil)
+                case let code?:
+                    state.close(reason: SerialTransport.readError(name: name, errno: code), deliver: true)
+                    return (.stop, [], nil)
+                }
+            }
+            switch step {
+            case .delivered: handler?(.received(bytes))
+            case .again: continue
+            case .stop: return
+            }
+        }
+    }
+}
+
+/// A non-blocking, close-on-exec pipe: `(read end, write end)`; `nil` with `errno` set.
+private func makeWakePipe() -> (Int32, Int32)? {
+    var ends: [Int32] = [-1, -1]
+    let made = ends.withUnsafeMutableBufferPointer { pipe($0.baseAddress) }
+    guard made == 0 else { return nil }
+    for end in ends {
+        let flags = fcntl(end, F_GETFL)
+        guard flags >= 0,
+              fcntl(end, F_SETFL, flags | O_NONBLOCK) == 0,
+              fcntl(end, F_SETFD, FD_CLOEXEC) == 0
+        else {
+            let code = errno
+            _ = Glibc.close(ends[0])
+            _ = Glibc.close(ends[1])
+            errno = code
+            return nil
+        }
+    }
+    return (ends[0], ends[1])
+}
+
 // MARK: - State
 
 private enum Phase {
     /// Open, not yet activated: output is queued.
     case idle
-    /// Sources running.
+    /// Being watched.
     case active
-    /// No more events; the descriptor is closed or about to be (after the sources' cancel handlers).
+    /// No more events; the descriptor is closed, or is about to be by the watcher.
     case closed
 }
 
@@ -396,48 +538,47 @@ private struct State {
     var phase = Phase.idle
     /// Whether activate(queue:handler:) was called (it takes effect once).
     var activated = false
-    /// -1 once closing began.
     var descriptor: Int32
     let ownsDescriptor: Bool
     var queue: DispatchQueue?
     var handler: (@Sendable (TransportEvent) -> Void)?
-    var readSource: (any DispatchSourceRead)?
-    var writeSource: (any DispatchSourceWrite)?
-    /// Whether the write source is resumed (it starts inactive, which counts as not running).
-    var writerRunning = false
-    var sourcesCancelled: DispatchGroup?
+    /// The wake-up pipe: writing a byte makes the watcher look at the state again.
+    var wakeReader: Int32 = -1
+    var wakeWriter: Int32 = -1
+    /// Whether the watcher should wait for readability (false while a read pass is scheduled).
+    var readInterest = false
+    /// poll(2) reported a hang-up or an error condition.
+    var hangUpSeen = false
     /// Output not yet written: `output[outputStart...]`.
     var output: [UInt8] = []
     var outputStart = 0
     /// Reused for every read; allocated on activation.
     var readBuffer: [UInt8] = []
+    /// Why it closed, and whether the handler is told.
+    var closeReason: TransportError?
+    var deliverClose = false
 
     init(descriptor: Int32, ownsDescriptor: Bool) {
         self.descriptor = descriptor
         self.ownsDescriptor = ownsDescriptor
     }
 
-    mutating func resumeWriter() {
-        guard !writerRunning, let writeSource else { return }
-        writerRunning = true
-        writeSource.resume()
+    /// Makes the watcher look at the state again.
+    func wake() {
+        guard wakeWriter >= 0 else { return }
+        var byte: UInt8 = 1
+        // A full pipe already holds a wake-up, so a failed write loses nothing.
+        _ = write(wakeWriter, &byte, 1)
     }
 
-    mutating func pauseWriter() {
-        guard writerRunning, let writeSource else { return }
-        writerRunning = false
-        writeSource.suspend()
-    }
-
-    /// Writes pending output until the kernel stops taking it; runs the write source only while
-    /// something is left.
+    /// Writes pending output until the kernel stops taking it.
     mutating func flushOutput(name: String) {
         let descriptor = self.descriptor
         let start = outputStart
         let result = output.withUnsafeBytes { writeAvailableBytes(descriptor, UnsafeRawBufferPointer(rebasing: $0[start...])) }
         outputStart += result.written
         if let code = result.errorCode {
-            beginClose(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
+            close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
             return
         }
         if outputStart == output.count {
@@ -448,47 +589,39 @@ private struct State {
                 output.removeAll(keepingCapacity: true)
             }
             outputStart = 0
-            pauseWriter()
-        } else {
-            if outputStart >= 64 * 1024, outputStart * 2 >= output.count {
-                output.removeSubrange(0..<outputStart)
-                outputStart = 0
-            }
-            resumeWriter()
+        } else if outputStart >= 64 * 1024, outputStart * 2 >= output.count {
+            output.removeSubrange(0..<outputStart)
+            outputStart = 0
         }
     }
 
-    /// Stops everything once. With sources running, the descriptor is closed (when owned) after
-    /// both cancel handlers ran, and then `.closed(reason)` is delivered when `deliver` is set.
-    mutating func beginClose(reason: TransportError?, deliver: Bool) {
+    /// Stops everything once. An active transport's watcher then closes the descriptors and
+    /// delivers `.closed(reason)` (when `deliver` is set); one never activated closes at once.
+    mutating func close(reason: TransportError?, deliver: Bool) {
         guard phase != .closed else { return }
         let wasActive = phase == .active
         phase = .closed
-        let descriptor = self.descriptor
-        let owns = ownsDescriptor
-        self.descriptor = -1
+        closeReason = reason
+        deliverClose = deliver
         output = []
         outputStart = 0
         readBuffer = []
-        let handler = deliver ? self.handler : nil
-        self.handler = nil
-        guard wasActive, let queue, let sourcesCancelled else {
-            // Never activated: no source watches the descriptor and no one listens yet.
-            if owns, descriptor >= 0 { _ = close(descriptor) }
-            return
+        if wasActive {
+            wake()
+        } else {
+            releaseDescriptors()
+            handler = nil
         }
-        sourcesCancelled.notify(queue: queue) {
-            if owns { _ = close(descriptor) }
-            handler?(.closed(reason))
-        }
-        readSource?.cancel()
-        writeSource?.cancel()
-        // A suspended or never-activated source runs its cancel handler only once resumed.
-        resumeWriter()
-        readSource = nil
-        writeSource = nil
-        self.sourcesCancelled = nil
-        self.queue = nil
+    }
+
+    /// Closes the descriptor (when owned) and the wake-up pipe.
+    mutating func releaseDescriptors() {
+        if ownsDescriptor, descriptor >= 0 { _ = Glibc.close(descriptor) }
+        descriptor = -1
+        if wakeReader >= 0 { _ = Glibc.close(wakeReader) }
+        if wakeWriter >= 0 { _ = Glibc.close(wakeWriter) }
+        wakeReader = -1
+        wakeWriter = -1
     }
 }
 

@@ -34,16 +34,31 @@ let linkCommand = CommandSpec(
     ]
 )
 
+let loopbackCommand = CommandSpec(
+    name: "loopback",
+    abstract: "The whole stack in one process: app write → host → link → memory → simulator echo → back → app read.",
+    options: [.flag("json", help: "Print one JSON object per measurement."),
+              .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "256")]
+)
+let serialCommand = CommandSpec(
+    name: "serial",
+    abstract: "The whole stack over a pseudo-terminal (the tty path of serial accessories).",
+    options: [.flag("json", help: "Print one JSON object per measurement."),
+              .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "8")]
+)
+
 let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
     version: "0.1.0-dev",
-    subcommands: [codecCommand, linkCommand]
+    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand]
 )
 
 CommandLineTool.run(iapbench) { command in
     switch command.path.dropFirst().first {
     case "codec": return try CodecCommand.run(command)
+    case "loopback": return try LoopbackBenchmarks.run(command, overPty: false)
+    case "serial": return try LoopbackBenchmarks.run(command, overPty: true)
     case "link": return try CodecCommand.report(command, title: "iapbench link", benchmarks: try LinkBenchmarks.all(),
                                                 baselineMarker: "(baseline)", ratioHeader: "vs codec")
     default: throw ExitCode.software

@@ -1,0 +1,162 @@
+import AccessoryHost
+import AccessorySimulator
+import CLIKit
+import Dispatch
+import IAPInspect
+import IAPTransport
+import Synchronization
+
+/// `iapbench loopback` and `iapbench serial`: the whole stack, from an application's write
+/// through the host, the link, a transport and the simulator's echo back to the application's
+/// read. Measured beside the two link state machines wired directly (`iapbench link`'s figure)
+/// in the same run.
+enum LoopbackBenchmarks {
+    /// An echo accessory with `count` echo protocols and large packets.
+    static func echoProfile(sessions count: Int, maxPacketLength: Int) -> SimulatorProfile {
+        SimulatorProfile(
+            accessory: .init(name: "Bench Echo", model: "BENCH", manufacturer: "AccessoryHost", serialNumber: "BENCH-1",
+                             firmwareVersion: "1.0", hardwareVersion: "A"),
+            protocols: (1...count).map { SimulatorProfile.ProtocolSpec(name: "bench.echo.\($0)", behaviour: .echo) },
+            link: .init(maxPacketLength: maxPacketLength, maxOutstandingPackets: 32, retransmissionTimeoutMs: 1_000,
+                        cumulativeAckTimeoutMs: 10))
+    }
+
+    struct Rig {
+        let manager: AccessoryManager
+        let runner: SimulatorRunner
+        let accessory: Accessory
+        var keepAlive: [any Sendable] = []
+    }
+
+    /// A manager and a simulated echo accessory over memory, or over a pseudo-terminal.
+    static func rig(sessions: Int, overPty: Bool) throws -> Rig {
+        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
+        let profile = echoProfile(sessions: sessions, maxPacketLength: overPty ? 4_096 : 65_535)
+        var keep: [any Sendable] = []
+        let runner: SimulatorRunner
+        if overPty {
+            let pty = try PseudoTerminal()
+            keep.append(pty)
+            runner = try SimulatorRunner(profile: profile, attachment: .transport(try pty.makeMasterTransport()))
+            manager.attach(try SerialTransport(spec: try SerialPortSpec(parsing: pty.slavePath + ":3000000")))
+        } else {
+            runner = try SimulatorRunner(profile: profile, attachment: .memory { host in manager.attach(host) })
+        }
+        runner.start()
+        let found = try wait { await manager.waitForAccessory(timeout: .seconds(20)) }
+        guard let accessory = found else { throw ExitCode.unavailable }
+        return Rig(manager: manager, runner: runner, accessory: accessory, keepAlive: keep)
+    }
+
+    static func wait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+        let result = Mutex<Result<T, any Error>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            do {
+                let value = try await body()
+                result.withLock { $0 = .success(value) }
+            } catch {
+                result.withLock { $0 = .failure(error) }
+            }
+            done.signal()
+        }
+        done.wait()
+        guard let outcome = result.withLock({ $0 }) else { throw ExitCode.software }
+        return try outcome.get()
+    }
+
+    /// Echo throughput: every session writes `bytesPerSession` and reads them back, all at once.
+    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int) throws -> (bytesPerSecond: Double, seconds: Double) {
+        let accessory = rig.accessory
+        let payload = CodecBenchmarks.pattern(bytesPerSession)
+        let streams = try wait {
+            var opened: [AccessorySession] = []
+            for index in 1...sessions { opened.append(try await accessory.openSession(for: "bench.echo.\(index)")) }
+            return opened
+        }
+        let start = ContinuousClock.now
+        try wait {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for stream in streams {
+                    group.addTask { try await stream.write(payload) }
+                    group.addTask {
+                        var received = 0
+                        while received < bytesPerSession, let chunk = try await stream.read() { received += chunk.count }
+                        guard received == bytesPerSession else { throw ExitCode.dataError }
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+        let elapsed = ContinuousClock.now - start
+        for stream in streams { stream.close() }
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return (Double(bytesPerSession * sessions) / seconds, seconds)
+    }
+
+    /// Round trips of `size`-byte messages through one echo session: p50 and p99 in nanoseconds.
+    static func roundTrips(_ rig: Rig, size: Int, count: Int) throws -> (p50: Double, p99: Double) {
+        let accessory = rig.accessory
+        let samples = try wait {
+            let stream = try await accessory.openSession(for: "bench.echo.1")
+            let message = [UInt8](repeating: 0x5A, count: size)
+            var samples: [Double] = []
+            samples.reserveCapacity(count)
+            for _ in 0..<count {
+                let start = ContinuousClock.now
+                try await stream.write(message)
+                var received = 0
+                while received < size, let chunk = try await stream.read() { received += chunk.count }
+                let elapsed = ContinuousClock.now - start
+                samples.append(Double(elapsed.components.seconds) * 1e9 + Double(elapsed.components.attoseconds) / 1e9)
+            }
+            stream.close()
+            return samples
+        }
+        let sorted = samples.sorted()
+        return (sorted[sorted.count / 2], sorted[min(sorted.count - 1, sorted.count * 99 / 100)])
+    }
+
+    static func run(_ command: ParsedCommand, overPty: Bool) throws -> ExitCode {
+        let megabytes = try command.integer("mib", in: 1...4_096) ?? (overPty ? 8 : 256)
+        let json = command.flag("json")
+        var lines: [JSONValue] = []
+        func emit(_ name: String, _ fields: [(String, JSONValue)], text: String) {
+            if json {
+                lines.append(.object([("name", .string(name))] + fields))
+                StandardOutput.write(JSONValue.object([("name", .string(name))] + fields).serialized() + "\n")
+            } else {
+                StandardOutput.write(text + "\n")
+            }
+        }
+        #if DEBUG
+        StandardError.write("warning: this is a debug build; its numbers mean nothing. Use: swift build -c release\n")
+        #endif
+        // Baseline from the same run: the two link state machines wired directly.
+        let harness = Harness(secondsPerRun: 0.3, runs: 3)
+        if let linkBench = try LinkBenchmarks.all().first(where: { $0.name.hasPrefix("link: 64 KiB") }) {
+            let link = harness.measure(linkBench)
+            emit("link state machines alone, 64 KiB payloads (baseline)", [("bytesPerSecond", .int(Int(link.bytesPerSecond)))],
+                 text: "baseline: link state machines alone, 64 KiB payloads: \(Report.gigabytes(link.bytesPerSecond))")
+        }
+        for sessions in [1, 4] {
+            let rig = try rig(sessions: sessions, overPty: overPty)
+            let bytes = (megabytes << 20) / sessions
+            let (rate, seconds) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
+            emit("echo throughput, \(sessions) session(s)",
+                 [("sessions", .int(sessions)), ("bytes", .int(bytes * sessions)), ("bytesPerSecond", .int(Int(rate))),
+                  ("seconds", .string(Report.format(seconds, digits: 3)))],
+                 text: "\(overPty ? "pty" : "in-process") echo, \(sessions) session\(sessions == 1 ? "" : "s"): "
+                    + "\(Report.format(rate / 1e6, digits: 1)) MB/s each way (\(megabytes) MiB in \(Report.format(seconds, digits: 2)) s)")
+            if sessions == 1 {
+                let (p50, p99) = try roundTrips(rig, size: 64, count: overPty ? 500 : 2_000)
+                emit("round trip, 64-byte messages", [("p50Nanoseconds", .int(Int(p50))), ("p99Nanoseconds", .int(Int(p99)))],
+                     text: "round trip of 64-byte messages: p50 \(Report.duration(nanoseconds: p50)), p99 \(Report.duration(nanoseconds: p99))")
+            }
+            rig.manager.stop()
+            rig.runner.stop()
+            withExtendedLifetime(rig.keepAlive) {}
+        }
+        return .success
+    }
+}
