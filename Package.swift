@@ -40,7 +40,7 @@ let package = Package(
         // A virtual accessory on the same IAPLink, in the accessory role: profiles, behaviours.
         .target(name: "AccessorySimulator", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
+        .target(name: "AccessoryHost", dependencies: ["IAPTransport", "IAPLink", "IAPWire", "CLIKit"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         .target(name: "IAPInspect", dependencies: ["IAPWire"], swiftSettings: strict),
         // Small command-line utilities: argument parsing, logging.

@@ -17,7 +17,8 @@ if grep -q "warning:" "$log"; then echo "test: the build has warnings (see above
 grep -q "Build complete" "$log" || { echo "test: the build failed" >&2; cat "$log" >&2; exit 1; }
 
 step "unit and integration tests"
-swift test --skip-build 2>&1 | tee "$log" | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true
+# A hung test must fail the run, not eat CI's time: 30 minutes is many times what it takes.
+timeout 1800 swift test --skip-build 2>&1 | tee "$log" | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true
 grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log" || { echo "test: swift test failed" >&2; exit 1; }
 
 step "release build and allocation check"

@@ -1,3 +1,4 @@
+public import CLIKit
 public import Dispatch
 public import IAPLink
 public import IAPTransport
@@ -34,9 +35,14 @@ public final class AccessoryManager: Sendable {
         public var sessionBufferLimit: Int
         /// Decides on the accessory's authentication.
         public var authentication: any AuthenticationPolicy
+        /// Where the manager says what happens (identification, failures, disconnects at info and
+        /// above; link and session details at debug). Silent by default.
+        public var logger: Logger
 
         public init(supportedProtocols: [String] = [], link: LinkConfiguration = .device, answerTimeout: Duration = .seconds(10),
-                    sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = AcceptingAuthentication()) {
+                    sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = AcceptingAuthentication(),
+                    logger: Logger = Logger(label: "AccessoryHost", handler: NullLogHandler())) {
+            self.logger = logger
             self.supportedProtocols = supportedProtocols
             self.link = link
             self.answerTimeout = answerTimeout
@@ -118,6 +124,7 @@ public final class AccessoryManager: Sendable {
                     } ?? Int.max
                 },
                 transport: transport, queue: self.queue, supportedProtocols: Set(self.configuration.supportedProtocols),
+                logger: self.configuration.logger,
                 endpoint: endpoint,
                 onConnected: { [weak self] accessory in self?.connected(accessory) },
                 onDisconnected: { [weak self] accessory, reason in self?.disconnected(accessory, reason: reason) },

@@ -1,3 +1,4 @@
+internal import CLIKit
 internal import Dispatch
 internal import IAPLink
 internal import IAPTransport
@@ -34,6 +35,7 @@ final class Connection: @unchecked Sendable {
     let transport: any Transport
     let driver: EndpointDriver<IAP2Endpoint>
     private let supportedProtocols: Set<String>
+    private let logger: Logger
     private let onConnected: (Accessory) -> Void
     private let onDisconnected: (Accessory, String) -> Void
     private let onClosed: (_ everIdentified: Bool, String) -> Void
@@ -45,13 +47,16 @@ final class Connection: @unchecked Sendable {
     private var downReason: String?
 
     init(connectionID: Int, makeConnectionID: @escaping () -> Int, transport: any Transport, queue: DispatchQueue,
-         supportedProtocols: Set<String>, endpoint: IAP2Endpoint, onConnected: @escaping (Accessory) -> Void,
+         supportedProtocols: Set<String>, logger: Logger, endpoint: IAP2Endpoint, onConnected: @escaping (Accessory) -> Void,
          onDisconnected: @escaping (Accessory, String) -> Void, onClosed: @escaping (_ everIdentified: Bool, String) -> Void) {
         self.connectionID = connectionID
         self.makeConnectionID = makeConnectionID
         self.transport = transport
         self.queue = queue
         self.supportedProtocols = supportedProtocols
+        var logger = logger
+        logger.metadata["transport"] = transport.description
+        self.logger = logger
         self.onConnected = onConnected
         self.onDisconnected = onDisconnected
         self.onClosed = onClosed
@@ -81,6 +86,7 @@ final class Connection: @unchecked Sendable {
             switch event {
             case let .identified(identity):
                 guard accessory == nil, downReason == nil else { continue }
+                logger.info("identified \(identity.name) (\(identity.manufacturer) \(identity.modelIdentifier), serial \(identity.serialNumber)); protocols: \(identity.protocols.map(\.name).joined(separator: ", "))")
                 let supported = supportedProtocols.isEmpty || identity.protocols.contains { supportedProtocols.contains($0.name) }
                 let accessory = Accessory(connectionID: makeConnectionID(), identity: identity, transport: transport,
                                           supportsConfiguredProtocols: supported, connection: self)
@@ -88,8 +94,10 @@ final class Connection: @unchecked Sendable {
                 everIdentified = true
                 onConnected(accessory)
             case let .controlFailed(failure):
+                logger.warning("\(failure)")
                 linkLost("\(failure)", machine: &machine)
             case let .link(.stateChanged(.failed(failure))):
+                logger.warning("link failed: \(failure)")
                 linkLost(failure.description, machine: &machine)
             case .link(.stateChanged(.negotiating)) where accessory != nil:
                 // The accessory started over (a detect or SYN on a live link): this accessory is
@@ -107,8 +115,19 @@ final class Connection: @unchecked Sendable {
                 } else {
                     end(id, error: reason.map { AccessoryError.disconnected($0) }, machine: &machine)
                 }
-            case .bytesAvailable, .spaceAvailable, .authenticated, .identificationRejected, .unhandledMessage,
-                 .malformedMessage, .link, .powerUpdate:
+            case let .identificationRejected(rejection):
+                logger.warning("\(rejection)")
+            case let .unhandledMessage(id):
+                logger.debug("unhandled control message \(id)")
+            case let .malformedMessage(reason):
+                logger.notice("malformed control message: \(reason)")
+            case let .link(.negotiated(parameters)):
+                logger.debug("link up: \(parameters.maxOutstandingPackets) packets of \(parameters.maxPacketLength) bytes in flight, retransmission after \(parameters.retransmissionTimeout) ms")
+            case let .link(.dropped(drop)):
+                logger.debug("\(drop)")
+            case .authenticated:
+                logger.debug("authenticated")
+            case .bytesAvailable, .spaceAvailable, .link, .powerUpdate:
                 break
             }
         }
@@ -203,6 +222,7 @@ final class Connection: @unchecked Sendable {
     private func down(reason: String) {
         guard downReason == nil else { return }
         downReason = reason
+        logger.info("connection closed: \(reason)")
         announceGone(reason)
         onClosed(everIdentified, reason)
     }
@@ -287,6 +307,10 @@ final class Connection: @unchecked Sendable {
 
     func readNow(_ session: AccessorySession, maxBytes: Int) -> [UInt8] {
         driver.perform { machine, _ in machine.read(session.sessionID, maxBytes: maxBytes) }
+    }
+
+    func borrow<Result>(_ session: AccessorySession, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        try driver.perform { machine, _ in try machine.borrow(session.sessionID, body) }
     }
 
     func writeNow(_ session: AccessorySession, _ bytes: [UInt8]) throws -> Int {

@@ -53,6 +53,15 @@ public final class AccessorySession: Sendable {
         return try connection.queue.sync { try connection.writeNow(self, array) }
     }
 
+    /// Lends the next received bytes in place, without copying them, and returns what `body`
+    /// returns; nil when nothing is readable now. `body` gets a view of the bytes (valid only
+    /// inside it) and says how many it consumed; the rest stays readable.
+    ///
+    /// - Note: `body` runs on the manager's queue, which owns every connection: keep it short.
+    public func withNextChunk<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        try connection.queue.sync { try connection.borrow(self, body) }
+    }
+
     /// Whether bytes are readable now.
     public var hasBytesAvailable: Bool { connection.queue.sync { connection.bytesAvailable(self) > 0 } }
     /// Whether a write would take bytes now.

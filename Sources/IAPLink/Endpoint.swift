@@ -239,6 +239,19 @@ public struct IAP2Endpoint: Sendable {
         return bytes
     }
 
+    /// Lends the next received bytes of a session in place, without copying them: `body` gets a
+    /// view of them and returns how many it consumed. Returns nil when nothing is readable.
+    public mutating func borrow<Result>(_ sessionID: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        guard var session = upper.sessions[sessionID] else { return nil }
+        let result = try session.inbound.borrowFirst(body)
+        upper.sessions[sessionID] = session
+        if result != nil {
+            link.redeliver(now: upper.now, sink: &upper)
+            settle(now: upper.now)
+        }
+        return result
+    }
+
     /// Bytes readable on a session.
     public func bytesAvailable(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.inbound.byteCount ?? 0 }
     /// Bytes a session may still queue for sending.
@@ -290,6 +303,20 @@ struct ByteQueue: Sendable {
         chunks.removeAll()
         offset = 0
         byteCount = 0
+    }
+
+    /// Lends the bytes of the first chunk in place; `body` says how many it consumed.
+    mutating func borrowFirst<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        guard let chunk = chunks.first else { return nil }
+        let (consumed, result) = try body(chunk.span.bytes.extracting(offset..<chunk.count))
+        let taken = max(0, min(consumed, chunk.count - offset))
+        offset += taken
+        byteCount -= taken
+        if offset == chunk.count {
+            _ = chunks.popFirst()
+            offset = 0
+        }
+        return result
     }
 }
 

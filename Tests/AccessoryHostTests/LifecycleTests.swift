@@ -4,7 +4,7 @@ import IAPTransport
 import IAPWire
 import Testing
 
-@Suite("Lifecycles and misbehaving accessories", .serialized)
+@Suite("Lifecycles and misbehaving accessories", .serialized, .timeLimit(.minutes(3)))
 struct LifecycleTests {
     @Test func aThousandOpenCloseCyclesLeakNothing() async throws {
         let (manager, echo, accessory) = try await ManagerTests.connected()
@@ -21,7 +21,7 @@ struct LifecycleTests {
         let descriptors = openDescriptorCount()
         let resident = residentBytes()
         for _ in 0..<1_000 { try await cycle() }
-        #expect(openDescriptorCount() == descriptors)
+        #expect(openDescriptorCount() - descriptors < 20) // other suites open descriptors in parallel; a leak per cycle would add hundreds
         let growth = residentBytes() - resident
         #expect(growth < 4 << 20, "resident memory grew by \(growth) bytes over 1000 cycles")
     }
@@ -54,7 +54,7 @@ struct LifecycleTests {
         let resident = residentBytes()
         for _ in 0..<200 { try await cycle() }
         #expect(manager.connectedAccessories.isEmpty)
-        #expect(openDescriptorCount() == descriptors)
+        #expect(openDescriptorCount() - descriptors < 20) // other suites open descriptors in parallel; a leak per cycle would add hundreds
         let growth = residentBytes() - resident
         #expect(growth < 4 << 20, "resident memory grew by \(growth) bytes over 200 cycles")
     }

@@ -3,12 +3,12 @@ import IAPLink
 import IAPTransport
 import Testing
 
-@Suite("AccessoryManager over the in-memory transport")
+@Suite("AccessoryManager over the in-memory transport and a pseudo-terminal", .timeLimit(.minutes(1)))
 struct ManagerTests {
     /// A manager with one echo accessory attached.
-    static func connected(supported: [String] = ["com.acme.echo"]) async throws -> (AccessoryManager, EchoAccessory, Accessory) {
+    static func connected(supported: [String] = ["com.acme.echo"], wire: Wire = .memory) async throws -> (AccessoryManager, EchoAccessory, Accessory) {
         let manager = AccessoryManager(configuration: .init(supportedProtocols: supported))
-        let (host, device) = MemoryTransport.pair()
+        let (host, device, _) = try wire.make()
         let accessory = EchoAccessory(transport: device)
         manager.attach(host)
         accessory.start()
@@ -16,8 +16,9 @@ struct ManagerTests {
         return (manager, accessory, found)
     }
 
-    @Test func anAccessoryIsAnnouncedWithItsIdentity() async throws {
-        let (manager, echo, accessory) = try await Self.connected()
+    @Test(arguments: Wire.allCases)
+    func anAccessoryIsAnnouncedWithItsIdentity(wire: Wire) async throws {
+        let (manager, echo, accessory) = try await Self.connected(wire: wire)
         defer { manager.stop(); echo.stop() }
         #expect(accessory.connectionID != 0)
         #expect(accessory.isConnected)
@@ -28,7 +29,7 @@ struct ManagerTests {
         #expect(accessory.firmwareRevision == "2.0.1")
         #expect(accessory.hardwareRevision == "B")
         #expect(accessory.protocolStrings == ["com.acme.echo", "com.acme.other"])
-        #expect(accessory.transportKind == .memory)
+        #expect(accessory.transportKind == (wire == .memory ? .memory : .serial))
         #expect(accessory.supportsConfiguredProtocols)
         #expect(manager.connectedAccessories.map(\.connectionID) == [accessory.connectionID])
     }
@@ -40,8 +41,9 @@ struct ManagerTests {
         #expect(manager.connectedAccessories.count == 1)
     }
 
-    @Test func aSessionEchoesBytesExactly() async throws {
-        let (manager, echo, accessory) = try await Self.connected()
+    @Test(arguments: Wire.allCases)
+    func aSessionEchoesBytesExactly(wire: Wire) async throws {
+        let (manager, echo, accessory) = try await Self.connected(wire: wire)
         defer { manager.stop(); echo.stop() }
         let session = try await accessory.openSession(for: "com.acme.echo")
         let payload = testPattern(300_000)
@@ -52,8 +54,9 @@ struct ManagerTests {
         #expect(received == payload)
     }
 
-    @Test func oneSessionPerProtocolAndOnlyDeclaredProtocols() async throws {
-        let (manager, echo, accessory) = try await Self.connected()
+    @Test(arguments: Wire.allCases)
+    func oneSessionPerProtocolAndOnlyDeclaredProtocols(wire: Wire) async throws {
+        let (manager, echo, accessory) = try await Self.connected(wire: wire)
         defer { manager.stop(); echo.stop() }
         let session = try await accessory.openSession(for: "com.acme.echo")
         await #expect(throws: AccessoryError.protocolInUse("com.acme.echo")) { _ = try await accessory.openSession(for: "com.acme.echo") }
@@ -69,8 +72,9 @@ struct ManagerTests {
         #expect(try await again.read() == [1, 2, 3])
     }
 
-    @Test func disconnectWhileAReaderWaits() async throws {
-        let (host, device) = MemoryTransport.pair()
+    @Test(arguments: Wire.allCases)
+    func disconnectWhileAReaderWaits(wire: Wire) async throws {
+        let (host, device, _) = try wire.make()
         let manager = AccessoryManager()
         let echo = EchoAccessory(transport: device)
         defer { manager.stop(); echo.stop() }
@@ -84,8 +88,7 @@ struct ManagerTests {
         while echoed.count < 3, let chunk = try await session.read() { echoed += chunk }
         #expect(echoed == [9, 9, 9])
         let waiting = Task { try await session.read() }
-        device.vanish()
-        host.cancel()
+        echo.stop() // the accessory goes away
         #expect(try await waiting.value == nil) // the stream ends
         await #expect(throws: AccessoryError.self) { try await session.write([1]) }
         #expect(!accessory.isConnected)
@@ -101,8 +104,9 @@ struct ManagerTests {
         #expect(sequence == ["connected", "disconnected"])
     }
 
-    @Test func bytesReceivedBeforeADisconnectStayReadable() async throws {
-        let (host, device) = MemoryTransport.pair()
+    @Test(arguments: Wire.allCases)
+    func bytesReceivedBeforeADisconnectStayReadable(wire: Wire) async throws {
+        let (host, device, _) = try wire.make()
         let manager = AccessoryManager()
         let echo = EchoAccessory(transport: device)
         defer { manager.stop(); echo.stop() }
@@ -118,11 +122,64 @@ struct ManagerTests {
         try await session.write(testPattern(10_000))
         var iterator = available.stream.makeAsyncIterator()
         _ = await iterator.next()
-        device.vanish()
-        host.cancel()
+        echo.stop() // the accessory goes away
         var received: [UInt8] = []
         while let chunk = try await session.read() { received += chunk }
         #expect(received == Array(testPattern(10_000).prefix(received.count)))
         #expect(!received.isEmpty)
+    }
+
+    @Test(arguments: Wire.allCases)
+    func zeroCopyReadsLendTheBytesInPlace(wire: Wire) async throws {
+        let (manager, echo, accessory) = try await Self.connected(wire: wire)
+        defer { manager.stop(); echo.stop() }
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        let payload = testPattern(200_000, seed: 5)
+        let writer = Task { try await session.write(payload) }
+        var received: [UInt8] = []
+        var borrowed = 0
+        while received.count < payload.count {
+            // Consume at most 1000 bytes per borrow: the rest must stay readable.
+            let taken = session.withNextChunk { bytes -> (consumed: Int, result: Int) in
+                let count = min(bytes.byteCount, 1_000)
+                bytes.extracting(0..<count).withUnsafeBytes { received.append(contentsOf: $0) }
+                return (count, count)
+            }
+            if let taken {
+                borrowed += taken
+            } else if let chunk = try await session.read(maxBytes: 1) {
+                received += chunk // nothing to borrow yet: wait for bytes
+            }
+        }
+        try await writer.value
+        #expect(received == payload)
+        #expect(borrowed > payload.count / 2)
+    }
+
+    /// An accessory that stops answering (but does not go away): the link gives up after the
+    /// negotiated retransmissions and the accessory is reported gone, with the reason.
+    @Test func anAccessoryThatStopsAnsweringIsDisconnected() async throws {
+        var quick = LinkConfiguration.accessory
+        quick.parameters.retransmissionTimeout = 50
+        quick.parameters.maxRetransmissions = 3
+        let (host, device) = MemoryTransport.pair()
+        let muted = MuteableTransport(device)
+        let echo = EchoAccessory(transport: muted, configuration: quick)
+        let manager = AccessoryManager()
+        defer { manager.stop(); echo.stop() }
+        let events = manager.events
+        manager.attach(host)
+        echo.start()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(10)))
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        muted.muted.store(true, ordering: .relaxed)
+        try? await session.write(testPattern(10_000))
+        var reason: String?
+        for await event in events {
+            if case let .disconnected(_, why) = event { reason = why; break }
+        }
+        #expect(reason?.contains("stopped answering") == true)
+        #expect(!accessory.isConnected)
+        #expect(try await session.read() == nil)
     }
 }

@@ -3,6 +3,7 @@ import Dispatch
 import IAPLink
 import IAPTransport
 import Synchronization
+import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -24,8 +25,8 @@ final class EchoAccessory: @unchecked Sendable {
     /// When false, the accessory stops reading (to test back-pressure).
     let reading = Atomic<Bool>(true)
 
-    init(transport: any Transport, identity: AccessoryIdentity = .echoBox) {
-        let endpoint = IAP2Endpoint(accessory: identity, configuration: .accessory, initialSequence: 3, randomSeed: 9)
+    init(transport: any Transport, identity: AccessoryIdentity = .echoBox, configuration: LinkConfiguration = .accessory) {
+        let endpoint = IAP2Endpoint(accessory: identity, configuration: configuration, initialSequence: 3, randomSeed: 9)
         driver = EndpointDriver(machine: endpoint, transport: transport, queue: queue)
     }
 
@@ -74,4 +75,42 @@ func residentBytes() -> Int {
 
 func testPattern(_ count: Int, seed: Int = 0) -> [UInt8] {
     (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 7) ^ ($0 >> 9) &+ seed) }
+}
+
+
+/// The wires the API suite runs over: the in-memory transport, and a real pseudo-terminal (the
+/// tty path serial accessories use).
+enum Wire: String, CaseIterable, Sendable, CustomTestStringConvertible {
+    case memory
+    case pty
+
+    var testDescription: String { rawValue }
+
+    /// `(host side, accessory side, what must stay alive with them)`.
+    func make() throws -> (host: any Transport, accessory: any Transport, keepAlive: (any Sendable)?) {
+        switch self {
+        case .memory:
+            let (host, device) = MemoryTransport.pair()
+            return (host, device, nil)
+        case .pty:
+            let pty = try PseudoTerminal()
+            let master = try pty.makeMasterTransport()
+            let host = try SerialTransport(spec: try SerialPortSpec(parsing: pty.slavePath + ":3000000"))
+            pty.closeSlave()
+            return (host, master, pty)
+        }
+    }
+}
+
+/// A transport that can be muted: while muted it sends nothing (an accessory that stopped
+/// answering without going away).
+final class MuteableTransport: Transport {
+    let base: any Transport
+    let muted = Atomic<Bool>(false)
+    init(_ base: any Transport) { self.base = base }
+    var description: String { base.description }
+    var kind: TransportKind { base.kind }
+    func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) { base.activate(queue: queue, handler: handler) }
+    func send(_ frame: [UInt8]) { if !muted.load(ordering: .relaxed) { base.send(frame) } }
+    func cancel() { base.cancel() }
 }

@@ -42,7 +42,7 @@ final class Session: Sendable {
     init(_ command: ParsedCommand, supportedProtocols: [String] = []) throws {
         logger = Logger(label: "iapctl", logLevel: Logger.verbosity(command.count("verbose")))
         traceSink = try TraceSink(command)
-        manager = AccessoryManager(configuration: .init(supportedProtocols: supportedProtocols))
+        manager = AccessoryManager(configuration: .init(supportedProtocols: supportedProtocols, logger: logger))
         for text in command.values("serial") {
             let spec: SerialPortSpec
             do { spec = try SerialPortSpec(parsing: text) } catch {
