@@ -51,7 +51,7 @@ public struct SimulatedAccessory: Sendable {
 
     private var runtimes: [UInt16: SessionRuntime] = [:]
     private var events: [SimulatorEvent] = []
-    private var outbox = Queue<(release: LinkTime, frame: [UInt8])>()
+    private var outbox = FIFO<(release: LinkTime, frame: [UInt8])>()
     private var random: FaultRandom
     private var bytesRead = 0
     private var bytesMoved = 0

@@ -1,35 +1,3 @@
-/// A first-in first-out queue over one array; storage is reused.
-struct Queue<Element> {
-    private var storage: [Element] = []
-    private var head = 0
-
-    var isEmpty: Bool { head == storage.count }
-    var first: Element? { isEmpty ? nil : storage[head] }
-
-    mutating func append(_ element: Element) { storage.append(element) }
-
-    mutating func popFirst() -> Element? {
-        guard head < storage.count else { return nil }
-        let element = storage[head]
-        head += 1
-        if head == storage.count {
-            storage.removeAll(keepingCapacity: true)
-            head = 0
-        } else if head >= 64, head * 2 >= storage.count {
-            storage.removeFirst(head)
-            head = 0
-        }
-        return element
-    }
-
-    mutating func removeAll() {
-        storage.removeAll(keepingCapacity: true)
-        head = 0
-    }
-}
-
-extension Queue: Sendable where Element: Sendable {}
-
 /// Bytes waiting to be written, taken from the front.
 struct PendingBytes: Sendable {
     private var storage: [UInt8] = []

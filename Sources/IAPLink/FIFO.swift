@@ -1,15 +1,24 @@
-/// A first-in first-out queue over one array: amortised O(1) push and pop, storage reused.
-struct FIFO<Element> {
+/// A first-in first-out queue over one array: amortised O(1) push and pop, storage reused (no
+/// allocation in steady state). Shared by the layers above the link that need one.
+public struct FIFO<Element> {
     private var storage: [Element] = []
     private var head = 0
 
-    var isEmpty: Bool { head == storage.count }
-    var count: Int { storage.count - head }
-    var first: Element? { isEmpty ? nil : storage[head] }
+    /// An empty queue.
+    public init() {}
 
-    mutating func append(_ element: Element) { storage.append(element) }
+    /// Whether the queue is empty.
+    public var isEmpty: Bool { head == storage.count }
+    /// How many elements are queued.
+    public var count: Int { storage.count - head }
+    /// The oldest element.
+    public var first: Element? { isEmpty ? nil : storage[head] }
 
-    mutating func popFirst() -> Element? {
+    /// Adds an element at the back.
+    public mutating func append(_ element: Element) { storage.append(element) }
+
+    /// Removes and returns the oldest element.
+    public mutating func popFirst() -> Element? {
         guard head < storage.count else { return nil }
         let element = storage[head]
         head += 1
@@ -23,13 +32,14 @@ struct FIFO<Element> {
         return element
     }
 
-    mutating func removeAll() {
+    /// Empties the queue, keeping its storage.
+    public mutating func removeAll() {
         storage.removeAll(keepingCapacity: true)
         head = 0
     }
 
     /// The elements in order.
-    var elements: ArraySlice<Element> { storage[head...] }
+    public var elements: ArraySlice<Element> { storage[head...] }
 }
 
 extension FIFO: Sendable where Element: Sendable {}

@@ -43,39 +43,22 @@ enum LoopbackBenchmarks {
             runner = try SimulatorRunner(profile: profile, attachment: .memory { host in manager.attach(host) })
         }
         runner.start()
-        let found = try wait { await manager.waitForAccessory(timeout: .seconds(20)) }
+        let found = try blockingAwait { await manager.waitForAccessory(timeout: .seconds(20)) }
         guard let accessory = found else { throw ExitCode.unavailable }
         return Rig(manager: manager, runner: runner, accessory: accessory, keepAlive: keep)
-    }
-
-    static func wait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
-        let result = Mutex<Result<T, any Error>?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Task {
-            do {
-                let value = try await body()
-                result.withLock { $0 = .success(value) }
-            } catch {
-                result.withLock { $0 = .failure(error) }
-            }
-            done.signal()
-        }
-        done.wait()
-        guard let outcome = result.withLock({ $0 }) else { throw ExitCode.software }
-        return try outcome.get()
     }
 
     /// Echo throughput: every session writes `bytesPerSession` and reads them back, all at once.
     static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int) throws -> (bytesPerSecond: Double, seconds: Double) {
         let accessory = rig.accessory
         let payload = CodecBenchmarks.pattern(bytesPerSession)
-        let streams = try wait {
+        let streams = try blockingAwait {
             var opened: [AccessorySession] = []
             for index in 1...sessions { opened.append(try await accessory.openSession(for: "bench.echo.\(index)")) }
             return opened
         }
         let start = ContinuousClock.now
-        try wait {
+        try blockingAwait {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for stream in streams {
                     group.addTask { try await stream.write(payload) }
@@ -97,7 +80,7 @@ enum LoopbackBenchmarks {
     /// Round trips of `size`-byte messages through one echo session: p50 and p99 in nanoseconds.
     static func roundTrips(_ rig: Rig, size: Int, count: Int) throws -> (p50: Double, p99: Double) {
         let accessory = rig.accessory
-        let samples = try wait {
+        let samples = try blockingAwait {
             let stream = try await accessory.openSession(for: "bench.echo.1")
             let message = [UInt8](repeating: 0x5A, count: size)
             var samples: [Double] = []

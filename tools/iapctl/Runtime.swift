@@ -8,24 +8,6 @@ import IAPTransport
 import IAPWire
 import Synchronization
 
-/// Runs async work from the synchronous command body and waits for it.
-func blockingAwait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
-    let result = Mutex<Result<T, any Error>?>(nil)
-    let done = DispatchSemaphore(value: 0)
-    Task {
-        do {
-            let value = try await body()
-            result.withLock { $0 = .success(value) }
-        } catch {
-            result.withLock { $0 = .failure(error) }
-        }
-        done.signal()
-    }
-    done.wait()
-    guard let outcome = result.withLock({ $0 }) else { throw ExitCode.software }
-    return try outcome.get()
-}
-
 /// A failure with the exit status scripts can act on.
 struct ToolError: Error, ExitCodeProviding, CustomStringConvertible {
     var description: String
