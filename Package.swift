@@ -63,6 +63,8 @@ let package = Package(
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
+        // Lints rules.d/ (guards, labels, numbering, the interface match).
+        .testTarget(name: "RulesTests", swiftSettings: strict),
         .testTarget(name: "CLIKitTests", dependencies: ["CLIKit"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
