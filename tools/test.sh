@@ -19,6 +19,8 @@ grep -q "Build complete" "$log" || { echo "test: the build failed" >&2; cat "$lo
 step "unit and integration tests"
 # A hung test must fail the run, not eat CI's time: 30 minutes is many times what it takes.
 timeout 1800 swift test --skip-build 2>&1 | tee "$log" | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true
+summary=$(grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1)
+echo "$summary"
 grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log" || { echo "test: swift test failed" >&2; exit 1; }
 
 step "release build and allocation check"
@@ -30,3 +32,4 @@ tools/fuzz/run.sh "$fuzz_seconds"
 
 step "done"
 echo "all tests passed"
+echo "$summary"
