@@ -9,7 +9,7 @@ import Synchronization
 
 enum ListCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
-        let session = try Session(command)
+        let session = try HostContext(command)
         defer { session.shutdown() }
         let accessories = try discover(session, command: command)
         if command.flag("json") {
@@ -34,7 +34,7 @@ enum ListCommand {
 
 enum InfoCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
-        let session = try Session(command)
+        let session = try HostContext(command)
         defer { session.shutdown() }
         let accessories = try discover(session, command: command)
         let accessory = try select(accessories, command.value("accessory"))
@@ -77,7 +77,7 @@ enum InfoCommand {
 
 enum WatchCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
-        let session = try Session(command)
+        let session = try HostContext(command)
         defer { session.shutdown() }
         let json = command.flag("json")
         let limit = try command.integer("count", in: 1...1_000_000)

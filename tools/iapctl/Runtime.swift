@@ -15,7 +15,7 @@ struct ToolError: Error, ExitCodeProviding, CustomStringConvertible {
 }
 
 /// The manager and the accessories the global options ask for: `--serial`, `--simulate`.
-final class Session: Sendable {
+final class HostContext: Sendable {
     let manager: AccessoryManager
     let simulators: Mutex<[SimulatorRunner]> = Mutex([])
     let logger: Logger
@@ -162,7 +162,7 @@ func select(_ accessories: [Accessory], _ selector: String?, protocolString: Str
 }
 
 /// Waits up to the `--timeout` for accessories to identify, then returns those connected.
-func discover(_ session: Session, command: ParsedCommand, until predicate: (@Sendable (Accessory) -> Bool)? = nil) throws -> [Accessory] {
+func discover(_ session: HostContext, command: ParsedCommand, until predicate: (@Sendable (Accessory) -> Bool)? = nil) throws -> [Accessory] {
     let seconds = Double(command.value("timeout") ?? "3") ?? 3
     let manager = session.manager
     let wanted = predicate

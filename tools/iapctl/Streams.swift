@@ -24,7 +24,7 @@ func writeFully(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
 enum OpenCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let protocolString = command.positional("protocol") ?? ""
-        let session = try Session(command, supportedProtocols: [protocolString])
+        let session = try HostContext(command, supportedProtocols: [protocolString])
         defer { session.shutdown() }
         let accessory = try select(try discover(session, command: command) { $0.protocolStrings.contains(protocolString) },
                                    command.value("accessory"), protocolString: protocolString)
@@ -82,7 +82,7 @@ enum SendCommand {
         do { data = try FileInput.readAll(path: path) } catch {
             throw ToolError(description: "cannot read '\(path)': \(error)", exitCode: .noInput)
         }
-        let session = try Session(command, supportedProtocols: [protocolString])
+        let session = try HostContext(command, supportedProtocols: [protocolString])
         defer { session.shutdown() }
         let accessory = try select(try discover(session, command: command) { $0.protocolStrings.contains(protocolString) },
                                    command.value("accessory"), protocolString: protocolString)
@@ -92,14 +92,12 @@ enum SendCommand {
         let progress = !json && Terminal.isTTY(2)
         let chunkSize = try command.integer("chunk", in: 1...(16 << 20)) ?? 64 * 1_024
         let start = ContinuousClock.now
-        let echoed = Mutex<[UInt8]>([])
         let reader: Task<Bool, any Error>? = verify ? Task {
             var received = 0
             var matches = true
             while received < data.count, let chunk = try await stream.read() {
                 if Array(data[received..<min(data.count, received + chunk.count)]) != chunk { matches = false }
                 received += chunk.count
-                echoed.withLock { $0.append(contentsOf: chunk.prefix(0)) }
             }
             return matches && received == data.count
         } : nil
