@@ -87,15 +87,33 @@ public struct Parameter: Hashable, Sendable {
         return Parameter(id: id, data: data)
     }
     /// A group holding further parameters.
+    ///
+    /// A member too long to encode (more than 65531 bytes of data) makes the group itself too
+    /// long, so ``encode(into:)`` and ``ControlMessage/encode(into:)`` refuse the group: a wrong
+    /// length never reaches the wire.
     public static func group(_ id: UInt16, _ parameters: [Parameter]) -> Parameter {
         var data: [UInt8] = []
-        for parameter in parameters { parameter.encode(into: &data) }
+        for parameter in parameters { parameter.appendUnchecked(to: &data) }
         return Parameter(id: id, data: data)
     }
 
-    /// Appends the parameter to `output`. Data longer than 65531 bytes cannot be encoded;
-    /// ``ControlMessage/encode(into:)`` checks the whole message and reports it.
-    public func encode(into output: inout [UInt8]) {
+    /// Most bytes of data one parameter can carry (its 16-bit length counts the 4-byte header).
+    public static let maxDataLength = 0xFFFF - 4
+
+    /// Appends the parameter to `output`.
+    ///
+    /// - Throws: ``WireError/tooLong(what:length:maximum:)`` when the data is longer than
+    ///   ``maxDataLength`` (then nothing is appended).
+    public func encode(into output: inout [UInt8]) throws(WireError) {
+        guard encodedLength <= 0xFFFF else {
+            throw .tooLong(what: "parameter \(id)", length: encodedLength, maximum: 0xFFFF)
+        }
+        appendUnchecked(to: &output)
+    }
+
+    /// Appends without the length check. In a group an over-long member makes the group over-long
+    /// (its data is longer still), and that is checked where the group is encoded.
+    private func appendUnchecked(to output: inout [UInt8]) {
         output.appendUInt16BE(UInt16(truncatingIfNeeded: encodedLength))
         output.appendUInt16BE(id)
         output.append(contentsOf: data)
@@ -216,7 +234,7 @@ public struct ControlMessage: Hashable, Sendable {
         output.appendUInt16BE(Self.startOfMessage)
         output.appendUInt16BE(UInt16(length))
         output.appendUInt16BE(id.rawValue)
-        for parameter in parameters { parameter.encode(into: &output) }
+        for parameter in parameters { try parameter.encode(into: &output) }
     }
 
     private static func checkLengths(_ parameters: [Parameter]) throws(WireError) {

@@ -154,6 +154,21 @@ struct ControlMessageTests {
         #expect(throws: WireError.tooLong(what: "control message", length: 80_014, maximum: 65_535)) { try many.encoded() }
     }
 
+    @Test func anOverlongMemberOfAGroupIsRefusedNotTruncated() {
+        let member = Parameter.blob(7, [UInt8](repeating: 1, count: Parameter.maxDataLength + 1))
+        var direct: [UInt8] = []
+        #expect(throws: WireError.tooLong(what: "parameter 7", length: 65_536, maximum: 65_535)) { try member.encode(into: &direct) }
+        #expect(direct.isEmpty)
+        let nested = Parameter.group(10, [.group(11, [member])])
+        var output: [UInt8] = []
+        #expect(throws: WireError.tooLong(what: "parameter 10", length: 65_544, maximum: 65_535)) { try nested.encode(into: &output) }
+        let message = ControlMessage(id: .identificationInformation, parameters: [nested])
+        #expect(throws: WireError.tooLong(what: "parameter 10", length: 65_544, maximum: 65_535)) { try message.encoded() }
+        let fits = Parameter.blob(7, [UInt8](repeating: 1, count: Parameter.maxDataLength))
+        #expect(throws: Never.self) { try fits.encode(into: &output) }
+        #expect(output.count == 65_535)
+    }
+
     @Test func catalogue() {
         #expect(MessageID.identificationInformation.description == "IdentificationInformation")
         #expect(MessageID(0x4C01).description == "0x4C01")
