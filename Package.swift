@@ -19,6 +19,7 @@ let package = Package(
         .library(name: "IAPInspect", targets: ["IAPInspect"]),
         .library(name: "AccessoryHost", targets: ["AccessoryHost"]),
         .library(name: "CLIKit", targets: ["CLIKit"]),
+        .library(name: "ByteRing", targets: ["ByteRing"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
     ],
@@ -29,6 +30,8 @@ let package = Package(
             pkgConfig: "libusb-1.0",
             providers: [.apt(["libusb-1.0-0-dev", "pkg-config"])]
         ),
+        // The zero-copy slot ring between USB transfers and the frame scanner (SPSC, atomics).
+        .target(name: "ByteRing", swiftSettings: strict),
         // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
         .target(name: "IAPWire", swiftSettings: strict),
         // The iAP2 link, control session and EA session router as deterministic state machines
@@ -66,6 +69,8 @@ let package = Package(
         // Lints rules.d/ (guards, labels, numbering, the interface match).
         .testTarget(name: "RulesTests", swiftSettings: strict),
         .testTarget(name: "CLIKitTests", dependencies: ["CLIKit"], swiftSettings: strict),
+        // Also run under ThreadSanitizer by tools/test.sh.
+        .testTarget(name: "ByteRingTests", dependencies: ["ByteRing"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -23,6 +23,19 @@ summary=$(grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1)
 echo "$summary"
 grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log" || { echo "test: swift test failed" >&2; exit 1; }
 
+step "ThreadSanitizer: the ring under two threads"
+# ByteRing's producer and consumer share memory ordered only by its atomics; its stress tests
+# run here instrumented (own scratch path, so the normal build stays uninstrumented).
+tsan_failed=0
+timeout 1200 swift test --sanitize=thread --scratch-path .build/tsan --filter ByteRingTests 2>&1 | tee "$log" \
+    | { grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true; } || tsan_failed=1
+grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1 || true
+# Every TSan report has "ThreadSanitizer: " ("WARNING: ThreadSanitizer: data race", "FATAL: …").
+if grep -q "ThreadSanitizer: " "$log"; then echo "test: ThreadSanitizer reported a problem in the ByteRing tests (see above)" >&2; exit 1; fi
+if [ "$tsan_failed" -ne 0 ] || ! grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log"; then
+    echo "test: swift test --sanitize=thread --filter ByteRingTests failed or timed out" >&2; exit 1
+fi
+
 step "release build and allocation check"
 swift build -c release --product iapbench 2>&1 | grep -E "error|warning:" && exit 1 || true
 tools/check-allocations.sh .build/release/iapbench

@@ -1,0 +1,230 @@
+internal import Synchronization
+
+/// Where a ``ByteRing`` gets the memory of its slots.
+///
+/// The USB layer hands out memory that usbfs maps for DMA (`libusb_dev_mem_alloc`), so a bulk
+/// transfer lands directly in the slot the reader looks at. Any slot the allocator cannot serve
+/// (`allocate` returns nil) comes from one ordinary heap block instead.
+public protocol SlotAllocator: AnyObject, Sendable {
+    /// Memory for one slot of `byteCount` bytes, or nil to use the heap for this slot.
+    func allocate(byteCount: Int) -> UnsafeMutableRawPointer?
+    /// Gives back what ``allocate(byteCount:)`` returned.
+    func deallocate(_ pointer: UnsafeMutableRawPointer, byteCount: Int)
+}
+
+/// A fixed pool of equal slots over memory allocated once: the zero-copy buffer between a
+/// producer that fills slots (a USB completion, a frame writer) and a consumer that reads them
+/// in place (the frame scanner, a USB submission).
+///
+/// The protocol, single producer and single consumer, each on one thread at a time:
+/// - the producer ``reserve()``s a slot (the oldest free one), fills the memory that
+///   ``writableBytes(of:)`` gives, and ``commit(_:length:)``s it. Several slots may be reserved at
+///   once (transfers in flight) and committed in any order; the consumer sees them in
+///   reservation order, each as soon as every earlier slot is committed too.
+/// - the consumer looks at the oldest committed slot with ``withReadableBytes(_:)`` or
+///   ``peek()``, ``consume(_:)``s any part of it, and the slot is free again for the producer
+///   once it is consumed completely (an empty commit is skipped).
+///
+/// Only two counters are shared between the threads, as `Atomic`s: how many slots were published
+/// and how many were released. Everything else belongs to one side. Nothing is allocated after
+/// `init`.
+///
+/// This is one of the few types that hold unsafe pointers; the memory stays valid until the ring
+/// is deinitialised or ``releaseMemory()`` is called, and the views it hands out are valid only
+/// while the slot is reserved (producer) or until it is consumed (consumer).
+public final class ByteRing: @unchecked Sendable {
+    // Sendability: `published` and `released` are atomics; `slotAddresses`, `external` and the
+    // memory are written only in `init`/`releaseMemory`; `lengths[i]` is written by the producer
+    // before the release-store of `published` that makes slot i visible, and read by the
+    // consumer after its acquire-load; the `producer*` fields belong to the producer and
+    // `consumer*` to the consumer.
+
+    /// Number of slots.
+    public let slotCount: Int
+    /// Bytes per slot.
+    public let slotCapacity: Int
+
+    private let heap: UnsafeMutableRawPointer?
+    private let slotAddresses: UnsafeMutablePointer<UnsafeMutableRawPointer>
+    private let external: UnsafeMutablePointer<Bool>
+    private let lengths: UnsafeMutablePointer<Int>
+    private let committed: UnsafeMutablePointer<Bool>
+    private let allocator: (any SlotAllocator)?
+    private var memoryReleased = false
+
+    /// Slots made visible to the consumer (monotonic).
+    private let published = Atomic<Int>(0)
+    /// Slots given back by the consumer (monotonic).
+    private let released = Atomic<Int>(0)
+
+    private var producerReserved = 0
+    private var consumerOffset = 0
+
+    /// How many slots got their memory from the allocator rather than the heap.
+    public let externalSlotCount: Int
+
+    /// Creates a ring of `slotCount` slots of `slotCapacity` bytes.
+    ///
+    /// - Parameters:
+    ///   - allocator: asked once per slot; slots it declines come from one heap block. Nil puts
+    ///     every slot on the heap.
+    ///   - alignment: alignment of the heap block and of each heap slot's capacity rounding.
+    public init(slotCount: Int, slotCapacity: Int, allocator: (any SlotAllocator)? = nil, alignment: Int = 64) {
+        precondition(slotCount > 0 && slotCapacity > 0, "a ByteRing needs at least one slot of at least one byte")
+        self.slotCount = slotCount
+        self.slotCapacity = slotCapacity
+        self.allocator = allocator
+        slotAddresses = .allocate(capacity: slotCount)
+        external = .allocate(capacity: slotCount)
+        lengths = .allocate(capacity: slotCount)
+        lengths.initialize(repeating: 0, count: slotCount)
+        committed = .allocate(capacity: slotCount)
+        committed.initialize(repeating: false, count: slotCount)
+        var fromAllocator: [UnsafeMutableRawPointer?] = []
+        fromAllocator.reserveCapacity(slotCount)
+        for _ in 0..<slotCount { fromAllocator.append(allocator?.allocate(byteCount: slotCapacity)) }
+        let heapSlots = fromAllocator.count { $0 == nil }
+        let stride = (slotCapacity + alignment - 1) / alignment * alignment
+        heap = heapSlots > 0 ? .allocate(byteCount: stride * heapSlots, alignment: alignment) : nil
+        var nextHeap = 0
+        for index in 0..<slotCount {
+            if let pointer = fromAllocator[index] {
+                (slotAddresses + index).initialize(to: pointer)
+                (external + index).initialize(to: true)
+            } else {
+                (slotAddresses + index).initialize(to: heap! + nextHeap * stride)
+                (external + index).initialize(to: false)
+                nextHeap += 1
+            }
+        }
+        externalSlotCount = slotCount - heapSlots
+    }
+
+    deinit {
+        releaseMemory()
+        slotAddresses.deallocate()
+        external.deallocate()
+        lengths.deallocate()
+        committed.deallocate()
+    }
+
+    /// Gives the slots' memory back (to the allocator and the heap) now rather than at deinit;
+    /// the ring is unusable afterwards. The USB layer calls this before it closes the device
+    /// whose memory the slots are. Idempotent.
+    public func releaseMemory() {
+        guard !memoryReleased else { return }
+        memoryReleased = true
+        for index in 0..<slotCount where external[index] {
+            allocator?.deallocate(slotAddresses[index], byteCount: slotCapacity)
+        }
+        heap?.deallocate()
+    }
+
+    /// Whether slot `index` lives in allocator memory (for USB: memory the kernel maps for DMA).
+    public func isExternal(_ index: Int) -> Bool { external[index] }
+
+    // MARK: Producer
+
+    /// Reserves the oldest free slot, or nil when every slot is reserved or unread.
+    public func reserve() -> Int? {
+        guard !memoryReleased, producerReserved - released.load(ordering: .acquiring) < slotCount else { return nil }
+        let index = producerReserved % slotCount
+        producerReserved += 1
+        committed[index] = false
+        return index
+    }
+
+    /// How many more slots ``reserve()`` would hand out now.
+    public var freeSlots: Int { slotCount - (producerReserved - released.load(ordering: .acquiring)) }
+
+    /// Slots reserved and not yet committed.
+    public var reservedSlots: Int { producerReserved - published.load(ordering: .relaxed) }
+
+    /// The memory of reserved slot `index`, to fill.
+    public func writableBytes(of index: Int) -> UnsafeMutableRawBufferPointer {
+        UnsafeMutableRawBufferPointer(start: slotAddresses[index], count: slotCapacity)
+    }
+
+    /// Marks reserved slot `index` as holding `length` bytes. The consumer sees it once every
+    /// slot reserved before it is committed too.
+    public func commit(_ index: Int, length: Int) {
+        precondition(length >= 0 && length <= slotCapacity, "commit of \(length) bytes into a slot of \(slotCapacity)")
+        lengths[index] = length
+        committed[index] = true
+        var next = published.load(ordering: .relaxed)
+        while next < producerReserved, committed[next % slotCount] {
+            committed[next % slotCount] = false
+            next += 1
+        }
+        published.store(next, ordering: .releasing)
+    }
+
+    // MARK: Consumer
+
+    /// Slots committed and not yet consumed.
+    public var readableSlots: Int { published.load(ordering: .acquiring) - released.load(ordering: .relaxed) }
+
+    /// The unread bytes of the oldest committed slot, or nil when none is committed. Skips empty
+    /// slots. The view stays valid until those bytes are consumed.
+    public func peek() -> UnsafeRawBufferPointer? {
+        while true {
+            let front = released.load(ordering: .relaxed)
+            guard front < published.load(ordering: .acquiring) else { return nil }
+            let index = front % slotCount
+            let length = lengths[index]
+            if consumerOffset >= length {
+                consumerOffset = 0
+                released.store(front + 1, ordering: .releasing)
+                continue
+            }
+            return UnsafeRawBufferPointer(start: slotAddresses[index] + consumerOffset, count: length - consumerOffset)
+        }
+    }
+
+    /// Runs `body` with the unread bytes of the oldest committed slot and consumes as many as it
+    /// returns; nil (and `body` is not called) when no slot is committed.
+    public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        guard let view = peek() else { return nil }
+        let outcome = try body(RawSpan(_unsafeBytes: view))
+        if outcome.consumed > 0 { consume(outcome.consumed) }
+        return outcome.result
+    }
+
+    /// Consumes `count` bytes of the oldest committed slot; the slot is released when none are
+    /// left.
+    public func consume(_ count: Int) {
+        let front = released.load(ordering: .relaxed)
+        precondition(front < published.load(ordering: .acquiring), "consume with nothing committed")
+        let length = lengths[front % slotCount]
+        precondition(count >= 0 && consumerOffset + count <= length, "consume of \(count) bytes with \(length - consumerOffset) left")
+        consumerOffset += count
+        if consumerOffset == length {
+            consumerOffset = 0
+            released.store(front + 1, ordering: .releasing)
+        }
+    }
+
+    /// Index of the slot ``peek()`` looks at (for a consumer that hands slots back whole, such as
+    /// a USB OUT completion), or nil when none is committed.
+    public var frontSlot: Int? {
+        let front = released.load(ordering: .relaxed)
+        return front < published.load(ordering: .acquiring) ? front % slotCount : nil
+    }
+
+    /// The committed length of slot `index`.
+    public func length(of index: Int) -> Int { lengths[index] }
+
+    /// The committed bytes of slot `index` whole (not advanced by ``consume(_:)``): for a consumer
+    /// that submits the slot as it is.
+    public func committedBytes(of index: Int) -> UnsafeRawBufferPointer {
+        UnsafeRawBufferPointer(start: slotAddresses[index], count: lengths[index])
+    }
+
+    /// Releases the oldest committed slot whole, whatever was consumed of it.
+    public func releaseFront() {
+        let front = released.load(ordering: .relaxed)
+        precondition(front < published.load(ordering: .acquiring), "release with nothing committed")
+        consumerOffset = 0
+        released.store(front + 1, ordering: .releasing)
+    }
+}
