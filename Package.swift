@@ -20,6 +20,7 @@ let package = Package(
         .library(name: "AccessoryHost", targets: ["AccessoryHost"]),
         .library(name: "CLIKit", targets: ["CLIKit"]),
         .library(name: "ByteRing", targets: ["ByteRing"]),
+        .library(name: "USBHost", targets: ["USBHost"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
     ],
@@ -32,6 +33,9 @@ let package = Package(
         ),
         // The zero-copy slot ring between USB transfers and the frame scanner (SPSC, atomics).
         .target(name: "ByteRing", swiftSettings: strict),
+        // Swift over libusb: the Dispatch event loop, descriptors and matching, bulk pipes over
+        // ring slots, hotplug, and USB as a Transport.
+        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing", "IAPTransport"], swiftSettings: strict),
         // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
         .target(name: "IAPWire", swiftSettings: strict),
         // The iAP2 link, control session and EA session router as deterministic state machines
@@ -43,14 +47,14 @@ let package = Package(
         // A virtual accessory on the same IAPLink, in the accessory role: profiles, behaviours.
         .target(name: "AccessorySimulator", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["IAPTransport", "IAPLink", "IAPWire", "CLIKit"], swiftSettings: strict),
+        .target(name: "AccessoryHost", dependencies: ["USBHost", "IAPTransport", "IAPLink", "IAPWire", "CLIKit"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         .target(name: "IAPInspect", dependencies: ["IAPWire"], swiftSettings: strict),
         // Small command-line utilities: argument parsing, logging.
         .target(name: "CLIKit", swiftSettings: strict),
         .executableTarget(
             name: "iapctl",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit", "CLibUSB"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "USBHost", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit", "CLibUSB"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
@@ -71,6 +75,7 @@ let package = Package(
         .testTarget(name: "CLIKitTests", dependencies: ["CLIKit"], swiftSettings: strict),
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["ByteRing"], swiftSettings: strict),
+        .testTarget(name: "USBHostTests", dependencies: ["USBHost", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "IAPLink"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )

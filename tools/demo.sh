@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The main job, on a fresh machine: installs what is missing, builds iapctl, and talks to an
-# accessory. With no arguments it uses the built-in simulated accessory (or real serial ports
-# given in IAPCTL_SERIAL, e.g. IAPCTL_SERIAL=/dev/ttyUSB0:115200): lists it, opens a session,
-# sends a file through it and verifies the echo byte for byte. With arguments, runs iapctl with
-# them (e.g. tools/demo.sh decode tools/samples/boya-handshake.hex).
+# accessory: lists it, opens a session, sends a file through it and verifies the echo byte for
+# byte. It uses a USB accessory when one is attached and IAPCTL_PROTOCOL names an echo protocol
+# it speaks, a serial one given in IAPCTL_SERIAL (e.g. IAPCTL_SERIAL=/dev/ttyUSB0:115200), and
+# otherwise the built-in simulated accessory. With arguments, runs iapctl with them (e.g.
+# tools/demo.sh decode tools/samples/boya-handshake.hex).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/ensure-deps.sh
@@ -17,6 +18,17 @@ protocol=com.example.echo
 if [ -n "${IAPCTL_SERIAL:-}" ]; then
     source=(--serial "$IAPCTL_SERIAL")
     protocol=${IAPCTL_PROTOCOL:?set IAPCTL_PROTOCOL to an echo protocol of your accessory}
+elif "$iapctl" list --json --timeout 3 2>/dev/null | grep -q '"transport":"usb"'; then
+    echo "== USB accessories attached:"
+    "$iapctl" list
+    if [ -n "${IAPCTL_PROTOCOL:-}" ]; then
+        source=()
+        protocol=$IAPCTL_PROTOCOL
+    else
+        echo "(set IAPCTL_PROTOCOL to an echo protocol of yours to exercise it; using the simulated accessory)"
+        source=(--simulate --no-usb)
+    fi
+    echo
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -3,6 +3,7 @@ public import Dispatch
 public import IAPLink
 public import IAPTransport
 internal import Synchronization
+public import USBHost
 
 /// Something that happened to the set of connected accessories.
 public enum AccessoryEvent: Sendable {
@@ -60,6 +61,9 @@ public final class AccessoryManager: Sendable {
         var callbacks: [Int: (DispatchQueue, @Sendable (AccessoryEvent) -> Void)] = [:]
         var nextSubscriber = 0
         var stopped = false
+        var usb: USBContext?
+        /// USB accessories being opened (not yet attached): the manager is not settled.
+        var usbOpening = 0
     }
 
     public let configuration: Configuration
@@ -101,49 +105,117 @@ public final class AccessoryManager: Sendable {
     /// Runs the host side of the protocol over `transport`: the accessory on it is announced
     /// with ``AccessoryEvent/connected(_:)`` once identified.
     public func attach(_ transport: any Transport) {
-        queue.async {
-            let (id, stopped) = self.state.withLock { state -> (Int, Bool) in
-                defer { state.nextConnectionID += 1 }
-                return (state.nextConnectionID, state.stopped)
+        queue.async { self.attachOnQueue(transport) }
+    }
+
+    private func attachOnQueue(_ transport: any Transport) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        let (id, stopped) = self.state.withLock { state -> (Int, Bool) in
+            defer { state.nextConnectionID += 1 }
+            return (state.nextConnectionID, state.stopped)
+        }
+        guard !stopped else {
+            transport.cancel()
+            return
+        }
+        var random = SystemRandomNumberGenerator()
+        var endpoint = IAP2Endpoint(device: self.configuration.link, policy: self.configuration.authentication,
+                                    sessionBufferLimit: self.configuration.sessionBufferLimit,
+                                    initialSequence: UInt8.random(in: 0...255, using: &random), randomSeed: random.next())
+        endpoint.answerTimeout = self.configuration.answerTimeout
+        let connection = Connection(
+            connectionID: id,
+            makeConnectionID: { [weak self] in
+                self?.state.withLock { state -> Int in
+                    defer { state.nextAccessoryID += 1 }
+                    return state.nextAccessoryID
+                } ?? Int.max
+            },
+            transport: transport, queue: self.queue, supportedProtocols: Set(self.configuration.supportedProtocols),
+            logger: self.configuration.logger,
+            endpoint: endpoint,
+            onConnected: { [weak self] accessory in self?.connected(accessory) },
+            onDisconnected: { [weak self] accessory, reason in self?.disconnected(accessory, reason: reason) },
+            onClosed: { [weak self] everIdentified, reason in
+                self?.closed(connectionID: id, location: transport.description, everIdentified: everIdentified, reason: reason)
+            })
+        self.state.withLock { $0.connections[id] = connection }
+        connection.start()
+    }
+
+    /// Starts finding USB accessories: every device with an iAP interface (FF/F0/00), present
+    /// now or plugged in later, is opened and its accessory authenticated and identified, then
+    /// announced like any other. Devices are followed by libusb hotplug, or by polling where
+    /// hotplug is missing or turned off in `options`.
+    ///
+    /// A device that cannot be opened (permissions, another program holds it) is reported as
+    /// ``AccessoryEvent/failed(location:reason:)`` with what to do about it.
+    ///
+    /// - Throws: ``USBHost/USBError`` of kind `.unavailable` when the machine has no USB (no
+    ///   usbfs); other transports keep working.
+    public func startUSB(options: USBOptions = USBOptions()) throws(USBError) {
+        startUSB(context: try USBContext(queue: queue, options: options))
+    }
+
+    /// Starts USB discovery on `context`, which must run on ``queue``.
+    func startUSB(context: USBContext) {
+        precondition(context.queue === queue, "the USB context must run on the manager's queue")
+        let stopped = state.withLock { state -> Bool in
+            if !state.stopped { state.usb = context }
+            return state.stopped
+        }
+        let logger = configuration.logger
+        queue.sync {
+            guard !stopped else { return context.shutdown() }
+            do {
+                try context.startMonitoring { [weak self] event in self?.usbEvent(event, context: context) }
+                logger.debug("USB: following devices by \(context.usesHotplug ? "hotplug" : "polling")")
+            } catch {
+                logger.error("USB: \(error)")
             }
-            guard !stopped else {
-                transport.cancel()
-                return
-            }
-            var random = SystemRandomNumberGenerator()
-            var endpoint = IAP2Endpoint(device: self.configuration.link, policy: self.configuration.authentication,
-                                        sessionBufferLimit: self.configuration.sessionBufferLimit,
-                                        initialSequence: UInt8.random(in: 0...255, using: &random), randomSeed: random.next())
-            endpoint.answerTimeout = self.configuration.answerTimeout
-            let connection = Connection(
-                connectionID: id,
-                makeConnectionID: { [weak self] in
-                    self?.state.withLock { state -> Int in
-                        defer { state.nextAccessoryID += 1 }
-                        return state.nextAccessoryID
-                    } ?? Int.max
-                },
-                transport: transport, queue: self.queue, supportedProtocols: Set(self.configuration.supportedProtocols),
-                logger: self.configuration.logger,
-                endpoint: endpoint,
-                onConnected: { [weak self] accessory in self?.connected(accessory) },
-                onDisconnected: { [weak self] accessory, reason in self?.disconnected(accessory, reason: reason) },
-                onClosed: { [weak self] everIdentified, reason in
-                    self?.closed(connectionID: id, location: transport.description, everIdentified: everIdentified, reason: reason)
-                })
-            self.state.withLock { $0.connections[id] = connection }
-            connection.start()
         }
     }
 
-    /// Stops every connection; accessories disconnect, sessions end.
+    /// The USB context, once ``startUSB(options:)`` ran.
+    public var usbContext: USBContext? { state.withLock { $0.usb } }
+
+    private func usbEvent(_ event: USBDeviceEvent, context: USBContext) {
+        let logger = configuration.logger
+        switch event {
+        case let .arrived(device):
+            guard device.iapInterface != nil else {
+                logger.trace("USB: \(device) has no iAP interface")
+                return
+            }
+            logger.info("USB: accessory \(device) at \(device.devicePath)")
+            state.withLock { $0.usbOpening += 1 }
+            context.open(device) { [weak self] result in
+                guard let self else { return }
+                state.withLock { $0.usbOpening -= 1 }
+                switch result {
+                case let .success(transport):
+                    attachOnQueue(transport)
+                case let .failure(error):
+                    logger.error("USB: \(error)")
+                    publish(.failed(location: "usb \(device.location) \(device.descriptor.idString)", reason: error.description))
+                }
+            }
+        case let .left(device):
+            guard device.iapInterface != nil else { return }
+            logger.info("USB: \(device) unplugged")
+        }
+    }
+
+    /// Stops every connection; accessories disconnect, sessions end. USB devices are released
+    /// once their transfers are back.
     public func stop() {
-        let connections = state.withLock { state -> [Connection] in
+        let (connections, usb) = state.withLock { state -> ([Connection], USBContext?) in
             state.stopped = true
-            return Array(state.connections.values)
+            return (Array(state.connections.values), state.usb)
         }
         queue.sync {
             for connection in connections { connection.stop(reason: "the manager stopped") }
+            usb?.shutdown()
         }
         state.withLock { state in
             for continuation in state.subscribers.values { continuation.finish() }
@@ -201,7 +273,8 @@ public final class AccessoryManager: Sendable {
 
     /// On the queue: no connection is still working towards an identified accessory.
     private var isSettled: Bool {
-        state.withLock { $0.connections.values.map { $0 } }.allSatisfy { !$0.isPending }
+        let (connections, opening) = state.withLock { ($0.connections.values.map { $0 }, $0.usbOpening) }
+        return opening == 0 && connections.allSatisfy { !$0.isPending }
     }
 
     private func connected(_ accessory: Accessory) {

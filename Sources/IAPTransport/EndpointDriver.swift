@@ -6,9 +6,17 @@ public import IAPLink
 public protocol DrivenMachine: SendableMetatype {
     mutating func start(now: LinkTime)
     mutating func receive(_ bytes: [UInt8], now: LinkTime)
+    /// Bytes read in place (a USB ring slot); the default copies them into an array.
+    mutating func receive(_ bytes: RawSpan, now: LinkTime)
     mutating func advance(to now: LinkTime)
     var nextDeadline: LinkTime? { get }
     mutating func takeOutput() -> [[UInt8]]
+}
+
+extension DrivenMachine {
+    public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
+        receive(bytes.withUnsafeBytes { Array($0) }, now: now)
+    }
 }
 
 extension IAP2Endpoint: DrivenMachine {}
@@ -99,6 +107,10 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         switch event {
         case let .received(bytes):
             machine.receive(bytes, now: now)
+            settle()
+        case let .borrowed(bytes):
+            let now = self.now
+            bytes.withSpan { machine.receive($0, now: now) }
             settle()
         case let .closed(error):
             running = false

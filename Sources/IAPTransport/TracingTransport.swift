@@ -27,7 +27,11 @@ public final class TracingTransport: Transport {
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
         let observer = self.observer
         base.activate(queue: queue) { event in
-            if case let .received(bytes) = event { observer(.in, bytes) }
+            switch event {
+            case let .received(bytes): observer(.in, bytes)
+            case let .borrowed(bytes): observer(.in, bytes.copied())
+            case .closed: break
+            }
             handler(event)
         }
     }

@@ -16,9 +16,35 @@ public enum TransportKind: String, Sendable, Hashable, Codable {
 public enum TransportEvent: Sendable {
     /// Bytes arrived (any amount; frames may be split or coalesced).
     case received([UInt8])
+    /// Bytes arrived in the transport's own buffer (a USB transfer's ring slot): read them
+    /// during the handler call, without copying; they are gone when it returns.
+    case borrowed(BorrowedBytes)
     /// The transport closed: `nil` when asked to, otherwise why (the device vanished, a read
     /// failed…). No event follows.
     case closed(TransportError?)
+}
+
+/// A view of bytes a transport owns (a USB ring slot), valid only during the handler call that
+/// delivers it, on the transport's queue. Read it in place with ``withSpan(_:)`` or take a copy
+/// with ``copied()``; never keep it.
+public struct BorrowedBytes: @unchecked Sendable {
+    // Sendability: the view is handed to one handler call on one queue and not kept; the
+    // transport does not touch the bytes until that call returns.
+    private let bytes: UnsafeRawBufferPointer
+
+    /// Wraps `bytes`, which must stay valid and unchanged until the handler returns.
+    public init(_ bytes: UnsafeRawBufferPointer) { self.bytes = bytes }
+
+    /// The number of bytes.
+    public var count: Int { bytes.count }
+
+    /// Runs `body` with the bytes in place.
+    public func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
+        try body(RawSpan(_unsafeBytes: bytes))
+    }
+
+    /// A copy of the bytes.
+    public func copied() -> [UInt8] { Array(bytes) }
 }
 
 /// Why a transport failed, with what a person can do about it.

@@ -27,6 +27,9 @@ private final class Recorder: Sendable {
                 case .received(let bytes):
                     log.bytes.append(contentsOf: bytes)
                     log.reads += 1
+                case .borrowed(let bytes):
+                    log.bytes.append(contentsOf: bytes.copied())
+                    log.reads += 1
                 case .closed(let error):
                     log.closes.append(error)
                 }

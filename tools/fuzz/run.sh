@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link)
+[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link descriptors)
 
 out=tools/fuzz/out
 bin=$out/bin
@@ -28,12 +28,15 @@ swiftc "${flags[@]}" -module-name IAPLink -I "$bin" -emit-module -emit-module-pa
 swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module-path "$bin/IAPInspect.swiftmodule" \
     -wmo -c -o "$bin/IAPInspect.o" Sources/IAPInspect/*.swift 2>&1 | quiet
 
-declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]=LinkFuzz.swift)
+declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]=LinkFuzz.swift
+                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift")
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
-    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link)" >&2; exit 64; }
-    swiftc "${flags[@]}" -I "$bin" "tools/fuzz/$file" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
+    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, descriptors)" >&2; exit 64; }
+    files=()
+    for f in $file; do files+=("tools/fuzz/$f"); done
+    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
     [ -x "$bin/$target" ] || { echo "fuzz: building $target failed" >&2; exit 1; }
     corpus=$out/$target/corpus
     rm -f "$out/$target"/crash-* "$out/$target"/leak-* "$out/$target"/timeout-* "$out/$target"/oom-*
@@ -43,6 +46,8 @@ for target in "${targets[@]}"; do
         grep -v '^#' "$sample" | sed 's/#.*//' | tr -d ' \n' | xxd -r -p > "$corpus/seed-$(basename "$sample" .hex)" 2>/dev/null || true
     done
     printf '\x40\x40\x00\x11\xEA\x00\x00\x05\x00\x00\xB1\x00\x06\x00\x01\x00\x01' > "$corpus/seed-ea00"
+    # The DJI Goggles 3 MFi configuration (PROTOCOL.md §4.2), for the descriptor parser.
+    printf '\x09\x02\x40\x00\x02\x01\x04\x80\x01\x09\x04\x00\x00\x02\xff\xf0\x00\x05\x07\x05\x81\x02\x00\x02\x00\x07\x05\x01\x02\x00\x02\x00\x09\x04\x01\x00\x00\xff\xf0\x01\x06\x09\x04\x01\x01\x02\xff\xf0\x01\x06\x07\x05\x82\x02\x00\x02\x00\x07\x05\x02\x02\x00\x02\x00\x01' > "$corpus/seed-dji-config"
     echo "fuzz: running $target for ${seconds}s"
     if ! (cd "$out/$target" && ASAN_OPTIONS=detect_leaks=0 "../bin/$target" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -detect_leaks=0 \
             -print_final_stats=1 corpus 2>&1 | tail -n 12); then

@@ -12,13 +12,16 @@ enum ListCommand {
         let session = try HostContext(command)
         defer { session.shutdown() }
         let accessories = try discover(session, command: command)
+        // Devices that could not be opened are not accessories we can list, but a person needs
+        // to know why one they plugged in is missing.
+        let failed = session.reportFailures()
         if command.flag("json") {
             StandardOutput.write(accessories.map { json($0).serialized() + "\n" }.joined())
-            return .success
+            return accessories.isEmpty && failed ? .unavailable : .success
         }
         guard !accessories.isEmpty else {
             StandardOutput.write("no accessories found\n")
-            return .success
+            return failed ? .unavailable : .success
         }
         var out = ""
         for accessory in accessories {

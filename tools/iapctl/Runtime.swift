@@ -7,6 +7,7 @@ import IAPInspect
 import IAPTransport
 import IAPWire
 import Synchronization
+import USBHost
 
 /// A failure with the exit status scripts can act on.
 struct ToolError: Error, ExitCodeProviding, CustomStringConvertible {
@@ -14,17 +15,38 @@ struct ToolError: Error, ExitCodeProviding, CustomStringConvertible {
     var exitCode: ExitCode
 }
 
-/// The manager and the accessories the global options ask for: `--serial`, `--simulate`.
+/// The manager and the accessories the global options ask for: USB (unless `--no-usb`),
+/// `--serial`, `--simulate`.
 final class HostContext: Sendable {
     let manager: AccessoryManager
     let simulators: Mutex<[SimulatorRunner]> = Mutex([])
     let logger: Logger
     let traceSink: TraceSink?
+    /// Transports that failed before an accessory was identified on them (a USB device that
+    /// cannot be opened…), as "location: reason".
+    let failures = FailureLog()
+    private let subscription: EventSubscription
 
     init(_ command: ParsedCommand, supportedProtocols: [String] = []) throws {
         logger = Logger(label: "iapctl", logLevel: Logger.verbosity(command.count("verbose")))
         traceSink = try TraceSink(command)
         manager = AccessoryManager(configuration: .init(supportedProtocols: supportedProtocols, logger: logger))
+        let failures = self.failures
+        subscription = manager.onEvent(queue: manager.queue) { event in
+            if case let .failed(location, reason) = event { failures.entries.withLock { $0.append("\(location): \(reason)") } }
+        }
+        if !command.flag("no-usb") {
+            var options = USBOptions()
+            options.hotplug = !command.flag("no-hotplug")
+            options.detachKernelDriver = !command.flag("no-detach")
+            do {
+                try manager.startUSB(options: options)
+            } catch where error.kind == .unavailable {
+                logger.info("\(error)")
+            } catch {
+                logger.warning("\(error)")
+            }
+        }
         for text in command.values("serial") {
             let spec: SerialPortSpec
             do { spec = try SerialPortSpec(parsing: text) } catch {
@@ -64,11 +86,24 @@ final class HostContext: Sendable {
 
     var hasSources: Bool { true }
 
+    /// Prints the failures to standard error; true when there were any.
+    func reportFailures() -> Bool {
+        let all = failures.entries.withLock { $0 }
+        for failure in all { StandardError.write("iapctl: \(failure)\n") }
+        return !all.isEmpty
+    }
+
     func shutdown() {
+        subscription.cancel()
         manager.stop()
         for runner in simulators.withLock({ $0 }) { runner.stop() }
         traceSink?.finish()
     }
+}
+
+/// What failed, shared with the event handler.
+final class FailureLog: Sendable {
+    let entries = Mutex<[String]>([])
 }
 
 /// Loads a simulator profile by built-in name or JSON path.

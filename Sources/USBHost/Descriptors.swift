@@ -1,0 +1,227 @@
+// USB descriptors as values, parsed from the bytes a device sends (USB 2.0 §9.6), and the rule
+// that finds an iAP interface. Pure Swift with no imports, so the fuzzer can build it alone.
+
+/// Why descriptor bytes could not be parsed.
+public struct USBDescriptorError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What was wrong, e.g. "configuration descriptor: wTotalLength 64 but 40 bytes".
+    public var message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
+}
+
+/// Direction and type of a USB endpoint.
+public struct USBEndpointDescriptor: Hashable, Sendable, CustomStringConvertible {
+    /// bEndpointAddress: bit 7 set for IN.
+    public var address: UInt8
+    /// bmAttributes: bits 0–1 are the transfer type.
+    public var attributes: UInt8
+    /// wMaxPacketSize (bits 0–10 are the size).
+    public var maxPacketSize: UInt16
+    public var interval: UInt8
+
+    public init(address: UInt8, attributes: UInt8, maxPacketSize: UInt16, interval: UInt8 = 0) {
+        self.address = address
+        self.attributes = attributes
+        self.maxPacketSize = maxPacketSize
+        self.interval = interval
+    }
+
+    /// Device-to-host.
+    public var isIn: Bool { address & 0x80 != 0 }
+    /// A bulk endpoint.
+    public var isBulk: Bool { attributes & 0x03 == 2 }
+    /// The packet size in bytes (without the high-bandwidth multiplier bits).
+    public var packetSize: Int { Int(maxPacketSize & 0x07FF) }
+
+    public var description: String {
+        let kind = ["control", "isochronous", "bulk", "interrupt"][Int(attributes & 3)]
+        return "EP 0x\(String(address, radix: 16, uppercase: true)) \(isIn ? "IN" : "OUT") \(kind) \(packetSize)"
+    }
+}
+
+/// One alternate setting of one interface.
+public struct USBInterfaceDescriptor: Hashable, Sendable {
+    public var number: UInt8
+    public var alternateSetting: UInt8
+    public var interfaceClass: UInt8
+    public var interfaceSubclass: UInt8
+    public var interfaceProtocol: UInt8
+    /// iInterface: index of the interface's name string, 0 for none.
+    public var nameIndex: UInt8
+    public var endpoints: [USBEndpointDescriptor]
+
+    public init(number: UInt8, alternateSetting: UInt8 = 0, interfaceClass: UInt8, interfaceSubclass: UInt8, interfaceProtocol: UInt8,
+                nameIndex: UInt8 = 0, endpoints: [USBEndpointDescriptor] = []) {
+        self.number = number
+        self.alternateSetting = alternateSetting
+        self.interfaceClass = interfaceClass
+        self.interfaceSubclass = interfaceSubclass
+        self.interfaceProtocol = interfaceProtocol
+        self.nameIndex = nameIndex
+        self.endpoints = endpoints
+    }
+
+    /// The iAP2 interface of an accessory in USB host mode: vendor class FF, subclass F0, protocol 00.
+    public var isIAP: Bool { interfaceClass == 0xFF && interfaceSubclass == 0xF0 && interfaceProtocol == 0x00 }
+    /// An EA native-transport interface: FF/F0/01.
+    public var isNativeTransport: Bool { interfaceClass == 0xFF && interfaceSubclass == 0xF0 && interfaceProtocol == 0x01 }
+    /// The first bulk IN endpoint.
+    public var bulkIn: USBEndpointDescriptor? { endpoints.first { $0.isBulk && $0.isIn } }
+    /// The first bulk OUT endpoint.
+    public var bulkOut: USBEndpointDescriptor? { endpoints.first { $0.isBulk && !$0.isIn } }
+}
+
+/// A configuration: its value and every interface alternate setting in it, in descriptor order.
+public struct USBConfigurationDescriptor: Hashable, Sendable {
+    /// bConfigurationValue (what SET_CONFIGURATION takes).
+    public var value: UInt8
+    public var nameIndex: UInt8
+    public var attributes: UInt8
+    /// bMaxPower in units of 2 mA (USB 2) or 8 mA (USB 3).
+    public var maxPower: UInt8
+    public var interfaces: [USBInterfaceDescriptor]
+
+    public init(value: UInt8, nameIndex: UInt8 = 0, attributes: UInt8 = 0x80, maxPower: UInt8 = 0, interfaces: [USBInterfaceDescriptor]) {
+        self.value = value
+        self.nameIndex = nameIndex
+        self.attributes = attributes
+        self.maxPower = maxPower
+        self.interfaces = interfaces
+    }
+
+    /// Parses a whole configuration descriptor with its interface and endpoint descriptors, as
+    /// GET_DESCRIPTOR(CONFIGURATION) returns it. Class-specific and unknown descriptors are
+    /// skipped; endpoints before the first interface are an error.
+    ///
+    /// - Throws: ``USBDescriptorError`` naming the offset and the field that is wrong.
+    public init(parsing bytes: [UInt8]) throws(USBDescriptorError) {
+        guard bytes.count >= 9 else { throw USBDescriptorError("configuration descriptor: \(bytes.count) bytes, need at least 9") }
+        guard bytes[1] == 0x02 else { throw USBDescriptorError("configuration descriptor: type 0x\(String(bytes[1], radix: 16)) at offset 1, expected 0x02") }
+        guard bytes[0] >= 9 else { throw USBDescriptorError("configuration descriptor: bLength \(bytes[0]), need at least 9") }
+        let total = Int(bytes[2]) | Int(bytes[3]) << 8
+        guard total >= 9, total <= bytes.count else {
+            throw USBDescriptorError("configuration descriptor: wTotalLength \(total) but \(bytes.count) bytes")
+        }
+        value = bytes[5]
+        nameIndex = bytes[6]
+        attributes = bytes[7]
+        maxPower = bytes[8]
+        interfaces = []
+        var offset = Int(bytes[0])
+        while offset < total {
+            let length = Int(bytes[offset])
+            guard length >= 2, offset + length <= total else {
+                throw USBDescriptorError("descriptor at offset \(offset): bLength \(length) with \(total - offset) bytes left")
+            }
+            switch bytes[offset + 1] {
+            case 0x04:
+                guard length >= 9 else { throw USBDescriptorError("interface descriptor at offset \(offset): bLength \(length), need 9") }
+                interfaces.append(USBInterfaceDescriptor(
+                    number: bytes[offset + 2], alternateSetting: bytes[offset + 3], interfaceClass: bytes[offset + 5],
+                    interfaceSubclass: bytes[offset + 6], interfaceProtocol: bytes[offset + 7], nameIndex: bytes[offset + 8]))
+            case 0x05:
+                guard length >= 7 else { throw USBDescriptorError("endpoint descriptor at offset \(offset): bLength \(length), need 7") }
+                guard !interfaces.isEmpty else { throw USBDescriptorError("endpoint descriptor at offset \(offset) before any interface") }
+                interfaces[interfaces.count - 1].endpoints.append(USBEndpointDescriptor(
+                    address: bytes[offset + 2], attributes: bytes[offset + 3],
+                    maxPacketSize: UInt16(bytes[offset + 4]) | UInt16(bytes[offset + 5]) << 8, interval: bytes[offset + 6]))
+            default:
+                break // class-specific, interface association, SuperSpeed companion…
+            }
+            offset += length
+        }
+    }
+}
+
+/// The device descriptor's identifying fields.
+public struct USBDeviceDescriptor: Hashable, Sendable {
+    public var vendorID: UInt16
+    public var productID: UInt16
+    /// bcdDevice, the device's release number.
+    public var release: UInt16
+    public var deviceClass: UInt8
+    public var manufacturerIndex: UInt8
+    public var productIndex: UInt8
+    public var serialNumberIndex: UInt8
+    public var configurationCount: UInt8
+
+    public init(vendorID: UInt16, productID: UInt16, release: UInt16 = 0, deviceClass: UInt8 = 0, manufacturerIndex: UInt8 = 0,
+                productIndex: UInt8 = 0, serialNumberIndex: UInt8 = 0, configurationCount: UInt8 = 1) {
+        self.vendorID = vendorID
+        self.productID = productID
+        self.release = release
+        self.deviceClass = deviceClass
+        self.manufacturerIndex = manufacturerIndex
+        self.productIndex = productIndex
+        self.serialNumberIndex = serialNumberIndex
+        self.configurationCount = configurationCount
+    }
+
+    /// Parses the 18-byte device descriptor.
+    public init(parsing bytes: [UInt8]) throws(USBDescriptorError) {
+        guard bytes.count >= 18, bytes[0] >= 18 else { throw USBDescriptorError("device descriptor: \(bytes.count) bytes, need 18") }
+        guard bytes[1] == 0x01 else { throw USBDescriptorError("device descriptor: type 0x\(String(bytes[1], radix: 16)) at offset 1, expected 0x01") }
+        self.init(vendorID: UInt16(bytes[8]) | UInt16(bytes[9]) << 8, productID: UInt16(bytes[10]) | UInt16(bytes[11]) << 8,
+                  release: UInt16(bytes[12]) | UInt16(bytes[13]) << 8, deviceClass: bytes[4], manufacturerIndex: bytes[14],
+                  productIndex: bytes[15], serialNumberIndex: bytes[16], configurationCount: bytes[17])
+    }
+
+    /// `vvvv:pppp` in lower-case hex, as lsusb writes it.
+    public var idString: String { Self.hex4(vendorID) + ":" + Self.hex4(productID) }
+
+    static func hex4(_ value: UInt16) -> String {
+        let digits = String(value, radix: 16)
+        return String(repeating: "0", count: 4 - digits.count) + digits
+    }
+}
+
+/// Where an accessory's iAP2 interface is, as the matching rule found it.
+public struct IAPInterfaceLocation: Hashable, Sendable {
+    /// The configuration that has the interface.
+    public var configurationValue: UInt8
+    /// Whether that configuration has to be selected first (it is not the active one).
+    public var needsConfigurationChange: Bool
+    /// The FF/F0/00 interface (alternate setting 0 unless only another one has the endpoints).
+    public var interface: USBInterfaceDescriptor
+    public var bulkIn: USBEndpointDescriptor
+    public var bulkOut: USBEndpointDescriptor
+    /// The EA native-transport interfaces (FF/F0/01) of the same configuration, every alternate setting.
+    public var nativeTransport: [USBInterfaceDescriptor]
+
+    /// Finds the iAP2 interface: an FF/F0/00 interface with a bulk IN and a bulk OUT endpoint, in
+    /// the active configuration if it has one, else in the first configuration that does (which
+    /// the host then selects, as usbmuxd does for its interface). Nil when no configuration has
+    /// one: the device is not an accessory in USB host mode.
+    public static func find(in configurations: [USBConfigurationDescriptor], activeConfiguration: UInt8?) -> IAPInterfaceLocation? {
+        func candidate(_ configuration: USBConfigurationDescriptor) -> IAPInterfaceLocation? {
+            for interface in configuration.interfaces where interface.isIAP {
+                guard let bulkIn = interface.bulkIn, let bulkOut = interface.bulkOut else { continue }
+                return IAPInterfaceLocation(
+                    configurationValue: configuration.value,
+                    needsConfigurationChange: configuration.value != activeConfiguration,
+                    interface: interface, bulkIn: bulkIn, bulkOut: bulkOut,
+                    nativeTransport: configuration.interfaces.filter(\.isNativeTransport))
+            }
+            return nil
+        }
+        if let active = configurations.first(where: { $0.value == activeConfiguration }), let found = candidate(active) { return found }
+        for configuration in configurations {
+            if let found = candidate(configuration) { return found }
+        }
+        return nil
+    }
+}
+
+/// Decodes a string descriptor (UTF-16LE after a 2-byte header); nil when it is not one.
+public func decodeStringDescriptor(_ bytes: [UInt8]) -> String? {
+    guard bytes.count >= 2, bytes[1] == 0x03 else { return nil }
+    let length = min(Int(bytes[0]), bytes.count)
+    guard length >= 2 else { return nil }
+    var units: [UInt16] = []
+    var index = 2
+    while index + 1 < length {
+        units.append(UInt16(bytes[index]) | UInt16(bytes[index + 1]) << 8)
+        index += 2
+    }
+    return String(decoding: units, as: UTF16.self)
+}

@@ -1,0 +1,524 @@
+internal import ByteRing
+internal import CLibUSB
+public import Dispatch
+public import IAPTransport
+
+/// Counters of one USB accessory's bulk pipes, for `iapctl` and the tests.
+public struct USBPipeStatistics: Sendable, Hashable {
+    /// IN transfers completed, and the bytes they carried.
+    public var inTransfers = 0
+    public var bytesIn = 0
+    /// IN transfers that ended with no data (a zero-length packet).
+    public var zeroLengthIn = 0
+    /// OUT transfers completed, and the bytes they carried.
+    public var outTransfers = 0
+    public var bytesOut = 0
+    /// OUT transfers sent with a zero-length packet after them (length a multiple of wMaxPacketSize).
+    public var zeroLengthOut = 0
+    /// Endpoint stalls cleared.
+    public var stalls = 0
+    /// IN transfers where the device sent more than asked (babble).
+    public var overflows = 0
+    /// OUT transfers that timed out (the link retransmits what they carried).
+    public var timeouts = 0
+    /// Other transfer errors retried.
+    public var errors = 0
+    /// Frames that waited for a free OUT slot.
+    public var queuedFrames = 0
+    /// Ring slots in memory usbfs maps for DMA (zero-copy), and on the heap.
+    public var deviceMemorySlots = 0
+    public var heapSlots = 0
+    /// Transfers still owned by libusb when the teardown gave up waiting for them (leaked rather
+    /// than freed under libusb's feet). Always 0 unless the kernel misbehaves.
+    public var abandonedTransfers = 0
+}
+
+/// The iAP2 bulk interface of one USB accessory as a ``Transport``.
+///
+/// IN: ``USBOptions/inTransfers`` bulk IN transfers are always queued, each over a slot of a
+/// ``ByteRing``; a completion publishes its slot and the bytes are handed to the event handler
+/// in place (``TransportEvent/borrowed(_:)``), then the slot is resubmitted. OUT: one link packet
+/// per transfer, copied into a ring slot, with a zero-length packet when its length is a
+/// multiple of wMaxPacketSize; frames wait in order when every slot is in flight. A stall is
+/// cleared and the pipe resumes; OUT timeouts back off; a vanished device ends the transport
+/// with an error; ``cancel()`` cancels what is in flight, waits for libusb to give every transfer
+/// back, then frees the slots, releases the interface and closes the device.
+///
+/// Confined to the context's event queue (every method runs there).
+public final class USBAccessoryTransport: Transport, @unchecked Sendable {
+    // Sendability: every stored var is touched on `queue` only.
+    public let kind: TransportKind = .usb
+    public let description: String
+    /// The device this transport talks to.
+    public let device: USBDeviceInfo
+
+    let backend: any USBBackend
+    let handle: OpaquePointer
+    let queue: DispatchQueue
+    private let setupQueue: DispatchQueue
+    private let interface: UInt8
+    private let inEndpoint: UInt8
+    private let outEndpoint: UInt8
+    private let outPacketSize: Int
+    private let options: USBOptions
+    private let contextMarker: UInt
+
+    private let inRing: ByteRing
+    private let outRing: ByteRing
+    private var inTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
+    private var outTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
+    private var inSubmitted: [Bool]
+    private var outSubmitted: [Bool]
+    private var outDone: [Bool]
+    private var waiting: [[UInt8]] = []
+    private var waitingHead = 0
+
+    private enum State { case idle, running, closing(TransportError?), closed }
+    private var state = State.idle
+    private var handler: (@Sendable (TransportEvent) -> Void)?
+    private var handlerQueue: DispatchQueue?
+    private var inHalted = false
+    private var outHalted = false
+    private var setupCallsInFlight = 0
+    private var retryScheduled = false
+    private var unsubmittedIn: Int?
+    private var consecutiveErrors = 0
+    private var outTimeout: UInt32
+    private var explicitZeroLengthPackets = false
+    private var keepAlive: Unmanaged<USBAccessoryTransport>?
+    private var closeDeadline: DispatchWorkItem?
+    private var onFinished: (() -> Void)?
+
+    /// Counters since activation.
+    public private(set) var statistics = USBPipeStatistics()
+
+    init(device: USBDeviceInfo, backend: any USBBackend, handle: OpaquePointer, location: IAPInterfaceLocation, options: USBOptions,
+         queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String, onFinished: @escaping () -> Void) {
+        self.contextMarker = contextMarker
+        self.onFinished = onFinished
+        self.device = device
+        self.backend = backend
+        self.handle = handle
+        self.queue = queue
+        self.setupQueue = setupQueue
+        self.options = options
+        self.description = description
+        interface = location.interface.number
+        inEndpoint = location.bulkIn.address
+        outEndpoint = location.bulkOut.address
+        outPacketSize = max(1, location.bulkOut.packetSize)
+        outTimeout = options.outTimeoutMilliseconds
+        let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
+        inRing = ByteRing(slotCount: options.inTransfers, slotCapacity: options.inTransferSize, allocator: allocator)
+        outRing = ByteRing(slotCount: options.outTransfers, slotCapacity: options.outTransferSize, allocator: allocator)
+        inSubmitted = Array(repeating: false, count: options.inTransfers)
+        outSubmitted = Array(repeating: false, count: options.outTransfers)
+        outDone = Array(repeating: false, count: options.outTransfers)
+        statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount
+        statistics.heapSlots = inRing.slotCount + outRing.slotCount - statistics.deviceMemorySlots
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        for _ in 0..<options.inTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: inEndpoint, user: me); inTransfers.append(transfer) } }
+        for _ in 0..<options.outTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: outEndpoint, user: me); outTransfers.append(transfer) } }
+    }
+
+    private func prepare(_ transfer: UnsafeMutablePointer<libusb_transfer>, endpoint: UInt8, user: UnsafeMutableRawPointer) {
+        transfer.pointee.dev_handle = handle
+        transfer.pointee.endpoint = endpoint
+        transfer.pointee.type = UInt8(LIBUSB_TRANSFER_TYPE_BULK.rawValue)
+        transfer.pointee.user_data = user
+        transfer.pointee.callback = usbTransferCompleted
+    }
+
+    deinit {
+        // Dropped without ever being activated (an open nobody used): give everything back.
+        // Once activated, the teardown does this and `keepAlive` holds the transport until then.
+        guard case .idle = state else { return }
+        inRing.releaseMemory()
+        outRing.releaseMemory()
+        _ = backend.releaseInterface(handle, interface)
+        backend.close(handle)
+        for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
+        if let onFinished {
+            let carried = Unchecked(value: onFinished) // runs on the context's queue, where it was made
+            queue.async { carried.value() }
+        }
+    }
+
+    // MARK: Transport
+
+    public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+        queue.async { [self] in
+            guard case .idle = state else { return }
+            self.handler = handler
+            self.handlerQueue = handlerQueue === queue ? nil : handlerQueue
+            guard inTransfers.count == options.inTransfers, outTransfers.count == options.outTransfers else {
+                keepAlive = Unmanaged.passRetained(self)
+                state = .running
+                fail(TransportError("cannot allocate libusb transfers for \(description)"))
+                return
+            }
+            keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until teardown ends
+            state = .running
+            refillIn()
+        }
+    }
+
+    /// Takes one frame; on the context's queue (where the manager calls it) it is submitted at
+    /// once, from elsewhere it hops there first.
+    public func send(_ frame: [UInt8]) {
+        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
+            enqueue(frame)
+        } else {
+            queue.async { [self] in enqueue(frame) }
+        }
+    }
+
+    public func cancel() {
+        queue.async { [self] in
+            switch state {
+            case .idle:
+                state = .closing(nil)
+                keepAlive = Unmanaged.passRetained(self)
+                finishIfDrained()
+            case .running: beginClosing(nil)
+            case .closing, .closed: break
+            }
+        }
+    }
+
+    // MARK: IN
+
+    private func refillIn() {
+        guard case .running = state, !inHalted, !retryScheduled else { return }
+        // A slot whose submit failed stays reserved and goes first, so transfers reach the
+        // kernel in ring order (the order their data arrives in).
+        while let index = unsubmittedIn ?? inRing.reserve() {
+            let transfer = inTransfers[index]
+            let slot = inRing.writableBytes(of: index)
+            transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
+            transfer.pointee.length = Int32(slot.count)
+            transfer.pointee.timeout = 0
+            transfer.pointee.flags = 0
+            let status = backend.submit(transfer)
+            guard status == 0 else {
+                unsubmittedIn = index
+                submitFailed(status, what: "cannot queue a bulk IN transfer")
+                return
+            }
+            unsubmittedIn = nil
+            inSubmitted[index] = true
+        }
+    }
+
+    fileprivate func completed(_ transfer: UnsafeMutablePointer<libusb_transfer>) {
+        let status = transfer.pointee.status
+        let actual = max(0, Int(transfer.pointee.actual_length))
+        if let index = inTransfers.firstIndex(of: transfer) {
+            inCompleted(index, status: status, actual: actual)
+        } else if let index = outTransfers.firstIndex(of: transfer) {
+            outCompleted(index, status: status, actual: actual)
+        }
+    }
+
+    private enum Outcome { case fine, halted, gone, failed }
+
+    private func inCompleted(_ index: Int, status: libusb_transfer_status, actual: Int) {
+        inSubmitted[index] = false
+        var length = 0
+        var outcome = Outcome.fine
+        switch status {
+        case LIBUSB_TRANSFER_COMPLETED:
+            length = actual
+            statistics.inTransfers += 1
+            statistics.bytesIn += actual
+            if actual == 0 { statistics.zeroLengthIn += 1 }
+            consecutiveErrors = 0
+        case LIBUSB_TRANSFER_OVERFLOW:
+            // The device sent more than the slot holds: the excess is lost. The scanner resyncs
+            // and the link retransmits what was lost.
+            length = min(actual, inRing.slotCapacity)
+            statistics.overflows += 1
+        case LIBUSB_TRANSFER_STALL: outcome = .halted
+        case LIBUSB_TRANSFER_NO_DEVICE: outcome = .gone
+        case LIBUSB_TRANSFER_CANCELLED: break
+        default: // TIMED_OUT (IN transfers have none), ERROR: keep what arrived, retry
+            length = actual
+            outcome = .failed
+        }
+        inRing.commit(index, length: length)
+        deliver()
+        switch outcome {
+        case .fine: break
+        case .halted: inHalted = true
+        case .gone: deviceGone()
+        case .failed: transferError()
+        }
+        switch state {
+        case .running:
+            if inHalted { clearHaltWhenIdle(inEndpoint) } else { refillIn() }
+        case .closing: finishIfDrained()
+        case .idle, .closed: break
+        }
+    }
+
+    /// Hands every committed byte to the handler in place, then frees the slots.
+    private func deliver() {
+        while let view = inRing.peek() {
+            if case .running = state, let handler {
+                if let handlerQueue {
+                    let copy = Array(view)
+                    handlerQueue.async { handler(.received(copy)) }
+                } else {
+                    handler(.borrowed(BorrowedBytes(view)))
+                }
+            }
+            inRing.consume(view.count)
+        }
+    }
+
+    // MARK: OUT
+
+    private func enqueue(_ frame: [UInt8]) {
+        guard case .running = state else { return }
+        guard frame.count <= outRing.slotCapacity else {
+            fail(TransportError("a frame of \(frame.count) bytes exceeds the \(outRing.slotCapacity)-byte OUT slots of \(description)"))
+            return
+        }
+        if waitingHead < waiting.count || outHalted || retryScheduled || !submitOut(frame) {
+            waiting.append(frame)
+            statistics.queuedFrames += 1
+            if waiting.count - waitingHead > options.maxQueuedFrames {
+                fail(TransportError("\(description): \(options.maxQueuedFrames) frames waiting for the OUT pipe; the accessory stopped reading",
+                                    advice: "unplug and replug the accessory"))
+            }
+        }
+    }
+
+    /// Copies `frame` into a free OUT slot and submits it; false when no slot is free.
+    private func submitOut(_ frame: [UInt8]) -> Bool {
+        guard let index = outRing.reserve() else { return false }
+        let slot = outRing.writableBytes(of: index)
+        frame.withUnsafeBytes { slot.copyMemory(from: $0) }
+        outRing.commit(index, length: frame.count)
+        let transfer = outTransfers[index]
+        transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
+        transfer.pointee.length = Int32(frame.count)
+        transfer.pointee.timeout = outTimeout
+        let needsZeroLengthPacket = !frame.isEmpty && frame.count % outPacketSize == 0
+        transfer.pointee.flags = needsZeroLengthPacket && !explicitZeroLengthPackets ? UInt8(LIBUSB_TRANSFER_ADD_ZERO_PACKET.rawValue) : 0
+        var status = backend.submit(transfer)
+        if status == LIBUSB_ERROR_NOT_SUPPORTED.rawValue, needsZeroLengthPacket, !explicitZeroLengthPackets {
+            // This kernel cannot add the ZLP itself: send it as a transfer of its own, as usbmuxd does.
+            explicitZeroLengthPackets = true
+            transfer.pointee.flags = 0
+            status = backend.submit(transfer)
+        }
+        guard status == 0 else {
+            outDone[index] = true
+            releaseFinishedOutSlots()
+            submitFailed(status, what: "cannot queue a bulk OUT transfer")
+            return true // the frame is dropped (the link retransmits it); not queued again
+        }
+        outSubmitted[index] = true
+        if needsZeroLengthPacket {
+            statistics.zeroLengthOut += 1
+            if explicitZeroLengthPackets, !submitOut([]) { waiting.insert([], at: waitingHead) }
+        }
+        return true
+    }
+
+    private func outCompleted(_ index: Int, status: libusb_transfer_status, actual: Int) {
+        outSubmitted[index] = false
+        outDone[index] = true
+        releaseFinishedOutSlots()
+        switch status {
+        case LIBUSB_TRANSFER_COMPLETED:
+            statistics.outTransfers += 1
+            statistics.bytesOut += actual
+            outTimeout = options.outTimeoutMilliseconds
+            consecutiveErrors = 0
+        case LIBUSB_TRANSFER_TIMED_OUT:
+            // The frame is lost (the link retransmits it); the next ones get longer.
+            statistics.timeouts += 1
+            outTimeout = min(outTimeout * 2, options.maxOutTimeoutMilliseconds)
+        case LIBUSB_TRANSFER_STALL: outHalted = true
+        case LIBUSB_TRANSFER_NO_DEVICE: deviceGone()
+        case LIBUSB_TRANSFER_CANCELLED: break
+        default: transferError()
+        }
+        switch state {
+        case .running:
+            if outHalted { clearHaltWhenIdle(outEndpoint) } else { drainWaiting() }
+        case .closing: finishIfDrained()
+        case .idle, .closed: break
+        }
+    }
+
+    /// OUT completions arrive in order on one endpoint; a failed submit can finish a slot early.
+    private func releaseFinishedOutSlots() {
+        while let front = outRing.frontSlot, outDone[front] {
+            outDone[front] = false
+            outRing.releaseFront()
+        }
+    }
+
+    private func drainWaiting() {
+        while case .running = state, !outHalted, !retryScheduled, waitingHead < waiting.count {
+            guard submitOut(waiting[waitingHead]) else { break }
+            waitingHead += 1
+        }
+        if waitingHead == waiting.count {
+            waiting.removeAll(keepingCapacity: true)
+            waitingHead = 0
+        }
+    }
+
+    // MARK: Errors, stalls, retries
+
+    private func submitFailed(_ status: Int32, what: String) {
+        if status == LIBUSB_ERROR_NO_DEVICE.rawValue {
+            deviceGone()
+        } else {
+            transferError()
+            scheduleRetry()
+        }
+    }
+
+    private func transferError() {
+        statistics.errors += 1
+        consecutiveErrors += 1
+        if consecutiveErrors >= options.maxConsecutiveErrors {
+            fail(TransportError("\(description): \(consecutiveErrors) transfer errors in a row",
+                                advice: "unplug and replug the accessory; if it keeps happening, try another cable or port"))
+        } else {
+            scheduleRetry()
+        }
+    }
+
+    /// Waits (10 ms doubling to 1 s with each error in a row) before submitting again.
+    private func scheduleRetry() {
+        guard case .running = state, !retryScheduled else { return }
+        retryScheduled = true
+        let delay = min(1_000, 10 << min(consecutiveErrors, 7))
+        queue.asyncAfter(deadline: .now() + .milliseconds(delay)) { [self] in
+            retryScheduled = false
+            refillIn()
+            drainWaiting()
+        }
+    }
+
+    private func deviceGone() {
+        fail(TransportError("\(description) was disconnected"))
+    }
+
+    /// Clears a stalled endpoint once none of its transfers is in flight (on the setup queue:
+    /// it is a control transfer the kernel waits for), then resumes the pipe.
+    private func clearHaltWhenIdle(_ endpoint: UInt8) {
+        let isIn = endpoint & 0x80 != 0
+        guard !(isIn ? inSubmitted : outSubmitted).contains(true) else { return }
+        setupCallsInFlight += 1
+        setupQueue.async { [self] in
+            let status = backend.clearHalt(handle, endpoint: endpoint)
+            queue.async { [self] in
+                setupCallsInFlight -= 1
+                guard case .running = state else { return finishIfDrained() }
+                if status != 0, status != LIBUSB_ERROR_NOT_FOUND.rawValue {
+                    if status == LIBUSB_ERROR_NO_DEVICE.rawValue { return deviceGone() }
+                    return fail(TransportError("cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)) of \(description): \(errorName(status))",
+                                               advice: "unplug and replug the accessory"))
+                }
+                statistics.stalls += 1
+                if isIn {
+                    inHalted = false
+                    refillIn()
+                } else {
+                    outHalted = false
+                    drainWaiting()
+                }
+            }
+        }
+    }
+
+    // MARK: Teardown
+
+    private func fail(_ error: TransportError) {
+        guard case .running = state else { return }
+        beginClosing(error)
+    }
+
+    private func beginClosing(_ error: TransportError?) {
+        state = .closing(error)
+        waiting.removeAll()
+        waitingHead = 0
+        for (index, transfer) in inTransfers.enumerated() where inSubmitted[index] { _ = backend.cancel(transfer) }
+        for (index, transfer) in outTransfers.enumerated() where outSubmitted[index] { _ = backend.cancel(transfer) }
+        let deadline = DispatchWorkItem { [self] in abandonInFlight() }
+        closeDeadline = deadline
+        queue.asyncAfter(deadline: .now() + .milliseconds(options.teardownTimeoutMilliseconds), execute: deadline)
+        finishIfDrained()
+    }
+
+    /// Once libusb has given every transfer back and no setup call runs: frees the slots
+    /// (device memory first, while the handle is open), releases the interface, closes the
+    /// device, frees the transfers, and reports the close.
+    private func finishIfDrained() {
+        guard case let .closing(error) = state, !inSubmitted.contains(true), !outSubmitted.contains(true),
+              setupCallsInFlight == 0 else { return }
+        closeDeadline?.cancel()
+        closeDeadline = nil
+        inRing.releaseMemory()
+        outRing.releaseMemory()
+        _ = backend.releaseInterface(handle, interface)
+        backend.close(handle)
+        for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
+        inTransfers = []
+        outTransfers = []
+        report(error)
+    }
+
+    /// The kernel did not give transfers back in time: report the close anyway and leak them
+    /// (and the device handle) rather than free memory libusb may still write to.
+    private func abandonInFlight() {
+        guard case let .closing(error) = state else { return }
+        statistics.abandonedTransfers = inSubmitted.count { $0 } + outSubmitted.count { $0 } + setupCallsInFlight
+        onFinished = nil // the context must keep libusb running: the kernel still owns these
+        report(error ?? TransportError("\(description): transfers did not finish within \(options.teardownTimeoutMilliseconds) ms of closing"))
+    }
+
+    private func report(_ error: TransportError?) {
+        state = .closed
+        let handler = self.handler
+        self.handler = nil
+        if let handlerQueue {
+            handlerQueue.async { handler?(.closed(error)) }
+        } else {
+            handler?(.closed(error))
+        }
+        let finished = onFinished
+        onFinished = nil
+        finished?()
+        keepAlive?.release()
+        keepAlive = nil
+    }
+}
+
+/// Where a transfer's completion enters Swift: runs inside libusb_handle_events, on the
+/// context's event queue. `user_data` is the transport, kept alive until its teardown ends.
+private func usbTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
+    guard let transfer, let user = transfer.pointee.user_data else { return }
+    Unmanaged<USBAccessoryTransport>.fromOpaque(user).takeUnretainedValue().completed(transfer)
+}
+
+/// Ring slot memory from usbfs (`libusb_dev_mem_alloc`): transfers then need no bounce buffer in
+/// the kernel. Declined (nil) where the kernel does not offer it; the ring uses the heap then.
+final class DeviceMemoryAllocator: SlotAllocator, @unchecked Sendable {
+    // Sendability: used only by the ring's init and releaseMemory, on the event queue.
+    let backend: any USBBackend
+    let handle: OpaquePointer
+    init(backend: any USBBackend, handle: OpaquePointer) {
+        self.backend = backend
+        self.handle = handle
+    }
+    func allocate(byteCount: Int) -> UnsafeMutableRawPointer? { backend.allocateDeviceMemory(handle, length: byteCount) }
+    func deallocate(_ pointer: UnsafeMutableRawPointer, byteCount: Int) { backend.freeDeviceMemory(handle, pointer, length: byteCount) }
+}

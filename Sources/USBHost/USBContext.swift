@@ -1,0 +1,426 @@
+internal import CLibUSB
+public import Dispatch
+
+/// How the USB layer behaves.
+public struct USBOptions: Sendable, Hashable {
+    /// Bulk IN transfers always queued per accessory (each over its own ring slot).
+    public var inTransfers = 4
+    /// Bytes per IN transfer. 16 KiB: larger transfers are split into chained URBs, which loses
+    /// data on some host controllers when short packets end them (PROTOCOL.md §4.6).
+    public var inTransferSize = 16_384
+    /// OUT transfers in flight at most; further frames wait in order.
+    public var outTransfers = 8
+    /// Bytes per OUT slot: one whole link packet (at most 65535 bytes).
+    public var outTransferSize = 65_536
+    /// Take ring slots from usbfs DMA memory (`libusb_dev_mem_alloc`) when the kernel offers it.
+    public var useDeviceMemory = true
+    /// Detach a kernel driver bound to the iAP interface (none is expected) instead of failing.
+    public var detachKernelDriver = true
+    /// Use libusb hotplug notifications; false (or no hotplug support) polls the device list.
+    public var hotplug = true
+    /// How often the device list is polled without hotplug.
+    public var pollInterval: Duration = .seconds(1)
+    /// OUT transfer timeout; doubles after each timeout up to the maximum, back after a success.
+    public var outTimeoutMilliseconds: UInt32 = 2_000
+    public var maxOutTimeoutMilliseconds: UInt32 = 30_000
+    /// Transfer errors in a row after which the transport gives up.
+    public var maxConsecutiveErrors = 8
+    /// Frames allowed to wait for a free OUT slot (the link window keeps it far below this).
+    public var maxQueuedFrames = 1_024
+    /// How long a teardown waits for libusb to give cancelled transfers back.
+    public var teardownTimeoutMilliseconds = 2_000
+    /// Timeout of each string-descriptor read at open.
+    public var stringTimeoutMilliseconds: UInt32 = 1_000
+
+    public init() {}
+}
+
+/// A USB device as the host sees it: where it is, what its descriptors say, and where its iAP
+/// interface is (nil when it has none: not an accessory in USB host mode).
+public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
+    public var bus: UInt8
+    public var address: UInt8
+    /// Hub ports from the root, e.g. [1, 2].
+    public var portPath: [UInt8]
+    public var descriptor: USBDeviceDescriptor
+    public var configurations: [USBConfigurationDescriptor]
+    public var activeConfiguration: UInt8?
+    /// Where the iAP2 interface is, nil for other devices.
+    public var iapInterface: IAPInterfaceLocation?
+    /// The strings read at open (nil until then, or when the device has none).
+    public var manufacturer: String?
+    public var product: String?
+    public var serialNumber: String?
+
+    /// `bus-port.port…` as the kernel names the device in sysfs, e.g. `1-1.2`: stable while the
+    /// device stays in the same port, unlike the address.
+    public var location: String {
+        portPath.isEmpty ? "usb\(bus)" : "\(bus)-" + portPath.map(String.init).joined(separator: ".")
+    }
+
+    /// The usbfs node, e.g. `/dev/bus/usb/001/005`.
+    public var devicePath: String { "/dev/bus/usb/\(Self.pad3(bus))/\(Self.pad3(address))" }
+
+    /// A stable identity: the port path and, once read, the serial number.
+    public var stableIdentity: String { serialNumber.map { "\(location)/\($0)" } ?? location }
+
+    public var description: String {
+        var text = "usb \(location) \(descriptor.idString)"
+        if let product { text += " \(product)" }
+        if let serialNumber, !serialNumber.isEmpty { text += " (serial \(serialNumber))" }
+        return text
+    }
+
+    var key: DeviceKey { DeviceKey(bus: bus, address: address) }
+
+    private static func pad3(_ value: UInt8) -> String {
+        let digits = String(value)
+        return String(repeating: "0", count: 3 - digits.count) + digits
+    }
+}
+
+/// A device came or went.
+public enum USBDeviceEvent: Sendable {
+    case arrived(USBDeviceInfo)
+    case left(USBDeviceInfo)
+}
+
+struct DeviceKey: Hashable { var bus: UInt8; var address: UInt8 }
+
+/// One libusb context with its Dispatch event loop: lists devices, follows hotplug (or polls),
+/// and opens accessories as ``USBAccessoryTransport``s.
+///
+/// Everything runs on ``queue`` (give it the queue that owns your protocol state, as
+/// `AccessoryManager` does, and no hop is needed). No thread blocks inside libusb: the loop
+/// calls `libusb_handle_events_timeout_completed` with a zero timeout when a source fires, and
+/// the two calls that wait for the device (SET_CONFIGURATION, CLEAR_FEATURE(HALT)) run on a
+/// separate setup queue.
+public final class USBContext: @unchecked Sendable {
+    // Sendability: every stored var is touched on `queue` only.
+    static let queueKey = DispatchSpecificKey<UInt>()
+
+    public let queue: DispatchQueue
+    public let options: USBOptions
+    let backend: any USBBackend
+    let setupQueue = DispatchQueue(label: "USBHost.setup")
+    private var known: [DeviceKey: (OpaquePointer, USBDeviceInfo)] = [:]
+    private var monitor: ((USBDeviceEvent) -> Void)?
+    private var pollTimer: (any DispatchSourceTimer)?
+    private var shutDown = false
+    private var openTransports = 0
+    private let marker: UInt
+
+    /// Starts libusb and its event loop on `queue`.
+    ///
+    /// - Throws: ``USBError`` of kind ``USBError/Kind/unavailable`` on a machine without USB.
+    public convenience init(queue: DispatchQueue, options: USBOptions = USBOptions()) throws(USBError) {
+        let backend = try LibUSBBackend(queue: queue)
+        self.init(backend: backend, queue: queue, options: options)
+    }
+
+    init(backend: any USBBackend, queue: DispatchQueue, options: USBOptions) {
+        self.backend = backend
+        self.queue = queue
+        self.options = options
+        marker = UInt(bitPattern: ObjectIdentifier(backend).hashValue)
+        queue.setSpecific(key: Self.queueKey, value: marker)
+    }
+
+    /// Whether devices are followed by hotplug notifications (else by polling).
+    public var usesHotplug: Bool { options.hotplug && backend.hasHotplug }
+
+    /// How many times the event loop has woken up so far (an idle open accessory should add none).
+    public var eventLoopWakeups: Int { backend.wakeups }
+
+    /// Every USB device now, accessories or not. Call on ``queue``.
+    public func devices() throws(USBError) -> [USBDeviceInfo] {
+        dispatchPrecondition(condition: .onQueue(queue))
+        let snapshots = try backend.listDevices().get()
+        defer { for snapshot in snapshots { backend.releaseDevice(snapshot.device) } }
+        return snapshots.map(Self.info)
+    }
+
+    static func info(_ snapshot: DeviceSnapshot) -> USBDeviceInfo {
+        USBDeviceInfo(bus: snapshot.bus, address: snapshot.address, portPath: snapshot.portPath, descriptor: snapshot.descriptor,
+                      configurations: snapshot.configurations, activeConfiguration: snapshot.activeConfiguration,
+                      iapInterface: IAPInterfaceLocation.find(in: snapshot.configurations, activeConfiguration: snapshot.activeConfiguration))
+    }
+
+    /// Reports every device present now, then arrivals and departures, to `handler` on
+    /// ``queue``: through libusb hotplug when it works here, else by polling every
+    /// ``USBOptions/pollInterval``. Call on ``queue``, once.
+    public func startMonitoring(_ handler: @escaping (USBDeviceEvent) -> Void) throws(USBError) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        precondition(monitor == nil, "startMonitoring is called once per context")
+        monitor = handler
+        if usesHotplug {
+            let status = backend.startHotplug { [weak self] change in self?.hotplug(change) }
+            if status == 0 { return }
+        }
+        poll()
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        let (seconds, attoseconds) = options.pollInterval.components
+        let interval = DispatchTimeInterval.nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
+        timer.schedule(deadline: .now() + interval, repeating: interval, leeway: .milliseconds(100))
+        timer.setEventHandler { [weak self] in self?.poll() }
+        timer.resume()
+        pollTimer = timer
+    }
+
+    private func hotplug(_ change: HotplugChange) {
+        switch change {
+        case let .arrived(snapshot):
+            let info = Self.info(snapshot)
+            if let previous = known.updateValue((snapshot.device, info), forKey: info.key) { backend.releaseDevice(previous.0) }
+            monitor?(.arrived(info))
+        case let .left(device):
+            guard let entry = known.first(where: { $0.value.0 == device }) else { return }
+            known.removeValue(forKey: entry.key)
+            backend.releaseDevice(device)
+            monitor?(.left(entry.value.1))
+        }
+    }
+
+    /// The polling fallback: compares the device list with the last one.
+    func poll() {
+        guard !shutDown, case let .success(snapshots) = backend.listDevices() else { return }
+        var seen = Set<DeviceKey>()
+        for snapshot in snapshots {
+            let info = Self.info(snapshot)
+            seen.insert(info.key)
+            if known[info.key] == nil {
+                known[info.key] = (snapshot.device, info)
+                monitor?(.arrived(info))
+            } else {
+                backend.releaseDevice(snapshot.device)
+            }
+        }
+        for (key, entry) in known where !seen.contains(key) {
+            known.removeValue(forKey: key)
+            backend.releaseDevice(entry.0)
+            monitor?(.left(entry.1))
+        }
+    }
+
+    /// Opens an accessory: opens the device, reads its strings, selects the configuration with
+    /// the iAP interface when another is active, detaches a kernel driver if one is bound (and
+    /// the options allow), claims the interface, and hands back the transport (not yet
+    /// activated). `completion` runs on ``queue``.
+    public func open(_ device: USBDeviceInfo, completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard let location = device.iapInterface else {
+            return completion(.failure(USBError(.notAnAccessory, "\(device) has no iAP interface (class FF, subclass F0, protocol 00)")))
+        }
+        guard let pointer = known[device.key]?.0 ?? findDevice(device.key) else {
+            return completion(.failure(USBError(.noDevice, "\(device) is no longer connected")))
+        }
+        let handle: OpaquePointer
+        switch backend.open(pointer) {
+        case let .success(opened): handle = opened
+        case let .failure(failure):
+            let status = failure.code
+            let error = status == LIBUSB_ERROR_ACCESS.rawValue
+                ? USBError(.access, "cannot open \(device) (\(device.devicePath)): permission denied",
+                           advice: USBError.accessAdvice(devicePath: device.devicePath), code: status)
+                : USBError(code: status, "cannot open \(device) (\(device.devicePath))")
+            return completion(.failure(error))
+        }
+        StringReader(backend: backend, handle: handle, descriptor: device.descriptor, timeout: options.stringTimeoutMilliseconds).read { [self] strings in
+            var device = device
+            device.manufacturer = strings.manufacturer
+            device.product = strings.product
+            device.serialNumber = strings.serialNumber
+            configure(device, handle: handle, location: location, completion: completion)
+        }
+    }
+
+    private func findDevice(_ key: DeviceKey) -> OpaquePointer? {
+        guard case let .success(snapshots) = backend.listDevices() else { return nil }
+        var found: OpaquePointer?
+        for snapshot in snapshots {
+            if found == nil, snapshot.bus == key.bus, snapshot.address == key.address {
+                found = snapshot.device
+            } else {
+                backend.releaseDevice(snapshot.device)
+            }
+        }
+        if let found {
+            // Keep the reference in `known` so the pointer stays valid while it is open.
+            known[key] = (found, USBDeviceInfo(bus: key.bus, address: key.address, portPath: [], descriptor: USBDeviceDescriptor(vendorID: 0, productID: 0), configurations: []))
+        }
+        return found
+    }
+
+    private func configure(_ device: USBDeviceInfo, handle: OpaquePointer, location: IAPInterfaceLocation,
+                           completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
+        guard location.needsConfigurationChange else { return claim(device, handle: handle, location: location, completion: completion) }
+        let backend = self.backend
+        let carried = Unchecked(value: (handle, completion))
+        setupQueue.async { [self] in
+            let status = backend.setConfiguration(carried.value.0, location.configurationValue)
+            queue.async { [self] in
+                let (handle, completion) = carried.value
+                guard status == 0 else {
+                    backend.close(handle)
+                    let advice = status == LIBUSB_ERROR_BUSY.rawValue
+                        ? "another interface of the active configuration is in use (\(holders(of: device))); the host has to select configuration \(location.configurationValue) for the iAP interface"
+                        : nil
+                    return completion(.failure(USBError(code: status, "cannot select configuration \(location.configurationValue) of \(device)", advice: advice)))
+                }
+                claim(device, handle: handle, location: location, completion: completion)
+            }
+        }
+    }
+
+    private func claim(_ device: USBDeviceInfo, handle: OpaquePointer, location: IAPInterfaceLocation,
+                       completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
+        let number = location.interface.number
+        if backend.kernelDriverActive(handle, interface: number) == 1 {
+            let driver = backend.kernelDriverName(bus: device.bus, portPath: device.portPath, configuration: location.configurationValue,
+                                                  interface: number) ?? "a kernel driver"
+            if options.detachKernelDriver {
+                let status = backend.detachKernelDriver(handle, interface: number)
+                if status != 0 {
+                    backend.close(handle)
+                    return completion(.failure(USBError(code: status, "cannot detach \(driver) from interface \(number) of \(device)",
+                                                        advice: "unbind it by hand: echo \(device.location):\(location.configurationValue).\(number) | sudo tee /sys/bus/usb/drivers/\(driver)/unbind")))
+                }
+            } else {
+                backend.close(handle)
+                return completion(.failure(USBError(.busy, "interface \(number) of \(device) is held by the kernel driver \(driver)",
+                                                    advice: "allow detaching it (drop --no-detach), or unbind it: echo \(device.location):\(location.configurationValue).\(number) | sudo tee /sys/bus/usb/drivers/\(driver)/unbind",
+                                                    code: LIBUSB_ERROR_BUSY.rawValue)))
+            }
+        }
+        let status = backend.claimInterface(handle, number)
+        guard status == 0 else {
+            backend.close(handle)
+            let error: USBError = switch status {
+            case LIBUSB_ERROR_BUSY.rawValue:
+                USBError(.busy, "interface \(number) of \(device) is in use by \(holders(of: device, interface: number, configuration: location.configurationValue))",
+                         advice: "stop the other program (find it with: fuser -v \(device.devicePath)) and try again", code: status)
+            case LIBUSB_ERROR_ACCESS.rawValue:
+                USBError(.access, "cannot claim interface \(number) of \(device): permission denied",
+                         advice: USBError.accessAdvice(devicePath: device.devicePath), code: status)
+            default:
+                USBError(code: status, "cannot claim interface \(number) of \(device)")
+            }
+            return completion(.failure(error))
+        }
+        openTransports += 1
+        let transport = USBAccessoryTransport(device: device, backend: backend, handle: handle, location: location, options: options,
+                                              queue: queue, setupQueue: setupQueue, contextMarker: marker, description: device.description,
+                                              onFinished: { [self] in
+                                                  openTransports -= 1
+                                                  if shutDown, openTransports == 0 { backend.shutdown() }
+                                              })
+        completion(.success(transport))
+    }
+
+    /// Who holds an interface: the kernel driver sysfs names, else another process.
+    private func holders(of device: USBDeviceInfo, interface: UInt8? = nil, configuration: UInt8? = nil) -> String {
+        if let interface, let configuration,
+           let driver = backend.kernelDriverName(bus: device.bus, portPath: device.portPath, configuration: configuration, interface: interface) {
+            return "the kernel driver \(driver)"
+        }
+        return "another process, such as usbmuxd or a second iapctl"
+    }
+
+    /// Stops monitoring, and the event loop once every transport it opened has finished its
+    /// teardown (which needs the loop). Call on ``queue``.
+    public func shutdown() {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard !shutDown else { return }
+        shutDown = true
+        pollTimer?.cancel()
+        pollTimer = nil
+        monitor = nil
+        backend.stopHotplug()
+        for (pointer, _) in known.values { backend.releaseDevice(pointer) }
+        known.removeAll()
+        if openTransports == 0 { backend.shutdown() }
+    }
+}
+
+/// Reads the manufacturer, product and serial strings with asynchronous control transfers (no
+/// blocking call on the event queue). Any failure just leaves that string nil.
+final class StringReader {
+    struct Strings { var manufacturer: String?; var product: String?; var serialNumber: String? }
+
+    private let backend: any USBBackend
+    private let handle: OpaquePointer
+    private let timeout: UInt32
+    private var pending: [(UInt8, WritableKeyPath<Strings, String?>)]
+    private var strings = Strings()
+    private var language: UInt16 = 0
+    private var completion: ((Strings) -> Void)?
+    private var transfer: UnsafeMutablePointer<libusb_transfer>?
+    private var buffer = [UInt8](repeating: 0, count: 8 + 255)
+    private var keepAlive: Unmanaged<StringReader>?
+
+    init(backend: any USBBackend, handle: OpaquePointer, descriptor: USBDeviceDescriptor, timeout: UInt32) {
+        self.backend = backend
+        self.handle = handle
+        self.timeout = timeout
+        pending = [(descriptor.manufacturerIndex, \.manufacturer), (descriptor.productIndex, \.product),
+                   (descriptor.serialNumberIndex, \.serialNumber)].filter { $0.0 != 0 }
+    }
+
+    func read(_ completion: @escaping (Strings) -> Void) {
+        guard !pending.isEmpty, let transfer = backend.allocateTransfer() else { return completion(strings) }
+        self.completion = completion
+        self.transfer = transfer
+        keepAlive = Unmanaged.passRetained(self)
+        request(index: 0) // string 0: the supported languages
+    }
+
+    private func request(index: UInt8) {
+        guard let transfer else { return }
+        buffer.withUnsafeMutableBufferPointer { bytes in
+            // GET_DESCRIPTOR(STRING, index, language), device-to-host standard request.
+            let setup: [UInt8] = [0x80, 0x06, index, 0x03, UInt8(language & 0xFF), UInt8(language >> 8), 255, 0]
+            for (offset, byte) in setup.enumerated() { bytes[offset] = byte }
+            transfer.pointee.dev_handle = handle
+            transfer.pointee.endpoint = 0
+            transfer.pointee.type = UInt8(LIBUSB_TRANSFER_TYPE_CONTROL.rawValue)
+            transfer.pointee.timeout = timeout
+            transfer.pointee.buffer = bytes.baseAddress
+            transfer.pointee.length = Int32(bytes.count)
+            transfer.pointee.flags = 0
+            transfer.pointee.user_data = Unmanaged.passUnretained(self).toOpaque()
+            transfer.pointee.callback = stringTransferCompleted
+        }
+        if backend.submit(transfer) != 0 { finish() }
+    }
+
+    fileprivate func completed() {
+        guard let transfer else { return }
+        let ok = transfer.pointee.status == LIBUSB_TRANSFER_COMPLETED
+        let count = max(0, min(Int(transfer.pointee.actual_length), 255))
+        let reply = Array(buffer[8..<(8 + count)])
+        if language == 0 {
+            // The first language of string 0; US English when the device gives none.
+            language = ok && reply.count >= 4 && reply[1] == 0x03 ? UInt16(reply[2]) | UInt16(reply[3]) << 8 : 0x0409
+        } else {
+            let (_, path) = pending.removeFirst()
+            if ok { strings[keyPath: path] = decodeStringDescriptor(reply) }
+        }
+        if let (index, _) = pending.first { request(index: index) } else { finish() }
+    }
+
+    private func finish() {
+        if let transfer { backend.freeTransfer(transfer) }
+        transfer = nil
+        let completion = self.completion
+        self.completion = nil
+        let strings = self.strings
+        keepAlive?.release()
+        keepAlive = nil
+        completion?(strings)
+    }
+}
+
+private func stringTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
+    guard let transfer, let user = transfer.pointee.user_data else { return }
+    Unmanaged<StringReader>.fromOpaque(user).takeUnretainedValue().completed()
+}

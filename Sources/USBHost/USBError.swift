@@ -1,0 +1,68 @@
+internal import CLibUSB
+public import IAPTransport
+
+/// A USB failure, with what a person can do about it.
+public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// The kind of failure, for code that reacts to it.
+    public enum Kind: String, Hashable, Sendable {
+        /// No USB on this machine (no usbfs), or libusb could not start.
+        case unavailable
+        /// No permission to open the device node.
+        case access
+        /// The interface is held by a kernel driver or another process.
+        case busy
+        /// The device went away.
+        case noDevice
+        /// The device stalled a request it should have taken.
+        case stall
+        /// A transfer timed out.
+        case timeout
+        /// The device is not an accessory in USB host mode (no FF/F0/00 interface).
+        case notAnAccessory
+        /// Anything else libusb reported.
+        case io
+    }
+
+    public var kind: Kind
+    /// What failed, e.g. "cannot claim interface 0 of 2ca3:1002 at 1-1.2".
+    public var message: String
+    /// What to do next.
+    public var advice: String?
+    /// libusb's error code, when the failure came from libusb.
+    public var code: Int32?
+
+    public init(_ kind: Kind, _ message: String, advice: String? = nil, code: Int32? = nil) {
+        self.kind = kind
+        self.message = message
+        self.advice = advice
+        self.code = code
+    }
+
+    /// An error from a libusb status, named after it.
+    init(code: Int32, _ what: String, advice: String? = nil) {
+        let kind: Kind = switch code {
+        case LIBUSB_ERROR_ACCESS.rawValue: .access
+        case LIBUSB_ERROR_BUSY.rawValue: .busy
+        case LIBUSB_ERROR_NO_DEVICE.rawValue: .noDevice
+        case LIBUSB_ERROR_PIPE.rawValue: .stall
+        case LIBUSB_ERROR_TIMEOUT.rawValue: .timeout
+        default: .io
+        }
+        self.init(kind, "\(what): \(errorName(code))", advice: advice, code: code)
+    }
+
+    public var description: String { advice.map { "\(message); \($0)" } ?? message }
+
+    /// The same failure as a ``TransportError`` (what the manager reports).
+    public var transportError: TransportError {
+        TransportError(message, advice: advice)
+    }
+
+    /// The advice for a device node this user may not open.
+    static func accessAdvice(devicePath: String) -> String {
+        "no permission to open \(devicePath): install the udev rule (sudo install -m 644 rules.d/70-mfi-accessory.rules "
+            + "/etc/udev/rules.d/ && sudo udevadm control --reload-rules && sudo udevadm trigger --subsystem-match=usb), "
+            + "then unplug and replug the accessory; without a desktop seat use rules.d/71-mfi-accessory-plugdev.rules "
+            + "and join the plugdev group"
+    }
+}

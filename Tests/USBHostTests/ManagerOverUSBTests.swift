@@ -1,0 +1,70 @@
+@testable import AccessoryHost
+import AccessorySimulator
+import Dispatch
+import IAPTransport
+import Synchronization
+import Testing
+@testable import USBHost
+
+/// The whole host stack over the USB layer's real code (pipes, ring, open, teardown), with the
+/// fake libusb wired to the simulated accessory: what `iapctl` does with a real accessory.
+@Suite struct ManagerOverUSBTests {
+    @Test func anAccessoryOnUSBIsIdentifiedAndASessionEchoesMegabytes() async throws {
+        let manager = AccessoryManager(configuration: .init(supportedProtocols: ["com.example.echo"]))
+        let fake = FakeBackend(queue: manager.queue)
+        let (hostSide, accessorySide) = MemoryTransport.pair(name: "usb wire")
+        let profile = try #require(SimulatorProfile.builtIn(named: "multi-sensor"))
+        let runner = try SimulatorRunner(profile: profile, attachment: .transport(accessorySide))
+        manager.queue.sync { fake.connect(wire: hostSide) }
+        runner.start()
+        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, options: USBOptions()))
+
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(20)))
+        #expect(accessory.name == "Multi Sensor")
+        #expect(accessory.transportKind == .usb)
+        #expect(accessory.location == "usb 1-1.2 2ca3:1002 Goggles 3 (serial GG3-0042)")
+
+        let session = try await accessory.openSession(for: "com.example.echo")
+        let payload = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 11) }
+        async let sent: Void = {
+            var offset = 0
+            while offset < payload.count {
+                let end = min(payload.count, offset + 50_000)
+                try await session.write(Array(payload[offset..<end]))
+                offset = end
+            }
+        }()
+        var received: [UInt8] = []
+        received.reserveCapacity(payload.count)
+        while received.count < payload.count {
+            guard let chunk = try await session.read(maxBytes: 1 << 16) else { break }
+            received += chunk
+        }
+        try await sent
+        #expect(received == payload)
+
+        // Unplugged with the session open: the accessory disconnects, the session ends with an
+        // error, and the USB layer gives everything back.
+        let gone = Mutex<String?>(nil)
+        let disconnected = DispatchSemaphore(value: 0)
+        let subscription = manager.onEvent(queue: DispatchQueue(label: "test.events")) { event in
+            if case let .disconnected(_, reason) = event {
+                gone.withLock { $0 = reason }
+                disconnected.signal()
+            }
+        }
+        manager.queue.sync { fake.unplug(FakeDevice()) }
+        #expect(disconnected.wait(timeout: .now() + 10) == .success)
+        subscription.cancel()
+        #expect(gone.withLock { $0 }?.contains("was disconnected") == true)
+        #expect(!accessory.isConnected)
+        await #expect(throws: AccessoryError.self) { try await session.write([1]) }
+        manager.stop()
+        runner.stop()
+        manager.queue.sync {}
+        fake.state.withLock { state in
+            #expect(state.openHandles == 0 && state.deviceMemoryLive == 0 && state.transfersLive == 0)
+        }
+        #expect(manager.queue.sync { fake.log.last } == "shutdown")
+    }
+}

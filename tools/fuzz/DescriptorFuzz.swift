@@ -1,0 +1,27 @@
+// libFuzzer target: USB configuration and device descriptors as a device might send them.
+// Checks, on every input: no crash; a parsed configuration only holds what the bytes hold (each
+// interface and endpoint came from a 9- or 7-byte descriptor inside wTotalLength); the iAP
+// match only returns an FF/F0/00 interface with a bulk IN and a bulk OUT endpoint; string
+// descriptors decode without reading past the bytes.
+//
+// Built with Sources/USBHost/Descriptors.swift compiled in (it has no imports).
+
+@_cdecl("LLVMFuzzerTestOneInput")
+public func descriptorFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
+    let bytes = Array(UnsafeBufferPointer(start: data, count: size))
+    if let config = try? USBConfigurationDescriptor(parsing: bytes) {
+        let total = Int(bytes[2]) | Int(bytes[3]) << 8
+        let endpoints = config.interfaces.reduce(0) { $0 + $1.endpoints.count }
+        precondition(9 + config.interfaces.count * 9 + endpoints * 7 <= total, "more descriptors than bytes")
+        if let found = IAPInterfaceLocation.find(in: [config], activeConfiguration: bytes.last) {
+            precondition(found.interface.isIAP, "matched a non-iAP interface")
+            precondition(found.bulkIn.isIn && found.bulkIn.isBulk && !found.bulkOut.isIn && found.bulkOut.isBulk, "bad endpoints")
+            precondition(found.needsConfigurationChange == (config.value != bytes.last), "wrong configuration decision")
+        }
+    }
+    _ = try? USBDeviceDescriptor(parsing: bytes)
+    if let text = decodeStringDescriptor(bytes) {
+        precondition(text.utf16.count <= max(0, (min(Int(bytes[0]), bytes.count) - 2) / 2), "string longer than its descriptor")
+    }
+    return 0
+}
