@@ -39,6 +39,9 @@ public final class AccessoryManager: Sendable {
         /// Where the manager says what happens (identification, failures, disconnects at info and
         /// above; link and session details at debug). Silent by default.
         public var logger: Logger
+        /// Wraps every transport the manager runs, USB ones included (e.g. a `TracingTransport`
+        /// for `--trace`); nil runs them as they are.
+        public var transportTap: (@Sendable (any Transport) -> any Transport)?
 
         public init(supportedProtocols: [String] = [], link: LinkConfiguration = .device, answerTimeout: Duration = .seconds(10),
                     sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = AcceptingAuthentication(),
@@ -108,8 +111,9 @@ public final class AccessoryManager: Sendable {
         queue.async { self.attachOnQueue(transport) }
     }
 
-    private func attachOnQueue(_ transport: any Transport) {
+    private func attachOnQueue(_ plain: any Transport) {
         dispatchPrecondition(condition: .onQueue(queue))
+        let transport = configuration.transportTap?(plain) ?? plain
         let (id, stopped) = self.state.withLock { state -> (Int, Bool) in
             defer { state.nextConnectionID += 1 }
             return (state.nextConnectionID, state.stopped)
@@ -174,6 +178,15 @@ public final class AccessoryManager: Sendable {
                 logger.error("USB: \(error)")
             }
         }
+    }
+
+    /// The counters of a USB accessory's bulk pipes (transfers, bytes, stalls, zero-length
+    /// packets, slots in device memory…); nil for accessories on other transports.
+    public func usbStatistics(of accessory: Accessory) -> USBPipeStatistics? {
+        queue.sync {
+            let transport = accessory.connection.transport
+            return ((transport as? TracingTransport)?.base ?? transport) as? USBAccessoryTransport
+        }?.statistics
     }
 
     /// The USB context, once ``startUSB(options:)`` ran.

@@ -108,6 +108,8 @@ public final class USBContext: @unchecked Sendable {
     private var pollTimer: (any DispatchSourceTimer)?
     private var shutDown = false
     private var openTransports = 0
+    /// Device references taken to open devices that monitoring did not report.
+    private var extraReferences: [OpaquePointer] = []
     private let marker: UInt
 
     /// Starts libusb and its event loop on `queue`.
@@ -154,7 +156,12 @@ public final class USBContext: @unchecked Sendable {
         precondition(monitor == nil, "startMonitoring is called once per context")
         monitor = handler
         if usesHotplug {
-            let status = backend.startHotplug { [weak self] change in self?.hotplug(change) }
+            // Changes are handled after the libusb call that reported them returns (libusb holds
+            // its event lock during callbacks); the snapshot holds a device reference till then.
+            let status = backend.startHotplug { [weak self] change in
+                let carried = Unchecked(value: change)
+                self?.queue.async { [weak self] in self?.hotplug(carried.value) }
+            }
             if status == 0 { return }
         }
         poll()
@@ -244,10 +251,7 @@ public final class USBContext: @unchecked Sendable {
                 backend.releaseDevice(snapshot.device)
             }
         }
-        if let found {
-            // Keep the reference in `known` so the pointer stays valid while it is open.
-            known[key] = (found, USBDeviceInfo(bus: key.bus, address: key.address, portPath: [], descriptor: USBDeviceDescriptor(vendorID: 0, productID: 0), configurations: []))
-        }
+        if let found { extraReferences.append(found) } // released at shutdown; open() takes its own
         return found
     }
 
@@ -337,7 +341,9 @@ public final class USBContext: @unchecked Sendable {
         monitor = nil
         backend.stopHotplug()
         for (pointer, _) in known.values { backend.releaseDevice(pointer) }
+        for pointer in extraReferences { backend.releaseDevice(pointer) }
         known.removeAll()
+        extraReferences.removeAll()
         if openTransports == 0 { backend.shutdown() }
     }
 }

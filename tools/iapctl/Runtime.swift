@@ -30,7 +30,13 @@ final class HostContext: Sendable {
     init(_ command: ParsedCommand, supportedProtocols: [String] = []) throws {
         logger = Logger(label: "iapctl", logLevel: Logger.verbosity(command.count("verbose")))
         traceSink = try TraceSink(command)
-        manager = AccessoryManager(configuration: .init(supportedProtocols: supportedProtocols, logger: logger))
+        var configuration = AccessoryManager.Configuration(supportedProtocols: supportedProtocols, logger: logger)
+        if let traceSink {
+            configuration.transportTap = { transport in
+                TracingTransport(transport) { direction, bytes in traceSink.record(direction, bytes) }
+            }
+        }
+        manager = AccessoryManager(configuration: configuration)
         let failures = self.failures
         subscription = manager.onEvent(queue: manager.queue) { event in
             if case let .failed(location, reason) = event { failures.entries.withLock { $0.append("\(location): \(reason)") } }
@@ -77,11 +83,7 @@ final class HostContext: Sendable {
     }
 
     func attach(_ transport: any Transport) {
-        if let traceSink {
-            manager.attach(TracingTransport(transport) { direction, bytes in traceSink.record(direction, bytes) })
-        } else {
-            manager.attach(transport)
-        }
+        manager.attach(transport) // the manager's transport tap adds the tracing
     }
 
     var hasSources: Bool { true }
