@@ -77,6 +77,13 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
     private var hotplugHandle: libusb_hotplug_callback_handle = 0
     private var hotplugHandler: ((HotplugChange) -> Void)?
     private var stopped = false
+    /// `ACCESSORYHOST_USB_DEBUG=1`: the event loop says on standard error which fds it watches
+    /// and each wake-up (for diagnosing a loop that does not wake, or wakes too often).
+    private let debug = getenv("ACCESSORYHOST_USB_DEBUG") != nil
+
+    private func trace(_ text: @autoclosure () -> String) {
+        if debug { let line = "usb-loop: \(text())\n"; _ = line.withCString { write(2, $0, strlen($0)) } }
+    }
 
     init(queue: DispatchQueue) throws(USBError) {
         var context: OpaquePointer?
@@ -123,12 +130,16 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
     /// one source per direction, each on its own dup() because libusb closes its fd right after
     /// it asks for the removal, and the number is reused at once.
     private func addSources(fd: Int32, events: Int16) {
+        trace("watch fd \(fd) events 0x\(String(events, radix: 16))")
         var made: [any DispatchSourceProtocol] = []
         if events & Int16(POLLIN) != 0 {
             let copy = dup(fd)
             if copy >= 0 {
                 let source = DispatchSource.makeReadSource(fileDescriptor: copy, queue: queue)
-                source.setEventHandler { [weak self] in self?.handleEvents() }
+                source.setEventHandler { [weak self] in
+                    self?.trace("fd \(fd) readable")
+                    self?.handleEvents()
+                }
                 source.setCancelHandler { Glibc.close(copy) }
                 made.append(source)
             }
@@ -137,7 +148,10 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
             let copy = dup(fd)
             if copy >= 0 {
                 let source = DispatchSource.makeWriteSource(fileDescriptor: copy, queue: queue)
-                source.setEventHandler { [weak self] in self?.handleEvents() }
+                source.setEventHandler { [weak self] in
+                    self?.trace("fd \(fd) writable")
+                    self?.handleEvents()
+                }
                 source.setCancelHandler { Glibc.close(copy) }
                 made.append(source)
             }
@@ -151,6 +165,7 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
     }
 
     private func removeSources(fd: Int32) {
+        trace("unwatch fd \(fd)")
         let removed = sources.withLock { $0.byFD.removeValue(forKey: fd) }
         for source in removed ?? [] { source.cancel() }
     }
@@ -159,7 +174,8 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
         guard !stopped else { return }
         wakeupCount.add(1, ordering: .relaxed)
         var zero = timeval()
-        _ = libusb_handle_events_timeout_completed(context, &zero, nil)
+        let status = libusb_handle_events_timeout_completed(context, &zero, nil)
+        trace("wake-up \(wakeupCount.load(ordering: .relaxed)): handle_events \(status)")
         if let timer {
             var next = timeval()
             if libusb_get_next_timeout(context, &next) == 1 {
@@ -315,6 +331,7 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
     func shutdown() {
         dispatchPrecondition(condition: .onQueue(queue))
         guard !stopped else { return }
+        trace("shutdown: hotplug off")
         stopHotplug()
         stopped = true
         libusb_set_pollfd_notifiers(context, nil, nil, nil)
@@ -325,7 +342,9 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
         for source in all { source.cancel() }
         timer?.cancel()
         timer = nil
+        trace("shutdown: libusb_exit")
         libusb_exit(context)
+        trace("shutdown: done")
     }
 }
 

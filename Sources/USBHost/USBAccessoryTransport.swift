@@ -87,6 +87,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     private var explicitZeroLengthPackets = false
     private var keepAlive: Unmanaged<USBAccessoryTransport>?
     private var closeDeadline: DispatchWorkItem?
+    private var closeScheduled = false
     private var onFinished: (() -> Void)?
 
     /// Counters since activation.
@@ -147,30 +148,36 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     // MARK: Transport
 
     public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
-        queue.async { [self] in
+        onQueue { [self] in
             guard case .idle = state else { return }
             self.handler = handler
             self.handlerQueue = handlerQueue === queue ? nil : handlerQueue
+            keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until teardown ends
+            state = .running
             guard inTransfers.count == options.inTransfers, outTransfers.count == options.outTransfers else {
-                keepAlive = Unmanaged.passRetained(self)
-                state = .running
                 fail(TransportError("cannot allocate libusb transfers for \(description)"))
                 return
             }
-            keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until teardown ends
-            state = .running
             refillIn()
+            drainWaiting() // frames sent before activation
+        }
+    }
+
+    /// Runs `body` now when called on the context's queue (where the manager calls), else hops
+    /// there: a frame sent right after activation must find the transport running.
+    private func onQueue(_ body: @escaping () -> Void) {
+        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
+            body()
+        } else {
+            let carried = Unchecked(value: body)
+            queue.async { carried.value() }
         }
     }
 
     /// Takes one frame; on the context's queue (where the manager calls it) it is submitted at
     /// once, from elsewhere it hops there first.
     public func send(_ frame: [UInt8]) {
-        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
-            enqueue(frame)
-        } else {
-            queue.async { [self] in enqueue(frame) }
-        }
+        onQueue { [self] in enqueue(frame) }
     }
 
     public func cancel() {
@@ -279,6 +286,10 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     // MARK: OUT
 
     private func enqueue(_ frame: [UInt8]) {
+        if case .idle = state {
+            waiting.append(frame) // sent on activation
+            return
+        }
         guard case .running = state else { return }
         guard frame.count <= outRing.slotCapacity else {
             fail(TransportError("a frame of \(frame.count) bytes exceeds the \(outRing.slotCapacity)-byte OUT slots of \(description)"))
@@ -461,19 +472,26 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// Once libusb has given every transfer back and no setup call runs: frees the slots
     /// (device memory first, while the handle is open), releases the interface, closes the
     /// device, frees the transfers, and reports the close.
+    ///
+    /// The closing itself runs after the current libusb call returns: this is usually reached
+    /// from a transfer callback inside `libusb_handle_events`, and `libusb_close` there
+    /// deadlocks on libusb's own lock (found on the real kernel in the USB rig).
     private func finishIfDrained() {
         guard case let .closing(error) = state, !inSubmitted.contains(true), !outSubmitted.contains(true),
-              setupCallsInFlight == 0 else { return }
+              setupCallsInFlight == 0, !closeScheduled else { return }
+        closeScheduled = true
         closeDeadline?.cancel()
         closeDeadline = nil
-        inRing.releaseMemory()
-        outRing.releaseMemory()
-        _ = backend.releaseInterface(handle, interface)
-        backend.close(handle)
-        for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
-        inTransfers = []
-        outTransfers = []
-        report(error)
+        queue.async { [self] in
+            inRing.releaseMemory()
+            outRing.releaseMemory()
+            _ = backend.releaseInterface(handle, interface)
+            backend.close(handle)
+            for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
+            inTransfers = []
+            outTransfers = []
+            report(error)
+        }
     }
 
     /// The kernel did not give transfers back in time: report the close anyway and leak them

@@ -233,11 +233,14 @@ public final class USBContext: @unchecked Sendable {
             return completion(.failure(error))
         }
         StringReader(backend: backend, handle: handle, descriptor: device.descriptor, timeout: options.stringTimeoutMilliseconds).read { [self] strings in
-            var device = device
-            device.manufacturer = strings.manufacturer
-            device.product = strings.product
-            device.serialNumber = strings.serialNumber
-            configure(device, handle: handle, location: location, completion: completion)
+            // Continue after the libusb call that completed the last read has returned: the
+            // steps below may close the device, which deadlocks inside a transfer callback.
+            var named = device
+            named.manufacturer = strings.manufacturer
+            named.product = strings.product
+            named.serialNumber = strings.serialNumber
+            let next = Unchecked(value: { [self] in configure(named, handle: handle, location: location, completion: completion) })
+            queue.async { next.value() }
         }
     }
 

@@ -121,7 +121,12 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         return .success(OpaquePointer(bitPattern: 0xABC0)!)
     }
 
+    /// Inside a completion callback (libusb_handle_events): libusb_close there deadlocks on the
+    /// real libusb, so the fake refuses it.
+    private(set) var inCallback = false
+
     func close(_ handle: OpaquePointer) {
+        precondition(!inCallback, "libusb_close inside a transfer callback deadlocks in libusb")
         record("close")
         state.withLock { $0.openHandles -= 1 }
     }
@@ -264,7 +269,9 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         pending.removeAll { $0 == transfer }
         transfer.pointee.status = status
         transfer.pointee.actual_length = Int32(actual)
+        inCallback = true
         transfer.pointee.callback(transfer)
+        inCallback = false
     }
 
     private func answerControl(_ transfer: UnsafeMutablePointer<libusb_transfer>) {
@@ -288,7 +295,9 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
             let transfer = carried.value
             transfer.pointee.status = count == 0 ? LIBUSB_TRANSFER_STALL : LIBUSB_TRANSFER_COMPLETED
             transfer.pointee.actual_length = Int32(count)
+            self.inCallback = true
             transfer.pointee.callback(transfer)
+            self.inCallback = false
         }
     }
 

@@ -246,6 +246,22 @@ struct Harness {
         #expect(harness.transport.statistics.outTransfers == 2)
     }
 
+    @Test func aFrameSentRightAfterActivationOrBeforeItGoesOut() throws {
+        let queue = DispatchQueue(label: "test.usb.early")
+        let fake = FakeBackend(queue: queue)
+        let context = USBContext(backend: fake, queue: queue, options: USBOptions())
+        let transport = try Harness.open(context)
+        let events = EventLog()
+        queue.sync {
+            transport.send([1]) // before activation: kept until then
+            transport.activate(queue: queue, handler: events.handler)
+            transport.send([2]) // what EndpointDriver does: the detect right after activating
+            #expect(fake.completeOut()?.bytes == [1])
+            #expect(fake.completeOut()?.bytes == [2])
+            #expect(fake.pendingTransfers(in: true).count == 4)
+        }
+    }
+
     @Test func withoutKernelSupportTheZeroLengthPacketIsATransferOfItsOwn() throws {
         let harness = try Harness { $0.state.withLock { $0.zeroPacketFlagSupported = false } }
         harness.onQueue {
@@ -413,6 +429,7 @@ struct Harness {
             fake.plug(other)
             fake.unplug(other)
         }
+        queue.sync {} // hotplug news is handled after the libusb call that reported it
         #expect(context.usesHotplug)
         #expect(seen.withLock { $0 } == ["+1-1.2 true", "+1-3 false", "-1-3"])
     }
