@@ -169,8 +169,20 @@ func formatRate(_ bytesPerSecond: Double) -> String {
 }
 
 enum SimulateCommand {
+    static let gadgetUsage = "iapctl simulate --gadget [--udc NAME] [--usb-id VID:PID] [--profile NAME|PATH]"
+
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let profile = try loadProfile(command.value("profile") ?? "multi-sensor")
+        if command.flag("gadget") {
+            if command.value("port") != nil {
+                throw UsageError("--gadget and --port exclude each other: the accessory is either a USB device or on a serial line",
+                                 usage: gadgetUsage, commandPath: command.path)
+            }
+            return try runGadget(command, profile: profile)
+        }
+        for option in ["udc", "usb-id"] where command.count(option) > 0 {
+            throw UsageError("--\(option) needs --gadget", usage: gadgetUsage, commandPath: command.path)
+        }
         let transport: any Transport
         var pty: PseudoTerminal?
         if let port = command.value("port") {
@@ -190,33 +202,136 @@ enum SimulateCommand {
         do { runner = try SimulatorRunner(profile: profile, attachment: .transport(transport)) } catch {
             throw ToolError(description: "\(error)", exitCode: .dataError)
         }
+        runner.start(events: eventPrinter(command))
+        if let pty {
+            StandardOutput.write(pty.slavePath + "\n")
+            StandardError.write("simulating '\(profile.identity().name)' on \(pty.slavePath); connect with: iapctl --serial \(pty.slavePath) list\n"
+                + "press Ctrl-C to stop\n")
+        }
+        let interrupt = Interrupt()
+        interrupt.wait()
+        runner.stop()
+        withExtendedLifetime(pty) {}
+        return .success
+    }
+
+    /// `--gadget`: the simulator as a USB device through configfs and FunctionFS, bound to a UDC,
+    /// until SIGINT or SIGTERM; the gadget is removed again on the way out.
+    static func runGadget(_ command: ParsedCommand, profile: SimulatorProfile) throws -> ExitCode {
+        // Signals first: an interrupt while the gadget is being built must still remove it.
+        let interrupt = Interrupt()
+        var configuration = USBGadgetConfiguration(profile: profile)
+        if let text = command.value("usb-id") {
+            guard let (vendor, product) = parseUSBID(text) else {
+                throw UsageError("invalid value '\(text)' for --usb-id: expected VID:PID in hex, e.g. 1209:0001",
+                                 usage: gadgetUsage, commandPath: command.path)
+            }
+            configuration.vendorID = vendor
+            configuration.productID = product
+        }
+        let udc: String
+        if let name = command.value("udc") {
+            let known = USBGadget.availableUDCs()
+            guard known.contains(name) else {
+                throw ToolError(description: "no USB device controller named '\(name)'; "
+                                    + (known.isEmpty ? "there is none: modprobe dummy_hcd for a virtual one"
+                                                     : "available: \(known.joined(separator: ", "))"),
+                                exitCode: .unavailable)
+            }
+            udc = name
+        } else {
+            do { udc = try USBGadget.defaultUDC() } catch { throw gadgetFailure(error) }
+        }
+        let gadget: USBGadget
+        do { gadget = try USBGadget(configuration: configuration) } catch { throw gadgetFailure(error) }
+        let runner: SimulatorRunner
+        do { runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport)) } catch {
+            try? gadget.remove()
+            throw ToolError(description: "\(error)", exitCode: .dataError)
+        }
+        if command.count("verbose") > 0 {
+            gadget.transport.onConnectionChange { StandardError.write("gadget: \($0.rawValue)\n") }
+        }
+        // The transport wrote the descriptors when the gadget was built, so the UDC can bind now.
+        runner.start(events: eventPrinter(command))
+        do {
+            try gadget.bind(udc: udc)
+        } catch {
+            runner.stop()
+            try? gadget.remove()
+            throw gadgetFailure(error)
+        }
+        StandardOutput.write("usb gadget \(configuration.usbID) on \(udc)\n")
+        StandardError.write("simulating '\(profile.identity().name)' as USB device \(configuration.usbID) on \(udc); "
+            + "connect with: iapctl list\npress Ctrl-C to stop\n")
+        interrupt.wait()
+        try? gadget.unbind()
+        runner.stop()
+        do { try gadget.remove() } catch {
+            throw ToolError(description: "the gadget was not removed completely: \(error)", exitCode: gadgetFailure(error).exitCode)
+        }
+        return .success
+    }
+
+    /// `VID:PID` in hex (each with an optional `0x`), or nil.
+    static func parseUSBID(_ text: String) -> (UInt16, UInt16)? {
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count == 2 else { return nil }
+        func number(_ part: Substring) -> UInt16? {
+            let digits = part.hasPrefix("0x") || part.hasPrefix("0X") ? part.dropFirst(2) : part
+            guard (1...4).contains(digits.count) else { return nil }
+            return UInt16(digits, radix: 16)
+        }
+        guard let vendor = number(parts[0]), let product = number(parts[1]) else { return nil }
+        return (vendor, product)
+    }
+
+    /// A gadget error as the tool reports it: 77 permission, 69 missing support or in use, 71
+    /// anything else.
+    static func gadgetFailure(_ error: USBGadgetError) -> ToolError {
+        let exitCode: ExitCode
+        switch error.category {
+        case .permission: exitCode = .noPermission
+        case .missingSupport, .busy: exitCode = .unavailable
+        case .failed: exitCode = .osError
+        }
+        return ToolError(description: "\(error)", exitCode: exitCode)
+    }
+
+    /// Prints the simulator's events with -v (all but the endpoint's own chatter).
+    static func eventPrinter(_ command: ParsedCommand) -> @Sendable (SimulatorEvent) -> Void {
         let verbose = command.count("verbose") > 0
-        runner.start { event in
+        return { event in
             guard verbose else { return }
             switch event {
             case .endpoint: break
             default: StandardError.write("simulator: \(event)\n")
             }
         }
-        if let pty {
-            StandardOutput.write(pty.slavePath + "\n")
-            StandardError.write("simulating '\(profile.identity().name)' on \(pty.slavePath); connect with: iapctl --serial \(pty.slavePath) list\n"
-                + "press Ctrl-C to stop\n")
+    }
+
+    /// SIGINT and SIGTERM, caught from creation on (they no longer end the process).
+    final class Interrupt {
+        private let stop = DispatchSemaphore(value: 0)
+        private var sources: [any DispatchSourceSignal] = []
+
+        init() {
+            Glibc.signal(SIGINT, SIG_IGN)
+            Glibc.signal(SIGTERM, SIG_IGN)
+            let stop = self.stop
+            sources = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
+                let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+                source.setEventHandler { stop.signal() }
+                source.resume()
+                return source
+            }
         }
-        let stop = DispatchSemaphore(value: 0)
-        Glibc.signal(SIGINT, SIG_IGN)
-        Glibc.signal(SIGTERM, SIG_IGN)
-        let sources = [SIGINT, SIGTERM].map { number -> any DispatchSourceSignal in
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { stop.signal() }
-            source.resume()
-            return source
+
+        /// Waits for the first signal.
+        func wait() {
+            stop.wait()
+            for source in sources { source.cancel() }
         }
-        stop.wait()
-        for source in sources { source.cancel() }
-        runner.stop()
-        withExtendedLifetime(pty) {}
-        return .success
     }
 }
 

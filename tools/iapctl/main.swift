@@ -69,9 +69,19 @@ let sendCommand = CommandSpec(
               .value("chunk", valueName: "bytes", help: "Bytes per write.", defaultValue: "65536")],
     positionals: [PositionalSpec("protocol", help: "The protocol string."), PositionalSpec("file", help: "The file to send.")])
 let simulateCommand = CommandSpec(
-    name: "simulate", abstract: "Run a simulated accessory on a pseudo-terminal (or a serial port) for another host to use.",
+    name: "simulate", abstract: "Run a simulated accessory on a pseudo-terminal, a serial port or as a USB device, for another host to use.",
+    discussion: """
+        With --gadget the accessory becomes a USB device on this machine's USB device controller \
+        (a board's OTG port, or dummy_hcd for a host on the same machine): a configfs gadget with \
+        one FunctionFS function carrying the iAP2 interface. It needs root, configfs and the \
+        libcomposite and usb_f_fs modules. The gadget is removed again on Ctrl-C or SIGTERM. Exit \
+        status: 0 done, 64 usage error, 69 no controller or no gadget support, 77 not root.
+        """,
     options: [.value("profile", valueName: "name|path", help: "A built-in profile name or a JSON profile.", defaultValue: "multi-sensor"),
-              .value("port", valueName: "device[:baud]", help: "Run on this serial port instead of a new pseudo-terminal.")])
+              .value("port", valueName: "device[:baud]", help: "Run on this serial port instead of a new pseudo-terminal."),
+              .flag("gadget", help: "Be a USB device (configfs gadget with FunctionFS) instead of a pseudo-terminal."),
+              .value("udc", valueName: "name", help: "With --gadget: the USB device controller to bind (default: the first in /sys/class/udc)."),
+              .value("usb-id", valueName: "vid:pid", help: "With --gadget: the USB vendor and product ids in hex.", defaultValue: "1209:0001")])
 
 let iapctl = CommandSpec(
     name: "iapctl",

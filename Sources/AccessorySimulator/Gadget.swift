@@ -1,0 +1,483 @@
+internal import Glibc
+internal import Synchronization
+
+/// Why a ``USBGadget`` step failed: the path, the errno, and what to do.
+public struct USBGadgetError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What kind of trouble it is, so a tool can pick its exit status.
+    public enum Category: String, Sendable, Hashable {
+        /// Not allowed: configfs, mounting and the UDC need root.
+        case permission
+        /// The kernel lacks something: configfs, libcomposite, usb_f_fs, or any USB device
+        /// controller.
+        case missingSupport
+        /// Something is in the way: a gadget of that name, a controller used by another gadget,
+        /// a mount point in use.
+        case busy
+        /// Anything else.
+        case failed
+    }
+
+    /// What failed, naming the path, e.g. "cannot create …/usb_gadget/iapsim: File exists".
+    public var message: String
+    /// The file or directory that failed, when there is one.
+    public var path: String?
+    /// The errno, when a system call failed.
+    public var errno: Int32?
+    /// What to do next.
+    public var advice: String?
+    /// The kind of trouble.
+    public var category: Category
+
+    /// Creates an error.
+    public init(_ message: String, path: String? = nil, errno: Int32? = nil, advice: String? = nil, category: Category = .failed) {
+        self.message = message
+        self.path = path
+        self.errno = errno
+        self.advice = advice
+        self.category = category
+    }
+
+    /// The message followed by the advice.
+    public var description: String {
+        advice.map { "\(message); \($0)" } ?? message
+    }
+}
+
+/// How to present the simulated accessory as a USB device.
+public struct USBGadgetConfiguration: Sendable, Hashable {
+    /// The gadget's directory name under ``configfsRoot``.
+    public var name = "iapsim"
+    /// `idVendor`: pid.codes' vendor id by default (0x1209, for open and test hardware).
+    public var vendorID: UInt16 = 0x1209
+    /// `idProduct`: pid.codes' test product id 0x0001 by default.
+    public var productID: UInt16 = 0x0001
+    /// `bcdUSB`: USB 2.0.
+    public var usbVersion: UInt16 = 0x0200
+    /// `bcdDevice`.
+    public var deviceVersion: UInt16 = 0x0100
+    /// `iManufacturer` (language 0x0409).
+    public var manufacturer: String
+    /// `iProduct`.
+    public var product: String
+    /// `iSerialNumber`.
+    public var serialNumber: String
+    /// The configuration's string.
+    public var configurationName = "iAP2"
+    /// `MaxPower` of configuration `c.1`, in mA (0…500).
+    public var maxPowerMilliamps = 100
+    /// The FunctionFS instance: the function is `functions/ffs.<instance>` and the file system
+    /// is mounted with `<instance>` as its source.
+    public var functionInstance = "iap2"
+    /// Where gadgets are made (configfs).
+    public var configfsRoot = "/sys/kernel/config/usb_gadget"
+    /// Where FunctionFS is mounted; `nil` for `/dev/ffs-<instance>`. Created when missing (and
+    /// then removed again).
+    public var mountDirectory: String?
+    /// EA protocol names that get a native-transport interface each.
+    public var nativeTransportProtocols: [String] = []
+
+    /// A configuration with these strings and defaults for the rest.
+    public init(manufacturer: String, product: String, serialNumber: String) {
+        self.manufacturer = manufacturer
+        self.product = product
+        self.serialNumber = serialNumber
+    }
+
+    /// A configuration whose strings come from a simulator profile's identity: its manufacturer,
+    /// its name as the product, and its serial number.
+    public init(profile: SimulatorProfile) {
+        self.init(manufacturer: profile.accessory.manufacturer, product: profile.accessory.name,
+                  serialNumber: profile.accessory.serialNumber)
+    }
+
+    /// `VVVV:PPPP` in hex, e.g. `1209:0001`.
+    public var usbID: String { "\(hex4(vendorID)):\(hex4(productID))" }
+
+    /// The directory FunctionFS is mounted at.
+    public var resolvedMountDirectory: String { mountDirectory ?? "/dev/ffs-\(functionInstance)" }
+}
+
+/// A configfs USB gadget (Linux as the USB device) whose one function is a FunctionFS instance
+/// that a ``GadgetTransport`` drives: the simulated accessory behind a real USB device
+/// controller (a board's OTG port, or `dummy_hcd` for a host on the same machine).
+///
+/// ``init(configuration:)`` builds it, in this order (root only):
+/// 1. `<configfsRoot>/<name>` with `idVendor`, `idProduct`, `bcdUSB`, `bcdDevice`, and
+///    `strings/0x409` (`manufacturer`, `product`, `serialnumber`);
+/// 2. configuration `configs/c.1` with `MaxPower` and `strings/0x409/configuration`;
+/// 3. function `functions/ffs.<instance>`, linked into `c.1`;
+/// 4. FunctionFS mounted at the mount directory (created when missing);
+/// 5. the ``transport``, which writes the descriptors and strings to `ep0`.
+///
+/// Only then can the gadget be bound to a controller with ``bind(udc:)``: the kernel refuses
+/// to bind a FunctionFS function that has no descriptors yet. ``remove()`` undoes everything in
+/// reverse order. A step that fails undoes the steps before it.
+public final class USBGadget: Sendable {
+    /// How the gadget was made.
+    public let configuration: USBGadgetConfiguration
+    /// `<configfsRoot>/<name>`.
+    public let gadgetDirectory: String
+    /// Where FunctionFS is mounted.
+    public let functionDirectory: String
+    /// The iAP2 pipes of the function: run the simulator over it.
+    public let transport: GadgetTransport
+
+    /// What exists, for undoing it.
+    private struct Built: Sendable {
+        /// configfs directories, in creation order.
+        var directories: [String] = []
+        var link: String?
+        /// The mount point, once FunctionFS is mounted there.
+        var mountedAt: String?
+        /// Whether the mount point was created (and so is removed again).
+        var createdMountDirectory: String?
+        var boundUDC: String?
+        var removed = false
+    }
+
+    private let built: Mutex<Built>
+
+    /// The directory that lists the USB device controllers.
+    public static let udcClassDirectory = "/sys/class/udc"
+
+    /// What to load when something is missing.
+    static let moduleAdvice = "load the gadget modules (modprobe libcomposite usb_f_fs; plus dummy_hcd for a virtual controller) and run as root"
+
+    /// Builds the gadget and configures its function (see the type's description).
+    ///
+    /// - Throws: ``USBGadgetError`` naming the path that failed, with its errno and advice.
+    public init(configuration: USBGadgetConfiguration) throws(USBGadgetError) {
+        let root = configuration.configfsRoot.hasSuffix("/") ? String(configuration.configfsRoot.dropLast()) : configuration.configfsRoot
+        let gadget = "\(root)/\(configuration.name)"
+        let mountDirectory = configuration.resolvedMountDirectory
+        var record = Built()
+        do throws(USBGadgetError) {
+            try Self.check(configuration)
+            try Self.makeDirectory(gadget, record: &record, root: root, name: configuration.name)
+            try Self.writeAttribute("\(gadget)/idVendor", "0x\(hex4(configuration.vendorID))")
+            try Self.writeAttribute("\(gadget)/idProduct", "0x\(hex4(configuration.productID))")
+            try Self.writeAttribute("\(gadget)/bcdUSB", "0x\(hex4(configuration.usbVersion))")
+            try Self.writeAttribute("\(gadget)/bcdDevice", "0x\(hex4(configuration.deviceVersion))")
+            let strings = "\(gadget)/strings/0x409"
+            try Self.makeDirectory(strings, record: &record)
+            try Self.writeAttribute("\(strings)/manufacturer", configuration.manufacturer)
+            try Self.writeAttribute("\(strings)/product", configuration.product)
+            try Self.writeAttribute("\(strings)/serialnumber", configuration.serialNumber)
+            let config = "\(gadget)/configs/c.1"
+            try Self.makeDirectory(config, record: &record)
+            try Self.writeAttribute("\(config)/MaxPower", String(configuration.maxPowerMilliamps))
+            try Self.makeDirectory("\(config)/strings/0x409", record: &record)
+            try Self.writeAttribute("\(config)/strings/0x409/configuration", configuration.configurationName)
+            let function = "\(gadget)/functions/ffs.\(configuration.functionInstance)"
+            try Self.makeDirectory(function, record: &record, isFunction: true)
+            let link = "\(config)/ffs.\(configuration.functionInstance)"
+            guard symlink(function, link) == 0 else {
+                let code = errno
+                throw USBGadgetError("cannot link \(function) into \(config): \(gadgetErrorText(code))", path: link, errno: code,
+                                     advice: Self.advice(for: code), category: Self.category(for: code))
+            }
+            record.link = link
+            try Self.mountFunctionFS(instance: configuration.functionInstance, at: mountDirectory, record: &record)
+        } catch {
+            Self.undo(&record, transport: nil)
+            throw error
+        }
+        let transport: GadgetTransport
+        do {
+            transport = try GadgetTransport(functionDirectory: mountDirectory,
+                                            nativeTransportProtocols: configuration.nativeTransportProtocols)
+        } catch {
+            Self.undo(&record, transport: nil)
+            throw USBGadgetError(error.message, path: mountDirectory, errno: error.errno, advice: error.advice,
+                                 category: error.errno == EACCES || error.errno == EPERM ? .permission : .failed)
+        }
+        self.configuration = configuration
+        self.gadgetDirectory = gadget
+        self.functionDirectory = mountDirectory
+        self.transport = transport
+        self.built = Mutex(record)
+    }
+
+    /// The controller the gadget is bound to, or `nil`.
+    public var boundUDC: String? { built.withLock { $0.boundUDC } }
+
+    /// The USB device controllers of this machine (the names in `/sys/class/udc`), sorted;
+    /// empty when there are none or the kernel has no gadget support.
+    public static func availableUDCs() -> [String] {
+        guard let directory = opendir(udcClassDirectory) else { return [] }
+        defer { closedir(directory) }
+        var names: [String] = []
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { bytes in
+                String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names.sorted()
+    }
+
+    /// The first controller of ``availableUDCs()``.
+    ///
+    /// - Throws: ``USBGadgetError`` (``USBGadgetError/Category/missingSupport``) saying what to
+    ///   load when there is none.
+    public static func defaultUDC() throws(USBGadgetError) -> String {
+        if let first = availableUDCs().first { return first }
+        var status = stat()
+        if stat(udcClassDirectory, &status) != 0 {
+            throw USBGadgetError(
+                "this kernel has no USB device-mode support (\(udcClassDirectory) does not exist)", path: udcClassDirectory,
+                errno: ENOENT,
+                advice: "use a kernel with USB gadget support (CONFIG_USB_GADGET), then modprobe dummy_hcd for a virtual controller",
+                category: .missingSupport)
+        }
+        throw USBGadgetError(
+            "no USB device controller (\(udcClassDirectory) is empty)", path: udcClassDirectory,
+            advice: "modprobe dummy_hcd for a virtual one, or enable the board's device-mode (OTG) controller",
+            category: .missingSupport)
+    }
+
+    /// Binds the gadget to the controller `udc` (a name from ``availableUDCs()``): the host on
+    /// the other side sees the device appear.
+    ///
+    /// - Throws: ``USBGadgetError`` when the controller does not exist or is taken.
+    public func bind(udc: String) throws(USBGadgetError) {
+        let path = "\(gadgetDirectory)/UDC"
+        do {
+            try Self.writeAttribute(path, udc + "\n")
+        } catch {
+            switch error.errno {
+            case ENODEV?:
+                let known = Self.availableUDCs()
+                throw USBGadgetError(
+                    "cannot bind the gadget to \(udc): there is no such controller", path: path, errno: error.errno,
+                    advice: known.isEmpty ? "modprobe dummy_hcd for a virtual controller"
+                        : "pick one of: \(known.joined(separator: ", "))",
+                    category: .missingSupport)
+            case EBUSY?:
+                throw USBGadgetError(
+                    "cannot bind the gadget to \(udc): another gadget uses it", path: path, errno: error.errno,
+                    advice: "unbind that gadget (echo \"\" > <gadget>/UDC) or pick another controller",
+                    category: .busy)
+            default:
+                throw error
+            }
+        }
+        built.withLock { $0.boundUDC = udc }
+    }
+
+    /// Unbinds the gadget from its controller: the host sees the device go away. Does nothing
+    /// when it is not bound.
+    ///
+    /// - Throws: ``USBGadgetError`` when the kernel refuses.
+    public func unbind() throws(USBGadgetError) {
+        try Self.unbind(gadgetDirectory: gadgetDirectory)
+        built.withLock { $0.boundUDC = nil }
+    }
+
+    private static func unbind(gadgetDirectory: String) throws(USBGadgetError) {
+        do {
+            try writeAttribute("\(gadgetDirectory)/UDC", "\n")
+        } catch {
+            // ENODEV: it was not bound.
+            if error.errno == ENODEV || error.errno == ENOENT { return }
+            throw error
+        }
+    }
+
+    /// Undoes everything in reverse order: unbinds, closes the transport, unmounts FunctionFS
+    /// (and removes the mount directory when it was created), removes the function's link from
+    /// the configuration, then the directories of the configuration, the function, the strings
+    /// and the gadget. Every step is tried; the first failure is thrown. Calling it again does
+    /// nothing.
+    ///
+    /// - Throws: ``USBGadgetError`` for the first step that failed.
+    public func remove() throws(USBGadgetError) {
+        // Taken out of the lock: closing the transport joins its ep0 thread, whose connection
+        // handler may ask this object for its state.
+        let taken = built.withLock { record -> Built? in
+            guard !record.removed else { return nil }
+            let copy = record
+            record = Built()
+            record.removed = true
+            return copy
+        }
+        guard var record = taken else { return }
+        if let failure = Self.undo(&record, transport: transport, gadgetDirectory: gadgetDirectory) { throw failure }
+    }
+
+    deinit {
+        // Left without remove(): the gadget stays in configfs, which outlives the process.
+        // Closing the transport at least lets a later run clean up.
+        transport.cancel()
+    }
+
+    // MARK: Steps
+
+    private static func check(_ configuration: USBGadgetConfiguration) throws(USBGadgetError) {
+        for (name, value) in [("gadget name", configuration.name), ("function instance", configuration.functionInstance)] {
+            if value.isEmpty || value.contains("/") || value == "." || value == ".." {
+                throw USBGadgetError("the \(name) '\(value)' is not a valid directory name; use letters, digits, - and _")
+            }
+        }
+        for (name, value) in [("manufacturer", configuration.manufacturer), ("product", configuration.product),
+                              ("serial number", configuration.serialNumber), ("configuration name", configuration.configurationName)] {
+            if value.utf16.count > 126 || value.utf8.contains(0) || value.utf8.contains(10) {
+                throw USBGadgetError("the \(name) '\(value)' cannot be a USB string; keep it to 126 characters on one line")
+            }
+        }
+        if !(0...500).contains(configuration.maxPowerMilliamps) {
+            throw USBGadgetError("MaxPower \(configuration.maxPowerMilliamps) mA is out of range; use 0…500")
+        }
+    }
+
+    private static func makeDirectory(_ path: String, record: inout Built, root: String? = nil, name: String? = nil,
+                                      isFunction: Bool = false) throws(USBGadgetError) {
+        guard mkdir(path, 0o755) == 0 else {
+            let code = errno
+            let advice: String
+            let category: USBGadgetError.Category
+            switch code {
+            case ENOENT where root != nil:
+                advice = "configfs has no usb_gadget directory: \(moduleAdvice); mount configfs if needed (mount -t configfs none /sys/kernel/config)"
+                category = .missingSupport
+            case ENOENT where isFunction, ENODEV where isFunction:
+                advice = "the FunctionFS function is not available: \(moduleAdvice)"
+                category = .missingSupport
+            case EEXIST where root != nil:
+                advice = "a gadget named \(name ?? "") exists already (a run that did not clean up?); remove it, or choose another name"
+                category = .busy
+            default:
+                advice = Self.advice(for: code)
+                category = Self.category(for: code)
+            }
+            throw USBGadgetError("cannot create \(path): \(gadgetErrorText(code))", path: path, errno: code, advice: advice,
+                                 category: category)
+        }
+        record.directories.append(path)
+    }
+
+    private static func mountFunctionFS(instance: String, at directory: String, record: inout Built) throws(USBGadgetError) {
+        if mkdir(directory, 0o755) == 0 {
+            record.createdMountDirectory = directory
+        } else if errno != EEXIST {
+            let code = errno
+            throw USBGadgetError("cannot create the mount point \(directory): \(gadgetErrorText(code))", path: directory, errno: code,
+                                 advice: advice(for: code), category: category(for: code))
+        }
+        guard mount(instance, directory, "functionfs", 0, nil) == 0 else {
+            let code = errno
+            let advice: String
+            let category: USBGadgetError.Category
+            switch code {
+            case ENODEV:
+                advice = "the kernel does not know FunctionFS: \(moduleAdvice)"
+                category = .missingSupport
+            case EBUSY:
+                advice = "FunctionFS '\(instance)' is mounted already, or \(directory) is in use; unmount it (umount \(directory)) and retry"
+                category = .busy
+            default:
+                advice = Self.advice(for: code)
+                category = Self.category(for: code)
+            }
+            throw USBGadgetError("cannot mount FunctionFS '\(instance)' at \(directory): \(gadgetErrorText(code))", path: directory,
+                                 errno: code, advice: advice, category: category)
+        }
+        record.mountedAt = directory
+    }
+
+    /// Undoes `record` in reverse order; returns the first failure.
+    @discardableResult
+    private static func undo(_ record: inout Built, transport: GadgetTransport?, gadgetDirectory: String? = nil) -> USBGadgetError? {
+        var first: USBGadgetError?
+        func note(_ error: USBGadgetError) { if first == nil { first = error } }
+        let gadget = gadgetDirectory ?? record.directories.first
+        if let gadget {
+            do { try unbind(gadgetDirectory: gadget) } catch { note(error) }
+            record.boundUDC = nil
+        }
+        // The transport holds ep0 and the endpoint files open, which keeps the mount busy.
+        transport?.cancel()
+        if let target = record.mountedAt {
+            if umount2(target, 0) != 0, errno != EINVAL, errno != ENOENT {
+                let code = errno
+                note(USBGadgetError("cannot unmount \(target): \(gadgetErrorText(code))", path: target, errno: code,
+                                    advice: code == EBUSY ? "a program still has its files open (fuser -vm \(target)); stop it, then umount \(target)"
+                                        : advice(for: code),
+                                    category: category(for: code)))
+            }
+            record.mountedAt = nil
+        }
+        if let mountDirectory = record.createdMountDirectory, rmdir(mountDirectory) != 0, errno != ENOENT {
+            let code = errno
+            note(USBGadgetError("cannot remove \(mountDirectory): \(gadgetErrorText(code))", path: mountDirectory, errno: code,
+                                advice: advice(for: code), category: category(for: code)))
+        }
+        record.createdMountDirectory = nil
+        if let link = record.link {
+            if unlink(link) != 0, errno != ENOENT {
+                let code = errno
+                note(USBGadgetError("cannot remove the link \(link): \(gadgetErrorText(code))", path: link, errno: code,
+                                    advice: advice(for: code), category: category(for: code)))
+            }
+            record.link = nil
+        }
+        // Reverse creation order: the configuration's strings, the configuration, the function,
+        // the gadget's strings, the gadget.
+        for directory in record.directories.reversed() {
+            if rmdir(directory) != 0, errno != ENOENT {
+                let code = errno
+                note(USBGadgetError("cannot remove \(directory): \(gadgetErrorText(code))", path: directory, errno: code,
+                                    advice: advice(for: code), category: category(for: code)))
+            }
+        }
+        record.directories = []
+        return first
+    }
+
+    private static func writeAttribute(_ path: String, _ value: String) throws(USBGadgetError) {
+        let descriptor = open(path, O_WRONLY | O_CLOEXEC)
+        guard descriptor >= 0 else {
+            let code = errno
+            throw USBGadgetError("cannot open \(path): \(gadgetErrorText(code))", path: path, errno: code,
+                                 advice: advice(for: code), category: category(for: code))
+        }
+        defer { _ = close(descriptor) }
+        let bytes = Array(value.utf8)
+        while true {
+            let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+            if written == bytes.count { return }
+            let code = written < 0 ? errno : EIO
+            if code == EINTR { continue }
+            throw USBGadgetError("cannot write '\(value.trimmingNewline)' to \(path): \(gadgetErrorText(code))", path: path,
+                                 errno: code, advice: advice(for: code), category: category(for: code))
+        }
+    }
+
+    private static func advice(for code: Int32) -> String {
+        switch code {
+        case EACCES, EPERM, EROFS: "run as root (configfs, mounting and the UDC need it)"
+        case ENOENT, ENODEV: moduleAdvice
+        case EBUSY: "something else uses it; unbind or stop it and retry"
+        default: "check the kernel log (dmesg) for the reason"
+        }
+    }
+
+    private static func category(for code: Int32) -> USBGadgetError.Category {
+        switch code {
+        case EACCES, EPERM, EROFS: .permission
+        case ENOENT, ENODEV: .missingSupport
+        case EBUSY, EEXIST: .busy
+        default: .failed
+        }
+    }
+}
+
+/// Four hex digits.
+func hex4(_ value: UInt16) -> String {
+    let text = String(value, radix: 16)
+    return String(repeating: "0", count: max(0, 4 - text.count)) + text
+}
+
+extension String {
+    fileprivate var trimmingNewline: String { hasSuffix("\n") ? String(dropLast()) : self }
+}
