@@ -60,7 +60,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "USBHost", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),
@@ -75,6 +75,8 @@ let package = Package(
         .testTarget(name: "CLIKitTests", dependencies: ["CLIKit"], swiftSettings: strict),
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["ByteRing"], swiftSettings: strict),
+        // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
+        .testTarget(name: "USBRigTests", dependencies: ["AccessoryHost", "AccessorySimulator", "USBHost", "IAPLink"], swiftSettings: strict),
         .testTarget(name: "USBHostTests", dependencies: ["USBHost", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "IAPLink"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]

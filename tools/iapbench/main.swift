@@ -47,11 +47,26 @@ let serialCommand = CommandSpec(
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "8")]
 )
 
+let usbCommand = CommandSpec(
+    name: "usb",
+    abstract: "EA sessions over a real USB device (the simulator as a FunctionFS gadget), beside a raw bulk echo through the same gadget.",
+    discussion: """
+        Needs root, configfs, FunctionFS and a USB device controller on this machine (dummy_hcd \
+        in tools/usb-rig). The ceiling is a raw echo through the same gadget and the same USB \
+        pipes of the host, without iAP2; each EA figure is also given as a share of it.
+        """,
+    options: [.flag("json", help: "Print one JSON object per measurement."),
+              .flag("verbose", help: "Say on standard error what the gadget sees (bind, enable…)."),
+              .flag("heap", help: "Heap slots instead of usbfs device memory (to compare with zero copy)."),
+              .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "64"),
+              .value("udc", valueName: "name", help: "The device controller to bind the gadget to (default: the first).")]
+)
+
 let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
     version: "0.1.0-dev",
-    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand]
+    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand]
 )
 
 CommandLineTool.run(iapbench) { command in
@@ -59,6 +74,7 @@ CommandLineTool.run(iapbench) { command in
     case "codec": return try CodecCommand.run(command)
     case "loopback": return try LoopbackBenchmarks.run(command, overPty: false)
     case "serial": return try LoopbackBenchmarks.run(command, overPty: true)
+    case "usb": return try USBBenchmarks.run(command)
     case "link": return try CodecCommand.report(command, title: "iapbench link", benchmarks: try LinkBenchmarks.all(),
                                                 baselineMarker: "(baseline)", ratioHeader: "vs codec")
     default: throw ExitCode.software

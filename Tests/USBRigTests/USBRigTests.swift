@@ -1,0 +1,250 @@
+// Tests against a real kernel USB stack: the simulator as a FunctionFS gadget on dummy_hcd, the
+// host on the real libusb and usbfs, through AccessoryManager. They run inside the qemu guest of
+// tools/usb-rig (which sets ACCESSORYHOST_USB_RIG=1 and loads dummy_hcd with four controllers);
+// elsewhere they are skipped.
+
+import AccessoryHost
+import AccessorySimulator
+import Dispatch
+import Glibc
+import IAPLink
+import Synchronization
+import Testing
+import USBHost
+
+let rigEnabled = getenv("ACCESSORYHOST_USB_RIG") != nil
+
+/// A simulated accessory behind a gadget bound to one controller.
+final class GadgetAccessory: Sendable {
+    let gadget: USBGadget
+    let runner: SimulatorRunner
+    let profile: SimulatorProfile
+
+    init(_ profile: SimulatorProfile, name: String, udc: String, productID: UInt16 = 0x0001, serial: String? = nil) throws {
+        var profile = profile
+        if let serial { profile.accessory.serialNumber = serial }
+        self.profile = profile
+        var configuration = USBGadgetConfiguration(profile: profile)
+        configuration.name = name
+        configuration.functionInstance = name
+        configuration.productID = productID
+        gadget = try USBGadget(configuration: configuration)
+        runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
+        runner.start()
+        try gadget.bind(udc: udc)
+    }
+
+    func remove() {
+        try? gadget.unbind()
+        runner.stop()
+        try? gadget.remove()
+    }
+}
+
+func echoProfile(sessions: Int, serial: String = "RIG-0001") -> SimulatorProfile {
+    SimulatorProfile(
+        accessory: .init(name: "Rig Echo", model: "RIG-E", manufacturer: "AccessoryHost", serialNumber: serial,
+                         firmwareVersion: "3.2.1", hardwareVersion: "R1"),
+        protocols: (1...sessions).map { SimulatorProfile.ProtocolSpec(name: "rig.echo.\($0)", behaviour: .echo) },
+        link: .init(maxPacketLength: 65_535, maxOutstandingPackets: 16))
+}
+
+func pattern(_ count: Int, seed: Int) -> [UInt8] {
+    (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 131) ^ ($0 >> 9) &+ seed) }
+}
+
+/// Writes `payload` and reads it back through an echo session; true when byte-exact.
+func echo(_ session: AccessorySession, _ payload: [UInt8], chunk: Int = 60_000) async throws -> Bool {
+    async let sent: Void = {
+        var offset = 0
+        while offset < payload.count {
+            let end = min(payload.count, offset + chunk)
+            try await session.write(Array(payload[offset..<end]))
+            offset = end
+        }
+    }()
+    var received: [UInt8] = []
+    received.reserveCapacity(payload.count)
+    while received.count < payload.count, let bytes = try await session.read(maxBytes: 1 << 20) { received += bytes }
+    try await sent
+    return received == payload
+}
+
+func udcs() -> [String] { USBGadget.availableUDCs() }
+
+@Suite(.serialized, .enabled(if: rigEnabled, "runs in the USB rig (tools/usb-rig)"))
+struct USBRigTests {
+    @Test func anAccessoryIsEnumeratedAuthenticatedAndIdentifiedWithEveryField() async throws {
+        let profile = try #require(SimulatorProfile.builtIn(named: "multi-sensor"))
+        let device = try GadgetAccessory(profile, name: "rigid", udc: try #require(udcs().first))
+        defer { device.remove() }
+        let manager = AccessoryManager()
+        defer { manager.stop() }
+        try manager.startUSB()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        let identity = profile.identity()
+        #expect(accessory.transportKind == .usb)
+        #expect(accessory.name == identity.name)
+        #expect(accessory.manufacturer == identity.manufacturer)
+        #expect(accessory.modelNumber == identity.modelIdentifier)
+        #expect(accessory.serialNumber == identity.serialNumber)
+        #expect(accessory.firmwareRevision == identity.firmwareVersion)
+        #expect(accessory.hardwareRevision == identity.hardwareVersion)
+        #expect(accessory.protocolStrings == identity.protocols.map(\.name))
+        #expect(accessory.location.contains("1209:0001"))
+        #expect(accessory.location.contains(identity.serialNumber), "the USB serial string was read")
+
+        // Zero copy: every ring slot is usbfs memory, mapped from the device node.
+        let statistics = try #require(manager.usbStatistics(of: accessory))
+        #expect(statistics.deviceMemorySlots == 12 && statistics.heapSlots == 0)
+        let maps = try String(contentsOfProcFile: "/proc/self/maps")
+        #expect(maps.contains("/dev/bus/usb/"), "libusb_dev_mem_alloc mapped the usbfs node")
+
+        // An idle open accessory costs the event loop no wake-ups.
+        let context = try #require(manager.usbContext)
+        let before = context.eventLoopWakeups
+        let idle = DispatchSemaphore(value: 0)
+        _ = idle.wait(timeout: .now() + 2) // a measurement window, not a synchronisation
+        let wakeups = context.eventLoopWakeups - before
+        print("USB rig: event-loop wake-ups in 2 s with an idle open accessory: \(wakeups)")
+        #expect(wakeups <= 2)
+    }
+
+    @Test func threeSessionsAtOnceMoveSixtyFourMebibytesByteExact() async throws {
+        let device = try GadgetAccessory(echoProfile(sessions: 3), name: "rigthree", udc: try #require(udcs().first))
+        defer { device.remove() }
+        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
+        defer { manager.stop() }
+        try manager.startUSB()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        let perSession = 22 << 20 // 66 MiB in all, each way
+        let start = ContinuousClock.now
+        let results = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for index in 1...3 {
+                group.addTask {
+                    let session = try await accessory.openSession(for: "rig.echo.\(index)")
+                    defer { session.close() }
+                    return try await echo(session, pattern(perSession, seed: index))
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        let elapsed = ContinuousClock.now - start
+        #expect(results == [true, true, true])
+        print("USB rig: 3 sessions echoed \(3 * perSession >> 20) MiB in \(elapsed)")
+    }
+
+    @Test func fourGadgetsAreFourAccessoriesEachWithASession() async throws {
+        let controllers = udcs()
+        try #require(controllers.count >= 4, "dummy_hcd num=4 gives four controllers")
+        var devices: [GadgetAccessory] = []
+        defer { for device in devices { device.remove() } }
+        for index in 0..<4 {
+            devices.append(try GadgetAccessory(echoProfile(sessions: 1), name: "rigfour\(index)", udc: controllers[index],
+                                               productID: UInt16(0x0010 + index), serial: "RIG-FOUR-\(index)"))
+        }
+        let manager = AccessoryManager()
+        defer { manager.stop() }
+        try manager.startUSB()
+        for index in 0..<4 {
+            let found = await manager.waitForAccessory(timeout: .seconds(40)) { $0.serialNumber == "RIG-FOUR-\(index)" }
+            #expect(found != nil, "accessory \(index) identified")
+        }
+        let accessories = manager.connectedAccessories
+        #expect(Set(accessories.map(\.connectionID)).count == 4)
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            for accessory in accessories {
+                group.addTask {
+                    let session = try await accessory.openSession(for: "rig.echo.1")
+                    defer { session.close() }
+                    return try await echo(session, pattern(256 << 10, seed: accessory.connectionID))
+                }
+            }
+            for try await ok in group { #expect(ok) }
+        }
+    }
+
+    @Test func aStallOnTheInEndpointIsClearedAndNoByteIsLost() async throws {
+        let device = try GadgetAccessory(echoProfile(sessions: 1), name: "rigstall", udc: try #require(udcs().first))
+        defer { device.remove() }
+        let manager = AccessoryManager()
+        defer { manager.stop() }
+        try manager.startUSB()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        let session = try await accessory.openSession(for: "rig.echo.1")
+        defer { session.close() }
+        #expect(try await echo(session, pattern(1 << 20, seed: 1)))
+        device.gadget.transport.stallIn()
+        #expect(try await echo(session, pattern(4 << 20, seed: 2)), "the stream survives the stall byte-exact")
+        let statistics = try #require(manager.usbStatistics(of: accessory))
+        #expect(statistics.stalls >= 1, "the host saw the stall and cleared it")
+        #expect(accessory.isConnected)
+    }
+
+    @Test func unbindingMidTransferDisconnectsAndRebindingReconnectsWithANewConnectionID() async throws {
+        let udc = try #require(udcs().first)
+        let device = try GadgetAccessory(echoProfile(sessions: 1), name: "rigunbind", udc: udc)
+        defer { device.remove() }
+        let manager = AccessoryManager()
+        defer { manager.stop() }
+        try manager.startUSB()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        let session = try await accessory.openSession(for: "rig.echo.1")
+        let disconnected = DispatchSemaphore(value: 0)
+        let subscription = manager.onEvent(queue: DispatchQueue(label: "rig.events")) { event in
+            if case let .disconnected(gone, _) = event, gone === accessory { disconnected.signal() }
+        }
+        defer { subscription.cancel() }
+
+        // A transfer in flight when the controller goes away.
+        let transfer = Task { try await echo(session, pattern(64 << 20, seed: 3)) }
+        while manager.usbStatistics(of: accessory).map({ $0.bytesIn < 1 << 20 }) ?? false { await Task.yield() }
+        try device.gadget.unbind()
+        #expect(disconnected.wait(timeout: .now() + 10) == .success, "a disconnected event")
+        await #expect(throws: (any Error).self, "the session ends with an error") { _ = try await transfer.value }
+        #expect(!accessory.isConnected)
+        #expect(manager.connectedAccessories.isEmpty)
+
+        let rebound = ContinuousClock.now
+        try device.gadget.bind(udc: udc)
+        let again = await manager.waitForAccessory(timeout: .seconds(5)) { $0.connectionID != accessory.connectionID }
+        let back = try #require(again, "identified again within 5 s")
+        print("USB rig: identified again \(ContinuousClock.now - rebound) after the rebind")
+        #expect(back.serialNumber == accessory.serialNumber)
+        let session2 = try await back.openSession(for: "rig.echo.1")
+        defer { session2.close() }
+        #expect(try await echo(session2, pattern(1 << 20, seed: 4)))
+    }
+
+    @Test func withoutDeviceMemoryTheSlotsComeFromTheHeapAndDataStillFlows() async throws {
+        let device = try GadgetAccessory(echoProfile(sessions: 1), name: "righeap", udc: try #require(udcs().first))
+        defer { device.remove() }
+        let manager = AccessoryManager()
+        defer { manager.stop() }
+        var options = USBOptions()
+        options.useDeviceMemory = false
+        try manager.startUSB(options: options)
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        let statistics = try #require(manager.usbStatistics(of: accessory))
+        #expect(statistics.deviceMemorySlots == 0 && statistics.heapSlots == 12)
+        let session = try await accessory.openSession(for: "rig.echo.1")
+        defer { session.close() }
+        #expect(try await echo(session, pattern(4 << 20, seed: 5)))
+    }
+}
+
+extension String {
+    /// Reads a /proc file (their size is 0 to stat, so read until end of file).
+    init(contentsOfProcFile path: String) throws {
+        guard let file = fopen(path, "r") else { throw USBError(.io, "cannot read \(path)") }
+        defer { fclose(file) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let count = fread(&buffer, 1, buffer.count, file)
+            if count <= 0 { break }
+            bytes += buffer.prefix(count)
+        }
+        self = String(decoding: bytes, as: UTF8.self)
+    }
+}

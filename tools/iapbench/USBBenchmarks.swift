@@ -1,0 +1,203 @@
+import AccessoryHost
+import AccessorySimulator
+import CLIKit
+import Dispatch
+import IAPInspect
+import IAPTransport
+import Synchronization
+import USBHost
+
+/// `iapbench usb`: EA sessions through the whole stack over a real USB device (the simulator as
+/// a FunctionFS gadget on a device controller of this machine, e.g. dummy_hcd in the rig),
+/// beside the ceiling measured in the same run: a raw bulk echo through the same gadget and the
+/// same USB pipes, without iAP2.
+enum USBBenchmarks {
+    static let gadgetName = "iapbench"
+
+    nonisolated(unsafe) static var verbose = false
+    nonisolated(unsafe) static var options = USBOptions()
+
+    static func run(_ command: ParsedCommand) throws -> ExitCode {
+        verbose = command.flag("verbose")
+        options.useDeviceMemory = !command.flag("heap")
+        let megabytes = try command.integer("mib", in: 1...4_096) ?? 64
+        let json = command.flag("json")
+        #if DEBUG
+        StandardError.write("warning: this is a debug build; its numbers mean nothing. Use: swift build -c release\n")
+        #endif
+        let udc: String
+        do { udc = try command.value("udc") ?? USBGadget.defaultUDC() } catch {
+            StandardError.write("iapbench usb: \(error)\n")
+            return .unavailable
+        }
+        func emit(_ name: String, _ rate: Double, ratio: Double?, extra: String = "") {
+            if json {
+                var fields: [(String, JSONValue)] = [("name", .string(name)), ("bytesPerSecond", .int(Int(rate)))]
+                if let ratio { fields.append(("ratioToCeiling", .string(Report.format(ratio, digits: 3)))) }
+                StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
+            } else {
+                let share = ratio.map { "  (\(Report.format($0 * 100, digits: 1)) % of the ceiling)" } ?? ""
+                StandardOutput.write("\(name): \(Report.format(rate / 1e6, digits: 1)) MB/s each way\(share)\(extra)\n")
+            }
+        }
+        let profile = LoopbackBenchmarks.echoProfile(sessions: 3, maxPacketLength: 65_535)
+        let ceiling = try rawEcho(profile: profile, udc: udc, bytes: megabytes << 20)
+        emit("ceiling: raw bulk echo through the same gadget and pipes (baseline)", ceiling, ratio: nil)
+        for sessions in [1, 3] {
+            let rate = try sessionEcho(profile: profile, udc: udc, sessions: sessions, bytes: megabytes << 20)
+            emit("EA echo over iAP2, \(sessions) session\(sessions == 1 ? "" : "s") (total)", rate, ratio: rate / ceiling,
+                 extra: sessions > 1 ? ", \(Report.format(rate / Double(sessions) / 1e6, digits: 1)) MB/s per session" : "")
+        }
+        return .success
+    }
+
+    static func step(_ text: String) {
+        if verbose { StandardError.write("iapbench: \(text)\n") }
+    }
+
+    static func makeGadget(_ profile: SimulatorProfile, udc: String) throws -> USBGadget {
+        var configuration = USBGadgetConfiguration(profile: profile)
+        configuration.name = gadgetName
+        configuration.functionInstance = gadgetName
+        configuration.productID = 0x00BE
+        return try USBGadget(configuration: configuration)
+    }
+
+    /// The ceiling: the gadget echoes raw bytes; the host keeps up to 512 KiB in flight through
+    /// a `USBAccessoryTransport` (64 KiB frames, one per OUT transfer) and counts what returns.
+    static func rawEcho(profile: SimulatorProfile, udc: String, bytes: Int) throws -> Double {
+        let gadget = try makeGadget(profile, udc: udc)
+        defer {
+            step("removing the gadget")
+            try? gadget.unbind()
+            try? gadget.remove()
+            step("gadget removed")
+        }
+        let deviceQueue = DispatchQueue(label: "iapbench.gadget")
+        let device = gadget.transport
+        if verbose { device.onConnectionChange { StandardError.write("iapbench: gadget \($0)\n") } }
+        device.activate(queue: deviceQueue) { event in
+            if case let .received(chunk) = event { device.send(chunk) }
+        }
+        try gadget.bind(udc: udc)
+
+        let queue = DispatchQueue(label: "iapbench.usb")
+        let context = try USBContext(queue: queue, options: options)
+        defer {
+            step("shutting the USB context down")
+            queue.sync { context.shutdown() }
+            step("USB context shut down")
+        }
+        let opened = DispatchSemaphore(value: 0)
+        let found = Mutex<Result<USBAccessoryTransport, USBError>?>(nil)
+        try queue.sync {
+            try context.startMonitoring { event in
+                guard case let .arrived(info) = event, info.descriptor.productID == 0x00BE, found.withLock({ $0 == nil }) else { return }
+                found.withLock { $0 = .failure(USBError(.io, "opening")) }
+                context.open(info) { result in
+                    found.withLock { $0 = result }
+                    opened.signal()
+                }
+            }
+        }
+        guard opened.wait(timeout: .now() + 30) == .success, let result = found.withLock({ $0 }) else {
+            throw ToolFailure("the gadget did not appear on the host within 30 s")
+        }
+        let transport = try result.get()
+        let counters = Counters()
+        // (A Dispatch source must be resumed before it is released: only make it when used.)
+        let progress = verbose ? DispatchSource.makeTimerSource(queue: DispatchQueue(label: "iapbench.progress")) : nil
+        progress?.schedule(deadline: .now() + 1, repeating: 1)
+        progress?.setEventHandler { StandardError.write("iapbench: \(counters.text); gadget \(device.statistics)\n") }
+        progress?.resume()
+        defer { progress?.cancel() }
+        let frame = [UInt8](repeating: 0xA5, count: 65_000) // not a multiple of the packet size
+        let window = 8 * frame.count
+        let done = DispatchSemaphore(value: 0)
+        let state = Mutex((sent: 0, received: 0, finished: false))
+        let start = Mutex(ContinuousClock.now)
+        @Sendable func pump() {
+            while true {
+                let send = state.withLock { state -> Bool in
+                    guard state.sent < bytes, state.sent - state.received < window else { return false }
+                    state.sent += frame.count
+                    return true
+                }
+                guard send else { return }
+                transport.send(frame)
+            }
+        }
+        queue.sync {
+            transport.activate(queue: queue) { event in
+                switch event {
+                case let .borrowed(chunk):
+                    state.withLock { $0.received += chunk.count }
+                    counters.add(received: chunk.count)
+                case let .received(chunk):
+                    state.withLock { $0.received += chunk.count }
+                    counters.add(received: chunk.count)
+                case .closed: done.signal()
+                }
+                let finished = state.withLock { state -> Bool in
+                    guard !state.finished, state.received >= bytes else { return false }
+                    state.finished = true
+                    return true
+                }
+                if finished { done.signal() } else { pump() }
+            }
+            start.withLock { $0 = .now }
+            pump()
+        }
+        guard done.wait(timeout: .now() + (verbose ? 45 : 120)) == .success else {
+            let host = queue.sync { transport.statistics }
+            throw ToolFailure("the raw echo stalled: \(state.withLock { $0 }); host pipes \(host); gadget \(device.statistics)")
+        }
+        let elapsed = ContinuousClock.now - start.withLock { $0 }
+        let received = state.withLock { $0.received }
+        step("raw echo done; closing the host side")
+        transport.cancel()
+        _ = done.wait(timeout: .now() + 5)
+        step("closing the gadget side")
+        device.cancel()
+        step("gadget closed")
+        return Double(received) / seconds(elapsed)
+    }
+
+    /// EA echo sessions through AccessoryManager over the same gadget running the simulator.
+    static func sessionEcho(profile: SimulatorProfile, udc: String, sessions: Int, bytes: Int) throws -> Double {
+        let gadget = try makeGadget(profile, udc: udc)
+        defer { try? gadget.unbind(); try? gadget.remove() }
+        let runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
+        runner.start()
+        defer { runner.stop() }
+        try gadget.bind(udc: udc)
+        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
+        defer { manager.stop() }
+        try manager.startUSB(options: options)
+        let found = try blockingAwait { await manager.waitForAccessory(timeout: .seconds(30)) { $0.transportKind == .usb } }
+        guard let accessory = found else { throw ToolFailure("the simulated accessory was not identified within 30 s") }
+        let rig = LoopbackBenchmarks.Rig(manager: manager, runner: runner, accessory: accessory)
+        return try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
+    }
+
+    static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+}
+
+/// What the raw echo has moved, for the progress lines.
+final class Counters: Sendable {
+    private let received = Atomic<Int>(0)
+    private let chunks = Atomic<Int>(0)
+    func add(received count: Int) {
+        received.add(count, ordering: .relaxed)
+        chunks.add(1, ordering: .relaxed)
+    }
+    var text: String { "received \(received.load(ordering: .relaxed)) bytes in \(chunks.load(ordering: .relaxed)) completions" }
+}
+
+/// A benchmark that could not run, with the reason.
+struct ToolFailure: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
