@@ -121,6 +121,7 @@ struct Harness {
         fake.state.withLock { $0.kernelDriver = "usbfs-hog" }
         let context = USBContext(backend: fake, queue: queue, options: USBOptions())
         _ = try Harness.open(context)
+        queue.sync {} // the queue lets go of the open's closures, and with them the transport
         #expect(Array(fake.log.prefix(3)) == ["open", "detach 0", "claim 0"])
         // An opened transport dropped unused gives everything back.
         #expect(Array(fake.log.suffix(2)) == ["release 0", "close"])
