@@ -177,7 +177,11 @@ enum USBBenchmarks {
         let found = try blockingAwait { await manager.waitForAccessory(timeout: .seconds(30)) { $0.transportKind == .usb } }
         guard let accessory = found else { throw ToolFailure("the simulated accessory was not identified within 30 s") }
         let rig = LoopbackBenchmarks.Rig(manager: manager, runner: runner, accessory: accessory)
-        return try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
+        let rate = try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
+        if verbose, let host = manager.usbStatistics(of: accessory) {
+            step("host pipes \(host); gadget \(gadget.transport.statistics)")
+        }
+        return rate
     }
 
     static func seconds(_ duration: Duration) -> Double {

@@ -4,8 +4,8 @@
 # as the working directory and exits with its status.
 #
 # Usage: guest.sh [command [args...]]
-#   With no command: the in-guest Swift test suite,
-#   .build/debug/AccessoryHostPackageTests.xctest --testing-library swift-testing --filter USBRig
+#   With no command: tools/usb-rig/suite.sh (the in-guest Swift tests from the release test
+#   bundle, the udev rules check, iapbench usb)
 # Env: USB_RIG_UDCS     number of dummy UDC/HCD pairs (default 4): one gadget per UDC, so tests
 #                       can run several devices at once
 #      USB_RIG_RESULTS  writable directory shared with the host (run.sh passes its --rwdir)
@@ -71,7 +71,7 @@ setup_uptime=$(cut -d' ' -f1 /proc/uptime)
 sed 's/^/guest: /' "$results/environment.txt" >&2
 
 if [ $# -eq 0 ]; then
-    set -- "$REPO/.build/debug/AccessoryHostPackageTests.xctest" --testing-library swift-testing --filter USBRig
+    set -- "$REPO/tools/usb-rig/suite.sh"
 fi
 cd "$REPO"
 # A relative command means a file in the repository (e.g. tools/usb-rig/smoke.sh); a bare name is

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The rig's CI suite, run in the guest by guest.sh (root): the in-guest Swift tests (release
+# build of the test bundle: debug Swift is too slow under TCG to move 64 MiB), the udev rules
+# applied by the real udevd, and `iapbench usb` for the numbers.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$here/../.." && pwd)
+bundle=$REPO/.build/release/AccessoryHostPackageTests.xctest
+[ -x "$bundle" ] || { echo "suite: $bundle is missing (swift build -c release --build-tests -Xswiftc -enable-testing)" >&2; exit 1; }
+
+echo "suite: USBRigTests"
+ACCESSORYHOST_USB_RIG=1 timeout 600 "$bundle" --testing-library swift-testing --filter USBRig 2>&1 | grep -vE "^.{0,12}(◇|↳)"
+echo "suite: udev rules"
+timeout 120 "$here/rules.sh"
+echo "suite: iapbench usb"
+timeout 300 "$REPO/.build/release/iapbench" usb --mib 16
