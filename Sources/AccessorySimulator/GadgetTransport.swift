@@ -930,6 +930,7 @@ private final class GadgetCore: Sendable {
 
     /// Writes one frame with the short-packet rule; `false` when the writer must stop.
     private func writeFrame(_ frame: [UInt8], maxPacket: Int, generation: UInt64) -> Bool {
+        guard !frame.isEmpty else { return true } // nothing to send (and no split of nothing)
         let split = frame.count % maxPacket == 0
         let pieces = split ? [0..<(frame.count - 1), (frame.count - 1)..<frame.count] : [0..<frame.count]
         for piece in pieces {
