@@ -34,7 +34,9 @@ done
 udevadm settle -t 10 || true
 info=$(udevadm info "$node")
 grep -q "ID_MFI_ACCESSORY=1" <<<"$info" || fail "ID_MFI_ACCESSORY is not set on $node: $info"
-grep -qE "^(G|Q): uaccess$|TAGS=.*:uaccess:" <<<"$info" || fail "the uaccess tag is missing on $node: $info"
+# CURRENT_TAGS, not TAGS: TAGS keeps every tag any earlier event set, so it would hide a rule that
+# loses the tag on a later event (the "bind" that follows "add").
+grep -qE "^Q: uaccess$|CURRENT_TAGS=.*:uaccess:" <<<"$info" || fail "the uaccess tag is missing on $node: $info"
 say "70-mfi-accessory.rules: $node has ID_MFI_ACCESSORY=1 and the uaccess tag"
 
 [ "$(stat -c '%G %a' "$node")" = "plugdev 660" ] || fail "$node is $(stat -c '%G %a' "$node"), expected plugdev 660"
