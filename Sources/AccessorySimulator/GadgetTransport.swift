@@ -174,10 +174,11 @@ public final class GadgetTransport: Transport {
     public var statistics: GadgetTransportStatistics { core.statistics }
 
     /// Calls `handler` with every change of ``connection``, on the ep0 thread: it must return
-    /// quickly and must not wait for the queue the transport was activated on. Replaces any
-    /// handler set before.
+    /// quickly and must not wait for the queue the transport was activated on. Handlers add up
+    /// (a ``SimulatorRunner`` running over this transport has one) and are called in the order
+    /// they were added; ``cancel()`` drops them.
     public func onConnectionChange(_ handler: @escaping @Sendable (GadgetConnection) -> Void) {
-        core.setConnectionObserver(handler)
+        core.addConnectionObserver(handler)
     }
 
     /// Starts the reader and writer threads; events go to `handler` on `queue` (serial).
@@ -461,7 +462,7 @@ private final class GadgetCore: Sendable {
         var activated = false
         var queue: DispatchQueue?
         var handler: (@Sendable (TransportEvent) -> Void)?
-        var observer: (@Sendable (GadgetConnection) -> Void)?
+        var observers: [@Sendable (GadgetConnection) -> Void] = []
         var endpointErrorObserver: (@Sendable () -> Void)?
         var bound: Bool
         var enabled: Bool
@@ -558,8 +559,8 @@ private final class GadgetCore: Sendable {
     var connection: GadgetConnection { state.withLock { $0.connection } }
     var statistics: GadgetTransportStatistics { state.withLock { $0.statistics } }
 
-    func setConnectionObserver(_ observer: @escaping @Sendable (GadgetConnection) -> Void) {
-        state.withLock { $0.observer = observer }
+    func addConnectionObserver(_ observer: @escaping @Sendable (GadgetConnection) -> Void) {
+        state.withLock { $0.observers.append(observer) }
     }
 
     // MARK: Entry points
@@ -659,7 +660,7 @@ private final class GadgetCore: Sendable {
         let (queue, handler) = state.withLock { state in
             defer {
                 state.handler = nil
-                state.observer = nil
+                state.observers = []
                 state.endpointErrorObserver = nil
                 state.queue = nil
                 state.threads = []
@@ -746,7 +747,7 @@ private final class GadgetCore: Sendable {
         if kind == .setup {
             answer(event.setup)
         }
-        let change = state.withLock { state -> (GadgetConnection, (@Sendable (GadgetConnection) -> Void)?)? in
+        let change = state.withLock { state -> (GadgetConnection, [@Sendable (GadgetConnection) -> Void])? in
             state.statistics.events += 1
             let before = state.connection
             switch kind {
@@ -774,12 +775,12 @@ private final class GadgetCore: Sendable {
                 state.statistics.setupRequests += 1
             }
             let after = state.connection
-            return after == before ? nil : (after, state.observer)
+            return after == before ? nil : (after, state.observers)
         }
         readerWake.signal()
         writerWake.signal()
-        if let (connection, observer) = change {
-            observer?(connection)
+        if let (connection, observers) = change {
+            for observer in observers { observer(connection) }
         }
     }
 

@@ -13,6 +13,11 @@ extension SimulatedAccessory: DrivenMachine {}
 ///   `AccessoryManager.attach`), so a reboot looks to the host like an unplug and a replug.
 /// - ``Attachment/transport(_:)``: a wire that stays, such as the master side of a
 ///   pseudo-terminal; a reboot restarts the accessory behind it (it sends the detect again).
+///   Over a ``GadgetTransport`` the accessory also starts over each time a host configures the
+///   USB function (a plug, a bus reset, the UDC bound again), as a real accessory starts its link
+///   over on every new USB connection: the new host hears a detect at once, instead of a link
+///   that is still busy with the old host's session (which it would ignore until that link
+///   gave up).
 public final class SimulatorRunner: @unchecked Sendable {
     // Confinement: all stored `var`s are touched on `queue` only.
 
@@ -28,6 +33,10 @@ public final class SimulatorRunner: @unchecked Sendable {
     private var driver: EndpointDriver<SimulatedAccessory>?
     private var handler: (@Sendable (SimulatorEvent) -> Void)?
     private var generation: UInt8 = 1
+    /// The gadget's connection as last seen (gadget attachments only).
+    private var hostConnection: GadgetConnection?
+    /// How many times a new USB host connection restarted the accessory.
+    private var restartsForHost = 0
 
     /// - Throws: ``SimulatorProfileError`` when the profile has an invalid value.
     public init(profile: SimulatorProfile, attachment: Attachment,
@@ -74,6 +83,14 @@ public final class SimulatorRunner: @unchecked Sendable {
                 return
             }
             transport = wire
+            if let gadget = wire as? GadgetTransport {
+                hostConnection = gadget.connection
+                gadget.onConnectionChange { [weak self] connection in
+                    // On the gadget's ep0 thread: hop to the runner's queue, in order.
+                    guard let self else { return }
+                    self.queue.async { self.gadgetConnectionChanged(to: connection) }
+                }
+            }
         }
         let driver = EndpointDriver(machine: machine, transport: transport, queue: queue)
         self.driver = driver
@@ -98,6 +115,20 @@ public final class SimulatorRunner: @unchecked Sendable {
             break
         }
     }
+
+    /// A host configured the function anew (not a resume from suspend): start the accessory
+    /// over behind the same transport, so it sends the detect now.
+    private func gadgetConnectionChanged(to connection: GadgetConnection) {
+        let before = hostConnection
+        hostConnection = connection
+        guard connection == .enabled, before != .suspended, before != .enabled,
+              let driver, let machine = makeMachine() else { return }
+        restartsForHost += 1
+        driver.replaceMachine(machine)
+    }
+
+    /// How many times the accessory started over for a new USB host connection (test hook).
+    var hostConnectionRestarts: Int { queue.sync { restartsForHost } }
 
     private func reboot() {
         if case .memory = attachment {

@@ -2,6 +2,7 @@
 import Dispatch
 import Glibc
 import IAPTransport
+import IAPWire
 import Synchronization
 import Testing
 
@@ -164,6 +165,50 @@ struct GadgetTransportTests {
         #expect(statistics.framesDropped == 2)
         #expect(statistics.framesSent == 2)
         #expect(statistics.events == 8)
+    }
+
+    @Test("a simulator over a gadget starts over with a detect each time a host configures the function, not on resume")
+    func simulatorStartsOverForEachHost() throws {
+        let (inside, peer) = try socketPair(SOCK_SEQPACKET)
+        let (outInside, outPeer) = try socketPair(SOCK_STREAM)
+        let (ep0Inside, ep0Peer) = try socketPair(SOCK_SEQPACKET)
+        defer { closeAll(peer, outPeer, ep0Peer) }
+        let transport = try GadgetTransport(ep0: ep0Inside, inEndpoint: inside, outEndpoint: outInside, maxPacket: 512)
+        let profile = try #require(SimulatorProfile.builtIn(named: "multi-sensor"))
+        let runner = try SimulatorRunner(profile: profile, attachment: .transport(transport))
+        runner.start()
+        defer { runner.stop() }
+        runner.queue.sync {} // launched: the runner's connection handler comes before the log's
+        let changes = ConnectionLog()
+        transport.onConnectionChange(changes.record)
+
+        // The runner's handler hops to its queue before the log records the change, so a sync
+        // on that queue after the log saw it means the runner has handled it too.
+        func settle(_ connection: GadgetConnection) -> Int {
+            #expect(changes.wait(for: connection))
+            runner.queue.sync {}
+            return runner.hostConnectionRestarts
+        }
+        try sendEvents(ep0Peer, .bind)
+        #expect(settle(.bound) == 0)
+        try sendEvents(ep0Peer, .enable)
+        #expect(settle(.enabled) == 1, "the first host")
+        // The detect sent at launch went nowhere (not enabled); the first write is the new one.
+        #expect(try receiveRecord(peer) == IAP2Detect.bytes)
+        try sendEvents(ep0Peer, .suspend)
+        #expect(settle(.suspended) == 1)
+        try sendEvents(ep0Peer, .resume)
+        #expect(settle(.enabled) == 1, "a resume is the same host")
+        try sendEvents(ep0Peer, .disable)
+        #expect(settle(.bound) == 1)
+        try sendEvents(ep0Peer, .enable)
+        #expect(settle(.enabled) == 2, "a bus reset: the host starts over")
+        try sendEvents(ep0Peer, .unbind)
+        #expect(settle(.unbound) == 2)
+        try sendEvents(ep0Peer, .bind)
+        #expect(settle(.bound) == 2)
+        try sendEvents(ep0Peer, .enable)
+        #expect(settle(.enabled) == 3, "the UDC bound again")
     }
 
     @Test("after an endpoint error the reader waits for the next ENABLE instead of retrying")
