@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test of the project, on a fresh machine: installs what is missing, builds with warnings
 # treated as failures, runs the unit and integration tests, checks that the codec allocates
-# nothing per frame, and fuzzes each parser for FUZZ_SECONDS (default 60) seconds.
+# nothing per frame, runs the in-guest tests on a real kernel USB stack (tools/usb-rig), and
+# fuzzes each parser for FUZZ_SECONDS (default 60) seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/ensure-deps.sh valgrind xxd
@@ -36,9 +37,22 @@ if [ "$tsan_failed" -ne 0 ] || ! grep -qE "✔ Test run with [0-9]+ tests? .*pas
     echo "test: swift test --sanitize=thread --filter ByteRingTests failed or timed out" >&2; exit 1
 fi
 
-step "release build and allocation check"
-swift build -c release --product iapbench 2>&1 | grep -E "error|warning:" && exit 1 || true
+step "release build (tests included, for the USB rig) and allocation check"
+# One release build serves both: the rig's in-guest suite needs the test bundle (-enable-testing,
+# since other test targets in the bundle use @testable imports), and iapbench comes with it.
+swift build -c release --build-tests -Xswiftc -enable-testing 2>&1 | tee "$log" | grep -E "error|warning:" && exit 1 || true
+grep -q "Build complete" "$log" || { echo "test: the release build failed" >&2; cat "$log" >&2; exit 1; }
 tools/check-allocations.sh .build/release/iapbench
+
+step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
+# tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it
+# under TCG and runs tools/usb-rig/suite.sh in the guest (USBRigTests, the udev rules, iapbench
+# usb). ACCESSORYHOST_SKIP_USB_RIG=1 skips it on a machine that cannot run it; CI never sets it.
+if [ -n "${ACCESSORYHOST_SKIP_USB_RIG:-}" ]; then
+    echo "skipped: ACCESSORYHOST_SKIP_USB_RIG is set"
+else
+    tools/usb-rig/run.sh --no-build
+fi
 
 step "fuzzing, ${fuzz_seconds}s per target"
 tools/fuzz/run.sh "$fuzz_seconds"
