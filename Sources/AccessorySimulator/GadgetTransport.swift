@@ -58,9 +58,10 @@ public struct GadgetTransportStatistics: Sendable, Hashable {
 /// be bound from then on (``USBGadget`` does that).
 ///
 /// ``activate(queue:handler:)`` starts two more threads:
-/// - the **reader** blocks in `read()` on the OUT endpoint (16 KiB at a time: a multiple of
-///   every speed's packet size, so the kernel never receives more than was asked for, and the
-///   size of the host's transfers) and delivers each read as `.received` on the queue;
+/// - the **reader** blocks in `read()` on the OUT endpoint (64 KiB at a time: a multiple of
+///   every speed's packet size, so the kernel never receives more than was asked for, and more
+///   than a link packet, which the host sends one per transfer) and delivers each read as
+///   `.received` on the queue, in the array it was read into;
 /// - the **writer** takes the frames given to ``send(_:)`` in order and `write()`s each to the
 ///   IN endpoint, ending every transfer with a short packet (see ``send(_:)``).
 ///
@@ -192,7 +193,7 @@ public final class GadgetTransport: Transport {
     /// Queues one frame for the IN endpoint; the writer thread writes frames in order. Never
     /// blocks.
     ///
-    /// Zero-length-packet rule: the host keeps 16 KiB IN transfers queued, and a USB transfer
+    /// Zero-length-packet rule: the host keeps IN transfers of 16 or 64 KiB queued, and a USB transfer
     /// ends only at a packet shorter than `wMaxPacketSize` (or when its buffer is full). A frame
     /// whose length is a multiple of the packet size ends with a full packet, so the host's
     /// transfer would stay open and the frame would sit in the host controller until the next
@@ -440,8 +441,13 @@ private final class GadgetCore: Sendable {
     let runningThreads = Atomic<Int>(0)
     let state: Mutex<State>
 
-    /// 16 KiB: a multiple of 64, 512 and 1024, and the size of the host's transfers.
-    static let readSize = 16 * 1024
+    /// 64 KiB: a multiple of 64, 512 and 1024 (so the kernel never receives more than was asked
+    /// for), and more than any link packet, so one read returns one whole OUT transfer (the host
+    /// sends one link packet per transfer) and the accessory's frame scanner never reassembles.
+    static let readSize = 64 * 1024
+    /// Reads shorter than this are copied into an array of their size; longer ones are handed
+    /// on in the array they were read into (no copy), and the next read gets a new one.
+    static let compactBelow = 8 * 1024
 
     enum Phase {
         /// Open, not activated.
@@ -805,7 +811,6 @@ private final class GadgetCore: Sendable {
     }
 
     private func readLoop() {
-        var buffer = [UInt8](repeating: 0, count: Self.readSize)
         while true {
             let step = state.withLock { state -> ReadStep in
                 guard state.phase == .active else { return .stop }
@@ -829,9 +834,15 @@ private final class GadgetCore: Sendable {
                 }
                 continue
             case let .read(generation):
-                let count = buffer.withUnsafeMutableBytes { read(outEndpoint, $0.baseAddress, $0.count) }
+                var count = -1
+                var bytes = [UInt8](unsafeUninitializedCapacity: Self.readSize) { buffer, initialized in
+                    count = read(outEndpoint, buffer.baseAddress, buffer.count)
+                    initialized = max(0, count)
+                }
                 if count > 0 {
-                    let bytes = Array(buffer[..<count])
+                    // (Through a buffer pointer: an Array made from a whole-array slice would
+                    // keep the 64 KiB storage.)
+                    if count < Self.compactBelow { bytes = bytes.withUnsafeBufferPointer { Array($0) } }
                     let delivery = state.withLock { state -> (DispatchQueue, @Sendable (TransportEvent) -> Void)? in
                         guard state.phase == .active, let queue = state.queue, let handler = state.handler else { return nil }
                         state.statistics.reads += 1
@@ -839,7 +850,8 @@ private final class GadgetCore: Sendable {
                         return (queue, handler)
                     }
                     if let (queue, handler) = delivery {
-                        queue.async { handler(.received(bytes)) }
+                        let received = bytes
+                        queue.async { handler(.received(received)) }
                     }
                     continue
                 }

@@ -45,6 +45,9 @@ protocol USBBackend: AnyObject, Sendable {
     func detachKernelDriver(_ handle: OpaquePointer, interface: UInt8) -> Int32
     /// The name of the kernel driver bound to an interface, from sysfs.
     func kernelDriverName(bus: UInt8, portPath: [UInt8], configuration: UInt8, interface: UInt8) -> String?
+    /// What usbfs can do for the device at `bus`/`address` (`USBDEVFS_GET_CAPABILITIES`), or nil
+    /// when it cannot be asked.
+    func usbfsCapabilities(bus: UInt8, address: UInt8) -> UInt32?
     /// *Setup queue.*
     func setConfiguration(_ handle: OpaquePointer, _ value: UInt8) -> Int32
     func claimInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32
@@ -309,6 +312,18 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
         return target.split(separator: "/").last.map(String.init)
     }
 
+    func usbfsCapabilities(bus: UInt8, address: UInt8) -> UInt32? {
+        // libusb keeps its own descriptor private: ask through a second one (usbfs allows several
+        // opens; this one claims nothing and is closed at once).
+        let path = "/dev/bus/usb/\(USBDeviceInfo.pad3(bus))/\(USBDeviceInfo.pad3(address))"
+        let descriptor = Glibc.open(path, O_RDWR | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { _ = Glibc.close(descriptor) }
+        var capabilities: UInt32 = 0
+        guard ioctl(descriptor, usbfsGetCapabilities, &capabilities) == 0 else { return nil }
+        return capabilities
+    }
+
     func setConfiguration(_ handle: OpaquePointer, _ value: UInt8) -> Int32 { libusb_set_configuration(handle, Int32(value)) }
     func claimInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32 { libusb_claim_interface(handle, Int32(interface)) }
     func releaseInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32 { libusb_release_interface(handle, Int32(interface)) }
@@ -368,6 +383,11 @@ struct LibUSBStatus: Error {
 }
 
 /// libusb's name for an error code, e.g. `LIBUSB_ERROR_BUSY`.
+/// `USBDEVFS_GET_CAPABILITIES` from linux/usbdevice_fs.h: `_IOR('U', 26, __u32)`.
+let usbfsGetCapabilities: UInt = 0x8004_551A
+/// `USBDEVFS_CAP_BULK_SCATTER_GATHER`: the controller takes a large bulk transfer as one URB.
+let usbfsCapabilityBulkScatterGather: UInt32 = 0x08
+
 func errorName(_ code: Int32) -> String {
     String(cString: libusb_error_name(code))
 }

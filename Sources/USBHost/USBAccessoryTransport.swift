@@ -28,6 +28,8 @@ public struct USBPipeStatistics: Sendable, Hashable {
     /// Ring slots in memory usbfs maps for DMA (zero-copy), and on the heap.
     public var deviceMemorySlots = 0
     public var heapSlots = 0
+    /// Bytes per IN transfer (see ``USBOptions/inTransferSize``).
+    public var inTransferSize = 0
     /// Transfers still owned by libusb when the teardown gave up waiting for them (leaked rather
     /// than freed under libusb's feet). Always 0 unless the kernel misbehaves.
     public var abandonedTransfers = 0
@@ -110,7 +112,9 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         outPacketSize = max(1, location.bulkOut.packetSize)
         outTimeout = options.outTimeoutMilliseconds
         let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
-        inRing = ByteRing(slotCount: options.inTransfers, slotCapacity: options.inTransferSize, allocator: allocator)
+        let inTransferSize = options.inTransferSize ?? USBOptions.splitInTransferSize
+        inRing = ByteRing(slotCount: options.inTransfers, slotCapacity: inTransferSize, allocator: allocator)
+        statistics.inTransferSize = inTransferSize
         outRing = ByteRing(slotCount: options.outTransfers, slotCapacity: options.outTransferSize, allocator: allocator)
         inSubmitted = Array(repeating: false, count: options.inTransfers)
         outSubmitted = Array(repeating: false, count: options.outTransfers)

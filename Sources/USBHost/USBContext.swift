@@ -5,9 +5,16 @@ public import Dispatch
 public struct USBOptions: Sendable, Hashable {
     /// Bulk IN transfers always queued per accessory (each over its own ring slot).
     public var inTransfers = 4
-    /// Bytes per IN transfer. 16 KiB: larger transfers are split into chained URBs, which loses
-    /// data on some host controllers when short packets end them (PROTOCOL.md §4.6).
-    public var inTransferSize = 16_384
+    /// Bytes per IN transfer, or `nil` to choose per device (the default): 65,536 where usbfs
+    /// says the host controller does scatter-gather (one URB carries the whole transfer, and any
+    /// link packet fits in one transfer, so the frame scanner reads every packet in place), and
+    /// 16,384 elsewhere: there libusb splits larger transfers into chained 16 KiB URBs, which
+    /// loses data on some controllers (the Raspberry Pi's dwc2) when a short packet ends them
+    /// (PROTOCOL.md §4.6). The size in use is in ``USBPipeStatistics/inTransferSize``.
+    public var inTransferSize: Int? = nil
+    /// The automatic ``inTransferSize`` with and without scatter-gather.
+    public static let largeInTransferSize = 65_536
+    public static let splitInTransferSize = 16_384
     /// OUT transfers in flight at most; further frames wait in order.
     public var outTransfers = 8
     /// Bytes per OUT slot: one whole link packet (at most 65535 bytes).
@@ -73,7 +80,7 @@ public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
 
     var key: DeviceKey { DeviceKey(bus: bus, address: address) }
 
-    private static func pad3(_ value: UInt8) -> String {
+    static func pad3(_ value: UInt8) -> String {
         let digits = String(value)
         return String(repeating: "0", count: 3 - digits.count) + digits
     }
@@ -315,6 +322,8 @@ public final class USBContext: @unchecked Sendable {
             return completion(.failure(error))
         }
         openTransports += 1
+        var options = options
+        options.inTransferSize = options.inTransferSize ?? automaticInTransferSize(for: device)
         let transport = USBAccessoryTransport(device: device, backend: backend, handle: handle, location: location, options: options,
                                               queue: queue, setupQueue: setupQueue, contextMarker: marker, description: device.description,
                                               onFinished: { [self] in
@@ -322,6 +331,13 @@ public final class USBContext: @unchecked Sendable {
                                                   if shutDown, openTransports == 0 { backend.shutdown() }
                                               })
         completion(.success(transport))
+    }
+
+    /// 64 KiB IN transfers where usbfs reports scatter-gather for the device's controller (a
+    /// transfer is then one URB), 16 KiB otherwise (see ``USBOptions/inTransferSize``).
+    private func automaticInTransferSize(for device: USBDeviceInfo) -> Int {
+        let capabilities = backend.usbfsCapabilities(bus: device.bus, address: device.address) ?? 0
+        return capabilities & usbfsCapabilityBulkScatterGather != 0 ? USBOptions.largeInTransferSize : USBOptions.splitInTransferSize
     }
 
     /// Who holds an interface: the kernel driver sysfs names, else another process.

@@ -42,6 +42,8 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         var openStatus: Int32 = 0
         var claimStatus: Int32 = 0
         var kernelDriver: String?
+        /// What usbfsCapabilities answers (nil: the node cannot be asked).
+        var usbfsCapabilities: UInt32?
         var detachStatus: Int32 = 0
         var setConfigurationStatus: Int32 = 0
         var clearHaltStatuses: [Int32] = []
@@ -143,6 +145,10 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
 
     func kernelDriverName(bus: UInt8, portPath: [UInt8], configuration: UInt8, interface: UInt8) -> String? {
         state.withLock { $0.kernelDriver }
+    }
+
+    func usbfsCapabilities(bus: UInt8, address: UInt8) -> UInt32? {
+        state.withLock { $0.usbfsCapabilities }
     }
 
     func setConfiguration(_ handle: OpaquePointer, _ value: UInt8) -> Int32 {

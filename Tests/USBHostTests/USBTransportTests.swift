@@ -100,6 +100,20 @@ struct Harness {
         #expect(harness.transport.kind == .usb)
     }
 
+    @Test("IN transfers are 64 KiB where usbfs reports scatter-gather, 16 KiB elsewhere, or what the options say",
+          arguments: [(UInt32?.none, Int?.none, 16_384), (0x04 | 0x02 | 0x01, nil, 16_384), (0x3D, nil, 65_536),
+                      (0x3D, 32_768, 32_768), (nil, 4_096, 4_096)] as [(UInt32?, Int?, Int)])
+    func inTransferSizeFollowsTheController(capabilities: UInt32?, option: Int?, expected: Int) throws {
+        var options = USBOptions()
+        options.inTransferSize = option
+        let harness = try Harness(options: options) { $0.state.withLock { $0.usbfsCapabilities = capabilities } }
+        let lengths = harness.onQueue {
+            harness.fake.pending.filter { $0.pointee.endpoint & 0x80 != 0 }.map { Int($0.pointee.length) }
+        }
+        #expect(lengths == Array(repeating: expected, count: USBOptions().inTransfers))
+        #expect(harness.onQueue { harness.transport.statistics.inTransferSize } == expected)
+    }
+
     @Test func permissionDeniedNamesTheUdevRule() throws {
         let error = try #require(openError { $0.state.withLock { $0.openStatus = LIBUSB_ERROR_ACCESS.rawValue } })
         #expect(error.kind == .access)
