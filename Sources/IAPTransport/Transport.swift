@@ -71,8 +71,11 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
 ///
 /// Every method is called on the queue given to ``activate(queue:handler:)``, and the handler
 /// is called on that queue too, so a transport needs no locking of its own. ``send(_:)`` takes
-/// one frame (one link packet or the detect): transports that have message boundaries (USB
-/// transfers) keep them; byte streams (serial) just write the bytes.
+/// one frame (one link packet or the detect): the host's USB transport sends each in its own
+/// OUT transfer; byte streams (serial) just write the bytes. What arrives is always treated as a
+/// byte stream, whatever the wire: a USB device may split a frame over several IN transfers
+/// (the gadget does, to end a transfer with a short packet) or pack several into one, and the
+/// frame scanner above finds the frames in any chunking.
 public protocol Transport: AnyObject, Sendable {
     /// What a person reads in `iapctl list`, e.g. `serial /dev/ttyUSB0 @ 115200`.
     var description: String { get }

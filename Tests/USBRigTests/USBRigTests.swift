@@ -97,6 +97,8 @@ struct USBRigTests {
         // Zero copy: every ring slot is usbfs memory, mapped from the device node.
         let statistics = try #require(manager.usbStatistics(of: accessory))
         #expect(statistics.deviceMemorySlots == 12 && statistics.heapSlots == 0)
+        // dummy_hcd does scatter-gather, which usbfs reports: the IN transfers are 64 KiB.
+        #expect(statistics.inTransferSize == USBOptions.largeInTransferSize)
         let maps = try String(contentsOfProcFile: "/proc/self/maps")
         #expect(maps.contains("/dev/bus/usb/"), "libusb_dev_mem_alloc mapped the usbfs node")
 
