@@ -9,6 +9,7 @@ for extra in "$@"; do
     case "$extra" in
         valgrind) command -v valgrind >/dev/null || need+=(valgrind) ;;
         xxd) command -v xxd >/dev/null || need+=(xxd) ;;
+        python3) command -v python3 >/dev/null || need+=(python3) ;;
         *) dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra") ;;
     esac
 done

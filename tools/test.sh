@@ -5,7 +5,7 @@
 # fuzzes each parser for FUZZ_SECONDS (default 60) seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd
+tools/ensure-deps.sh valgrind xxd python3
 fuzz_seconds=${FUZZ_SECONDS:-60}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -43,6 +43,9 @@ step "release build (tests included, for the USB rig) and allocation check"
 swift build -c release --build-tests -Xswiftc -enable-testing 2>&1 | tee "$log" | grep -E "error|warning:" && exit 1 || true
 grep -q "Build complete" "$log" || { echo "test: the release build failed" >&2; cat "$log" >&2; exit 1; }
 tools/check-allocations.sh .build/release/iapbench
+
+step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"
+timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapctl --mib 4
 
 step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
 # tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it

@@ -1,6 +1,7 @@
 public import IAPLink
 public import IAPTransport
 internal import Synchronization
+public import USBHost
 
 /// A connected accessory, as ExternalAccessory's EAAccessory describes one.
 ///
@@ -18,6 +19,10 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     /// Whether it declares at least one of the manager's supported protocols (all accessories
     /// are listed; those without are marked).
     public let supportsConfiguredProtocols: Bool
+    /// The USB device it is, for accessories on USB (vendor and product id, bus location,
+    /// the descriptors' strings); nil on other transports. A script can follow an accessory
+    /// that re-enumerates with another product id (a bootloader) by these.
+    public let usbDevice: USBDeviceInfo?
 
     let connection: Connection
     private let connected = Atomic<Bool>(true)
@@ -28,6 +33,7 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
         self.identity = identity
         self.transportKind = transport.kind
         self.location = transport.description
+        self.usbDevice = (((transport as? TracingTransport)?.base ?? transport) as? USBAccessoryTransport)?.device
         self.supportsConfiguredProtocols = supportsConfiguredProtocols
         self.connection = connection
     }

@@ -259,6 +259,34 @@ public final class AccessoryManager: Sendable {
         }
     }
 
+    /// Waits until no connected accessory matches `predicate` (at once when none does now), up to
+    /// `timeout`. Returns whether that happened in time: what a script waits for when an
+    /// accessory is about to reboot or be unplugged.
+    public func waitUntilNoAccessory(timeout: Duration, where predicate: @escaping @Sendable (Accessory) -> Bool = { _ in true }) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let once = Mutex<CheckedContinuation<Bool, Never>?>(continuation)
+            let finish: @Sendable (Bool) -> Void = { gone in
+                once.withLock { pending -> CheckedContinuation<Bool, Never>? in
+                    defer { pending = nil }
+                    return pending
+                }?.resume(returning: gone)
+            }
+            // Judged on the queue, after the list changed: a disconnection is removed from the
+            // list before it is published.
+            let subscription = onEvent(queue: queue) { [weak self] event in
+                if case .disconnected = event, !(self?.connectedAccessories.contains(where: predicate) ?? false) { finish(true) }
+            }
+            queue.async { [weak self] in
+                if !(self?.connectedAccessories.contains(where: predicate) ?? false) { finish(true) }
+            }
+            let (seconds, attoseconds) = timeout.components
+            queue.asyncAfter(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))) {
+                subscription.cancel()
+                finish(false)
+            }
+        }
+    }
+
     /// Waits until every attached transport has either an identified accessory or has failed,
     /// up to `timeout`. Returns whether that happened in time.
     public func waitUntilSettled(timeout: Duration) async -> Bool {

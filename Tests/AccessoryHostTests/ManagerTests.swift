@@ -2,6 +2,7 @@ import AccessoryHost
 import IAPLink
 import IAPTransport
 import Testing
+import USBHost
 
 @Suite("AccessoryManager over the in-memory transport and a pseudo-terminal", .timeLimit(.minutes(1)))
 struct ManagerTests {
@@ -32,6 +33,33 @@ struct ManagerTests {
         #expect(accessory.transportKind == (wire == .memory ? .memory : .serial))
         #expect(accessory.supportsConfiguredProtocols)
         #expect(manager.connectedAccessories.map(\.connectionID) == [accessory.connectionID])
+    }
+
+    @Test func filtersMatchWhatTheAccessoryDeclared() async throws {
+        let (manager, echo, accessory) = try await Self.connected()
+        defer { manager.stop(); echo.stop() }
+        #expect(accessory.usbDevice == nil)
+        #expect(AccessoryFilter().matches(accessory))
+        #expect(AccessoryFilter(names: ["Other", "Echo Box"], firmwareRevisions: ["2.0.1"]).matches(accessory))
+        #expect(AccessoryFilter(serialNumbers: ["EB000042"], protocols: ["com.x", "com.acme.other"]).matches(accessory))
+        #expect(!AccessoryFilter(names: ["Echo Box"], firmwareRevisions: ["2.0.2"]).matches(accessory), "every kind must hold")
+        #expect(!AccessoryFilter(names: ["echo box"]).matches(accessory), "names compare exactly")
+        #expect(!AccessoryFilter(protocols: ["com.acme"]).matches(accessory))
+        #expect(!AccessoryFilter(usbIDs: [USBID(vendorID: 0x1209, productID: 1)]).matches(accessory), "not on USB")
+        #expect(AccessoryFilter(names: ["A", "B"], usbIDs: [USBID(vendorID: 0x1209, productID: 0xA1)]).description
+                == "name \"A\" or \"B\", USB 1209:00a1")
+        #expect(AccessoryFilter().description == "any accessory")
+    }
+
+    @Test func waitingUntilNoAccessoryMatches() async throws {
+        let (manager, echo, accessory) = try await Self.connected()
+        defer { manager.stop() }
+        #expect(await manager.waitUntilNoAccessory(timeout: .seconds(10)) { $0.name == "Someone Else" }, "none matches: at once")
+        #expect(await manager.waitUntilNoAccessory(timeout: .milliseconds(200)) { $0.name == "Echo Box" } == false, "still there")
+        async let gone = manager.waitUntilNoAccessory(timeout: .seconds(10)) { $0.name == "Echo Box" }
+        echo.stop()
+        #expect(await gone, "it went away")
+        #expect(!accessory.isConnected)
     }
 
     @Test func accessoriesWithoutOurProtocolsAreListedButMarked() async throws {

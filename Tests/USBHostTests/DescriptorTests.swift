@@ -2,6 +2,15 @@ import Testing
 @testable import USBHost
 
 @Suite struct DescriptorTests {
+    @Test func usbIDsParseAsLsusbWritesThem() {
+        #expect(USBID(parsing: "1209:00a1") == USBID(vendorID: 0x1209, productID: 0x00A1))
+        #expect(USBID(parsing: "0x2CA3:0X1002") == USBID(vendorID: 0x2CA3, productID: 0x1002))
+        #expect(USBID(parsing: "1:2")?.description == "0001:0002")
+        for bad in ["", "1209", "1209:", ":00a1", "12090:1", "1209:00a1:1", "12g9:0001", "+123:1", "0x:1", " 1209:1"] {
+            #expect(USBID(parsing: bad) == nil, "'\(bad)'")
+        }
+    }
+
     @Test func theDJIConfigurationParses() throws {
         let config = try USBConfigurationDescriptor(parsing: djiConfiguration)
         #expect(config.value == 1)

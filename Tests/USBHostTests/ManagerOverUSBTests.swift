@@ -23,6 +23,9 @@ import Testing
         #expect(accessory.name == "Multi Sensor")
         #expect(accessory.transportKind == .usb)
         #expect(accessory.location == "usb 1-1.2 2ca3:1002 Goggles 3 (serial GG3-0042)")
+        #expect(accessory.usbDevice?.descriptor.usbID == USBID(vendorID: 0x2CA3, productID: 0x1002))
+        #expect(AccessoryFilter(usbIDs: [USBID(vendorID: 0x2CA3, productID: 0x1002)]).matches(accessory))
+        #expect(!AccessoryFilter(usbIDs: [USBID(vendorID: 0x2CA3, productID: 0x1001)]).matches(accessory))
 
         let session = try await accessory.openSession(for: "com.example.echo")
         let payload = (0..<(2 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 11) }

@@ -23,14 +23,7 @@ enum ListCommand {
             StandardOutput.write("no accessories found\n")
             return failed ? .unavailable : .success
         }
-        var out = ""
-        for accessory in accessories {
-            out += "\(accessory.connectionID)  \(accessory.name)  \(accessory.manufacturer) \(accessory.modelNumber)  "
-            out += "serial \(accessory.serialNumber)  firmware \(accessory.firmwareRevision)  on \(accessory.location)\n"
-            out += "    protocols: \(accessory.protocolStrings.joined(separator: ", "))"
-            out += accessory.supportsConfiguredProtocols ? "\n" : "  (none of the supported protocols)\n"
-        }
-        StandardOutput.write(out)
+        StandardOutput.write(accessories.map(listLine).joined())
         return .success
     }
 }
@@ -122,3 +115,15 @@ enum WatchCommand {
 enum IapctlJSON {
     static func accessory(_ accessory: Accessory) -> JSONValue { json(accessory) }
 }
+
+/// An accessory as `iapctl list` prints it: a line, then its protocols.
+func listLine(_ accessory: Accessory) -> String {
+    var out = "\(accessory.connectionID)  \(accessory.name)  \(accessory.manufacturer) \(accessory.modelNumber)  "
+    out += "serial \(accessory.serialNumber)  firmware \(accessory.firmwareRevision)  on \(accessory.location)\n"
+    out += "    protocols: \(accessory.protocolStrings.joined(separator: ", "))"
+    out += accessory.supportsConfiguredProtocols ? "\n" : "  (none of the supported protocols)\n"
+    return out
+}
+
+/// The JSON object of an accessory (`list --json`, `wait --json`…).
+func iapctlJSON(_ accessory: Accessory) -> JSONValue { json(accessory) }

@@ -223,5 +223,10 @@ func json(_ accessory: Accessory) -> JSONValue {
         ("protocolStrings", .array(accessory.protocolStrings.map { .string($0) })),
         ("supportsConfiguredProtocols", .bool(accessory.supportsConfiguredProtocols)),
         ("transport", .string(accessory.transportKind.rawValue)), ("location", .string(accessory.location)),
+        ("usb", accessory.usbDevice.map { device in
+            .object([("id", .string(device.descriptor.usbID.description)), ("bus", .int(Int(device.bus))),
+                     ("address", .int(Int(device.address))), ("port", .string(device.location)),
+                     ("devicePath", .string(device.devicePath))])
+        } ?? .null),
     ])
 }

@@ -6,12 +6,16 @@ import Glibc
 import IAPInspect
 import IAPTransport
 import Synchronization
+import USBHost
 
-/// Writes all of `bytes` to a file descriptor, retrying on EINTR and partial writes.
-func writeFully(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+/// Writes all of `bytes` to a file descriptor, retrying on EINTR and partial writes. Sockets
+/// are written with `MSG_NOSIGNAL`, so a client that went away is an error, not SIGPIPE.
+func writeFully(_ fd: Int32, _ bytes: [UInt8], isSocket: Bool = false) -> Bool {
     var offset = 0
     while offset < bytes.count {
-        let written = bytes[offset...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        let written = bytes[offset...].withUnsafeBytes { buffer in
+            isSocket ? Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL)) : Glibc.write(fd, buffer.baseAddress, buffer.count)
+        }
         if written < 0 {
             if errno == EINTR { continue }
             return false
@@ -24,6 +28,8 @@ func writeFully(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
 enum OpenCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let protocolString = command.positional("protocol") ?? ""
+        let socketPath = command.value("socket")
+        if let socketPath { try UnixListener.check(socketPath) } // before any accessory is touched
         let session = try HostContext(command, supportedProtocols: [protocolString])
         defer { session.shutdown() }
         let accessory = try select(try discover(session, command: command) { $0.protocolStrings.contains(protocolString) },
@@ -31,10 +37,33 @@ enum OpenCommand {
         let stream = try blockingAwait { try await accessory.openSession(for: protocolString) }
         session.logger.info("opened \(protocolString) on \(accessory.name)")
         let idle = Double(command.value("idle") ?? "1") ?? 1
+        guard let socketPath else {
+            try bridge(stream, accessory: accessory, input: 0, output: 1, isSocket: false, idle: idle)
+            return .success
+        }
+        let listener: UnixListener
+        do { listener = try UnixListener(path: socketPath) } catch {
+            stream.close()
+            throw error
+        }
+        defer { listener.close() }
+        StandardOutput.write("listening on \(socketPath)\n") // unbuffered: a script can wait for this line
+        let client = try listener.acceptOne()
+        defer { Glibc.close(client) }
+        session.logger.info("a client connected to \(socketPath)")
+        try bridge(stream, accessory: accessory, input: client, output: client, isSocket: true, idle: idle)
+        return .success
+    }
+
+    /// Copies `input` to the session and the session to `output` with back-pressure both ways
+    /// until input ends and the accessory has been quiet for `idle` seconds, then closes the
+    /// session. Throws (exit 74) when the accessory went away or a session call failed.
+    static func bridge(_ stream: AccessorySession, accessory: Accessory, input: Int32, output: Int32, isSocket: Bool,
+                       idle: Double) throws {
         let failure = Mutex<ToolError?>(nil)
         let activity = DispatchSemaphore(value: 0)
         let outputDone = DispatchSemaphore(value: 0)
-        // Accessory → stdout. A slow stdout slows the accessory (we read only after writing).
+        // Accessory → output. A slow reader slows the accessory (we read only after writing).
         DispatchQueue.global().async {
             defer { outputDone.signal() }
             while true {
@@ -50,17 +79,18 @@ enum OpenCommand {
                     return
                 }
                 activity.signal()
-                guard writeFully(1, chunk) else { return }
+                guard writeFully(output, chunk, isSocket: isSocket) else { return }
             }
         }
-        // stdin → accessory, with back-pressure: the next read waits for the write.
+        // Input → accessory, with back-pressure: the next read waits for the write.
         var buffer = [UInt8](repeating: 0, count: 64 * 1_024)
         while true {
-            let count = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress, $0.count) }
+            let count = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress, $0.count) }
             if count < 0, errno == EINTR { continue }
             if count <= 0 { break }
             let chunk = Array(buffer[0..<count])
             do { try blockingAwait { try await stream.write(chunk) } } catch {
+                stream.close()
                 throw ToolError(description: "\(error)", exitCode: .ioError)
             }
         }
@@ -70,8 +100,75 @@ enum OpenCommand {
         stream.close()
         _ = outputDone.wait(timeout: .now() + .seconds(2))
         if let error = failure.withLock({ $0 }) { throw error }
-        return .success
     }
+}
+
+/// A listening Unix stream socket for `open --socket`, removed again by ``close()``.
+final class UnixListener {
+    let path: String
+    private var descriptor: Int32
+
+    /// Refuses a path that is too long for a socket address, or where something other than a
+    /// socket already is (exit 73, EX_CANTCREAT).
+    static func check(_ path: String) throws {
+        guard !path.isEmpty, path.utf8.count < MemoryLayout.size(ofValue: sockaddr_un().sun_path) else {
+            throw ToolError(description: "the socket path '\(path)' is empty or longer than \(MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1) bytes; pick a shorter one",
+                            exitCode: .cannotCreate)
+        }
+        var status = stat()
+        if lstat(path, &status) == 0, status.st_mode & S_IFMT != S_IFSOCK {
+            throw ToolError(description: "'\(path)' exists and is not a socket; remove it or pick another path", exitCode: .cannotCreate)
+        }
+    }
+
+    /// Binds and listens at `path`, replacing a stale socket file left there.
+    init(path: String) throws {
+        try Self.check(path)
+        self.path = path
+        descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else {
+            throw ToolError(description: "cannot create a Unix socket: \(String(cString: strerror(errno)))", exitCode: .cannotCreate)
+        }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: path.utf8)
+            raw[path.utf8.count] = 0
+        }
+        unlink(path) // a stale socket from an earlier run (check() refused anything else)
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0, listen(descriptor, 1) == 0 else {
+            let message = String(cString: strerror(errno))
+            Glibc.close(descriptor)
+            descriptor = -1
+            throw ToolError(description: "cannot listen on '\(path)': \(message)", exitCode: .cannotCreate)
+        }
+    }
+
+    /// Waits for the first client and returns its connection.
+    func acceptOne() throws -> Int32 {
+        while true {
+            let client = accept(descriptor, nil, nil)
+            if client >= 0 {
+                _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+                return client
+            }
+            if errno == EINTR { continue }
+            throw ToolError(description: "accepting a client on '\(path)' failed: \(String(cString: strerror(errno)))", exitCode: .ioError)
+        }
+    }
+
+    /// Stops listening and removes the socket file.
+    func close() {
+        guard descriptor >= 0 else { return }
+        Glibc.close(descriptor)
+        descriptor = -1
+        unlink(path)
+    }
+
+    deinit { close() }
 }
 
 enum SendCommand {
@@ -222,12 +319,12 @@ enum SimulateCommand {
         let interrupt = Interrupt()
         var configuration = USBGadgetConfiguration(profile: profile)
         if let text = command.value("usb-id") {
-            guard let (vendor, product) = parseUSBID(text) else {
+            guard let id = USBID(parsing: text) else {
                 throw UsageError("invalid value '\(text)' for --usb-id: expected VID:PID in hex, e.g. 1209:0001",
                                  usage: gadgetUsage, commandPath: command.path)
             }
-            configuration.vendorID = vendor
-            configuration.productID = product
+            configuration.vendorID = id.vendorID
+            configuration.productID = id.productID
         }
         let udc: String
         if let name = command.value("udc") {
@@ -271,19 +368,6 @@ enum SimulateCommand {
             throw ToolError(description: "the gadget was not removed completely: \(error)", exitCode: gadgetFailure(error).exitCode)
         }
         return .success
-    }
-
-    /// `VID:PID` in hex (each with an optional `0x`), or nil.
-    static func parseUSBID(_ text: String) -> (UInt16, UInt16)? {
-        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-        guard parts.count == 2 else { return nil }
-        func number(_ part: Substring) -> UInt16? {
-            let digits = part.hasPrefix("0x") || part.hasPrefix("0X") ? part.dropFirst(2) : part
-            guard (1...4).contains(digits.count) else { return nil }
-            return UInt16(digits, radix: 16)
-        }
-        guard let vendor = number(parts[0]), let product = number(parts[1]) else { return nil }
-        return (vendor, product)
     }
 
     /// A gadget error as the tool reports it: 77 permission, 69 missing support or in use, 71
@@ -338,4 +422,6 @@ enum SimulateCommand {
 extension ExitCode {
     /// An operating-system error (EX_OSERR).
     static let osError = ExitCode(rawValue: 71)
+    /// An output file cannot be created (EX_CANTCREAT).
+    static let cannotCreate = ExitCode(rawValue: 73)
 }

@@ -47,15 +47,38 @@ let infoCommand = CommandSpec(name: "info", abstract: "Everything an accessory d
 let watchCommand = CommandSpec(
     name: "watch", abstract: "Print accessories connecting and disconnecting until interrupted.",
     options: [jsonOption, .value("count", valueName: "n", help: "Stop after n events.")])
+let waitCommand = CommandSpec(
+    name: "wait", abstract: "Wait for an accessory that matches (or, with --gone, for none to match).",
+    discussion: """
+        Prints the accessory (as list does, or its JSON object) as soon as one that meets every \
+        condition given is connected, at once if one already is. A condition given several times \
+        matches any of its values, so an accessory that comes back under another identity (a \
+        bootloader with its own product id or name, new firmware) is followed by listing both. \
+        With --gone, waits until no connected accessory matches (after the accessories present at \
+        start have identified). --timeout is 30 seconds here unless given. Exit status: 0 found \
+        (or gone), 64 usage error, 75 not within the timeout (the message lists what is connected).
+        """,
+    options: [jsonOption,
+              .value("name", valueName: "name", help: "The accessory's name (repeatable: any of them).", repeatable: true),
+              .value("serial-number", valueName: "serial", help: "Its serial number (repeatable).", repeatable: true),
+              .value("protocol", valueName: "protocol", help: "An EA protocol it declares (repeatable: any of them).", repeatable: true),
+              .value("usb-id", valueName: "vid:pid", help: "Its USB vendor and product ids in hex (repeatable).", repeatable: true),
+              .value("firmware", valueName: "version", help: "Its firmware revision (repeatable).", repeatable: true),
+              .flag("gone", help: "Wait until no connected accessory matches instead.")])
 let openCommand = CommandSpec(
-    name: "open", abstract: "Open a session and bridge it to standard input and output.",
+    name: "open", abstract: "Open a session and bridge it to standard input and output, or to a Unix socket.",
     discussion: """
         Bytes read from standard input go to the accessory, bytes from the accessory go to standard \
         output, with back-pressure both ways. After standard input ends, output is copied until the \
-        accessory has been quiet for --idle seconds. Exit status: 0 done, 69 no such accessory or \
-        protocol, 74 the accessory went away.
+        accessory has been quiet for --idle seconds. With --socket PATH the session is offered on \
+        a Unix stream socket instead, for a program in any language: once the session is open, \
+        iapctl creates the socket, prints 'listening on PATH' on standard output, serves the first \
+        client that connects the same way (the client's end of input ends the session after \
+        --idle seconds of quiet), and removes the socket when done. Exit status: 0 done, 69 no \
+        such accessory or protocol, 73 the socket cannot be created, 74 the accessory went away.
         """,
-    options: [accessoryOption, .value("idle", valueName: "seconds", help: "Quiet time that ends the session after input ended.", defaultValue: "1")],
+    options: [accessoryOption, .value("idle", valueName: "seconds", help: "Quiet time that ends the session after input ended.", defaultValue: "1"),
+              .value("socket", valueName: "path", help: "Serve the session on a Unix socket at this path instead of standard input and output.")],
     positionals: [PositionalSpec("protocol", help: "The protocol string, e.g. com.example.echo.")])
 let sendCommand = CommandSpec(
     name: "send", abstract: "Send a file through a session, with progress and throughput.",
@@ -88,7 +111,7 @@ let iapctl = CommandSpec(
     abstract: "Talk to MFi-style (iAP1/iAP2) accessories from Linux.",
     version: toolVersion(),
     options: [verboseOption] + hostOptions,
-    subcommands: [listCommand, infoCommand, watchCommand, openCommand, sendCommand, simulateCommand, decodeCommand]
+    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, simulateCommand, decodeCommand]
 )
 
 CommandLineTool.run(iapctl) { command in
@@ -97,6 +120,7 @@ CommandLineTool.run(iapctl) { command in
     case "list": return try ListCommand.run(command)
     case "info": return try InfoCommand.run(command)
     case "watch": return try WatchCommand.run(command)
+    case "wait": return try WaitCommand.run(command)
     case "open": return try OpenCommand.run(command)
     case "send": return try SendCommand.run(command)
     case "simulate": return try SimulateCommand.run(command)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The rig's CI suite, run in the guest by guest.sh (root): the in-guest Swift tests (release
 # build of the test bundle: debug Swift is too slow under TCG to move 64 MiB), the udev rules
-# applied by the real udevd, and `iapbench usb` for the numbers.
+# applied by the real udevd, the firmware-upgrade example over USB (16 MiB through separate
+# iapctl processes), and `iapbench usb` for the numbers.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$here/../.." && pwd)
@@ -12,5 +13,7 @@ echo "suite: USBRigTests"
 ACCESSORYHOST_USB_RIG=1 timeout 600 "$bundle" --testing-library swift-testing --filter USBRig 2>&1 | grep -vE "^.{0,12}(◇|↳)"
 echo "suite: udev rules"
 timeout 120 "$here/rules.sh"
+echo "suite: firmware-upgrade example over USB (16 MiB)"
+timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
 echo "suite: iapbench usb"
 timeout 300 "$REPO/.build/release/iapbench" usb --mib 16

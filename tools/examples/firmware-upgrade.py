@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Upgrade an accessory's firmware with nothing but iapctl (and the Python standard library).
+
+The accessory speaks the firmware-update protocol of AccessoryHost's simulator (its
+`firmware-update` behaviour; the framing is documented in
+Sources/AccessorySimulator/FirmwareUpdate.swift): BEGIN, READY, CHUNK/ACK, END, DONE, then it
+reboots with the new version. The steps:
+
+  1. `iapctl wait --protocol P` finds the accessory and its current firmware;
+  2. `iapctl open P --socket PATH` opens the session and offers it on a Unix socket; this script
+     connects and sends the image, several chunks in flight, printing progress, and checks the
+     accessory's verdict (status and the CRC-32 it computed);
+  3. `iapctl wait --firmware VERSION` waits for the accessory to come back with the new version.
+
+Nothing is resumed or retried silently: when a transfer breaks, the script says how many bytes
+the accessory acknowledged and exits non-zero.
+
+Exit status: 0 upgraded (or already at that version), 1 the upgrade failed (the message says
+where), 2 usage error.
+
+Examples:
+  firmware-upgrade.py --serial /dev/pts/5 image.bin 2.0.0   # a serial accessory (or iapctl simulate's pty)
+  firmware-upgrade.py image.bin 2.0.0                       # a USB accessory
+"""
+import argparse
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+BEGIN, CHUNK, END = 0x01, 0x02, 0x03
+READY, ACK, DONE, ERROR = 0x81, 0x82, 0x83, 0x8F
+STATUS = {0: "ok", 1: "CRC mismatch", 2: "size mismatch", 3: "chunk out of order"}
+
+
+class Failure(Exception):
+    """The upgrade cannot go on; the message says why."""
+
+
+def log(text):
+    print(f"firmware-upgrade: {text}", file=sys.stderr, flush=True)
+
+
+def run_iapctl(command, timeout):
+    """Runs iapctl, returns its standard output; raises Failure with its message otherwise."""
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise Failure(f"cannot run {command[0]} (set --iapctl or IAPCTL to the iapctl binary)")
+    except subprocess.TimeoutExpired:
+        raise Failure(f"{' '.join(command)} did not finish within {timeout:.0f} s")
+    if result.returncode != 0:
+        raise Failure(f"{' '.join(command[1:])} exited with {result.returncode}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def send_message(connection, kind, body):
+    connection.sendall(struct.pack(">BI", kind, len(body)) + body)
+
+
+class Reader:
+    """Reads whole messages (type u8, length u32, body) from the socket."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.buffer = b""
+
+    def exactly(self, count):
+        while len(self.buffer) < count:
+            data = self.connection.recv(65536)
+            if not data:
+                raise Failure("the session ended (the accessory or iapctl went away)")
+            self.buffer += data
+        taken, self.buffer = self.buffer[:count], self.buffer[count:]
+        return taken
+
+    def message(self):
+        kind, length = struct.unpack(">BI", self.exactly(5))
+        if length > 1 << 20:
+            raise Failure(f"the accessory sent a message of {length} bytes; the protocol allows 1048576")
+        body = self.exactly(length)
+        if kind == ERROR and len(body) >= 1:
+            raise Failure(f"the accessory reported error 0x{body[0]:02x}: {body[1:].decode('utf-8', 'replace')}")
+        return kind, body
+
+
+def transfer(path, image, version, window):
+    """Sends the image through the session offered at path; returns the accessory's CRC-32."""
+    crc = zlib.crc32(image) & 0xFFFFFFFF
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(path)
+    reader = Reader(connection)
+    send_message(connection, BEGIN, struct.pack(">II", len(image), crc) + version.encode())
+    kind, body = reader.message()
+    if kind != READY or len(body) != 4:
+        raise Failure(f"expected READY after BEGIN, got message 0x{kind:02x}")
+    chunk = struct.unpack(">I", body)[0]
+    if chunk == 0:
+        raise Failure("the accessory announced a maximum chunk size of 0")
+    sent = acknowledged = 0
+    in_flight = []  # offsets after each CHUNK sent and not yet acknowledged
+    start = last = time.monotonic()
+    interactive = sys.stderr.isatty()
+    while acknowledged < len(image):
+        while sent < len(image) and len(in_flight) < window:
+            end = min(len(image), sent + chunk)
+            send_message(connection, CHUNK, struct.pack(">I", sent) + image[sent:end])
+            sent = end
+            in_flight.append(sent)
+        kind, body = reader.message()
+        if kind != ACK or len(body) != 4:
+            raise Failure(f"expected ACK after CHUNK, got message 0x{kind:02x} ({acknowledged} bytes acknowledged)")
+        offset = struct.unpack(">I", body)[0]
+        expected = in_flight.pop(0)
+        if offset != expected:
+            raise Failure(f"the accessory acknowledged {offset} bytes where {expected} were expected; "
+                          f"{acknowledged} bytes were acknowledged in order before that")
+        acknowledged = offset
+        now = time.monotonic()
+        if now - last >= (0.1 if interactive else 2.0) or acknowledged == len(image):
+            last = now
+            rate = acknowledged / max(now - start, 1e-9) / 1e6
+            line = f"{acknowledged * 100 // len(image):3d}%  {acknowledged} of {len(image)} bytes  {rate:.2f} MB/s"
+            print(("\r" if interactive else "") + "firmware-upgrade: " + line, end="" if interactive else "\n",
+                  file=sys.stderr, flush=True)
+    if interactive:
+        print(file=sys.stderr)
+    seconds = time.monotonic() - start
+    send_message(connection, END, b"")
+    kind, body = reader.message()
+    if kind != DONE or len(body) != 5:
+        raise Failure(f"expected DONE after END, got message 0x{kind:02x}")
+    status, computed = struct.unpack(">BI", body)
+    connection.close()
+    if status != 0:
+        raise Failure(f"the accessory refused the image: {STATUS.get(status, f'status {status}')} "
+                      f"(its CRC-32 0x{computed:08x}, ours 0x{crc:08x})")
+    if computed != crc:
+        raise Failure(f"the accessory said ok but computed CRC-32 0x{computed:08x}, ours is 0x{crc:08x}")
+    return computed, seconds
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser.add_argument("image", help="the firmware image file")
+    parser.add_argument("version", help="the version the accessory must report afterwards")
+    parser.add_argument("--iapctl", default=os.environ.get("IAPCTL", "iapctl"), help="the iapctl binary (default: $IAPCTL or iapctl)")
+    parser.add_argument("--serial", metavar="DEVICE[:BAUD]", help="the accessory is on this serial port (default: USB)")
+    parser.add_argument("--protocol", default="com.example.firmware", help="the firmware-update protocol string")
+    parser.add_argument("--serial-number", help="which accessory, when several speak the protocol")
+    parser.add_argument("--window", type=int, default=8, help="CHUNKs in flight (default 8)")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds for each wait (default 60)")
+    parser.add_argument("--force", action="store_true", help="upgrade even when the accessory already reports the version")
+    args = parser.parse_args()
+    if args.window < 1:
+        parser.error("--window must be at least 1")
+    try:
+        with open(args.image, "rb") as file:
+            image = file.read()
+    except OSError as error:
+        parser.error(f"cannot read the image: {error}")
+    if not image:
+        parser.error("the image is empty")
+
+    base = [args.iapctl] + (["--no-usb", "--serial", args.serial] if args.serial else [])
+    match = ["--protocol", args.protocol] + (["--serial-number", args.serial_number] if args.serial_number else [])
+    timeout = ["--timeout", str(args.timeout)]
+    try:
+        before = json.loads(run_iapctl(base + ["wait", "--json"] + timeout + match, args.timeout + 30).splitlines()[0])
+        serial = before["serialNumber"]
+        log(f"found {before['name']} (serial {serial}) with firmware {before['firmwareRevision']} on {before['location']}")
+        if before["firmwareRevision"] == args.version and not args.force:
+            log(f"it already runs {args.version}; nothing to do (--force upgrades anyway)")
+            return 0
+
+        with tempfile.TemporaryDirectory(prefix="firmware-upgrade-") as directory:
+            path = os.path.join(directory, "session.sock")
+            opener = subprocess.Popen(base + ["open", args.protocol, "--accessory", serial, "--socket", path] + timeout,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                line = opener.stdout.readline()  # "listening on PATH" once the session is open
+                if not line.startswith("listening on "):
+                    opener.wait(timeout=30)
+                    raise Failure(f"iapctl open exited with {opener.returncode}: {opener.stderr.read().strip()}")
+                log(f"session {args.protocol} open; sending {len(image)} bytes as version {args.version}")
+                crc, seconds = transfer(path, image, args.version, args.window)
+                log(f"the accessory verified the image (CRC-32 0x{crc:08x}) after {seconds:.2f} s, "
+                    f"{len(image) / max(seconds, 1e-9) / 1e6:.2f} MB/s; it reboots now")
+                # The accessory reboots right after DONE: iapctl open may see it go (exit 74).
+                status = opener.wait(timeout=args.timeout)
+                if status not in (0, 74):
+                    raise Failure(f"iapctl open exited with {status}: {opener.stderr.read().strip()}")
+            finally:
+                if opener.poll() is None:
+                    opener.kill()
+                    opener.wait()
+
+        after = json.loads(run_iapctl(base + ["wait", "--json", "--serial-number", serial, "--firmware", args.version] + timeout
+                                      + ["--protocol", args.protocol], args.timeout + 30).splitlines()[0])
+        log(f"{after['name']} (serial {serial}) is back with firmware {after['firmwareRevision']} "
+            f"(was {before['firmwareRevision']})")
+        return 0
+    except (Failure, OSError) as error:
+        log(f"FAILED: {error}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
