@@ -44,6 +44,9 @@ swift build -c release --build-tests -Xswiftc -enable-testing 2>&1 | tee "$log" 
 grep -q "Build complete" "$log" || { echo "test: the release build failed" >&2; cat "$log" >&2; exit 1; }
 tools/check-allocations.sh .build/release/iapbench
 
+step "iapctl as scripts see it (exit codes, JSON, the socket)"
+timeout 300 tools/cli-checks.sh .build/release/iapctl
+
 step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"
 timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapctl --mib 4
 

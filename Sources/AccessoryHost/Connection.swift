@@ -22,6 +22,8 @@ final class Connection: @unchecked Sendable {
         var writers: [Writer] = []
         var flushers: [CheckedContinuation<Void, any Error>] = []
         var handler: (queue: DispatchQueue, handler: @Sendable (SessionStreamEvent) -> Void)?
+        /// Bytes the accessory's link acknowledged (kept after the link went down).
+        var acknowledged = 0
         /// Set when the stream ended: nil reason = closed normally.
         var ended: AccessoryError?
         var isEnded = false
@@ -138,6 +140,7 @@ final class Connection: @unchecked Sendable {
     private func service(_ machine: inout IAP2Endpoint) {
         for id in sessions.keys {
             guard var state = sessions[id] else { continue }
+            state.acknowledged = max(state.acknowledged, machine.bytesAcknowledged(id))
             var readable = machine.bytesAvailable(id) > 0
             while readable, !state.readers.isEmpty {
                 let reader = state.readers.removeFirst()
@@ -318,6 +321,15 @@ final class Connection: @unchecked Sendable {
             throw sessions[session.sessionID]?.ended ?? AccessoryError.sessionClosed
         }
         return driver.perform { machine, now in (try? machine.write(session.sessionID, bytes, now: now)) ?? 0 }
+    }
+
+    func acknowledged(_ session: AccessorySession) -> Int {
+        guard var state = sessions[session.sessionID] else { return 0 }
+        if downReason == nil {
+            state.acknowledged = max(state.acknowledged, driver.perform { machine, _ in machine.bytesAcknowledged(session.sessionID) })
+            sessions[session.sessionID] = state
+        }
+        return state.acknowledged
     }
 
     func bytesAvailable(_ session: AccessorySession) -> Int {

@@ -62,6 +62,12 @@ public final class AccessorySession: Sendable {
         try connection.queue.sync { try connection.borrow(self, body) }
     }
 
+    /// Bytes written on this session that the accessory acknowledged receiving (its iAP2 link
+    /// acknowledged the packets that carried them, in order). When a transfer breaks, this is
+    /// how much is known to have arrived; the rest may or may not have. It stays readable after
+    /// the accessory went away, until ``close()``.
+    public var bytesAcknowledged: Int { connection.queue.sync { connection.acknowledged(self) } }
+
     /// Whether bytes are readable now.
     public var hasBytesAvailable: Bool { connection.queue.sync { connection.bytesAvailable(self) > 0 } }
     /// Whether a write would take bytes now.

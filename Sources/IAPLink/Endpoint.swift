@@ -165,6 +165,7 @@ public struct IAP2Endpoint: Sendable {
                 break
             }
         }
+        upper.noteAcknowledgements(link)
         guard link.state == .connected else { return }
         while let message = upper.controlOut.first {
             guard let controlSession = upper.controlSessionID, link.canSend else { break }
@@ -261,6 +262,9 @@ public struct IAP2Endpoint: Sendable {
     }
     /// Bytes written to a session and not yet handed to the link.
     public func bytesPending(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.outbound.byteCount ?? 0 }
+    /// Bytes written to a session that the peer's link acknowledged (they reached the peer's
+    /// link layer, in order); 0 for a session that is not open.
+    public func bytesAcknowledged(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.acknowledged ?? 0 }
     public func sessionState(_ sessionID: UInt16) -> EASessionState? { upper.sessions[sessionID]?.state }
     /// The open (or opening) sessions and their protocol names.
     public var sessions: [(id: UInt16, protocolName: String)] {
@@ -329,6 +333,8 @@ struct Upper: LinkSink, Sendable {
         var inbound = ByteQueue()
         var outbound = ByteQueue()
         var wasFull = false
+        /// Bytes of this session the peer's link acknowledged.
+        var acknowledged = 0
     }
 
     enum ControlStep: Sendable {
@@ -353,6 +359,11 @@ struct Upper: LinkSink, Sendable {
     var controlOut = FIFO<[UInt8]>()
     var controlSessionID: UInt8?
     var eaLinkSessionID: UInt8?
+    /// What each EA data packet handed to the link and not yet acknowledged carries, in the order
+    /// sent (at most the link's window plus its queue).
+    var dataInFlight = FIFO<(session: UInt16, bytes: Int)>()
+    /// The link's counts of acknowledged packets (per link session) already attributed.
+    var acknowledgedSeen: [UInt8: Int] = [:]
     var step: ControlStep = .idle
     var deadline: LinkTime?
     var sessions: [UInt16: Session] = [:]
@@ -384,6 +395,8 @@ struct Upper: LinkSink, Sendable {
     }
 
     mutating func linkDown() {
+        // The link discards what it had in flight: none of it will be acknowledged.
+        dataInFlight.removeAll()
         for id in sessions.keys.sorted() { closeSession(id, reason: "the link went down", notifyPeer: false) }
         controlOut.removeAll()
         step = .idle
@@ -639,6 +652,18 @@ struct Upper: LinkSink, Sendable {
         return bytes
     }
 
+    /// Credits the sessions with the EA packets the link saw acknowledged since the last call.
+    mutating func noteAcknowledgements(_ link: IAP2Link) {
+        guard let eaSession = eaLinkSessionID else { return }
+        let total = link.acknowledgedPackets[eaSession] ?? 0
+        var newly = total - acknowledgedSeen[eaSession, default: 0]
+        acknowledgedSeen[eaSession] = total
+        while newly > 0, let packet = dataInFlight.popFirst() {
+            sessions[packet.session]?.acknowledged += packet.bytes
+            newly -= 1
+        }
+    }
+
     /// Moves queued session bytes into the link, one packet per session in turn, so several
     /// sessions share the link fairly.
     mutating func pumpData(into link: inout IAP2Link, now: LinkTime) {
@@ -660,7 +685,9 @@ struct Upper: LinkSink, Sendable {
             payload.append(UInt8(id >> 8))
             payload.append(UInt8(id & 0xFF))
             payload.append(contentsOf: session.outbound.take(chunk))
-            _ = link.send(sessionID: eaSession, payload: payload, now: now)
+            if link.send(sessionID: eaSession, payload: payload, now: now) {
+                dataInFlight.append((id, payload.count - EASessionData.headerSize))
+            }
             if session.wasFull, session.outbound.byteCount < bufferLimit {
                 session.wasFull = false
                 events.append(.spaceAvailable(sessionID: id))

@@ -135,6 +135,10 @@ public struct IAP2Link: Sendable {
 
     /// Packets sent and not yet acknowledged.
     public var inFlightCount: Int { unacked.count }
+    /// Data packets the peer has acknowledged, per link session, since the link was made. Packets
+    /// are acknowledged in the order they were first sent (ACKs are cumulative), so a layer that
+    /// remembers what each packet carried can tell how much of it arrived.
+    public private(set) var acknowledgedPackets: [UInt8: Int] = [:]
     /// Packets queued behind the window.
     public var queuedCount: Int { sendQueue.count }
     /// Whether ``send(sessionID:payload:now:)`` would accept a packet now.
@@ -548,6 +552,7 @@ public struct IAP2Link: Sendable {
         var removed = 0
         while let first = unacked.first, Int(acknowledgement &- first.sequence) < 128 {
             unacked.removeFirst()
+            acknowledgedPackets[first.sessionID, default: 0] += 1
             removed += 1
         }
         if removed > 0 { pump(now: now) }

@@ -82,6 +82,24 @@ struct ManagerTests {
         #expect(received == payload)
     }
 
+    @Test func whatTheAccessoryAcknowledgedIsCountedAndOutlivesIt() async throws {
+        let (manager, echo, accessory) = try await Self.connected()
+        defer { manager.stop() }
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        #expect(session.bytesAcknowledged == 0)
+        let payload = testPattern(300_000)
+        async let sent: Void = session.write(payload)
+        var received = 0
+        while received < payload.count, let chunk = try await session.read() { received += chunk.count }
+        try await sent
+        // The echo of the last byte came in a packet that acknowledged it.
+        #expect(session.bytesAcknowledged == payload.count)
+        echo.stop()
+        while try await session.read() != nil {}
+        #expect(!accessory.isConnected)
+        #expect(session.bytesAcknowledged == payload.count, "still known after the accessory went away")
+    }
+
     @Test(arguments: Wire.allCases)
     func oneSessionPerProtocolAndOnlyDeclaredProtocols(wire: Wire) async throws {
         let (manager, echo, accessory) = try await Self.connected(wire: wire)

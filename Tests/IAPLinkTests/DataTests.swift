@@ -272,3 +272,42 @@ struct SessionEndTests {
         #expect(pair.device.sessionState(id) == nil)
     }
 }
+
+@Suite("Bytes the peer acknowledged")
+struct AcknowledgedBytesTests {
+    /// What a sender can tell when a transfer breaks: how much of what it wrote the accessory's
+    /// link acknowledged, exactly, in order, never more than it received.
+    @Test func theCountFollowsTheAccessorysAcknowledgementsAndStopsWhenTheWireBreaks() throws {
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.maxRetransmissions = 3
+        accessory.parameters.retransmissionTimeout = 100
+        var pair = Pair(accessory: accessory)
+        var transfer = Transfer(total: 200_000)
+        transfer.sessionIDs = try DataTests.openSessions(&pair, ["com.acme.data", "com.acme.log"])
+        let (data, log) = (transfer.sessionIDs[0], transfer.sessionIDs[1])
+        #expect(pair.device.bytesAcknowledged(data) == 0)
+        // Everything written on one session arrives: it is all acknowledged, and nothing is
+        // credited to the other session.
+        _ = try pair.device.write(data, pattern(1, 0, 100_000), now: pair.now)
+        #expect(pair.run { $0.device.bytesAcknowledged(data) == 100_000 })
+        #expect(pair.device.bytesAcknowledged(log) == 0)
+        // The wire to the accessory breaks mid-transfer: the count stops at what got through.
+        _ = try pair.device.write(data, pattern(1, 100_000, 100_000), now: pair.now)
+        var received = 0
+        _ = pair.run { pair in
+            received += pair.accessory.read(data, maxBytes: 1 << 20).count
+            if received >= 20_000 { pair.toAccessory.blackHole = true }
+            return pair.toAccessory.blackHole
+        }
+        let before = pair.device.bytesAcknowledged(data)
+        // Long enough for the accessory's delayed ACKs to come back, shorter than the 100 ms
+        // after which the device retransmits into the void (and, 3 times later, gives up).
+        _ = pair.run(until: pair.now + .milliseconds(60)) { _ in false }
+        received += pair.accessory.read(data, maxBytes: 1 << 20).count
+        let acknowledged = pair.device.bytesAcknowledged(data)
+        #expect(pair.device.link.state == .connected)
+        #expect(acknowledged >= before)
+        #expect(acknowledged >= 100_000 && acknowledged < 200_000, "some but not all of the second write")
+        #expect(acknowledged <= 100_000 + received, "never more than the accessory received")
+    }
+}

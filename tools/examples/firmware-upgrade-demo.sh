@@ -31,6 +31,7 @@ fi
 
 work=$(mktemp -d)
 simulator=""
+# shellcheck disable=SC2317  # reached through the EXIT trap
 cleanup() {
     if [ -n "$simulator" ]; then kill -TERM "$simulator" 2>/dev/null || true; wait "$simulator" 2>/dev/null || true; fi
     rm -rf "$work"

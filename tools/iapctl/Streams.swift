@@ -214,9 +214,13 @@ enum SendCommand {
             try blockingAwait { try await stream.flush() }
         } catch {
             if progress { StandardError.write("\n") }
-            let summary = "transfer broke after \(sent) of \(data.count) bytes were handed to the link: \(error)"
+            // Nothing is resent: the script decides, knowing what is sure to have arrived.
+            let acknowledged = stream.bytesAcknowledged
+            let summary = "transfer broke: the accessory acknowledged \(acknowledged) of \(data.count) bytes "
+                + "(\(sent) had been written to the session; nothing was resent): \(error)"
             if json {
-                StandardOutput.write(JSONValue.object([("ok", .bool(false)), ("bytesHanded", .int(sent)), ("bytes", .int(data.count)),
+                StandardOutput.write(JSONValue.object([("ok", .bool(false)), ("bytesAcknowledged", .int(acknowledged)),
+                                                       ("bytesHanded", .int(sent)), ("bytes", .int(data.count)),
                                                        ("error", .string("\(error)"))]).serialized() + "\n")
             }
             throw ToolError(description: summary, exitCode: .ioError)

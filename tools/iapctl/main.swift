@@ -84,8 +84,8 @@ let sendCommand = CommandSpec(
     name: "send", abstract: "Send a file through a session, with progress and throughput.",
     discussion: """
         Exit status: 0 sent (and verified), 65 the echo differs, 66 the file cannot be read, 69 no \
-        such accessory or protocol, 74 the transfer broke (the message says how many bytes were \
-        handed to the link).
+        such accessory or protocol, 74 the transfer broke: nothing is resent, and the message \
+        (and --json's bytesAcknowledged) says how many bytes the accessory acknowledged.
         """,
     options: [accessoryOption, jsonOption,
               .flag("verify-echo", help: "Read the accessory's echo back and compare it byte for byte."),

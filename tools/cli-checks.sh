@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# End-to-end checks of iapctl's scripting behaviour against the in-process simulator: what a
+# script sees (exit codes, JSON fields, the socket). Run by tools/test.sh.
+# Usage: tools/cli-checks.sh [path/to/iapctl]   (default .build/debug/iapctl)
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+iapctl=${1:-$here/../.build/debug/iapctl}
+[ -x "$iapctl" ] || { echo "cli-checks: $iapctl is missing (swift build)" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+check() { # check NAME EXPECTED-STATUS COMMAND...
+    local name=$1 expected=$2 status=0
+    shift 2
+    "$@" > "$work/out" 2> "$work/err" || status=$?
+    if [ "$status" -ne "$expected" ]; then
+        echo "cli-checks: FAILED $name: exit $status, expected $expected; stdout: $(cat "$work/out"); stderr: $(cat "$work/err")" >&2
+        failures=$((failures + 1))
+        return 1
+    fi
+    echo "cli-checks: ok $name"
+}
+contains() { # contains NAME FILE TEXT
+    if ! grep -qF -- "$3" "$work/$2"; then
+        echo "cli-checks: FAILED $1: $2 lacks '$3': $(cat "$work/$2")" >&2
+        failures=$((failures + 1))
+    fi
+}
+sim=(--no-usb --simulate)
+
+check "wait finds the simulator" 0 "$iapctl" "${sim[@]}" wait --name "Multi Sensor" --protocol com.example.echo --json
+contains "wait --json" out '"serialNumber":"SIM-MS-0001"'
+check "wait times out with 75" 75 "$iapctl" "${sim[@]}" wait --firmware 9.9.9 --timeout 0.5
+contains "wait timeout message" err 'no accessory matching firmware "9.9.9" within 0.5 s; connected: 1 Multi Sensor'
+check "wait --gone for an absent accessory" 0 "$iapctl" "${sim[@]}" wait --gone --serial-number NOPE --json
+contains "wait --gone --json" out '"gone":true'
+check "wait rejects a bad USB id" 64 "$iapctl" "${sim[@]}" wait --usb-id 12345:1
+
+# A sink that vanishes after 300000 bytes: send stops, says what was acknowledged, exits 74.
+cat > "$work/vanish.json" <<'JSON'
+{ "identity": { "name": "Vanisher", "model": "V1", "manufacturer": "Test", "serialNumber": "V-1",
+                "firmwareVersion": "1.0", "hardwareVersion": "A" },
+  "protocols": [ { "name": "com.example.sink", "behaviour": "sink" } ],
+  "faults": { "vanishAfterBytes": 300000 } }
+JSON
+head -c 1000000 /dev/urandom > "$work/image.bin"
+check "send to a vanishing accessory exits 74" 74 "$iapctl" --no-usb "--simulate=$work/vanish.json" send com.example.sink "$work/image.bin" --json
+acknowledged=$(sed -n 's/.*"bytesAcknowledged":\([0-9]*\).*/\1/p' "$work/out")
+if [ -z "$acknowledged" ] || [ "$acknowledged" -lt 200000 ] || [ "$acknowledged" -gt 300000 ]; then
+    echo "cli-checks: FAILED send reports what was acknowledged: '$acknowledged' (expected 200000…300000): $(cat "$work/out")" >&2
+    failures=$((failures + 1))
+fi
+contains "send's message" err "the accessory acknowledged $acknowledged of 1000000 bytes"
+
+# open --socket: a client echoes 1 MiB through the session. Python starts iapctl and reads its
+# announcement line from the pipe, then connects.
+socket=$work/echo.sock
+if python3 - "$socket" "$iapctl" "${sim[@]}" open com.example.echo --socket "$socket" 2> "$work/open.err" <<'PY'
+import os, socket, subprocess, sys
+path, command = sys.argv[1], sys.argv[2:]
+opener = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+line = opener.stdout.readline()
+if line.strip() != f"listening on {path}":
+    sys.exit(f"open --socket announced {line!r}, exit {opener.wait()}")
+payload = os.urandom(1 << 20)
+client = socket.socket(socket.AF_UNIX)
+client.connect(path)
+client.sendall(payload)
+client.shutdown(socket.SHUT_WR)
+received = bytearray()
+while len(received) < len(payload):
+    data = client.recv(65536)
+    if not data:
+        break
+    received += data
+client.close()
+status = opener.wait(timeout=30)
+if bytes(received) != payload:
+    sys.exit(f"the echo differs: {len(received)} bytes back")
+if status != 0:
+    sys.exit(f"iapctl open exited with {status}")
+if os.path.exists(path):
+    sys.exit("the socket was left behind")
+PY
+then
+    echo "cli-checks: ok open --socket echoes 1 MiB and removes its socket"
+else
+    echo "cli-checks: FAILED open --socket: $(cat "$work/open.err")" >&2
+    failures=$((failures + 1))
+fi
+check "open --socket refuses a path that is not a socket" 73 "$iapctl" "${sim[@]}" open com.example.echo --socket "$work/image.bin"
+
+[ "$failures" -eq 0 ] || { echo "cli-checks: $failures failed" >&2; exit 1; }
+echo "cli-checks: all passed"
