@@ -239,23 +239,12 @@ public final class AccessoryManager: Sendable {
     /// Waits for an accessory matching `predicate` (one already connected counts), up to
     /// `timeout`; nil when none came.
     public func waitForAccessory(timeout: Duration, where predicate: @escaping @Sendable (Accessory) -> Bool = { _ in true }) async -> Accessory? {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Accessory?, Never>) in
-            let once = Mutex<CheckedContinuation<Accessory?, Never>?>(continuation)
-            let finish: @Sendable (Accessory?) -> Void = { accessory in
-                once.withLock { pending -> CheckedContinuation<Accessory?, Never>? in
-                    defer { pending = nil }
-                    return pending
-                }?.resume(returning: accessory)
-            }
+        await firstOutcome(timeout: timeout, onTimeout: nil) { [self] finish in
             let subscription = onEvent(queue: queue) { event in
                 if case let .connected(accessory) = event, predicate(accessory) { finish(accessory) }
             }
             if let found = connectedAccessories.first(where: predicate) { finish(found) }
-            let (seconds, attoseconds) = timeout.components
-            queue.asyncAfter(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))) {
-                subscription.cancel()
-                finish(nil)
-            }
+            return subscription
         }
     }
 
@@ -263,14 +252,7 @@ public final class AccessoryManager: Sendable {
     /// `timeout`. Returns whether that happened in time: what a script waits for when an
     /// accessory is about to reboot or be unplugged.
     public func waitUntilNoAccessory(timeout: Duration, where predicate: @escaping @Sendable (Accessory) -> Bool = { _ in true }) async -> Bool {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let once = Mutex<CheckedContinuation<Bool, Never>?>(continuation)
-            let finish: @Sendable (Bool) -> Void = { gone in
-                once.withLock { pending -> CheckedContinuation<Bool, Never>? in
-                    defer { pending = nil }
-                    return pending
-                }?.resume(returning: gone)
-            }
+        await firstOutcome(timeout: timeout, onTimeout: false) { [self] finish in
             // Judged on the queue, after the list changed: a disconnection is removed from the
             // list before it is published.
             let subscription = onEvent(queue: queue) { [weak self] event in
@@ -279,35 +261,43 @@ public final class AccessoryManager: Sendable {
             queue.async { [weak self] in
                 if !(self?.connectedAccessories.contains(where: predicate) ?? false) { finish(true) }
             }
-            let (seconds, attoseconds) = timeout.components
-            queue.asyncAfter(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))) {
-                subscription.cancel()
-                finish(false)
-            }
+            return subscription
         }
     }
 
     /// Waits until every attached transport has either an identified accessory or has failed,
     /// up to `timeout`. Returns whether that happened in time.
     public func waitUntilSettled(timeout: Duration) async -> Bool {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-            let once = Mutex<CheckedContinuation<Bool, Never>?>(continuation)
-            let finish: @Sendable (Bool) -> Void = { settled in
-                once.withLock { pending -> CheckedContinuation<Bool, Never>? in
-                    defer { pending = nil }
-                    return pending
-                }?.resume(returning: settled)
-            }
+        await firstOutcome(timeout: timeout, onTimeout: false) { [self] finish in
             let subscription = onEvent(queue: queue) { [weak self] _ in
                 if self?.isSettled ?? true { finish(true) }
             }
             queue.async { [weak self] in
                 if self?.isSettled ?? true { finish(true) }
             }
+            return subscription
+        }
+    }
+
+    /// The value of the first `finish` call that `start` arranges (watching events through the
+    /// subscription it returns), or `onTimeout` after `timeout`; later calls are ignored.
+    private func firstOutcome<Value: Sendable>(
+        timeout: Duration, onTimeout: Value,
+        _ start: (_ finish: @escaping @Sendable (Value) -> Void) -> EventSubscription
+    ) async -> Value {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Value, Never>) in
+            let once = Mutex<CheckedContinuation<Value, Never>?>(continuation)
+            let finish: @Sendable (Value) -> Void = { value in
+                once.withLock { pending -> CheckedContinuation<Value, Never>? in
+                    defer { pending = nil }
+                    return pending
+                }?.resume(returning: value)
+            }
+            let subscription = start(finish)
             let (seconds, attoseconds) = timeout.components
             queue.asyncAfter(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))) {
                 subscription.cancel()
-                finish(false)
+                finish(onTimeout)
             }
         }
     }
