@@ -389,7 +389,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     public static let builtInNames = ["firmware-updater", "multi-sensor"]
 
     /// A built-in profile: "firmware-updater" (one firmware-update protocol,
-    /// `com.example.firmware`) or "multi-sensor" (echo, sink, a 1 MiB source and a telemetry
+    /// `com.example.firmware`, on a link with 64 KiB packets and a window of 16) or "multi-sensor" (echo, sink, a 1 MiB source and a telemetry
     /// echo). The same profiles ship as JSON in `tools/profiles/`.
     ///
     /// - Returns: nil for any other name (see ``builtInNames``).
@@ -399,7 +399,9 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             return SimulatorProfile(
                 accessory: Identity(name: "Firmware Updater", model: "SIM-FW1", manufacturer: "AccessoryHost Simulator",
                                    serialNumber: "SIM-FW-0001", firmwareVersion: "1.0.0", hardwareVersion: "A"),
-                protocols: [ProtocolSpec(name: "com.example.firmware", behaviour: .firmwareUpdate)])
+                protocols: [ProtocolSpec(name: "com.example.firmware", behaviour: .firmwareUpdate)],
+                // Built for images: large packets, a deep window, prompt ACKs.
+                link: LinkOverrides(maxPacketLength: 65_535, maxOutstandingPackets: 16, cumulativeAckTimeoutMs: 10))
         case "multi-sensor":
             return SimulatorProfile(
                 accessory: Identity(name: "Multi Sensor", model: "SIM-MS1", manufacturer: "AccessoryHost Simulator",

@@ -44,6 +44,7 @@ struct ProfileTests {
         let updater = try SimulatorProfile.named("firmware-updater")
         #expect(updater.protocols == [.init(name: "com.example.firmware", behaviour: .firmwareUpdate)])
         #expect(updater.rebootDelayMs == 200)
+        #expect(updater.link == .init(maxPacketLength: 65_535, maxOutstandingPackets: 16, cumulativeAckTimeoutMs: 10))
         let sensor = try SimulatorProfile.named("multi-sensor")
         #expect(sensor.protocols.map(\.name) == ["com.example.echo", "com.example.sink", "com.example.source", "com.example.telemetry"])
         #expect(sensor.protocols.map(\.behaviour) == [.echo, .sink, .source, .echo])
@@ -69,7 +70,7 @@ struct ProfileTests {
 
     @Test("link overrides replace the accessory defaults, the rest stays")
     func linkOverrides() throws {
-        var profile = try SimulatorProfile.named("firmware-updater")
+        var profile = try SimulatorProfile.named("multi-sensor")
         #expect(profile.linkConfiguration().parameters == LinkConfiguration.accessory.parameters)
         profile.link = .init(maxPacketLength: 2_048, maxOutstandingPackets: 4, retransmissionTimeoutMs: 250, cumulativeAckTimeoutMs: 15)
         let parameters = profile.linkConfiguration().parameters
