@@ -16,7 +16,7 @@ check() { # check NAME EXPECTED-STATUS COMMAND...
     if [ "$status" -ne "$expected" ]; then
         echo "cli-checks: FAILED $name: exit $status, expected $expected; stdout: $(cat "$work/out"); stderr: $(cat "$work/err")" >&2
         failures=$((failures + 1))
-        return 1
+        return 0 # counted; the other checks still run
     fi
     echo "cli-checks: ok $name"
 }
@@ -30,10 +30,12 @@ sim=(--no-usb --simulate)
 
 check "wait finds the simulator" 0 "$iapctl" "${sim[@]}" wait --name "Multi Sensor" --protocol com.example.echo --json
 contains "wait --json" out '"serialNumber":"SIM-MS-0001"'
-check "wait times out with 75" 75 "$iapctl" "${sim[@]}" wait --firmware 9.9.9 --timeout 0.5
-contains "wait timeout message" err 'no accessory matching firmware "9.9.9" within 0.5 s; connected: 1 Multi Sensor'
+check "wait times out with 75" 75 "$iapctl" "${sim[@]}" wait --firmware 9.9.9 --timeout 2
+contains "wait timeout message" err 'no accessory matching firmware "9.9.9" within 2 s; connected: 1 Multi Sensor'
 check "wait --gone for an absent accessory" 0 "$iapctl" "${sim[@]}" wait --gone --serial-number NOPE --json
 contains "wait --gone --json" out '"gone":true'
+check "wait --gone times out while it is connected" 75 "$iapctl" "${sim[@]}" wait --gone --serial-number SIM-MS-0001 --timeout 2
+contains "wait --gone timeout message" err 'still connected after 2 s, matching serial number "SIM-MS-0001"'
 check "wait rejects a bad USB id" 64 "$iapctl" "${sim[@]}" wait --usb-id 12345:1
 
 # A sink that vanishes after 300000 bytes: send stops, says what was acknowledged, exits 74.
@@ -56,7 +58,7 @@ contains "send's message" err "the accessory acknowledged $acknowledged of 10000
 # announcement line from the pipe, then connects.
 socket=$work/echo.sock
 if python3 - "$socket" "$iapctl" "${sim[@]}" open com.example.echo --socket "$socket" 2> "$work/open.err" <<'PY'
-import os, socket, subprocess, sys
+import os, socket, subprocess, sys, threading
 path, command = sys.argv[1], sys.argv[2:]
 opener = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 line = opener.stdout.readline()
@@ -64,15 +66,20 @@ if line.strip() != f"listening on {path}":
     sys.exit(f"open --socket announced {line!r}, exit {opener.wait()}")
 payload = os.urandom(1 << 20)
 client = socket.socket(socket.AF_UNIX)
+client.settimeout(30)
 client.connect(path)
-client.sendall(payload)
-client.shutdown(socket.SHUT_WR)
+def send():  # while the main thread reads: the echo must not depend on buffer sizes
+    client.sendall(payload)
+    client.shutdown(socket.SHUT_WR)
+sender = threading.Thread(target=send)
+sender.start()
 received = bytearray()
 while len(received) < len(payload):
     data = client.recv(65536)
     if not data:
         break
     received += data
+sender.join()
 client.close()
 status = opener.wait(timeout=30)
 if bytes(received) != payload:
@@ -89,6 +96,18 @@ else
     failures=$((failures + 1))
 fi
 check "open --socket refuses a path that is not a socket" 73 "$iapctl" "${sim[@]}" open com.example.echo --socket "$work/image.bin"
+# A socket another process listens on is not taken over.
+mkfifo "$work/live.in" "$work/live.out"
+# Listens, says so, and holds the socket until its standard input ends (this script's fd 5).
+python3 -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1); print("ready", flush=True); sys.stdin.read()' \
+    "$work/live.sock" < "$work/live.in" > "$work/live.out" &
+holder=$!
+exec 5> "$work/live.in" 4< "$work/live.out"
+read -r -t 10 -u 4 _ || true
+check "open --socket refuses a live socket" 73 "$iapctl" "${sim[@]}" open com.example.echo --socket "$work/live.sock"
+contains "live socket message" err "another process is listening on"
+exec 5>&- 4<&- # the holder reads the end of its input and exits
+wait "$holder" 2>/dev/null || true
 
 [ "$failures" -eq 0 ] || { echo "cli-checks: $failures failed" >&2; exit 1; }
 echo "cli-checks: all passed"

@@ -82,6 +82,9 @@ public final class AccessoryManager: Sendable {
     /// The accessories connected now.
     public var connectedAccessories: [Accessory] { state.withLock { $0.accessories } }
 
+    /// Event callbacks registered now (tests: a finished wait must not leave one behind).
+    var callbackCount: Int { state.withLock { $0.callbacks.count } }
+
     /// Connect and disconnect events from now on, as an async sequence (one per call).
     public var events: AsyncStream<AccessoryEvent> {
         let (stream, continuation) = AsyncStream<AccessoryEvent>.makeStream(bufferingPolicy: .bufferingNewest(1_024))
@@ -286,17 +289,30 @@ public final class AccessoryManager: Sendable {
         _ start: (_ finish: @escaping @Sendable (Value) -> Void) -> EventSubscription
     ) async -> Value {
         await withCheckedContinuation { (continuation: CheckedContinuation<Value, Never>) in
-            let once = Mutex<CheckedContinuation<Value, Never>?>(continuation)
+            // The first outcome resumes the caller and stops the watching, so a finished wait
+            // does not keep running on every event until its timeout (which may be hours). The
+            // timer itself stays scheduled, holding only this small state, and does nothing.
+            let pending = Mutex(PendingWait(continuation: continuation))
             let finish: @Sendable (Value) -> Void = { value in
-                once.withLock { pending -> CheckedContinuation<Value, Never>? in
-                    defer { pending = nil }
-                    return pending
-                }?.resume(returning: value)
+                let (continuation, subscription) = pending.withLock { state in
+                    defer { state = PendingWait(finished: true) }
+                    return (state.continuation, state.subscription)
+                }
+                subscription?.cancel()
+                continuation?.resume(returning: value)
             }
             let subscription = start(finish)
+            let alreadyFinished = pending.withLock { state -> Bool in
+                guard !state.finished else { return true }
+                state.subscription = subscription
+                return false
+            }
+            if alreadyFinished {
+                subscription.cancel()
+                return
+            }
             let (seconds, attoseconds) = timeout.components
             queue.asyncAfter(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))) {
-                subscription.cancel()
                 finish(onTimeout)
             }
         }
@@ -343,4 +359,11 @@ public final class EventSubscription: Sendable {
         cancel?()
     }
     deinit { cancel() }
+}
+
+/// A wait of ``AccessoryManager`` until its first outcome.
+private struct PendingWait<Value: Sendable>: Sendable {
+    var continuation: CheckedContinuation<Value, Never>?
+    var subscription: EventSubscription?
+    var finished = false
 }

@@ -154,6 +154,9 @@ public struct IAP2Endpoint: Sendable {
     /// Link events and upper-layer reactions to them, then moves queued control messages and EA
     /// data into the link as far as its window and queue allow.
     private mutating func settle(now: LinkTime) {
+        // Acknowledgements first: ACKs that came with a reset or a failure (in the same batch)
+        // still count before the link-down below forgets what was in flight.
+        upper.noteAcknowledgements(link)
         for event in link.takeEvents() {
             upper.events.append(.link(event))
             switch event {
@@ -165,7 +168,6 @@ public struct IAP2Endpoint: Sendable {
                 break
             }
         }
-        upper.noteAcknowledgements(link)
         guard link.state == .connected else { return }
         while let message = upper.controlOut.first {
             guard let controlSession = upper.controlSessionID, link.canSend else { break }

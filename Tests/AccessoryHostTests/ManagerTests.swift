@@ -1,6 +1,7 @@
-import AccessoryHost
+@testable import AccessoryHost
 import IAPLink
 import IAPTransport
+import Synchronization
 import Testing
 import USBHost
 
@@ -54,12 +55,37 @@ struct ManagerTests {
     @Test func waitingUntilNoAccessoryMatches() async throws {
         let (manager, echo, accessory) = try await Self.connected()
         defer { manager.stop() }
-        #expect(await manager.waitUntilNoAccessory(timeout: .seconds(10)) { $0.name == "Someone Else" }, "none matches: at once")
+        let baseline = manager.callbackCount
+        #expect(await manager.waitUntilNoAccessory(timeout: .seconds(3_600)) { $0.name == "Someone Else" }, "none matches: at once")
+        #expect(manager.callbackCount == baseline, "a finished wait stops watching (its timeout is an hour away)")
         #expect(await manager.waitUntilNoAccessory(timeout: .milliseconds(200)) { $0.name == "Echo Box" } == false, "still there")
-        async let gone = manager.waitUntilNoAccessory(timeout: .seconds(10)) { $0.name == "Echo Box" }
+        // The predicate is first asked after the wait watches events: only then is the accessory
+        // stopped, so the disconnection event (not the first look) must end the wait.
+        let asked = AsyncStream<Void>.makeStream()
+        let once = Mutex(false)
+        async let gone = manager.waitUntilNoAccessory(timeout: .seconds(10)) { candidate in
+            let first = once.withLock { seen -> Bool in
+                defer { seen = true }
+                return !seen
+            }
+            if first { asked.continuation.yield() }
+            return candidate.name == "Echo Box"
+        }
+        for await _ in asked.stream { break }
         echo.stop()
         #expect(await gone, "it went away")
         #expect(!accessory.isConnected)
+        #expect(manager.callbackCount == baseline)
+    }
+
+    @Test func aFinishedWaitForAnAccessoryStopsWatching() async throws {
+        let (manager, echo, accessory) = try await Self.connected()
+        defer { manager.stop(); echo.stop() }
+        let baseline = manager.callbackCount
+        #expect(await manager.waitForAccessory(timeout: .seconds(3_600)) { $0 === accessory } === accessory)
+        #expect(manager.callbackCount == baseline)
+        #expect(await manager.waitUntilSettled(timeout: .seconds(3_600)))
+        #expect(manager.callbackCount == baseline)
     }
 
     @Test func accessoriesWithoutOurProtocolsAreListedButMarked() async throws {

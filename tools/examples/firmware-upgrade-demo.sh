@@ -40,14 +40,17 @@ trap cleanup EXIT
 head -c "$((mib << 20))" /dev/urandom > "$work/image.bin"
 
 # The simulator prints where it is on its first line of standard output (the pty's path, or
-# "usb gadget VID:PID on UDC"); read it from a coprocess, with a bound.
+# "usb gadget VID:PID on UDC"). It writes into a FIFO this script keeps open (fd 3), so the line
+# is read as soon as it is written, and a simulator that fails at once ends the read with EOF.
+mkfifo "$work/simulator.out"
 if [ "$usb" -eq 1 ]; then
-    coproc SIM { exec "$iapctl" simulate --gadget --profile firmware-updater --usb-id 1209:00f1 2> "$work/simulator.log"; }
+    "$iapctl" simulate --gadget --profile firmware-updater --usb-id 1209:00f1 > "$work/simulator.out" 2> "$work/simulator.log" &
 else
-    coproc SIM { exec "$iapctl" simulate --profile firmware-updater 2> "$work/simulator.log"; }
+    "$iapctl" simulate --profile firmware-updater > "$work/simulator.out" 2> "$work/simulator.log" &
 fi
-simulator=$SIM_PID
-if ! read -r -t 30 where <&"${SIM[0]}"; then
+simulator=$!
+exec 3< "$work/simulator.out"
+if ! read -r -t 30 -u 3 where; then
     echo "firmware-upgrade-demo: the simulator did not start: $(cat "$work/simulator.log")" >&2
     exit 1
 fi

@@ -25,6 +25,7 @@ Examples:
 import argparse
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -72,7 +73,10 @@ class Reader:
 
     def exactly(self, count):
         while len(self.buffer) < count:
-            data = self.connection.recv(65536)
+            try:
+                data = self.connection.recv(65536)
+            except socket.timeout:
+                raise Failure("the accessory did not answer in time")
             if not data:
                 raise Failure("the session ended (the accessory or iapctl went away)")
             self.buffer += data
@@ -89,17 +93,19 @@ class Reader:
         return kind, body
 
 
-def transfer(path, image, version, window):
+def transfer(path, image, version, window, timeout):
     """Sends the image through the session offered at path; returns the accessory's CRC-32."""
     crc = zlib.crc32(image) & 0xFFFFFFFF
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(timeout)  # an accessory that stops answering fails the upgrade, it does not hang it
     connection.connect(path)
     reader = Reader(connection)
     send_message(connection, BEGIN, struct.pack(">II", len(image), crc) + version.encode())
     kind, body = reader.message()
     if kind != READY or len(body) != 4:
         raise Failure(f"expected READY after BEGIN, got message 0x{kind:02x}")
-    chunk = struct.unpack(">I", body)[0]
+    # A CHUNK body is the offset (4 bytes) and the data, at most 1048576 bytes in all.
+    chunk = min(struct.unpack(">I", body)[0], (1 << 20) - 4)
     if chunk == 0:
         raise Failure("the accessory announced a maximum chunk size of 0")
     sent = acknowledged = 0
@@ -182,25 +188,40 @@ def main():
 
         with tempfile.TemporaryDirectory(prefix="firmware-upgrade-") as directory:
             path = os.path.join(directory, "session.sock")
+            # iapctl's messages go to a file: a pipe nobody reads during the transfer could fill.
+            errors = open(os.path.join(directory, "open.err"), "w+")
             opener = subprocess.Popen(base + ["open", args.protocol, "--accessory", serial, "--socket", path] + timeout,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                      stdout=subprocess.PIPE, stderr=errors, text=True)
+
+            def opener_errors():
+                errors.seek(0)
+                return errors.read().strip()
+
             try:
-                line = opener.stdout.readline()  # "listening on PATH" once the session is open
+                # "listening on PATH" once the session is open (bounded: iapctl may hang on a
+                # silent accessory).
+                if not select.select([opener.stdout], [], [], args.timeout + 30)[0]:
+                    raise Failure(f"iapctl open did not open the session within {args.timeout + 30:.0f} s")
+                line = opener.stdout.readline()
                 if not line.startswith("listening on "):
                     opener.wait(timeout=30)
-                    raise Failure(f"iapctl open exited with {opener.returncode}: {opener.stderr.read().strip()}")
+                    raise Failure(f"iapctl open exited with {opener.returncode}: {opener_errors()}")
                 log(f"session {args.protocol} open; sending {len(image)} bytes as version {args.version}")
-                crc, seconds = transfer(path, image, args.version, args.window)
+                crc, seconds = transfer(path, image, args.version, args.window, args.timeout)
                 log(f"the accessory verified the image (CRC-32 0x{crc:08x}) after {seconds:.2f} s, "
                     f"{len(image) / max(seconds, 1e-9) / 1e6:.2f} MB/s; it reboots now")
                 # The accessory reboots right after DONE: iapctl open may see it go (exit 74).
-                status = opener.wait(timeout=args.timeout)
+                try:
+                    status = opener.wait(timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    raise Failure(f"iapctl open did not end within {args.timeout:.0f} s after the transfer")
                 if status not in (0, 74):
-                    raise Failure(f"iapctl open exited with {status}: {opener.stderr.read().strip()}")
+                    raise Failure(f"iapctl open exited with {status}: {opener_errors()}")
             finally:
                 if opener.poll() is None:
                     opener.kill()
                     opener.wait()
+                errors.close()
 
         after = json.loads(run_iapctl(base + ["wait", "--json", "--serial-number", serial, "--firmware", args.version] + timeout
                                       + ["--protocol", args.protocol], args.timeout + 30).splitlines()[0])

@@ -48,8 +48,16 @@ enum OpenCommand {
         }
         defer { listener.close() }
         StandardOutput.write("listening on \(socketPath)\n") // unbuffered: a script can wait for this line
-        let client = try listener.acceptOne()
-        defer { Glibc.close(client) }
+        let client: Int32
+        do { client = try listener.acceptOne(while: { accessory.isConnected }) } catch {
+            stream.close()
+            throw error
+        }
+        defer {
+            // Wakes an output thread still blocked in send() before the number can be reused.
+            Glibc.shutdown(client, Int32(SHUT_RDWR))
+            Glibc.close(client)
+        }
         session.logger.info("a client connected to \(socketPath)")
         try bridge(stream, accessory: accessory, input: client, output: client, isSocket: true, idle: idle)
         return .success
@@ -63,6 +71,9 @@ enum OpenCommand {
         let failure = Mutex<ToolError?>(nil)
         let activity = DispatchSemaphore(value: 0)
         let outputDone = DispatchSemaphore(value: 0)
+        // While a write to a slow reader is under way the session is not idle: ending it then
+        // would drop what the accessory sent.
+        let writing = Atomic<Bool>(false)
         // Accessory → output. A slow reader slows the accessory (we read only after writing).
         DispatchQueue.global().async {
             defer { outputDone.signal() }
@@ -78,8 +89,12 @@ enum OpenCommand {
                     }
                     return
                 }
+                writing.store(true, ordering: .releasing)
                 activity.signal()
-                guard writeFully(output, chunk, isSocket: isSocket) else { return }
+                let written = writeFully(output, chunk, isSocket: isSocket)
+                writing.store(false, ordering: .releasing)
+                activity.signal()
+                guard written else { return }
             }
         }
         // Input → accessory, with back-pressure: the next read waits for the write.
@@ -95,24 +110,31 @@ enum OpenCommand {
             }
         }
         _ = try? blockingAwait { try await stream.flush() }
-        // Input ended: keep copying output until the accessory has been quiet for --idle seconds.
-        while activity.wait(timeout: .now() + .milliseconds(Int(idle * 1_000))) == .success {}
+        // Input ended: keep copying output until the accessory has been quiet for --idle seconds
+        // after the last write finished.
+        while activity.wait(timeout: .now() + .milliseconds(Int(idle * 1_000))) == .success
+                || writing.load(ordering: .acquiring) {}
         stream.close()
         _ = outputDone.wait(timeout: .now() + .seconds(2))
         if let error = failure.withLock({ $0 }) { throw error }
     }
 }
 
-/// A listening Unix stream socket for `open --socket`, removed again by ``close()``.
+/// A listening Unix stream socket for `open --socket`, removed again by ``close()`` (only if it
+/// is still the one this listener made).
 final class UnixListener {
     let path: String
     private var descriptor: Int32
+    /// The socket file this listener bound, to remove only that one.
+    private var identity: (device: UInt, inode: UInt)?
+
+    static var maxPathLength: Int { MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1 }
 
     /// Refuses a path that is too long for a socket address, or where something other than a
     /// socket already is (exit 73, EX_CANTCREAT).
     static func check(_ path: String) throws {
-        guard !path.isEmpty, path.utf8.count < MemoryLayout.size(ofValue: sockaddr_un().sun_path) else {
-            throw ToolError(description: "the socket path '\(path)' is empty or longer than \(MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1) bytes; pick a shorter one",
+        guard !path.isEmpty, path.utf8.count <= maxPathLength else {
+            throw ToolError(description: "the socket path '\(path)' is empty or longer than \(maxPathLength) bytes; pick a shorter one",
                             exitCode: .cannotCreate)
         }
         var status = stat()
@@ -121,51 +143,79 @@ final class UnixListener {
         }
     }
 
-    /// Binds and listens at `path`, replacing a stale socket file left there.
+    /// Binds and listens at `path`. A socket file already there is replaced only when nothing
+    /// listens on it (left by a process that died); a live one is refused.
     init(path: String) throws {
         try Self.check(path)
         self.path = path
-        descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard descriptor >= 0 else {
-            throw ToolError(description: "cannot create a Unix socket: \(String(cString: strerror(errno)))", exitCode: .cannotCreate)
-        }
+        descriptor = -1
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
             raw.copyBytes(from: path.utf8)
             raw[path.utf8.count] = 0
         }
-        unlink(path) // a stale socket from an earlier run (check() refused anything else)
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        func withAddress<T>(_ body: (UnsafePointer<sockaddr>, socklen_t) -> T) -> T {
+            withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
         }
-        guard bound == 0, listen(descriptor, 1) == 0 else {
+        var existing = stat()
+        if lstat(path, &existing) == 0 {
+            let probe = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            let live = probe >= 0 && withAddress { connect(probe, $0, $1) } == 0
+            if probe >= 0 { Glibc.close(probe) }
+            guard !live else {
+                throw ToolError(description: "another process is listening on '\(path)'; stop it or pick another path", exitCode: .cannotCreate)
+            }
+            unlink(path)
+        }
+        descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else {
+            throw ToolError(description: "cannot create a Unix socket: \(String(cString: strerror(errno)))", exitCode: .cannotCreate)
+        }
+        guard withAddress({ bind(descriptor, $0, $1) }) == 0, listen(descriptor, 1) == 0 else {
             let message = String(cString: strerror(errno))
             Glibc.close(descriptor)
             descriptor = -1
             throw ToolError(description: "cannot listen on '\(path)': \(message)", exitCode: .cannotCreate)
         }
+        var bound = stat()
+        if lstat(path, &bound) == 0 { identity = (UInt(bound.st_dev), UInt(bound.st_ino)) }
     }
 
-    /// Waits for the first client and returns its connection.
-    func acceptOne() throws -> Int32 {
+    /// Waits for the first client and returns its connection; gives up (exit 74) as soon as
+    /// `stillWanted` turns false (checked twice a second: the accessory went away).
+    func acceptOne(while stillWanted: () -> Bool) throws -> Int32 {
         while true {
+            var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+            let ready = poll(&poller, 1, 500)
+            if ready < 0, errno != EINTR {
+                throw ToolError(description: "waiting for a client on '\(path)' failed: \(String(cString: strerror(errno)))", exitCode: .ioError)
+            }
+            if ready <= 0 {
+                guard stillWanted() else {
+                    throw ToolError(description: "the accessory disconnected before a client connected to '\(path)'", exitCode: .ioError)
+                }
+                continue
+            }
             let client = accept(descriptor, nil, nil)
             if client >= 0 {
                 _ = fcntl(client, F_SETFD, FD_CLOEXEC)
                 return client
             }
-            if errno == EINTR { continue }
+            if errno == EINTR || errno == EAGAIN || errno == ECONNABORTED { continue }
             throw ToolError(description: "accepting a client on '\(path)' failed: \(String(cString: strerror(errno)))", exitCode: .ioError)
         }
     }
 
-    /// Stops listening and removes the socket file.
+    /// Stops listening and removes the socket file, unless another process replaced it since.
     func close() {
         guard descriptor >= 0 else { return }
         Glibc.close(descriptor)
         descriptor = -1
-        unlink(path)
+        var status = stat()
+        if let identity, lstat(path, &status) == 0, UInt(status.st_dev) == identity.device, UInt(status.st_ino) == identity.inode {
+            unlink(path)
+        }
     }
 
     deinit { close() }

@@ -26,7 +26,11 @@ enum WaitCommand {
             // Accessories already on the wires identify first (within the timeout), or the wait
             // would declare gone what was merely not identified yet.
             let start = ContinuousClock.now
-            _ = try blockingAwait { await manager.waitUntilSettled(timeout: timeout) }
+            let settled = try blockingAwait { await manager.waitUntilSettled(timeout: timeout) }
+            guard settled else {
+                throw ToolError(description: "cannot tell within \(format(seconds)) s: accessories are still being identified "
+                                    + "(one that matches \(filter) may be among them)", exitCode: .tempFail)
+            }
             let remaining = max(.zero, timeout - (ContinuousClock.now - start))
             let gone = try blockingAwait { await manager.waitUntilNoAccessory(timeout: remaining, where: predicate) }
             guard gone else {
