@@ -30,23 +30,47 @@ enum USBBenchmarks {
             StandardError.write("iapbench usb: \(error)\n")
             return .unavailable
         }
-        func emit(_ name: String, _ rate: Double, ratio: Double?, extra: String = "") {
+        let rounds = try command.integer("rounds", in: 1...100) ?? 3
+        func median(_ values: [Double]) -> Double {
+            let sorted = values.sorted()
+            return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+        }
+        func emit(_ name: String, _ rates: [Double], ratios: [Double]?, extra: String = "") {
+            let rate = median(rates)
             if json {
-                var fields: [(String, JSONValue)] = [("name", .string(name)), ("bytesPerSecond", .int(Int(rate)))]
-                if let ratio { fields.append(("ratioToCeiling", .string(Report.format(ratio, digits: 3)))) }
+                var fields: [(String, JSONValue)] = [("name", .string(name)), ("bytesPerSecond", .int(Int(rate))),
+                                                     ("rounds", .array(rates.map { .int(Int($0)) }))]
+                if let ratios {
+                    fields.append(("ratioToCeiling", .string(Report.format(median(ratios), digits: 3))))
+                    fields.append(("ratioRange", .array([.string(Report.format(ratios.min() ?? 0, digits: 3)),
+                                                         .string(Report.format(ratios.max() ?? 0, digits: 3))])))
+                }
                 StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
             } else {
-                let share = ratio.map { "  (\(Report.format($0 * 100, digits: 1)) % of the ceiling)" } ?? ""
+                let share = ratios.map { ratios in
+                    "  (\(Report.format(median(ratios) * 100, digits: 1)) % of the ceiling; rounds "
+                        + "\(Report.format((ratios.min() ?? 0) * 100, digits: 1))–\(Report.format((ratios.max() ?? 0) * 100, digits: 1)) %)"
+                } ?? ""
                 StandardOutput.write("\(name): \(Report.format(rate / 1e6, digits: 1)) MB/s each way\(share)\(extra)\n")
             }
         }
         let profile = LoopbackBenchmarks.echoProfile(sessions: 3, maxPacketLength: 65_535)
-        let ceiling = try rawEcho(profile: profile, udc: udc, bytes: megabytes << 20)
-        emit("ceiling: raw bulk echo through the same gadget and pipes (baseline)", ceiling, ratio: nil)
+        var ceilings: [Double] = []
+        var sessionRates: [Int: [Double]] = [:]
+        for round in 1...rounds {
+            step("round \(round) of \(rounds)")
+            ceilings.append(try rawEcho(profile: profile, udc: udc, bytes: megabytes << 20))
+            for sessions in [1, 3] {
+                sessionRates[sessions, default: []].append(
+                    try sessionEcho(profile: profile, udc: udc, sessions: sessions, bytes: megabytes << 20))
+            }
+        }
+        emit("ceiling: raw bulk echo through the same gadget and pipes (baseline, median of \(rounds))", ceilings, ratios: nil)
         for sessions in [1, 3] {
-            let rate = try sessionEcho(profile: profile, udc: udc, sessions: sessions, bytes: megabytes << 20)
-            emit("EA echo over iAP2, \(sessions) session\(sessions == 1 ? "" : "s") (total)", rate, ratio: rate / ceiling,
-                 extra: sessions > 1 ? ", \(Report.format(rate / Double(sessions) / 1e6, digits: 1)) MB/s per session" : "")
+            let rates = sessionRates[sessions] ?? []
+            let ratios = zip(rates, ceilings).map { $0 / $1 }
+            emit("EA echo over iAP2, \(sessions) session\(sessions == 1 ? "" : "s") (total)", rates, ratios: ratios,
+                 extra: sessions > 1 ? ", \(Report.format(median(rates) / Double(sessions) / 1e6, digits: 1)) MB/s per session" : "")
         }
         return .success
     }

@@ -53,12 +53,16 @@ let usbCommand = CommandSpec(
     discussion: """
         Needs root, configfs, FunctionFS and a USB device controller on this machine (dummy_hcd \
         in tools/usb-rig). The ceiling is a raw echo through the same gadget and the same USB \
-        pipes of the host, without iAP2; each EA figure is also given as a share of it.
+        pipes of the host, without iAP2. Each round measures the ceiling, then the EA figures, \
+        right after each other; the report gives the median of the rounds and each EA figure's \
+        ratio to its own round's ceiling (median, lowest, highest), since the speed of a machine \
+        (and of an emulated one, very much) drifts between rounds.
         """,
     options: [.flag("json", help: "Print one JSON object per measurement."),
               .flag("verbose", help: "Say on standard error what the gadget sees (bind, enable…)."),
               .flag("heap", help: "Heap slots instead of usbfs device memory (to compare with zero copy)."),
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "64"),
+              .value("rounds", valueName: "n", help: "Rounds of ceiling + EA measurements.", defaultValue: "3"),
               .value("udc", valueName: "name", help: "The device controller to bind the gadget to (default: the first).")]
 )
 

@@ -6,8 +6,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$here/../.." && pwd)
-bundle=$REPO/.build/release/AccessoryHostPackageTests.xctest
-[ -x "$bundle" ] || { echo "suite: $bundle is missing (swift build -c release --build-tests -Xswiftc -enable-testing)" >&2; exit 1; }
+bundle=$REPO/.build/rig-tests/release/AccessoryHostPackageTests.xctest
+[ -x "$bundle" ] || { echo "suite: $bundle is missing (swift build -c release --build-tests -Xswiftc -enable-testing --scratch-path .build/rig-tests)" >&2; exit 1; }
+[ -x "$REPO/.build/release/iapbench" ] || { echo "suite: .build/release/iapbench is missing (swift build -c release)" >&2; exit 1; }
 
 echo "suite: USBRigTests"
 ACCESSORYHOST_USB_RIG=1 timeout 600 "$bundle" --testing-library swift-testing --filter USBRig 2>&1 | grep -vE "^.{0,12}(◇|↳)"
@@ -16,4 +17,4 @@ timeout 120 "$here/rules.sh"
 echo "suite: firmware-upgrade example over USB (16 MiB)"
 timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
 echo "suite: iapbench usb"
-timeout 300 "$REPO/.build/release/iapbench" usb --mib 16
+timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3
