@@ -84,7 +84,11 @@ public final class MemoryTransport: Transport {
         if frames.count == 1 {
             handler(.received(frames[0]))
         } else {
-            handler(.received(Array(frames.joined())))
+            // Frame by frame (memcpy each), not through a flattened sequence (byte by byte).
+            var stream: [UInt8] = []
+            stream.reserveCapacity(frames.reduce(0) { $0 + $1.count })
+            for frame in frames { stream.append(contentsOf: frame) }
+            handler(.received(stream))
         }
     }
 

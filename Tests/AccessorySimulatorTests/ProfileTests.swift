@@ -190,4 +190,25 @@ struct CRC32Tests {
         crc.update(data[min(offset, data.count)...])
         #expect(crc.value == CRC32.checksum(data))
     }
+
+    @Test("eight bytes at a time agree with one bit at a time, at every length and offset")
+    func slicedMatchesBitwise() {
+        func bitwise(_ bytes: some Sequence<UInt8>) -> UInt32 {
+            var crc: UInt32 = 0xFFFF_FFFF
+            for byte in bytes {
+                crc ^= UInt32(byte)
+                for _ in 0..<8 { crc = crc & 1 == 1 ? (crc >> 1) ^ 0xEDB8_8320 : crc >> 1 }
+            }
+            return crc ^ 0xFFFF_FFFF
+        }
+        let data = testBytes(300, seed: 12)
+        for start in 0..<9 {
+            for end in stride(from: start, through: data.count, by: 7) {
+                let slice = data[start..<end] // contiguous: the eight-byte path, unaligned starts
+                #expect(CRC32.checksum(slice) == bitwise(slice), "\(start)..<\(end)")
+                // Not contiguous: the byte-at-a-time path.
+                #expect(CRC32.checksum(slice.lazy.map { $0 }) == bitwise(slice), "lazy \(start)..<\(end)")
+            }
+        }
+    }
 }
