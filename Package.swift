@@ -19,6 +19,7 @@ let package = Package(
         .library(name: "IAPInspect", targets: ["IAPInspect"]),
         .library(name: "AccessoryHost", targets: ["AccessoryHost"]),
         .library(name: "CLIKit", targets: ["CLIKit"]),
+        .library(name: "AccessoryLogging", targets: ["AccessoryLogging"]),
         .library(name: "ByteRing", targets: ["ByteRing"]),
         .library(name: "USBHost", targets: ["USBHost"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
@@ -47,14 +48,18 @@ let package = Package(
         // A virtual accessory on the same IAPLink, in the accessory role: profiles, behaviours.
         .target(name: "AccessorySimulator", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["USBHost", "IAPTransport", "IAPLink", "IAPWire", "CLIKit"], swiftSettings: strict),
+        .target(name: "AccessoryHost", dependencies: ["USBHost", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         .target(name: "IAPInspect", dependencies: ["IAPWire"], swiftSettings: strict),
-        // Small command-line utilities: argument parsing, logging.
-        .target(name: "CLIKit", swiftSettings: strict),
+        // A small logger in the shape of swift-log's (levels, metadata, handlers): the library
+        // logs through it without depending on anything of the command line.
+        .target(name: "AccessoryLogging", swiftSettings: strict),
+        // Small command-line utilities: argument parsing, help, usage errors, terminal output.
+        .target(name: "CLIKit", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         .executableTarget(
             name: "iapctl",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "USBHost", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit", "CLibUSB"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "USBHost", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit",
+                           "AccessoryLogging", "CLibUSB"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
@@ -72,7 +77,8 @@ let package = Package(
         .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
         .testTarget(name: "RulesTests", swiftSettings: strict),
-        .testTarget(name: "CLIKitTests", dependencies: ["CLIKit"], swiftSettings: strict),
+        .testTarget(name: "CLIKitTests", dependencies: ["CLIKit", "AccessoryLogging"], swiftSettings: strict),
+        .testTarget(name: "AccessoryLoggingTests", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["ByteRing"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.

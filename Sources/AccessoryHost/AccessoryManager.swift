@@ -1,4 +1,4 @@
-public import CLIKit
+public import AccessoryLogging
 public import Dispatch
 public import IAPLink
 public import IAPTransport

@@ -1,4 +1,4 @@
-internal import CLIKit
+internal import AccessoryLogging
 internal import Dispatch
 internal import IAPLink
 internal import IAPTransport

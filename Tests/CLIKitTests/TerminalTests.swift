@@ -17,24 +17,6 @@ struct TerminalTests {
         #expect(Terminal.columns(-1) == 80)
         #expect(!Terminal.isTTY(-1))
     }
-
-    @Test func writerWritesEverything() {
-        var fds: [Int32] = [-1, -1]
-        #expect(pipe(&fds) == 0)
-        // More than PIPE_BUF (4 KiB), less than the 64 KiB pipe buffer, so the write cannot block.
-        let text = String(repeating: "0123456789abcdef", count: 2048) + "é\n"
-        #expect(FileDescriptorWriter.writeAll(text, to: fds[1]))
-        #expect(FileDescriptorWriter.writeAll("", to: fds[1]))
-        close(fds[1])
-        #expect(readAll(fds[0]) == text)
-        close(fds[0])
-    }
-
-    @Test func writeToABadDescriptorFailsWithoutTrapping() {
-        #expect(!FileDescriptorWriter.writeAll("x", to: -1))
-        let logger = Logger(label: "x", handler: StderrLogHandler(fileDescriptor: -1))
-        logger.error("goes nowhere")
-    }
 }
 
 @Suite("Internals")

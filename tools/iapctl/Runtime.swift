@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryLogging
 import AccessorySimulator
 import CLIKit
 import Dispatch
