@@ -2,7 +2,8 @@
 // Checks, on every input: no crash; a parsed configuration only holds what the bytes hold (each
 // interface and endpoint came from a 9- or 7-byte descriptor inside wTotalLength); the iAP
 // match only returns an FF/F0/00 interface with a bulk IN and a bulk OUT endpoint; string
-// descriptors decode without reading past the bytes.
+// descriptors decode without reading past the bytes; `VID:PID` text parses without a crash and
+// round-trips.
 //
 // Built with Sources/USBHost/Descriptors.swift compiled in (it has no imports).
 
@@ -22,6 +23,10 @@ public func descriptorFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     _ = try? USBDeviceDescriptor(parsing: bytes)
     if let text = decodeStringDescriptor(bytes) {
         precondition(text.utf16.count <= max(0, (min(Int(bytes[0]), bytes.count) - 2) / 2), "string longer than its descriptor")
+    }
+    // `--usb-id VID:PID` as a person types it: whatever parses prints back as the same ids.
+    if let id = USBID(parsing: String(decoding: bytes, as: UTF8.self)) {
+        precondition(USBID(parsing: id.description) == id, "a parsed USB id does not round-trip")
     }
     return 0
 }
