@@ -368,23 +368,6 @@ private func nameCurrentThread(_ name: String) {
     _ = close(descriptor)
 }
 
-/// A non-blocking, close-on-exec pipe: `(read end, write end)`; `nil` with `errno` set.
-private func makeWakePipe() -> (Int32, Int32)? {
-    var ends: [Int32] = [-1, -1]
-    guard ends.withUnsafeMutableBufferPointer({ pipe($0.baseAddress) }) == 0 else { return nil }
-    for end in ends {
-        let flags = fcntl(end, F_GETFL)
-        guard flags >= 0, fcntl(end, F_SETFL, flags | O_NONBLOCK) == 0, fcntl(end, F_SETFD, FD_CLOEXEC) == 0 else {
-            let code = errno
-            _ = close(ends[0])
-            _ = close(ends[1])
-            errno = code
-            return nil
-        }
-    }
-    return (ends[0], ends[1])
-}
-
 /// Starts a joinable thread with ``GadgetTransport/interruptSignal`` unblocked, and returns once
 /// it runs and carries its name; fails when the system has no more threads to give.
 private func spawnThread(name: String, body: @escaping @Sendable () -> Void) -> Result<WorkerThread, TransportError> {

@@ -502,8 +502,9 @@ private final class SerialCore: Sendable {
     }
 }
 
-/// A non-blocking, close-on-exec pipe: `(read end, write end)`; `nil` with `errno` set.
-private func makeWakePipe() -> (Int32, Int32)? {
+/// A non-blocking, close-on-exec pipe: `(read end, write end)`; `nil` with `errno` set. What the
+/// transports of this package that block in their own threads or sources wake up through.
+package func makeWakePipe() -> (Int32, Int32)? {
     var ends: [Int32] = [-1, -1]
     let made = ends.withUnsafeMutableBufferPointer { pipe($0.baseAddress) }
     guard made == 0 else { return nil }
