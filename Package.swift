@@ -73,7 +73,7 @@ let package = Package(
         .testTarget(name: "IAPLinkTests", dependencies: ["IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPTransportTests", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
-        .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "IAPTransport", "IAPLink", "IAPWire", "USBHost"], swiftSettings: strict),
+        .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "AccessorySimulator", "IAPTransport", "IAPLink", "IAPWire", "USBHost"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
         .testTarget(name: "RulesTests", swiftSettings: strict),

@@ -43,8 +43,25 @@ final class Connection: @unchecked Sendable {
     private let onClosed: (_ everIdentified: Bool, String) -> Void
     private var everIdentified = false
 
+    /// A session whose bytes travel raw on a native-transport channel (PROTOCOL.md §4.3).
+    struct NativeSessionState {
+        var session: AccessorySession
+        var channel: any ByteChannel
+        var readers: [Reader] = []
+        var writers: [Writer] = []
+        var flushers: [CheckedContinuation<Void, any Error>] = []
+        var handler: (queue: DispatchQueue, handler: @Sendable (SessionStreamEvent) -> Void)?
+        var delivered = 0
+        var ended: AccessoryError?
+        var isEnded = false
+    }
+
     private(set) var accessory: Accessory?
     private var sessions: [UInt16: SessionState] = [:]
+    private var nativeSessions: [Int: NativeSessionState] = [:]
+    /// Native sessions being opened, by protocol name (one session per protocol).
+    private var pendingNativeOpens: Set<String> = []
+    private var nextNativeKey = 1
     private var pendingOpens: [UInt16: (name: String, continuation: CheckedContinuation<AccessorySession, any Error>)] = [:]
     private var downReason: String?
 
@@ -107,7 +124,7 @@ final class Connection: @unchecked Sendable {
                 announceGone("the accessory restarted its link")
             case let .sessionOpened(id, name):
                 if let pending = pendingOpens.removeValue(forKey: id), let accessory {
-                    let session = AccessorySession(protocolString: name, accessory: accessory, sessionID: id, connection: self)
+                    let session = AccessorySession(protocolString: name, accessory: accessory, route: .link(id), connection: self)
                     sessions[id] = SessionState(session: session)
                     pending.continuation.resume(returning: session)
                 }
@@ -216,6 +233,10 @@ final class Connection: @unchecked Sendable {
             pendingOpens[id] = nil
         }
         for id in sessions.keys { endWithoutMachine(id, error: .disconnected(reason)) }
+        for key in nativeSessions.keys {
+            endNative(key, error: .disconnected(reason))
+            nativeSessions[key]?.channel.close()
+        }
         if let gone {
             gone.markDisconnected()
             onDisconnected(gone, reason)
@@ -250,6 +271,10 @@ final class Connection: @unchecked Sendable {
                     continuation.resume(throwing: AccessoryError.disconnected(self.downReason ?? "the accessory reconnected"))
                     return
                 }
+                if let declared = accessory.identity.protocols.first(where: { $0.name == protocolString }),
+                   declared.nativeTransportComponentIdentifier != nil {
+                    return self.openNative(accessory: accessory, protocolString: protocolString, continuation: continuation)
+                }
                 self.driver.perform { machine, now in
                     do {
                         let id = try machine.openSession(protocolName: protocolString, now: now)
@@ -266,16 +291,152 @@ final class Connection: @unchecked Sendable {
         }
     }
 
+    /// The transport's native-transport interfaces, if it has any (USB).
+    private var nativeProvider: (any NativeTransportProvider)? {
+        let base = (transport as? TracingTransport)?.base ?? transport
+        if let memory = base as? MemoryTransport { return memory.nativeTransports }
+        return base as? any NativeTransportProvider
+    }
+
+    /// Opens a protocol the accessory binds to a native transport: its channel (for USB, the
+    /// FF/F0/01 interface in alternate setting 1), no StartExternalAccessoryProtocolSession.
+    private func openNative(accessory: Accessory, protocolString: String,
+                            continuation: CheckedContinuation<AccessorySession, any Error>) {
+        let inUse = pendingNativeOpens.contains(protocolString)
+            || nativeSessions.values.contains { $0.session.protocolString == protocolString }
+        guard !inUse else { return continuation.resume(throwing: AccessoryError.protocolInUse(protocolString)) }
+        guard let provider = nativeProvider else {
+            return continuation.resume(throwing: AccessoryError.sessionRefused(
+                "the accessory carries '\(protocolString)' on a native USB interface of its own, and \(transport.description) has none; connect the accessory by USB to open it"))
+        }
+        pendingNativeOpens.insert(protocolString)
+        logger.debug("opening '\(protocolString)' on its native transport")
+        provider.openNativeChannel(for: protocolString, queue: queue) { [self] result in
+            pendingNativeOpens.remove(protocolString)
+            switch result {
+            case let .failure(error):
+                continuation.resume(throwing: AccessoryError.sessionRefused(error.description))
+            case let .success(channel):
+                guard downReason == nil, self.accessory === accessory else {
+                    channel.close()
+                    return continuation.resume(throwing: AccessoryError.disconnected(downReason ?? "the accessory reconnected"))
+                }
+                let key = nextNativeKey
+                nextNativeKey += 1
+                let session = AccessorySession(protocolString: protocolString, accessory: accessory, route: .native(key), connection: self)
+                nativeSessions[key] = NativeSessionState(session: session, channel: channel)
+                channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(key, event) }
+                logger.info("session '\(protocolString)' open on \(channel.description)")
+                continuation.resume(returning: session)
+            }
+        }
+    }
+
+    private func nativeEvent(_ key: Int, _ event: ByteChannelEvent) {
+        switch event {
+        case .readable, .writable: break
+        case let .closed(error):
+            // The stream ended under the session: the accessory closed it, or it went away.
+            endNative(key, error: error.map { AccessoryError.disconnected($0.description) })
+        }
+        serviceNative(key)
+    }
+
+    private func endNative(_ key: Int, error: AccessoryError?) {
+        guard var state = nativeSessions[key], !state.isEnded else { return }
+        state.isEnded = true
+        state.ended = error
+        state.delivered = max(state.delivered, state.channel.bytesDelivered)
+        if let handler = state.handler {
+            if let error { handler.queue.async { handler.handler(.errorOccurred(error)) } }
+            handler.queue.async { handler.handler(.endEncountered) }
+        }
+        nativeSessions[key] = state
+        serviceNative(key)
+    }
+
+    /// Reads up to `maxBytes` from a channel, across its chunks.
+    private static func take(from channel: any ByteChannel, maxBytes: Int) -> [UInt8] {
+        var bytes: [UInt8] = []
+        while bytes.count < maxBytes {
+            let room = maxBytes - bytes.count
+            let took: Int? = channel.withReadableBytes { span in
+                let count = min(room, span.byteCount)
+                span.withUnsafeBytes { bytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+                return (count, count)
+            }
+            guard let took, took > 0 else { break }
+        }
+        return bytes
+    }
+
+    /// Serves the waiting readers, writers and flushers of a native session.
+    private func serviceNative(_ key: Int) {
+        guard var state = nativeSessions[key] else { return }
+        let channel = state.channel
+        while channel.readableByteCount > 0, !state.readers.isEmpty {
+            let reader = state.readers.removeFirst()
+            reader.continuation.resume(returning: Self.take(from: channel, maxBytes: reader.maxBytes))
+        }
+        let readable = channel.readableByteCount > 0
+        if state.isEnded, !readable {
+            for reader in state.readers { reader.continuation.resume(returning: nil) }
+            state.readers.removeAll()
+        }
+        var wroteAll = true
+        while let first = state.writers.first {
+            guard !state.isEnded else {
+                state.writers.removeFirst().continuation.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
+                continue
+            }
+            let taken = channel.write(first.remaining)
+            state.writers[0].remaining = first.remaining.dropFirst(taken)
+            if state.writers[0].remaining.isEmpty {
+                state.writers.removeFirst().continuation.resume()
+            } else {
+                wroteAll = false
+                break
+            }
+        }
+        if state.writers.isEmpty, channel.unsentByteCount == 0 || state.isEnded {
+            for flusher in state.flushers {
+                if state.isEnded, channel.unsentByteCount > 0 {
+                    flusher.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
+                } else {
+                    flusher.resume()
+                }
+            }
+            state.flushers.removeAll()
+        }
+        if !state.isEnded { state.delivered = max(state.delivered, channel.bytesDelivered) }
+        if let handler = state.handler {
+            if readable { handler.queue.async { handler.handler(.hasBytesAvailable) } }
+            if wroteAll, !state.isEnded, channel.isWritable { handler.queue.async { handler.handler(.hasSpaceAvailable) } }
+        }
+        nativeSessions[key] = state
+    }
+
     func write(_ session: AccessorySession, _ bytes: [UInt8]) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             queue.async {
-                guard var state = self.sessions[session.sessionID] else {
-                    continuation.resume(throwing: AccessoryError.sessionClosed)
-                    return
+                let writer = Writer(remaining: bytes[...], continuation: continuation)
+                switch session.route {
+                case let .link(id):
+                    guard var state = self.sessions[id] else {
+                        continuation.resume(throwing: AccessoryError.sessionClosed)
+                        return
+                    }
+                    state.writers.append(writer)
+                    self.sessions[id] = state
+                    self.driver.perform { machine, _ in self.service(&machine) }
+                case let .native(key):
+                    guard self.nativeSessions[key] != nil else {
+                        continuation.resume(throwing: AccessoryError.sessionClosed)
+                        return
+                    }
+                    self.nativeSessions[key]?.writers.append(writer)
+                    self.serviceNative(key)
                 }
-                state.writers.append(Writer(remaining: bytes[...], continuation: continuation))
-                self.sessions[session.sessionID] = state
-                self.driver.perform { machine, _ in self.service(&machine) }
             }
         }
     }
@@ -283,13 +444,24 @@ final class Connection: @unchecked Sendable {
     func read(_ session: AccessorySession, maxBytes: Int) async throws -> [UInt8]? {
         try await withCheckedThrowingContinuation { continuation in
             queue.async {
-                guard var state = self.sessions[session.sessionID] else {
-                    continuation.resume(returning: nil)
-                    return
+                let reader = Reader(maxBytes: max(1, maxBytes), continuation: continuation)
+                switch session.route {
+                case let .link(id):
+                    guard var state = self.sessions[id] else {
+                        continuation.resume(returning: nil)
+                        return
+                    }
+                    state.readers.append(reader)
+                    self.sessions[id] = state
+                    self.driver.perform { machine, _ in self.service(&machine) }
+                case let .native(key):
+                    guard self.nativeSessions[key] != nil else {
+                        continuation.resume(returning: nil)
+                        return
+                    }
+                    self.nativeSessions[key]?.readers.append(reader)
+                    self.serviceNative(key)
                 }
-                state.readers.append(Reader(maxBytes: max(1, maxBytes), continuation: continuation))
-                self.sessions[session.sessionID] = state
-                self.driver.perform { machine, _ in self.service(&machine) }
             }
         }
     }
@@ -297,69 +469,136 @@ final class Connection: @unchecked Sendable {
     func flush(_ session: AccessorySession) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             queue.async {
-                guard var state = self.sessions[session.sessionID] else {
-                    continuation.resume(throwing: AccessoryError.sessionClosed)
-                    return
+                switch session.route {
+                case let .link(id):
+                    guard var state = self.sessions[id] else {
+                        continuation.resume(throwing: AccessoryError.sessionClosed)
+                        return
+                    }
+                    state.flushers.append(continuation)
+                    self.sessions[id] = state
+                    self.driver.perform { machine, _ in self.service(&machine) }
+                case let .native(key):
+                    guard self.nativeSessions[key] != nil else {
+                        continuation.resume(throwing: AccessoryError.sessionClosed)
+                        return
+                    }
+                    self.nativeSessions[key]?.flushers.append(continuation)
+                    self.serviceNative(key)
                 }
-                state.flushers.append(continuation)
-                self.sessions[session.sessionID] = state
-                self.driver.perform { machine, _ in self.service(&machine) }
             }
         }
     }
 
     func readNow(_ session: AccessorySession, maxBytes: Int) -> [UInt8] {
-        driver.perform { machine, _ in machine.read(session.sessionID, maxBytes: maxBytes) }
+        switch session.route {
+        case let .link(id):
+            return driver.perform { machine, _ in machine.read(id, maxBytes: maxBytes) }
+        case let .native(key):
+            guard let channel = nativeSessions[key]?.channel else { return [] }
+            return Self.take(from: channel, maxBytes: max(0, maxBytes))
+        }
     }
 
     func borrow<Result>(_ session: AccessorySession, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        try driver.perform { machine, _ in try machine.borrow(session.sessionID, body) }
+        switch session.route {
+        case let .link(id):
+            return try driver.perform { machine, _ in try machine.borrow(id, body) }
+        case let .native(key):
+            return try nativeSessions[key]?.channel.withReadableBytes(body)
+        }
     }
 
     func writeNow(_ session: AccessorySession, _ bytes: [UInt8]) throws -> Int {
-        guard let state = sessions[session.sessionID], !state.isEnded else {
-            throw sessions[session.sessionID]?.ended ?? AccessoryError.sessionClosed
+        switch session.route {
+        case let .link(id):
+            guard let state = sessions[id], !state.isEnded else {
+                throw sessions[id]?.ended ?? AccessoryError.sessionClosed
+            }
+            return driver.perform { machine, now in (try? machine.write(id, bytes, now: now)) ?? 0 }
+        case let .native(key):
+            guard let state = nativeSessions[key], !state.isEnded, state.writers.isEmpty else {
+                if let state = nativeSessions[key], !state.isEnded { return 0 } // earlier writes wait first
+                throw nativeSessions[key]?.ended ?? AccessoryError.sessionClosed
+            }
+            return state.channel.write(bytes[...])
         }
-        return driver.perform { machine, now in (try? machine.write(session.sessionID, bytes, now: now)) ?? 0 }
     }
 
     func acknowledged(_ session: AccessorySession) -> Int {
-        guard var state = sessions[session.sessionID] else { return 0 }
-        if downReason == nil {
-            state.acknowledged = max(state.acknowledged, driver.perform { machine, _ in machine.bytesAcknowledged(session.sessionID) })
-            sessions[session.sessionID] = state
+        switch session.route {
+        case let .link(id):
+            guard var state = sessions[id] else { return 0 }
+            if downReason == nil {
+                state.acknowledged = max(state.acknowledged, driver.perform { machine, _ in machine.bytesAcknowledged(id) })
+                sessions[id] = state
+            }
+            return state.acknowledged
+        case let .native(key):
+            guard var state = nativeSessions[key] else { return 0 }
+            if !state.isEnded { state.delivered = max(state.delivered, state.channel.bytesDelivered) }
+            nativeSessions[key] = state
+            return state.delivered
         }
-        return state.acknowledged
     }
 
     func bytesAvailable(_ session: AccessorySession) -> Int {
-        driver.perform { machine, _ in machine.bytesAvailable(session.sessionID) }
+        switch session.route {
+        case let .link(id): driver.perform { machine, _ in machine.bytesAvailable(id) }
+        case let .native(key): nativeSessions[key]?.channel.readableByteCount ?? 0
+        }
     }
 
     func spaceAvailable(_ session: AccessorySession) -> Int {
-        driver.perform { machine, _ in machine.spaceAvailable(session.sessionID) }
+        switch session.route {
+        case let .link(id): return driver.perform { machine, _ in machine.spaceAvailable(id) }
+        case let .native(key):
+            guard let state = nativeSessions[key], !state.isEnded, state.channel.isWritable else { return 0 }
+            return 1
+        }
     }
 
     func setEventHandler(_ session: AccessorySession, queue handlerQueue: DispatchQueue,
                          handler: @escaping @Sendable (SessionStreamEvent) -> Void) {
-        guard var state = sessions[session.sessionID] else {
-            handlerQueue.async { handler(.endEncountered) }
-            return
+        switch session.route {
+        case let .link(id):
+            guard var state = sessions[id] else {
+                handlerQueue.async { handler(.endEncountered) }
+                return
+            }
+            state.handler = (handlerQueue, handler)
+            sessions[id] = state
+            handlerQueue.async { handler(.openCompleted) }
+            driver.perform { machine, _ in self.service(&machine) }
+        case let .native(key):
+            guard nativeSessions[key] != nil else {
+                handlerQueue.async { handler(.endEncountered) }
+                return
+            }
+            nativeSessions[key]?.handler = (handlerQueue, handler)
+            handlerQueue.async { handler(.openCompleted) }
+            serviceNative(key)
         }
-        state.handler = (handlerQueue, handler)
-        sessions[session.sessionID] = state
-        handlerQueue.async { handler(.openCompleted) }
-        driver.perform { machine, _ in self.service(&machine) }
     }
 
     func close(_ session: AccessorySession) {
-        guard var state = sessions.removeValue(forKey: session.sessionID) else { return }
-        for reader in state.readers { reader.continuation.resume(returning: nil) }
-        for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
-        for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
-        state.readers.removeAll()
-        if downReason == nil {
-            driver.perform { machine, now in machine.closeSession(session.sessionID, now: now) }
+        switch session.route {
+        case let .link(id):
+            guard var state = sessions.removeValue(forKey: id) else { return }
+            for reader in state.readers { reader.continuation.resume(returning: nil) }
+            for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
+            for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
+            state.readers.removeAll()
+            if downReason == nil {
+                driver.perform { machine, now in machine.closeSession(id, now: now) }
+            }
+        case let .native(key):
+            guard let state = nativeSessions.removeValue(forKey: key) else { return }
+            for reader in state.readers { reader.continuation.resume(returning: nil) }
+            for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
+            for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
+            state.channel.close()
+            logger.debug("session '\(session.protocolString)' closed on \(state.channel.description)")
         }
     }
 }

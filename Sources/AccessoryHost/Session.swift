@@ -22,14 +22,30 @@ public final class AccessorySession: Sendable {
     public let protocolString: String
     /// The accessory.
     public let accessory: Accessory
-    let sessionID: UInt16
+    let route: Route
     let connection: Connection
 
-    init(protocolString: String, accessory: Accessory, sessionID: UInt16, connection: Connection) {
+    /// Where the session's bytes travel.
+    enum Route: Hashable {
+        /// Multiplexed on the iAP2 link, under this EA session id.
+        case link(UInt16)
+        /// Raw on a native-transport channel of its own (the connection's key for it).
+        case native(Int)
+    }
+
+    init(protocolString: String, accessory: Accessory, route: Route, connection: Connection) {
         self.protocolString = protocolString
         self.accessory = accessory
-        self.sessionID = sessionID
+        self.route = route
         self.connection = connection
+    }
+
+    /// Whether the session's bytes travel on a native transport (the accessory's USB interface
+    /// for this protocol, FF/F0/01, raw) rather than multiplexed on the iAP2 link. The API is the
+    /// same either way; only throughput and ``bytesAcknowledged``'s source differ.
+    public var usesNativeTransport: Bool {
+        if case .native = route { return true }
+        return false
     }
 
     /// Writes all of `bytes`, suspending while the accessory (or the link) cannot take more.
@@ -63,9 +79,10 @@ public final class AccessorySession: Sendable {
     }
 
     /// Bytes written on this session that the accessory acknowledged receiving (its iAP2 link
-    /// acknowledged the packets that carried them, in order). When a transfer breaks, this is
-    /// how much is known to have arrived; the rest may or may not have. It stays readable after
-    /// the accessory went away, until ``close()``.
+    /// acknowledged the packets that carried them, in order; on a native transport, the USB OUT
+    /// transfers that carried them completed). When a transfer breaks, this is how much is known
+    /// to have arrived; the rest may or may not have. It stays readable after the accessory went
+    /// away, until ``close()``.
     public var bytesAcknowledged: Int { connection.queue.sync { connection.acknowledged(self) } }
 
     /// Whether bytes are readable now.

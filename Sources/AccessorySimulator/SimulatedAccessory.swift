@@ -50,6 +50,10 @@ public struct SimulatedAccessory: Sendable {
     public static let pendingLimit = 16_384
 
     private var runtimes: [UInt16: SessionRuntime] = [:]
+    /// Sessions on native transports, by their native session id (its own numbering).
+    private var nativeRuntimes: [UInt16: SessionRuntime] = [:]
+    private var nativeBuffers: [UInt16: NativeBuffers] = [:]
+    private var nextNativeID: UInt16 = 1
     private var events: [SimulatorEvent] = []
     private var outbox = FIFO<(release: LinkTime, frame: [UInt8])>()
     private var random: FaultRandom
@@ -146,10 +150,78 @@ public struct SimulatedAccessory: Sendable {
         return events
     }
 
+    // MARK: Native transports
+
+    /// Opens a session of `protocolName` on its native transport (what a host's
+    /// SET_INTERFACE to alternate setting 1 does) and returns its native session id; nil when
+    /// the profile does not declare the protocol as native, or the accessory is gone.
+    ///
+    /// A native session's bytes are raw: the owner moves them with ``receiveNative(_:_:now:)``
+    /// (at most ``nativeRoom(_:)``) and ``drainNativeOutput(_:into:)``. Both buffers hold at most
+    /// ``sessionBufferLimit`` bytes, so a host that stops reading stops the accessory's writes.
+    public mutating func openNativeSession(protocolName: String, now: LinkTime) -> UInt16? {
+        note(now)
+        guard isRunning, let spec = profile.protocols.first(where: { $0.name == protocolName }), spec.native == true else { return nil }
+        var id = nextNativeID
+        while id == 0 || nativeRuntimes[id] != nil { id &+= 1 }
+        nextNativeID = id &+ 1
+        nativeRuntimes[id] = SessionRuntime(id: id, name: protocolName, spec: spec)
+        nativeBuffers[id] = NativeBuffers()
+        events.append(.nativeSessionOpened(sessionID: id, protocolName: protocolName))
+        settle()
+        return id
+    }
+
+    /// Ends a native session (the host selected alternate setting 0, or the wire went away).
+    public mutating func closeNativeSession(_ id: UInt16, now: LinkTime) {
+        note(now)
+        guard let runtime = nativeRuntimes.removeValue(forKey: id) else { return }
+        nativeBuffers[id] = nil
+        events.append(.nativeSessionClosed(sessionID: id, protocolName: runtime.statistics.protocolName,
+                                           statistics: snapshot(runtime)))
+    }
+
+    /// How many more bytes ``receiveNative(_:_:now:)`` takes for the session now.
+    public func nativeRoom(_ id: UInt16) -> Int {
+        guard isRunning, let buffers = nativeBuffers[id] else { return 0 }
+        return max(0, sessionBufferLimit - buffers.inbound.count)
+    }
+
+    /// Feeds bytes the host sent on a native session (at most ``nativeRoom(_:)``; the rest is
+    /// refused, and the count taken is returned).
+    @discardableResult
+    public mutating func receiveNative(_ id: UInt16, _ bytes: some Collection<UInt8>, now: LinkTime) -> Int {
+        note(now)
+        let taken = min(bytes.count, nativeRoom(id))
+        guard taken > 0 else { return 0 }
+        nativeBuffers[id]?.inbound.append(taken == bytes.count ? Array(bytes) : Array(bytes.prefix(taken)))
+        settle()
+        return taken
+    }
+
+    /// Whether the session has bytes for the host.
+    public func hasNativeOutput(_ id: UInt16) -> Bool { !(nativeBuffers[id]?.outbound.isEmpty ?? true) }
+
+    /// Offers the session's bytes for the host to `write`, which returns how many it took; those
+    /// are removed. Behaviours then run again (room appeared).
+    public mutating func drainNativeOutput(_ id: UInt16, into write: (ArraySlice<UInt8>) -> Int) {
+        guard isRunning, var buffers = nativeBuffers[id], !buffers.outbound.isEmpty else { return }
+        let taken = min(max(0, write(buffers.outbound.bytes)), buffers.outbound.count)
+        buffers.outbound.removeFirst(taken)
+        nativeBuffers[id] = buffers
+        if taken > 0 { settle() }
+    }
+
+    /// The open native sessions' ids.
+    public var nativeSessionIDs: [UInt16] { nativeRuntimes.keys.sorted() }
+
     // MARK: Inspection
 
     /// The counters of an open session.
     public func statistics(for sessionID: UInt16) -> SessionStatistics? { runtimes[sessionID].map(snapshot) }
+
+    /// The counters of an open native-transport session.
+    public func nativeStatistics(for sessionID: UInt16) -> SessionStatistics? { nativeRuntimes[sessionID].map(snapshot) }
 
     /// The counters of every open session, by session id.
     public var sessionStatistics: [SessionStatistics] {
@@ -159,8 +231,13 @@ public struct SimulatedAccessory: Sendable {
     /// Session data the accessory holds now: the endpoint's receive and send buffers plus what the
     /// behaviours hold. Stays within ``bufferedBytesLimit`` whatever the host does.
     public var bufferedBytes: Int {
-        runtimes.reduce(0) { total, entry in
+        let link = runtimes.reduce(0) { total, entry in
             total + endpoint.bytesAvailable(entry.key) + endpoint.bytesPending(entry.key) + entry.value.pending.count
+                + (entry.value.firmware?.bufferedBytes ?? 0)
+        }
+        return nativeRuntimes.reduce(link) { total, entry in
+            let buffers = nativeBuffers[entry.key]
+            return total + (buffers?.inbound.count ?? 0) + (buffers?.outbound.count ?? 0) + entry.value.pending.count
                 + (entry.value.firmware?.bufferedBytes ?? 0)
         }
     }
@@ -169,7 +246,7 @@ public struct SimulatedAccessory: Sendable {
     /// endpoint buffers of ``sessionBufferLimit``, twice ``pendingLimit`` and one firmware-update
     /// message. (The link's own window and send queue are bounded by the link.)
     public var bufferedBytesLimit: Int {
-        runtimes.count * (2 * sessionBufferLimit + 2 * Self.pendingLimit + FirmwareUpdateProtocol.headerSize + 4
+        (runtimes.count + nativeRuntimes.count) * (2 * sessionBufferLimit + 2 * Self.pendingLimit + FirmwareUpdateProtocol.headerSize + 4
             + FirmwareUpdateProtocol.maxChunkSize)
     }
 
@@ -255,18 +332,27 @@ public struct SimulatedAccessory: Sendable {
         for id in runtimes.keys.sorted() {
             // Taken out of the dictionary while it runs, so its buffers are not copied.
             guard var runtime = runtimes.removeValue(forKey: id) else { continue }
-            switch runtime.statistics.behaviour {
-            case .echo: moved = runEcho(id, &runtime) || moved
-            case .sink: moved = runSink(id, &runtime) || moved
-            case .source: moved = runSource(id, &runtime) || moved
-            case .firmwareUpdate: moved = runFirmwareUpdate(id, &runtime) || moved
-            }
+            moved = runBehaviour(.link(id), &runtime) || moved
             runtimes[id] = runtime
+        }
+        for id in nativeRuntimes.keys.sorted() {
+            guard var runtime = nativeRuntimes.removeValue(forKey: id) else { continue }
+            moved = runBehaviour(.native(id), &runtime) || moved
+            nativeRuntimes[id] = runtime
         }
         return moved
     }
 
-    private mutating func runEcho(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+    private mutating func runBehaviour(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
+        switch runtime.statistics.behaviour {
+        case .echo: runEcho(id, &runtime)
+        case .sink: runSink(id, &runtime)
+        case .source: runSource(id, &runtime)
+        case .firmwareUpdate: runFirmwareUpdate(id, &runtime)
+        }
+    }
+
+    private mutating func runEcho(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
         var moved = false
         while true {
             let flushed = flush(id, &runtime)
@@ -278,16 +364,16 @@ public struct SimulatedAccessory: Sendable {
         }
     }
 
-    private mutating func runSink(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+    private mutating func runSink(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
         var moved = false
         while !read(id, maxBytes: 65_536, into: &runtime).isEmpty { moved = true }
         return moved
     }
 
-    private mutating func runSource(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+    private mutating func runSource(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
         var moved = runSink(id, &runtime)
         while runtime.statistics.bytesOut < runtime.sourceBytes {
-            let count = min(endpoint.spaceAvailable(id), runtime.sourceBytes - runtime.statistics.bytesOut, 16_384)
+            let count = min(spaceAvailable(id), runtime.sourceBytes - runtime.statistics.bytesOut, 16_384)
             guard count > 0 else { break }
             let start = runtime.statistics.bytesOut
             let chunk = (0..<count).map { Self.sourcePatternByte(at: start + $0) }
@@ -298,12 +384,12 @@ public struct SimulatedAccessory: Sendable {
         }
         if runtime.statistics.bytesOut >= runtime.sourceBytes, !runtime.sourceFinished {
             runtime.sourceFinished = true
-            events.append(.sourceFinished(sessionID: id, bytes: runtime.statistics.bytesOut))
+            events.append(.sourceFinished(sessionID: id.number, bytes: runtime.statistics.bytesOut))
         }
         return moved
     }
 
-    private mutating func runFirmwareUpdate(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+    private mutating func runFirmwareUpdate(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
         guard var receiver = runtime.firmware else { return false }
         runtime.firmware = nil // one owner while it runs, so its buffers are not copied
         defer { runtime.firmware = receiver }
@@ -324,7 +410,8 @@ public struct SimulatedAccessory: Sendable {
         }
     }
 
-    private mutating func report(_ update: FirmwareUpdateReceiver.Event, session id: UInt16) {
+    private mutating func report(_ update: FirmwareUpdateReceiver.Event, session route: SessionRoute) {
+        let id = route.number
         switch update {
         case let .began(version, size):
             events.append(.firmwareUpdateBegan(sessionID: id, version: version, imageSize: size))
@@ -339,7 +426,7 @@ public struct SimulatedAccessory: Sendable {
     }
 
     /// Hands pending bytes to the endpoint; true when it took any.
-    private mutating func flush(_ id: UInt16, _ runtime: inout SessionRuntime) -> Bool {
+    private mutating func flush(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
         guard !runtime.pending.isEmpty else { return false }
         let taken = write(id, runtime.pending.bytes)
         runtime.pending.removeFirst(taken)
@@ -347,26 +434,62 @@ public struct SimulatedAccessory: Sendable {
         return taken > 0
     }
 
-    private mutating func write(_ id: UInt16, _ bytes: ArraySlice<UInt8>) -> Int {
-        let taken = (try? endpoint.write(id, bytes, now: now)) ?? 0
+    private mutating func write(_ route: SessionRoute, _ bytes: ArraySlice<UInt8>) -> Int {
+        let taken: Int
+        switch route {
+        case let .link(id):
+            taken = (try? endpoint.write(id, bytes, now: now)) ?? 0
+        case let .native(id):
+            guard var buffers = nativeBuffers[id] else { return 0 }
+            taken = min(bytes.count, max(0, sessionBufferLimit - buffers.outbound.count))
+            if taken > 0 { buffers.outbound.append(Array(bytes.prefix(taken))) }
+            nativeBuffers[id] = buffers
+        }
         bytesMoved += taken
         return taken
     }
 
+    private func spaceAvailable(_ route: SessionRoute) -> Int {
+        switch route {
+        case let .link(id): endpoint.spaceAvailable(id)
+        case let .native(id): max(0, sessionBufferLimit - (nativeBuffers[id]?.outbound.count ?? sessionBufferLimit))
+        }
+    }
+
+    private func bytesAvailable(_ route: SessionRoute) -> Int {
+        switch route {
+        case let .link(id): endpoint.bytesAvailable(id)
+        case let .native(id): nativeBuffers[id]?.inbound.count ?? 0
+        }
+    }
+
+    private mutating func take(_ route: SessionRoute, maxBytes: Int) -> [UInt8] {
+        switch route {
+        case let .link(id):
+            return endpoint.read(id, maxBytes: maxBytes)
+        case let .native(id):
+            guard var buffers = nativeBuffers[id], !buffers.inbound.isEmpty else { return [] }
+            let bytes = Array(buffers.inbound.bytes.prefix(maxBytes))
+            buffers.inbound.removeFirst(bytes.count)
+            nativeBuffers[id] = buffers
+            return bytes
+        }
+    }
+
     /// Reads session data, honouring the stop-reading fault, and counts it.
-    private mutating func read(_ id: UInt16, maxBytes: Int, into runtime: inout SessionRuntime) -> [UInt8] {
+    private mutating func read(_ id: SessionRoute, maxBytes: Int, into runtime: inout SessionRuntime) -> [UInt8] {
         var limit = maxBytes
         if let stop = profile.faults.stopReadingAfterBytes {
             limit = min(limit, stop - bytesRead)
             if limit <= 0 {
-                if !readingStopped, endpoint.bytesAvailable(id) > 0 {
+                if !readingStopped, bytesAvailable(id) > 0 {
                     readingStopped = true
                     events.append(.readingStopped(afterBytes: bytesRead))
                 }
                 return []
             }
         }
-        let bytes = endpoint.read(id, maxBytes: limit)
+        let bytes = take(id, maxBytes: limit)
         guard !bytes.isEmpty else { return [] }
         bytesRead += bytes.count
         bytesMoved += bytes.count
@@ -374,6 +497,25 @@ public struct SimulatedAccessory: Sendable {
         runtime.crc.update(bytes)
         return bytes
     }
+}
+
+/// Where a behaviour's bytes go: an EA session on the link, or a native-transport session.
+enum SessionRoute {
+    case link(UInt16)
+    case native(UInt16)
+
+    /// The id events report.
+    var number: UInt16 {
+        switch self {
+        case let .link(id), let .native(id): id
+        }
+    }
+}
+
+/// The raw bytes of a native session, each way.
+struct NativeBuffers: Sendable {
+    var inbound = PendingBytes()
+    var outbound = PendingBytes()
 }
 
 /// The behaviour state of one open session.

@@ -8,6 +8,11 @@ public enum SimulatorEvent: Hashable, Sendable {
     case sessionOpened(sessionID: UInt16, protocolName: String)
     /// A session ended (the device closed it, or the link went down), with its final counts.
     case sessionClosed(sessionID: UInt16, protocolName: String, reason: String?, statistics: SessionStatistics)
+    /// The host opened a protocol's native transport (alternate setting 1 of its interface); the
+    /// behaviour runs on its raw bytes from now on. Native session ids are numbered on their own.
+    case nativeSessionOpened(sessionID: UInt16, protocolName: String)
+    /// A native-transport session ended (alternate setting 0, or the host went away).
+    case nativeSessionClosed(sessionID: UInt16, protocolName: String, statistics: SessionStatistics)
     /// A source session handed its last byte to the endpoint.
     case sourceFinished(sessionID: UInt16, bytes: Int)
     /// A firmware-update session received BEGIN (READY is on its way).

@@ -99,16 +99,24 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         public var behaviour: Behaviour
         /// For ``Behaviour/source`` only (and required there): how many bytes each session sends.
         public var sourceBytes: Int?
+        /// Whether the protocol's bytes travel on a native transport of its own (an FF/F0/01 USB
+        /// interface, raw) instead of the iAP2 link: identification binds it to the accessory's
+        /// USB host transport component. Absent means false.
+        public var native: Bool?
 
         /// Creates a protocol entry.
-        public init(name: String, behaviour: Behaviour, sourceBytes: Int? = nil) {
+        public init(name: String, behaviour: Behaviour, sourceBytes: Int? = nil, native: Bool? = nil) {
             self.name = name
             self.behaviour = behaviour
             self.sourceBytes = sourceBytes
+            self.native = native
         }
 
+        /// Whether ``native`` is set.
+        public var isNative: Bool { native == true }
+
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case name, behaviour, sourceBytes
+            case name, behaviour, sourceBytes, native
         }
 
         /// Decodes a protocol entry, refusing unknown fields.
@@ -118,6 +126,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             name = try container.decode(String.self, forKey: .name)
             behaviour = try container.decode(Behaviour.self, forKey: .behaviour)
             sourceBytes = try container.decodeIfPresent(Int.self, forKey: .sourceBytes)
+            native = try container.decodeIfPresent(Bool.self, forKey: .native)
         }
     }
 
@@ -274,9 +283,18 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             hardwareVersion: accessory.hardwareVersion, messagesSent: Self.messagesSent,
             messagesReceived: Self.messagesReceived,
             protocols: protocols.enumerated().map { index, spec in
-                ExternalAccessoryProtocol(identifier: UInt8(truncatingIfNeeded: index + 1), name: spec.name)
+                ExternalAccessoryProtocol(identifier: UInt8(truncatingIfNeeded: index + 1), name: spec.name,
+                                          nativeTransportComponentIdentifier: spec.isNative ? Self.usbHostTransportComponentIdentifier : nil)
             })
     }
+
+    /// The identifier of the USB host transport component every simulated accessory declares
+    /// (the default of `AccessoryIdentity`), which native protocols are bound to.
+    public static let usbHostTransportComponentIdentifier: UInt16 = 1
+
+    /// The protocols that travel on native transports, in profile order (one FF/F0/01 interface
+    /// each when the accessory is a USB gadget).
+    public var nativeProtocolNames: [String] { protocols.filter(\.isNative).map(\.name) }
 
     /// `LinkConfiguration.accessory` with the profile's overrides applied (values are clamped to
     /// the link's valid ranges; ``validate()`` reports them instead).
@@ -350,6 +368,10 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
                 throw fail("\(path).sourceBytes", "only a source protocol sends bytes on its own; remove sourceBytes or set behaviour to \"source\"")
             }
         }
+        let native = protocols.filter(\.isNative).count
+        if native > FunctionFSDescriptors.maxNativeTransports {
+            throw fail("protocols", "marks \(native) protocols native; a simulated USB accessory has room for \(FunctionFSDescriptors.maxNativeTransports) native-transport interfaces, so mark fewer")
+        }
         let overrides: [(String, Int?, LinkParameters.Field)] = [
             ("maxPacketLength", link.maxPacketLength, .maxPacketLength),
             ("maxOutstandingPackets", link.maxOutstandingPackets, .maxOutstandingPackets),
@@ -386,11 +408,12 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     // MARK: Built-in profiles
 
     /// The names ``builtIn(named:)`` knows.
-    public static let builtInNames = ["firmware-updater", "multi-sensor"]
+    public static let builtInNames = ["firmware-updater", "multi-sensor", "native-streamer"]
 
     /// A built-in profile: "firmware-updater" (one firmware-update protocol,
     /// `com.example.firmware`, on a link with 64 KiB packets and a window of 16) or "multi-sensor" (echo, sink, a 1 MiB source and a telemetry
-    /// echo). The same profiles ship as JSON in `tools/profiles/`.
+    /// echo) or "native-streamer" (an echo on the iAP2 link, and an echo and a sink on native
+    /// transports of their own). The same profiles ship as JSON in `tools/profiles/`.
     ///
     /// - Returns: nil for any other name (see ``builtInNames``).
     public static func builtIn(named name: String) -> SimulatorProfile? {
@@ -411,6 +434,15 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
                     ProtocolSpec(name: "com.example.sink", behaviour: .sink),
                     ProtocolSpec(name: "com.example.source", behaviour: .source, sourceBytes: 1 << 20),
                     ProtocolSpec(name: "com.example.telemetry", behaviour: .echo),
+                ])
+        case "native-streamer":
+            return SimulatorProfile(
+                accessory: Identity(name: "Native Streamer", model: "SIM-NS1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-NS-0001", firmwareVersion: "1.0.0", hardwareVersion: "A"),
+                protocols: [
+                    ProtocolSpec(name: "com.example.echo", behaviour: .echo),
+                    ProtocolSpec(name: "com.example.native.echo", behaviour: .echo, native: true),
+                    ProtocolSpec(name: "com.example.native.sink", behaviour: .sink, native: true),
                 ])
         default:
             return nil

@@ -37,6 +37,11 @@ public final class SimulatorRunner: @unchecked Sendable {
     private var hostConnection: GadgetConnection?
     /// How many times a new USB host connection restarted the accessory.
     private var restartsForHost = 0
+    /// The accessory's ends of the open native-transport sessions, by native session id.
+    private var nativeChannels: [UInt16: any ByteChannel] = [:]
+    /// Counts machines made, so a host still holding a rebooted accessory's transport cannot
+    /// open native sessions on its successor.
+    private var machineGeneration = 0
 
     /// - Throws: ``SimulatorProfileError`` when the profile has an invalid value.
     public init(profile: SimulatorProfile, attachment: Attachment,
@@ -58,12 +63,15 @@ public final class SimulatorRunner: @unchecked Sendable {
     /// Stops the accessory and closes its transport.
     public func stop() {
         queue.sync {
+            closeNativeChannels()
             driver?.stop()
             driver = nil
         }
     }
 
     private func makeMachine() -> SimulatedAccessory? {
+        closeNativeChannels()
+        machineGeneration += 1
         generation &+= 0x20
         // The profile was validated when the runner was made; a reboot changes only the version.
         return try? SimulatedAccessory(profile: profile, sessionBufferLimit: 1 << 20, initialSequence: generation)
@@ -75,6 +83,10 @@ public final class SimulatorRunner: @unchecked Sendable {
         switch attachment {
         case let .memory(attach):
             let (host, device) = MemoryTransport.pair(name: "simulated \(profile.identity().name)")
+            if !profile.nativeProtocolNames.isEmpty {
+                host.nativeTransports = SimulatedNativeTransports(runner: self, names: profile.nativeProtocolNames,
+                                                                  generation: machineGeneration)
+            }
             attach(host)
             transport = device
         case let .transport(wire):
@@ -94,10 +106,70 @@ public final class SimulatorRunner: @unchecked Sendable {
         }
         let driver = EndpointDriver(machine: machine, transport: transport, queue: queue)
         self.driver = driver
-        driver.start(update: { [weak self] machine, _ in
+        driver.start(update: { [weak self] machine, now in
             guard let self else { return }
             for event in machine.takeEvents() { self.handle(event) }
+            self.pumpNative(&machine, now: now)
         }, closed: { _ in })
+    }
+
+    // MARK: Native transports
+
+    /// A host opened `name` on its native transport: starts the session on the accessory and
+    /// serves it over `channel`. False when the accessory is gone or was replaced.
+    func attachNative(_ name: String, channel: any ByteChannel, generation: Int) -> Bool {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard generation == machineGeneration, let driver,
+              let id = driver.perform({ machine, now in machine.openNativeSession(protocolName: name, now: now) })
+        else { return false }
+        nativeChannels[id] = channel
+        channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(id, event) }
+        return true
+    }
+
+    private func nativeEvent(_ id: UInt16, _ event: ByteChannelEvent) {
+        guard let driver, nativeChannels[id] != nil else { return }
+        if case .closed = event {
+            nativeChannels[id] = nil
+            driver.perform { machine, now in machine.closeNativeSession(id, now: now) }
+            return
+        }
+        driver.perform { machine, now in pumpNative(&machine, now: now) }
+    }
+
+    /// Moves raw bytes between every native channel and the accessory until nothing moves: what
+    /// the host sent, as far as the accessory has room, and what the accessory wrote, as far as
+    /// the channel takes it. A side that stops reading stops the other.
+    private func pumpNative(_ machine: inout SimulatedAccessory, now: LinkTime) {
+        for (id, channel) in nativeChannels {
+            var moved = true
+            while moved {
+                moved = false
+                while machine.nativeRoom(id) > 0, channel.readableByteCount > 0 {
+                    let room = machine.nativeRoom(id)
+                    let taken = channel.withReadableBytes { span -> (consumed: Int, result: Int) in
+                        let count = min(room, span.byteCount)
+                        let taken = span.withUnsafeBytes { machine.receiveNative(id, UnsafeRawBufferPointer(rebasing: $0[0..<count]), now: now) }
+                        return (taken, taken)
+                    } ?? 0
+                    guard taken > 0 else { break }
+                    moved = true
+                }
+                if machine.hasNativeOutput(id), channel.isWritable {
+                    var wrote = 0
+                    machine.drainNativeOutput(id) { bytes in
+                        wrote = channel.write(bytes)
+                        return wrote
+                    }
+                    moved = moved || wrote > 0
+                }
+            }
+        }
+    }
+
+    private func closeNativeChannels() {
+        for channel in nativeChannels.values { channel.close() }
+        nativeChannels.removeAll()
     }
 
     private func handle(_ event: SimulatorEvent) {
@@ -108,6 +180,7 @@ public final class SimulatorRunner: @unchecked Sendable {
             queue.async { self.reboot() }
         case .vanish:
             queue.async {
+                self.closeNativeChannels()
                 self.driver?.stop()
                 self.driver = nil
             }
@@ -136,5 +209,36 @@ public final class SimulatorRunner: @unchecked Sendable {
             driver = nil
         }
         launch()
+    }
+}
+
+/// The native-transport interfaces of an in-process simulated accessory, as the host side of its
+/// memory transport offers them: each open makes a ``MemoryByteChannel`` pair and starts the
+/// session on the accessory.
+final class SimulatedNativeTransports: NativeTransportProvider {
+    private let runner: SimulatorRunner
+    let nativeProtocolNames: [String]
+    private let generation: Int
+
+    init(runner: SimulatorRunner, names: [String], generation: Int) {
+        self.runner = runner
+        self.nativeProtocolNames = names
+        self.generation = generation
+    }
+
+    func openNativeChannel(for protocolName: String, queue: DispatchQueue,
+                           completion: @escaping @Sendable (Result<any ByteChannel, TransportError>) -> Void) {
+        guard nativeProtocolNames.contains(protocolName) else {
+            queue.async { completion(.failure(TransportError("the simulated accessory has no native transport for '\(protocolName)'"))) }
+            return
+        }
+        let (host, accessory) = MemoryByteChannel.pair(name: "simulated native \(protocolName)")
+        let runner = self.runner, generation = self.generation
+        runner.queue.async {
+            let attached = runner.attachNative(protocolName, channel: accessory, generation: generation)
+            queue.async {
+                completion(attached ? .success(host) : .failure(TransportError("the simulated accessory went away")))
+            }
+        }
     }
 }

@@ -18,6 +18,15 @@ public final class MemoryTransport: Transport {
     }
     private let state = Mutex(State())
     private let peerBox = Mutex<MemoryTransport?>(nil)
+    private let native = Mutex<(any NativeTransportProvider)?>(nil)
+
+    /// The native-transport interfaces the other side offers, if any: the in-process simulator
+    /// sets them on the host side for a profile with native protocols, as a USB accessory has
+    /// FF/F0/01 interfaces beside its iAP2 one.
+    public var nativeTransports: (any NativeTransportProvider)? {
+        get { native.withLock { $0 } }
+        set { native.withLock { $0 = newValue } }
+    }
 
     private init(description: String) {
         self.description = description

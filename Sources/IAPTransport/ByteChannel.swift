@@ -1,0 +1,209 @@
+public import Dispatch
+internal import Synchronization
+
+/// Something that happened on a ``ByteChannel``.
+public enum ByteChannelEvent: Sendable, Hashable {
+    /// Bytes became readable (read them with ``ByteChannel/withReadableBytes(_:)``).
+    case readable
+    /// The channel takes bytes again after a ``ByteChannel/write(_:)`` took fewer than offered.
+    case writable
+    /// The stream ended: `nil` when either side closed it, otherwise why (the device vanished, a
+    /// transfer failed…). Bytes already readable stay readable; no event follows.
+    case closed(TransportError?)
+}
+
+/// A raw byte stream to an accessory with flow control both ways: the data plane of an External
+/// Accessory session on a *native transport* (a USB interface of its own, FF/F0/01, with no iAP2
+/// framing; PROTOCOL.md §4.3).
+///
+/// Reading is in place: ``withReadableBytes(_:)`` lends the oldest received bytes where the
+/// channel holds them (for USB, the ring slot the IN transfer wrote), and the bytes a reader
+/// consumes make room for more. A reader that stops reading stops the channel from receiving:
+/// the device is held off (its writes wait) instead of memory growing. Writing takes what fits
+/// now (``write(_:)`` returns the count) and ``ByteChannelEvent/writable`` says when to offer
+/// the rest.
+///
+/// Every method is called on the queue given to ``activate(queue:handler:)``, where the handler
+/// runs too.
+public protocol ByteChannel: AnyObject, Sendable {
+    /// What a person reads, e.g. `usb 1-1 interface 1 (com.example.native)`.
+    var description: String { get }
+    /// Starts delivering events to `handler` on `queue`.
+    func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void)
+    /// Lends the oldest readable bytes in place to `body`, which says how many it consumed (the
+    /// rest stays readable); nil when nothing is readable. The view is valid only inside `body`.
+    func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result?
+    /// Bytes readable now.
+    var readableByteCount: Int { get }
+    /// Takes as many of `bytes` as fit now and returns how many (0 when full, or closed).
+    func write(_ bytes: ArraySlice<UInt8>) -> Int
+    /// Whether ``write(_:)`` would take at least one byte now.
+    var isWritable: Bool { get }
+    /// Bytes ``write(_:)`` took that the peer has not received yet.
+    var unsentByteCount: Int { get }
+    /// Bytes the peer has received so far (for USB: OUT transfers the device completed).
+    var bytesDelivered: Int { get }
+    /// Ends the stream. The handler then gets `.closed(nil)` unless it already got a close.
+    func close()
+}
+
+/// A transport whose accessory also has native-transport interfaces (USB): opens the one that
+/// carries an External Accessory protocol.
+public protocol NativeTransportProvider: Sendable {
+    /// The protocol names this transport has a native interface for, as far as it can tell
+    /// before opening one (for USB: the interface strings).
+    var nativeProtocolNames: [String] { get }
+    /// Opens the native channel for `protocolName` (for USB: claims its interface and selects
+    /// alternate setting 1). `completion` runs on `queue` with a channel not yet activated, or
+    /// with why it cannot be opened.
+    func openNativeChannel(for protocolName: String, queue: DispatchQueue,
+                           completion: @escaping @Sendable (Result<any ByteChannel, TransportError>) -> Void)
+}
+
+/// Two ``ByteChannel``s joined back to back in one process, each holding at most `capacity`
+/// received bytes: what the in-process simulator's native transport uses, and the tests.
+///
+/// A write takes what fits in the peer's buffer; the peer's reads make room again and the writer
+/// hears ``ByteChannelEvent/writable``. Either side's ``close()`` ends the stream for both: the
+/// closer hears `.closed(nil)` and the other side `.closed(nil)` too (the peer ended the
+/// session), with what it had received still readable.
+public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
+    // Sendability: all mutable state is in the pair's Mutex.
+    public let description: String
+    private let side: Int
+    private let shared: Shared
+
+    final class Shared: Sendable {
+        let state: Mutex<PairState>
+        init(capacity: Int) { state = Mutex(PairState(capacity: capacity)) }
+    }
+
+    struct SideState {
+        var queue: DispatchQueue?
+        var handler: (@Sendable (ByteChannelEvent) -> Void)?
+        /// Received and not consumed, oldest first; `head` bytes of the first are consumed.
+        var chunks: [[UInt8]] = []
+        var head = 0
+        var count = 0
+        var delivered = 0
+        var wantsWritable = false
+        var readablePending = false
+        var closeDelivered = false
+    }
+
+    struct PairState {
+        let capacity: Int
+        var sides = [SideState(), SideState()]
+        var closed = false
+        init(capacity: Int) { self.capacity = capacity }
+    }
+
+    private init(side: Int, shared: Shared, description: String) {
+        self.side = side
+        self.shared = shared
+        self.description = description
+    }
+
+    /// A connected pair `(host side, accessory side)`, each buffering at most `capacity` bytes.
+    public static func pair(name: String = "native", capacity: Int = 256 * 1024) -> (MemoryByteChannel, MemoryByteChannel) {
+        let shared = Shared(capacity: max(1, capacity))
+        return (MemoryByteChannel(side: 0, shared: shared, description: "\(name) (host side)"),
+                MemoryByteChannel(side: 1, shared: shared, description: "\(name) (accessory side)"))
+    }
+
+    private var peer: Int { 1 - side }
+
+    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
+        let (readable, closed) = shared.state.withLock { state -> (Bool, TransportError??) in
+            state.sides[side].queue = queue
+            state.sides[side].handler = handler
+            let closed: TransportError?? = state.closed && !state.sides[side].closeDelivered ? .some(nil) : nil
+            if closed != nil { state.sides[side].closeDelivered = true }
+            return (state.sides[side].count > 0, closed)
+        }
+        if readable { queue.async { handler(.readable) } }
+        if let closed { queue.async { handler(.closed(closed)) } }
+    }
+
+    public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        // The chunk is taken out under the lock and lent outside it (body may call back in).
+        let chunk = shared.state.withLock { state -> ArraySlice<UInt8>? in
+            let me = state.sides[side]
+            guard let first = me.chunks.first else { return nil }
+            return first[me.head...]
+        }
+        guard let chunk else { return nil }
+        let (consumed, result) = try chunk.withUnsafeBytes { try body(RawSpan(_unsafeBytes: $0)) }
+        consume(min(max(0, consumed), chunk.count))
+        return result
+    }
+
+    private func consume(_ count: Int) {
+        guard count > 0 else { return }
+        let wake = shared.state.withLock { state -> (DispatchQueue, @Sendable (ByteChannelEvent) -> Void)? in
+            var me = state.sides[side]
+            me.head += count
+            me.count -= count
+            if let first = me.chunks.first, me.head >= first.count {
+                me.chunks.removeFirst()
+                me.head = 0
+            }
+            state.sides[side] = me
+            guard state.sides[peer].wantsWritable, !state.closed, let queue = state.sides[peer].queue,
+                  let handler = state.sides[peer].handler else { return nil }
+            state.sides[peer].wantsWritable = false
+            return (queue, handler)
+        }
+        if let (queue, handler) = wake { queue.async { handler(.writable) } }
+    }
+
+    public var readableByteCount: Int { shared.state.withLock { $0.sides[side].count } }
+
+    public func write(_ bytes: ArraySlice<UInt8>) -> Int {
+        guard !bytes.isEmpty else { return 0 }
+        let (taken, wake) = shared.state.withLock { state -> (Int, (DispatchQueue, @Sendable (ByteChannelEvent) -> Void)?) in
+            guard !state.closed else { return (0, nil) }
+            let room = state.capacity - state.sides[peer].count
+            let taken = min(room, bytes.count)
+            if taken < bytes.count { state.sides[side].wantsWritable = true }
+            guard taken > 0 else { return (0, nil) }
+            state.sides[peer].chunks.append(Array(bytes.prefix(taken)))
+            state.sides[peer].count += taken
+            state.sides[side].delivered += taken
+            guard !state.sides[peer].readablePending, let queue = state.sides[peer].queue,
+                  let handler = state.sides[peer].handler else { return (taken, nil) }
+            state.sides[peer].readablePending = true
+            return (taken, (queue, handler))
+        }
+        if let (queue, handler) = wake {
+            let shared = self.shared, peer = self.peer
+            queue.async {
+                shared.state.withLock { $0.sides[peer].readablePending = false }
+                handler(.readable)
+            }
+        }
+        return taken
+    }
+
+    public var isWritable: Bool { shared.state.withLock { !$0.closed && $0.sides[peer].count < $0.capacity } }
+
+    public var unsentByteCount: Int { 0 }
+
+    public var bytesDelivered: Int { shared.state.withLock { $0.sides[side].delivered } }
+
+    public func close() {
+        let targets = shared.state.withLock { state -> [(DispatchQueue, @Sendable (ByteChannelEvent) -> Void)] in
+            guard !state.closed else { return [] }
+            state.closed = true
+            var targets: [(DispatchQueue, @Sendable (ByteChannelEvent) -> Void)] = []
+            for index in 0..<2 {
+                guard let queue = state.sides[index].queue, let handler = state.sides[index].handler else { continue }
+                state.sides[index].closeDelivered = true
+                state.sides[index].handler = nil // nothing follows a close; drop what it holds
+                targets.append((queue, handler))
+            }
+            return targets
+        }
+        for (queue, handler) in targets { queue.async { handler(.closed(nil)) } }
+    }
+}
