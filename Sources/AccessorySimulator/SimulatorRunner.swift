@@ -115,6 +115,16 @@ public final class SimulatorRunner: @unchecked Sendable {
 
     // MARK: Native transports
 
+    /// A host opened `protocolName`'s native transport (selected alternate setting 1 of its
+    /// interface): the accessory runs the protocol's behaviour on `channel`'s raw bytes until
+    /// either side closes it. When the profile has no such native protocol, or the accessory is
+    /// gone, the channel is closed at once. What a USB gadget (or a test's USB wire) calls.
+    public func openNativeSession(for protocolName: String, over channel: any ByteChannel) {
+        queue.async { [self] in
+            if !attachNative(protocolName, channel: channel, generation: machineGeneration) { channel.close() }
+        }
+    }
+
     /// A host opened `name` on its native transport: starts the session on the accessory and
     /// serves it over `channel`. False when the accessory is gone or was replaced.
     func attachNative(_ name: String, channel: any ByteChannel, generation: Int) -> Bool {
@@ -155,7 +165,9 @@ public final class SimulatorRunner: @unchecked Sendable {
                     guard taken > 0 else { break }
                     moved = true
                 }
-                if machine.hasNativeOutput(id), channel.isWritable {
+                // Offered even when the channel looks full: a write that takes nothing is what
+                // asks the channel for a `.writable` later.
+                if machine.hasNativeOutput(id) {
                     var wrote = 0
                     machine.drainNativeOutput(id) { bytes in
                         wrote = channel.write(bytes)

@@ -5,7 +5,8 @@ internal import Synchronization
 public enum ByteChannelEvent: Sendable, Hashable {
     /// Bytes became readable (read them with ``ByteChannel/withReadableBytes(_:)``).
     case readable
-    /// The channel takes bytes again after a ``ByteChannel/write(_:)`` took fewer than offered.
+    /// The channel takes bytes again after a ``ByteChannel/write(_:)`` took fewer than offered,
+    /// or everything written so far reached the peer (``ByteChannel/unsentByteCount`` is 0).
     case writable
     /// The stream ended: `nil` when either side closed it, otherwise why (the device vanished, a
     /// transfer failed…). Bytes already readable stay readable; no event follows.

@@ -54,6 +54,8 @@ protocol USBBackend: AnyObject, Sendable {
     func releaseInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32
     /// *Setup queue.*
     func clearHalt(_ handle: OpaquePointer, endpoint: UInt8) -> Int32
+    /// SET_INTERFACE on a claimed interface. *Setup queue.*
+    func setInterfaceAltSetting(_ handle: OpaquePointer, interface: UInt8, alternateSetting: UInt8) -> Int32
 
     func allocateTransfer() -> UnsafeMutablePointer<libusb_transfer>?
     func freeTransfer(_ transfer: UnsafeMutablePointer<libusb_transfer>)
@@ -328,6 +330,9 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
     func claimInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32 { libusb_claim_interface(handle, Int32(interface)) }
     func releaseInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32 { libusb_release_interface(handle, Int32(interface)) }
     func clearHalt(_ handle: OpaquePointer, endpoint: UInt8) -> Int32 { libusb_clear_halt(handle, endpoint) }
+    func setInterfaceAltSetting(_ handle: OpaquePointer, interface: UInt8, alternateSetting: UInt8) -> Int32 {
+        libusb_set_interface_alt_setting(handle, Int32(interface), Int32(alternateSetting))
+    }
 
     func allocateTransfer() -> UnsafeMutablePointer<libusb_transfer>? { libusb_alloc_transfer(0) }
     func freeTransfer(_ transfer: UnsafeMutablePointer<libusb_transfer>) { libusb_free_transfer(transfer) }

@@ -219,6 +219,23 @@ public struct IAPInterfaceLocation: Hashable, Sendable {
     /// The EA native-transport interfaces (FF/F0/01) of the same configuration, every alternate setting.
     public var nativeTransport: [USBInterfaceDescriptor]
 
+    /// The native-transport interfaces that can carry data: for each FF/F0/01 interface number,
+    /// the alternate setting that has a bulk IN and a bulk OUT endpoint (normally 1; alternate
+    /// setting 0 has none and means "closed"), in interface order.
+    public var nativeInterfaces: [NativeInterfaceLocation] {
+        var found: [NativeInterfaceLocation] = []
+        for number in Set(nativeTransport.map(\.number)).sorted() {
+            let settings = nativeTransport.filter { $0.number == number && $0.alternateSetting != 0 }
+                .sorted { $0.alternateSetting < $1.alternateSetting }
+            guard let open = settings.first(where: { $0.bulkIn != nil && $0.bulkOut != nil }),
+                  let bulkIn = open.bulkIn, let bulkOut = open.bulkOut else { continue }
+            let name = nativeTransport.first { $0.number == number && $0.nameIndex != 0 }?.nameIndex ?? open.nameIndex
+            found.append(NativeInterfaceLocation(number: number, alternateSetting: open.alternateSetting, nameIndex: name,
+                                                 bulkIn: bulkIn, bulkOut: bulkOut))
+        }
+        return found
+    }
+
     /// Finds the iAP2 interface: an FF/F0/00 interface with a bulk IN and a bulk OUT endpoint, in
     /// the active configuration if it has one, else in the first configuration that does (which
     /// the host then selects, as usbmuxd does for its interface). Nil when no configuration has
@@ -240,6 +257,28 @@ public struct IAPInterfaceLocation: Hashable, Sendable {
             if let found = candidate(configuration) { return found }
         }
         return nil
+    }
+}
+
+/// An EA native-transport interface (FF/F0/01, PROTOCOL.md §4.3): selecting
+/// ``alternateSetting`` (normally 1) opens the protocol's session and gives it the bulk pair;
+/// alternate setting 0, which has no endpoints, closes it.
+public struct NativeInterfaceLocation: Hashable, Sendable {
+    /// bInterfaceNumber.
+    public var number: UInt8
+    /// The alternate setting with the bulk pair.
+    public var alternateSetting: UInt8
+    /// iInterface: the index of its name string (the EA protocol name, by convention), 0 for none.
+    public var nameIndex: UInt8
+    public var bulkIn: USBEndpointDescriptor
+    public var bulkOut: USBEndpointDescriptor
+
+    public init(number: UInt8, alternateSetting: UInt8, nameIndex: UInt8, bulkIn: USBEndpointDescriptor, bulkOut: USBEndpointDescriptor) {
+        self.number = number
+        self.alternateSetting = alternateSetting
+        self.nameIndex = nameIndex
+        self.bulkIn = bulkIn
+        self.bulkOut = bulkOut
     }
 }
 

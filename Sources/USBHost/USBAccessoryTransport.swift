@@ -91,6 +91,11 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     private var closeDeadline: DispatchWorkItem?
     private var closeScheduled = false
     private var onFinished: (() -> Void)?
+    /// The native-transport interfaces of the configuration, and the pipes open on them.
+    private let nativeInterfaces: [NativeInterfaceLocation]
+    private var nativePipes: [UInt8: USBNativePipe] = [:]
+    private var nativeOpening: Set<UInt8> = []
+    private var deviceWentAway = false
 
     /// Counters since activation.
     public private(set) var statistics = USBPipeStatistics()
@@ -111,6 +116,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         outEndpoint = location.bulkOut.address
         outPacketSize = max(1, location.bulkOut.packetSize)
         outTimeout = options.outTimeoutMilliseconds
+        nativeInterfaces = location.nativeInterfaces
         let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
         let inTransferSize = options.inTransferSize ?? USBOptions.splitInTransferSize
         inRing = ByteRing(slotCount: options.inTransfers, slotCapacity: inTransferSize, allocator: allocator)
@@ -423,6 +429,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     }
 
     private func deviceGone() {
+        deviceWentAway = true
         fail(TransportError("\(description) was disconnected"))
     }
 
@@ -465,6 +472,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         state = .closing(error)
         waiting.removeAll()
         waitingHead = 0
+        for pipe in nativePipes.values { pipe.parentClosing(error, deviceGone: deviceWentAway) }
         for (index, transfer) in inTransfers.enumerated() where inSubmitted[index] { _ = backend.cancel(transfer) }
         for (index, transfer) in outTransfers.enumerated() where outSubmitted[index] { _ = backend.cancel(transfer) }
         let deadline = DispatchWorkItem { [self] in abandonInFlight() }
@@ -482,7 +490,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// deadlocks on libusb's own lock (found on the real kernel in the USB rig).
     private func finishIfDrained() {
         guard case let .closing(error) = state, !inSubmitted.contains(true), !outSubmitted.contains(true),
-              setupCallsInFlight == 0, !closeScheduled else { return }
+              setupCallsInFlight == 0, nativePipes.isEmpty, !closeScheduled else { return }
         closeScheduled = true
         closeDeadline?.cancel()
         closeDeadline = nil
@@ -502,7 +510,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// (and the device handle) rather than free memory libusb may still write to.
     private func abandonInFlight() {
         guard case let .closing(error) = state else { return }
-        statistics.abandonedTransfers = inSubmitted.count { $0 } + outSubmitted.count { $0 } + setupCallsInFlight
+        statistics.abandonedTransfers = inSubmitted.count { $0 } + outSubmitted.count { $0 } + setupCallsInFlight + nativePipes.count
         onFinished = nil // the context must keep libusb running: the kernel still owns these
         report(error ?? TransportError("\(description): transfers did not finish within \(options.teardownTimeoutMilliseconds) ms of closing"))
     }
@@ -522,6 +530,112 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         keepAlive?.release()
         keepAlive = nil
     }
+}
+
+// MARK: - Native transports
+
+extension USBAccessoryTransport: NativeTransportProvider {
+    /// The names of the accessory's native-transport interfaces (their iInterface strings, by
+    /// convention the EA protocol each carries), in interface order.
+    public var nativeProtocolNames: [String] {
+        nativeInterfaces.compactMap { device.nativeInterfaceNames[$0.number] }
+    }
+
+    /// Opens the native-transport interface that carries `protocolName`: the one whose name
+    /// (iInterface) is the protocol, or the only one there is. It is claimed, and alternate
+    /// setting 1 is selected on the setup queue (SET_INTERFACE is a control transfer the kernel
+    /// waits for); `completion` then gets a ``USBNativePipe`` (not yet activated), on `queue`.
+    ///
+    /// Fails, saying what to do, when the configuration has no such interface, when it is
+    /// already open, when another program holds it, or when the accessory refuses the
+    /// alternate setting.
+    public func openNativeChannel(for protocolName: String, queue replyQueue: DispatchQueue,
+                                  completion: @escaping @Sendable (Result<any ByteChannel, TransportError>) -> Void) {
+        let reply: @Sendable (Result<any ByteChannel, TransportError>) -> Void = { [queue] result in
+            if replyQueue === queue { completion(result) } else { replyQueue.async { completion(result) } }
+        }
+        queue.async { [self] in openNative(protocolName, reply: reply) }
+    }
+
+    /// The interface for `protocolName`: by name, else the only one.
+    static func nativeInterface(for protocolName: String, among interfaces: [NativeInterfaceLocation],
+                                names: [UInt8: String], device: String) -> Result<NativeInterfaceLocation, TransportError> {
+        if let named = interfaces.first(where: { names[$0.number] == protocolName }) { return .success(named) }
+        if interfaces.count == 1, let only = interfaces.first { return .success(only) }
+        if interfaces.isEmpty {
+            return .failure(TransportError("\(device) declares '\(protocolName)' on a native transport but has no native-transport interface (FF/F0/01 with a bulk pair) in its configuration",
+                                           advice: "the accessory's descriptors and its identification disagree; ask its maker, or use a protocol it carries on the iAP2 link"))
+        }
+        let listed = interfaces.map { "\($0.number) (\(names[$0.number].map { "'\($0)'" } ?? "unnamed"))" }.joined(separator: ", ")
+        return .failure(TransportError("\(device) has \(interfaces.count) native-transport interfaces, \(listed), and none is named '\(protocolName)'",
+                                       advice: "the accessory should name each native interface after its protocol (iInterface)"))
+    }
+
+    private func openNative(_ protocolName: String, reply: @escaping @Sendable (Result<any ByteChannel, TransportError>) -> Void) {
+        guard case .running = state else {
+            return reply(.failure(TransportError("\(description) is closed")))
+        }
+        let target: NativeInterfaceLocation
+        switch Self.nativeInterface(for: protocolName, among: nativeInterfaces, names: device.nativeInterfaceNames, device: description) {
+        case let .success(found): target = found
+        case let .failure(error): return reply(.failure(error))
+        }
+        let number = target.number
+        guard nativePipes[number] == nil, !nativeOpening.contains(number) else {
+            return reply(.failure(TransportError("native-transport interface \(number) of \(description) already carries an open session",
+                                                 advice: "close that session first")))
+        }
+        let claimed = backend.claimInterface(handle, number)
+        guard claimed == 0 else {
+            let advice = claimed == LIBUSB_ERROR_BUSY.rawValue
+                ? "another program holds it; stop it (find it with: fuser -v \(device.devicePath)) and try again"
+                : "unplug and replug the accessory"
+            return reply(.failure(TransportError("cannot claim native-transport interface \(number) of \(description): \(errorName(claimed))", advice: advice)))
+        }
+        nativeOpening.insert(number)
+        setupCallsInFlight += 1
+        setupQueue.async { [self] in
+            let status = backend.setInterfaceAltSetting(handle, interface: number, alternateSetting: target.alternateSetting)
+            queue.async { [self] in
+                setupCallsInFlight -= 1
+                nativeOpening.remove(number)
+                guard case .running = state else {
+                    _ = backend.releaseInterface(handle, number)
+                    finishIfDrained()
+                    return reply(.failure(TransportError("\(description) closed while '\(protocolName)' was opening")))
+                }
+                guard status == 0 else {
+                    _ = backend.releaseInterface(handle, number)
+                    if status == LIBUSB_ERROR_NO_DEVICE.rawValue { deviceGone() }
+                    let advice = status == LIBUSB_ERROR_PIPE.rawValue
+                        ? "the accessory stalled SET_INTERFACE: it does not accept the alternate setting now. A Linux FunctionFS gadget cannot accept it before the kernel gained FunctionFS's get_alt (December 2023; not in Debian 12's 6.1)"
+                        : "unplug and replug the accessory"
+                    return reply(.failure(TransportError("cannot select alternate setting \(target.alternateSetting) of native-transport interface \(number) of \(description): \(errorName(status))",
+                                                         advice: advice)))
+                }
+                var pipeOptions = options
+                pipeOptions.outTransferSize = USBOptions.largeInTransferSize
+                let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
+                let pipe = USBNativePipe(
+                    backend: backend, handle: handle, location: target, options: pipeOptions,
+                    inTransferSize: statistics.inTransferSize, queue: queue, setupQueue: setupQueue, contextMarker: contextMarker,
+                    description: "\(device.location) interface \(number) ('\(protocolName)')", allocator: allocator,
+                    onFinished: { [weak self] pipe in
+                        guard let self else { return }
+                        if self.nativePipes[pipe.interfaceNumber] === pipe { self.nativePipes[pipe.interfaceNumber] = nil }
+                        self.finishIfDrained()
+                    })
+                guard pipe.isOpen else {
+                    return reply(.failure(TransportError("cannot allocate libusb transfers for \(pipe.description)")))
+                }
+                nativePipes[number] = pipe
+                reply(.success(pipe))
+            }
+        }
+    }
+
+    /// The native pipes open now (tests).
+    var openNativePipes: [USBNativePipe] { nativePipes.values.sorted { $0.interfaceNumber < $1.interfaceNumber } }
 }
 
 /// Where a transfer's completion enters Swift: runs inside libusb_handle_events, on the

@@ -58,6 +58,9 @@ public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
     public var manufacturer: String?
     public var product: String?
     public var serialNumber: String?
+    /// The names (iInterface strings) of the native-transport interfaces, by interface number,
+    /// read at open: by convention each is the EA protocol the interface carries.
+    public var nativeInterfaceNames: [UInt8: String] = [:]
 
     /// `bus-port.port…` as the kernel names the device in sysfs, e.g. `1-1.2`: stable while the
     /// device stays in the same port, unlike the address.
@@ -239,13 +242,18 @@ public final class USBContext: @unchecked Sendable {
                 : USBError(code: status, "cannot open \(device) (\(device.devicePath))")
             return completion(.failure(error))
         }
-        StringReader(backend: backend, handle: handle, descriptor: device.descriptor, timeout: options.stringTimeoutMilliseconds).read { [self] strings in
+        let native = location.nativeInterfaces
+        StringReader(backend: backend, handle: handle, descriptor: device.descriptor, extra: native.map(\.nameIndex),
+                     timeout: options.stringTimeoutMilliseconds).read { [self] strings in
             // Continue after the libusb call that completed the last read has returned: the
             // steps below may close the device, which deadlocks inside a transfer callback.
             var named = device
             named.manufacturer = strings.manufacturer
             named.product = strings.product
             named.serialNumber = strings.serialNumber
+            for interface in native {
+                if let name = strings.extra[interface.nameIndex] { named.nativeInterfaceNames[interface.number] = name }
+            }
             let next = Unchecked(value: { [self] in configure(named, handle: handle, location: location, completion: completion) })
             queue.async { next.value() }
         }
@@ -370,12 +378,18 @@ public final class USBContext: @unchecked Sendable {
 /// Reads the manufacturer, product and serial strings with asynchronous control transfers (no
 /// blocking call on the event queue). Any failure just leaves that string nil.
 final class StringReader {
-    struct Strings { var manufacturer: String?; var product: String?; var serialNumber: String? }
+    struct Strings {
+        var manufacturer: String?
+        var product: String?
+        var serialNumber: String?
+        /// Other strings asked for, by descriptor index.
+        var extra: [UInt8: String] = [:]
+    }
 
     private let backend: any USBBackend
     private let handle: OpaquePointer
     private let timeout: UInt32
-    private var pending: [(UInt8, WritableKeyPath<Strings, String?>)]
+    private var pending: [(UInt8, (inout Strings, String) -> Void)]
     private var strings = Strings()
     private var language: UInt16 = 0
     private var completion: ((Strings) -> Void)?
@@ -383,12 +397,16 @@ final class StringReader {
     private var buffer = [UInt8](repeating: 0, count: 8 + 255)
     private var keepAlive: Unmanaged<StringReader>?
 
-    init(backend: any USBBackend, handle: OpaquePointer, descriptor: USBDeviceDescriptor, timeout: UInt32) {
+    init(backend: any USBBackend, handle: OpaquePointer, descriptor: USBDeviceDescriptor, extra: [UInt8] = [], timeout: UInt32) {
         self.backend = backend
         self.handle = handle
         self.timeout = timeout
-        pending = [(descriptor.manufacturerIndex, \.manufacturer), (descriptor.productIndex, \.product),
-                   (descriptor.serialNumberIndex, \.serialNumber)].filter { $0.0 != 0 }
+        var pending: [(UInt8, (inout Strings, String) -> Void)] = [
+            (descriptor.manufacturerIndex, { $0.manufacturer = $1 }), (descriptor.productIndex, { $0.product = $1 }),
+            (descriptor.serialNumberIndex, { $0.serialNumber = $1 }),
+        ]
+        for index in Set(extra).sorted() { pending.append((index, { $0.extra[index] = $1 })) }
+        self.pending = pending.filter { $0.0 != 0 }
     }
 
     func read(_ completion: @escaping (Strings) -> Void) {
@@ -427,8 +445,8 @@ final class StringReader {
             // The first language of string 0; US English when the device gives none.
             language = ok && reply.count >= 4 && reply[1] == 0x03 ? UInt16(reply[2]) | UInt16(reply[3]) << 8 : 0x0409
         } else {
-            let (_, path) = pending.removeFirst()
-            if ok { strings[keyPath: path] = decodeStringDescriptor(reply) }
+            let (_, store) = pending.removeFirst()
+            if ok, let text = decodeStringDescriptor(reply) { store(&strings, text) }
         }
         if let (index, _) = pending.first { request(index: index) } else { finish() }
     }

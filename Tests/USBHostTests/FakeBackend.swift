@@ -47,6 +47,11 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         var detachStatus: Int32 = 0
         var setConfigurationStatus: Int32 = 0
         var clearHaltStatuses: [Int32] = []
+        /// What SET_INTERFACE answers, in turn (0 once they run out).
+        var altSettingStatuses: [Int32] = []
+        /// The alternate setting selected per interface.
+        var alternateSettings: [UInt8: UInt8] = [:]
+        var claimed: Set<UInt8> = []
         var submitStatuses: [Int32] = []
         var zeroPacketFlagSupported = true
         var deviceMemory = true
@@ -71,6 +76,23 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
     // The wire mode: OUT bytes go to `wire`, what it receives completes IN transfers.
     private var wire: (any Transport)?
     private var inbound: [UInt8] = []
+    /// The iAP2 interface's endpoints (the wire carries only these).
+    var wireEndpoints: Set<UInt8> = [0x81, 0x01]
+
+    // Native wires: selecting a native interface's data alternate setting joins its endpoints to
+    // a fresh MemoryByteChannel pair, whose accessory side goes to `nativeOpener`; alternate
+    // setting 0 closes it. Event queue only.
+    struct NativeWire {
+        var channel: MemoryByteChannel
+        var inEndpoint: UInt8
+        var outEndpoint: UInt8
+    }
+    private var nativeWires: [UInt8: NativeWire] = [:]
+    /// Called (event queue) with the interface's name and the accessory side when a host opens
+    /// a native interface.
+    var nativeOpener: ((String, MemoryByteChannel) -> Void)?
+    /// Capacity of each native wire's channels (small values exercise back-pressure).
+    var nativeWireCapacity = 256 * 1_024
 
     init(queue: DispatchQueue) { self.queue = queue }
 
@@ -159,13 +181,75 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
 
     func claimInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32 {
         record("claim \(interface)")
-        return state.withLock { $0.claimStatus }
+        return state.withLock { state in
+            if state.claimStatus == 0 { state.claimed.insert(interface) }
+            return state.claimStatus
+        }
     }
 
     func releaseInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32 {
         record("release \(interface)")
+        state.withLock { _ = $0.claimed.remove(interface) }
         return 0
     }
+
+    func setInterfaceAltSetting(_ handle: OpaquePointer, interface: UInt8, alternateSetting: UInt8) -> Int32 {
+        dispatchPrecondition(condition: .notOnQueue(queue))
+        record("set interface \(interface) alt \(alternateSetting)")
+        return state.withLock { state in
+            guard state.claimed.contains(interface) else { return LIBUSB_ERROR_NOT_FOUND.rawValue }
+            let status = state.altSettingStatuses.isEmpty ? 0 : state.altSettingStatuses.removeFirst()
+            if status == 0 {
+                state.alternateSettings[interface] = alternateSetting
+                // Before the caller's own hop back to the queue: the wire is ready first.
+                queue.async { self.nativeAlternateSettingChanged(interface, alternateSetting) }
+            }
+            return status
+        }
+    }
+
+    private func nativeAlternateSettingChanged(_ number: UInt8, _ alternateSetting: UInt8) {
+        nativeWires.removeValue(forKey: number)?.channel.close()
+        guard alternateSetting != 0 else { return }
+        let device = state.withLock { $0.devices.first }
+        guard let device, let configuration = device.configurations.first,
+              let setting = configuration.interfaces.first(where: { $0.number == number && $0.alternateSetting == alternateSetting }),
+              let bulkIn = setting.bulkIn, let bulkOut = setting.bulkOut else { return }
+        let name = device.strings[setting.nameIndex] ?? ""
+        let (host, accessory) = MemoryByteChannel.pair(name: "fake native \(number)", capacity: nativeWireCapacity)
+        nativeWires[number] = NativeWire(channel: host, inEndpoint: bulkIn.address, outEndpoint: bulkOut.address)
+        host.activate(queue: queue) { [weak self] _ in self?.pumpNative() }
+        nativeOpener?(name, accessory)
+    }
+
+    /// Moves bytes between pending native transfers and the native wires: an OUT transfer
+    /// completes once its wire took all of it (it waits otherwise: back-pressure), an IN transfer
+    /// completes with what the wire has.
+    func pumpNative() {
+        for wire in nativeWires.values {
+            while let out = pending.first(where: { $0.pointee.endpoint == wire.outEndpoint }) {
+                let length = Int(out.pointee.length)
+                let offset = nativeOutProgress[out] ?? 0
+                let bytes = Array(UnsafeRawBufferPointer(start: out.pointee.buffer, count: length)[offset...])
+                let taken = bytes.isEmpty ? 0 : wire.channel.write(bytes[...])
+                nativeOutProgress[out] = offset + taken
+                guard offset + taken == length else { break }
+                nativeOutProgress[out] = nil
+                finish(out, status: LIBUSB_TRANSFER_COMPLETED, actual: length)
+            }
+            while wire.channel.readableByteCount > 0, let transfer = pending.first(where: { $0.pointee.endpoint == wire.inEndpoint }) {
+                var count = 0
+                let room = Int(transfer.pointee.length)
+                while count < room, let took = wire.channel.withReadableBytes({ span -> (consumed: Int, result: Int) in
+                    let n = min(room - count, span.byteCount)
+                    span.withUnsafeBytes { UnsafeMutableRawPointer(transfer.pointee.buffer! + count).copyMemory(from: $0.baseAddress!, byteCount: n) }
+                    return (n, n)
+                }), took > 0 { count += took }
+                finish(transfer, status: LIBUSB_TRANSFER_COMPLETED, actual: count)
+            }
+        }
+    }
+    private var nativeOutProgress: [UnsafeMutablePointer<libusb_transfer>: Int] = [:]
 
     func clearHalt(_ handle: OpaquePointer, endpoint: UInt8) -> Int32 {
         dispatchPrecondition(condition: .notOnQueue(queue))
@@ -202,6 +286,7 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         }
         pending.append(transfer)
         if wire != nil { queue.async { self.pumpWire() } }
+        if !nativeWires.isEmpty { queue.async { self.pumpNative() } }
         return 0
     }
 
@@ -323,12 +408,12 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
 
     private func pumpWire() {
         guard let wire else { return }
-        while let out = pendingTransfers(in: false).first {
+        while let out = pendingTransfers(in: false).first(where: { wireEndpoints.contains($0.pointee.endpoint) }) {
             let length = Int(out.pointee.length)
             if length > 0 { wire.send(Array(UnsafeRawBufferPointer(start: out.pointee.buffer, count: length))) }
             finish(out, status: LIBUSB_TRANSFER_COMPLETED, actual: length)
         }
-        while !inbound.isEmpty, let transfer = pendingTransfers(in: true).first {
+        while !inbound.isEmpty, let transfer = pendingTransfers(in: true).first(where: { wireEndpoints.contains($0.pointee.endpoint) }) {
             let count = min(inbound.count, Int(transfer.pointee.length))
             inbound.withUnsafeBytes { UnsafeMutableRawPointer(transfer.pointee.buffer!).copyMemory(from: $0.baseAddress!, byteCount: count) }
             inbound.removeFirst(count)

@@ -1,0 +1,470 @@
+internal import ByteRing
+internal import CLibUSB
+public import Dispatch
+public import IAPTransport
+
+/// One EA native-transport interface of a USB accessory (FF/F0/01, PROTOCOL.md §4.3) as a
+/// ``ByteChannel``: the raw bytes of one protocol's session, with no iAP2 framing.
+///
+/// ``USBAccessoryTransport/openNativeChannel(for:queue:completion:)`` makes it: the interface is
+/// claimed and its data alternate setting (1) selected before the pipe exists. Closing cancels
+/// what is in flight, selects alternate setting 0 (which ends the session for the accessory)
+/// and releases the interface. The device handle belongs to the iAP2 transport, which closes it
+/// only after every pipe has finished.
+///
+/// IN: ``USBOptions/inTransfers`` bulk IN transfers over the slots of a ``ByteRing``; received
+/// bytes stay in their slot until the reader consumes them through ``withReadableBytes(_:)``
+/// (no copy), and a slot is resubmitted only once it is consumed. A reader that stops reading
+/// therefore stops the IN transfers: the device is NAKed and its writes wait, and memory stays
+/// at the ring's size. OUT: ``write(_:)`` copies into free OUT slots (one transfer each, with a
+/// zero-length packet when the length is a multiple of wMaxPacketSize) and takes no more than
+/// they hold; OUT transfers have no timeout, because a device that is not reading is holding
+/// the stream off, not failing.
+///
+/// Nothing is silently lost: a transfer error, an OUT stall or an IN overflow ends the stream
+/// with an error (``bytesDelivered`` says how far the accessory got); an IN stall is cleared and
+/// the pipe resumes (the device sent nothing). Bytes received before the end stay readable.
+///
+/// Confined to the USB context's event queue: call ``withReadableBytes(_:)``, ``write(_:)`` and
+/// the counters there (the manager's queue, for `AccessoryManager`).
+public final class USBNativePipe: ByteChannel, @unchecked Sendable {
+    // Sendability: every stored var is touched on `queue` only.
+    public let description: String
+    /// The interface this pipe owns.
+    public let interfaceNumber: UInt8
+
+    private let backend: any USBBackend
+    private let handle: OpaquePointer
+    private let queue: DispatchQueue
+    private let setupQueue: DispatchQueue
+    private let contextMarker: UInt
+    private let inEndpoint: UInt8
+    private let outEndpoint: UInt8
+    private let outPacketSize: Int
+    private let inRing: ByteRing
+    private let outRing: ByteRing
+    private var inTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
+    private var outTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
+    private var inSubmitted: [Bool]
+    private var outSubmitted: [Bool]
+    private var outDone: [Bool]
+
+    private enum State { case running, closing(TransportError?), closed }
+    private var state = State.running
+    private var handler: (@Sendable (ByteChannelEvent) -> Void)?
+    private var handlerQueue: DispatchQueue?
+    private var activated = false
+    private var readable = 0
+    private var unsent = 0
+    private var delivered = 0
+    private var wantsWritable = false
+    private var inHalted = false
+    private var setupCallsInFlight = 0
+    private var closeScheduled = false
+    private var zeroLengthFlagUnsupported = false
+    /// Whether closing selects alternate setting 0 (not when the device is gone).
+    private var resetsAlternateSetting = true
+    /// What was readable when the pipe closed (the ring's memory is given back then).
+    private var leftover: [UInt8] = []
+    private var leftoverHead = 0
+    private var keepAlive: Unmanaged<USBNativePipe>?
+    private var onFinished: ((USBNativePipe) -> Void)?
+
+    /// Counters since the pipe opened.
+    public private(set) var statistics = USBPipeStatistics()
+
+    init(backend: any USBBackend, handle: OpaquePointer, location: NativeInterfaceLocation, options: USBOptions,
+         inTransferSize: Int, queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String,
+         allocator: (any SlotAllocator)?, onFinished: @escaping (USBNativePipe) -> Void) {
+        self.backend = backend
+        self.handle = handle
+        self.queue = queue
+        self.setupQueue = setupQueue
+        self.contextMarker = contextMarker
+        self.description = description
+        self.onFinished = onFinished
+        interfaceNumber = location.number
+        inEndpoint = location.bulkIn.address
+        outEndpoint = location.bulkOut.address
+        outPacketSize = max(1, location.bulkOut.packetSize)
+        inRing = ByteRing(slotCount: options.inTransfers, slotCapacity: inTransferSize, allocator: allocator)
+        outRing = ByteRing(slotCount: options.outTransfers, slotCapacity: options.outTransferSize, allocator: allocator)
+        inSubmitted = Array(repeating: false, count: options.inTransfers)
+        outSubmitted = Array(repeating: false, count: options.outTransfers)
+        outDone = Array(repeating: false, count: options.outTransfers)
+        statistics.inTransferSize = inTransferSize
+        statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount
+        statistics.heapSlots = inRing.slotCount + outRing.slotCount - statistics.deviceMemorySlots
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        for _ in 0..<options.inTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: inEndpoint, user: me); inTransfers.append(transfer) } }
+        for _ in 0..<options.outTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: outEndpoint, user: me); outTransfers.append(transfer) } }
+        keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until the teardown ends
+        if inTransfers.count != options.inTransfers || outTransfers.count != options.outTransfers {
+            beginClosing(TransportError("cannot allocate libusb transfers for \(description)"))
+        }
+    }
+
+    private func prepare(_ transfer: UnsafeMutablePointer<libusb_transfer>, endpoint: UInt8, user: UnsafeMutableRawPointer) {
+        transfer.pointee.dev_handle = handle
+        transfer.pointee.endpoint = endpoint
+        transfer.pointee.type = UInt8(LIBUSB_TRANSFER_TYPE_BULK.rawValue)
+        transfer.pointee.user_data = user
+        transfer.pointee.callback = nativeTransferCompleted
+    }
+
+    private func onQueue(_ body: @escaping () -> Void) {
+        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
+            body()
+        } else {
+            let carried = Unchecked(value: body)
+            queue.async { carried.value() }
+        }
+    }
+
+    private func emit(_ event: ByteChannelEvent) {
+        guard let handler else { return }
+        if let handlerQueue {
+            handlerQueue.async { handler(event) }
+        } else {
+            handler(event)
+        }
+    }
+
+    // MARK: ByteChannel
+
+    public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
+        onQueue { [self] in
+            guard !activated else { return }
+            activated = true
+            self.handler = handler
+            self.handlerQueue = handlerQueue === queue ? nil : handlerQueue
+            switch state {
+            case .running:
+                refillIn()
+            case .closing:
+                break
+            case .closed:
+                // Closed before anyone listened (the parent went away): say so now.
+                emit(.closed(closedError))
+                self.handler = nil
+            }
+        }
+    }
+
+    private var closedError: TransportError?
+
+    /// Whether the pipe still runs (not closing or closed).
+    var isOpen: Bool {
+        if case .running = state { return true }
+        return false
+    }
+
+    public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        dispatchPrecondition(condition: .onQueue(queue))
+        if case .closed = state {
+            guard leftoverHead < leftover.count else { return nil }
+            let view = leftover[leftoverHead...]
+            let (consumed, result) = try view.withUnsafeBytes { try body(RawSpan(_unsafeBytes: $0)) }
+            leftoverHead += min(max(0, consumed), view.count)
+            return result
+        }
+        var consumed = 0
+        let result = try inRing.withReadableBytes { span -> (consumed: Int, result: Result) in
+            let outcome = try body(span)
+            consumed = min(max(0, outcome.consumed), span.byteCount)
+            return (consumed, outcome.result)
+        }
+        if consumed > 0 {
+            readable -= consumed
+            _ = inRing.peek() // hands a slot consumed to its end back to the producer
+            refillIn()
+        }
+        return result
+    }
+
+    public var readableByteCount: Int {
+        if case .closed = state { return leftover.count - leftoverHead }
+        return readable
+    }
+
+    public var isWritable: Bool {
+        guard case .running = state else { return false }
+        return outRing.freeSlots > 0
+    }
+
+    public var unsentByteCount: Int { unsent }
+
+    public var bytesDelivered: Int { delivered }
+
+    public func write(_ bytes: ArraySlice<UInt8>) -> Int {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard case .running = state, !bytes.isEmpty else { return 0 }
+        var taken = 0
+        while taken < bytes.count, let index = outRing.reserve() {
+            let count = min(outRing.slotCapacity, bytes.count - taken)
+            let start = bytes.startIndex + taken
+            let slot = outRing.writableBytes(of: index)
+            bytes[start..<(start + count)].withUnsafeBytes { slot.copyMemory(from: $0) }
+            outRing.commit(index, length: count)
+            let transfer = outTransfers[index]
+            transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
+            transfer.pointee.length = Int32(count)
+            transfer.pointee.timeout = 0 // a device that does not read holds the stream off
+            let zeroLength = count % outPacketSize == 0 && !zeroLengthFlagUnsupported
+            transfer.pointee.flags = zeroLength ? UInt8(LIBUSB_TRANSFER_ADD_ZERO_PACKET.rawValue) : 0
+            var status = backend.submit(transfer)
+            if status == LIBUSB_ERROR_NOT_SUPPORTED.rawValue, zeroLength {
+                zeroLengthFlagUnsupported = true
+                transfer.pointee.flags = 0
+                status = backend.submit(transfer)
+            }
+            guard status == 0 else {
+                outDone[index] = true
+                releaseFinishedOutSlots()
+                fail(status == LIBUSB_ERROR_NO_DEVICE.rawValue ? gone : TransportError("cannot queue a bulk OUT transfer on \(description): \(errorName(status))",
+                                                                                     advice: "close the session and open it again"))
+                return taken
+            }
+            if zeroLength { statistics.zeroLengthOut += 1 }
+            outSubmitted[index] = true
+            taken += count
+            unsent += count
+        }
+        if taken < bytes.count { wantsWritable = true }
+        return taken
+    }
+
+    public func close() {
+        onQueue { [self] in
+            guard case .running = state else { return }
+            beginClosing(nil)
+        }
+    }
+
+    /// The iAP2 transport is closing (the device went away, or the host closed it): end the
+    /// stream with `error`.
+    func parentClosing(_ error: TransportError?, deviceGone: Bool) {
+        if deviceGone { resetsAlternateSetting = false }
+        guard case .running = state else { return }
+        beginClosing(error ?? TransportError("\(description): the accessory's iAP2 interface was closed"))
+    }
+
+    // MARK: Transfers
+
+    private var gone: TransportError { TransportError("\(description): the accessory was disconnected") }
+
+    private func refillIn() {
+        guard case .running = state, activated, !inHalted else { return }
+        while let index = inRing.reserve() {
+            let transfer = inTransfers[index]
+            let slot = inRing.writableBytes(of: index)
+            transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
+            transfer.pointee.length = Int32(slot.count)
+            transfer.pointee.timeout = 0
+            transfer.pointee.flags = 0
+            let status = backend.submit(transfer)
+            guard status == 0 else {
+                inRing.commit(index, length: 0)
+                _ = inRing.peek()
+                fail(status == LIBUSB_ERROR_NO_DEVICE.rawValue ? gone : TransportError("cannot queue a bulk IN transfer on \(description): \(errorName(status))",
+                                                                                     advice: "close the session and open it again"))
+                return
+            }
+            inSubmitted[index] = true
+        }
+    }
+
+    fileprivate func completed(_ transfer: UnsafeMutablePointer<libusb_transfer>) {
+        let status = transfer.pointee.status
+        let actual = max(0, Int(transfer.pointee.actual_length))
+        if let index = inTransfers.firstIndex(of: transfer) {
+            inCompleted(index, status: status, actual: actual)
+        } else if let index = outTransfers.firstIndex(of: transfer) {
+            outCompleted(index, status: status, actual: actual)
+        }
+    }
+
+    private func inCompleted(_ index: Int, status: libusb_transfer_status, actual: Int) {
+        inSubmitted[index] = false
+        var length = 0
+        var failure: TransportError?
+        switch status {
+        case LIBUSB_TRANSFER_COMPLETED:
+            length = actual
+            statistics.inTransfers += 1
+            statistics.bytesIn += actual
+            if actual == 0 { statistics.zeroLengthIn += 1 }
+        case LIBUSB_TRANSFER_OVERFLOW:
+            length = min(actual, inRing.slotCapacity)
+            statistics.overflows += 1
+            failure = TransportError("\(description): the accessory sent more than a \(inRing.slotCapacity)-byte transfer holds, and the rest was lost",
+                                     advice: "close the session and open it again; the accessory's firmware sends packets larger than its endpoint declares")
+        case LIBUSB_TRANSFER_STALL:
+            inHalted = true
+        case LIBUSB_TRANSFER_NO_DEVICE:
+            failure = gone
+        case LIBUSB_TRANSFER_CANCELLED:
+            break
+        default:
+            length = actual
+            statistics.errors += 1
+            failure = TransportError("\(description): a bulk IN transfer failed (\(transferStatusName(status)))",
+                                     advice: "close the session and open it again; if it keeps happening, try another cable or port")
+        }
+        inRing.commit(index, length: length)
+        readable += length
+        _ = inRing.peek() // an empty slot goes straight back
+        if length > 0, case .running = state { emit(.readable) }
+        if let failure { fail(failure) }
+        switch state {
+        case .running:
+            if inHalted { clearInHaltWhenIdle() } else { refillIn() }
+        case .closing: finishIfDrained()
+        case .closed: break
+        }
+    }
+
+    private func outCompleted(_ index: Int, status: libusb_transfer_status, actual: Int) {
+        outSubmitted[index] = false
+        outDone[index] = true
+        let length = outRing.length(of: index)
+        switch status {
+        case LIBUSB_TRANSFER_COMPLETED:
+            statistics.outTransfers += 1
+            statistics.bytesOut += actual
+            delivered += actual
+            unsent -= length
+        case LIBUSB_TRANSFER_CANCELLED:
+            break
+        case LIBUSB_TRANSFER_NO_DEVICE:
+            fail(gone)
+        case LIBUSB_TRANSFER_STALL:
+            statistics.stalls += 1
+            fail(TransportError("\(description): the accessory stalled a bulk OUT transfer after taking \(delivered) bytes; what followed was not delivered",
+                                advice: "close the session and open it again, and resume from the bytes delivered"))
+        default:
+            statistics.errors += 1
+            fail(TransportError("\(description): a bulk OUT transfer failed (\(transferStatusName(status))) after \(delivered) bytes were delivered",
+                                advice: "close the session and open it again, and resume from the bytes delivered"))
+        }
+        releaseFinishedOutSlots()
+        switch state {
+        case .running:
+            if wantsWritable, outRing.freeSlots > 0 {
+                wantsWritable = false
+                emit(.writable)
+            } else if unsent == 0, status == LIBUSB_TRANSFER_COMPLETED {
+                emit(.writable) // everything written so far was delivered: a flush may finish
+            }
+        case .closing: finishIfDrained()
+        case .closed: break
+        }
+    }
+
+    private func releaseFinishedOutSlots() {
+        while let front = outRing.frontSlot, outDone[front] {
+            outDone[front] = false
+            outRing.releaseFront()
+        }
+    }
+
+    /// Clears an IN stall once no IN transfer is in flight (a control transfer: on the setup
+    /// queue), then resumes. Nothing was lost: a stalled IN transfer carried nothing.
+    private func clearInHaltWhenIdle() {
+        guard !inSubmitted.contains(true) else { return }
+        setupCallsInFlight += 1
+        let endpoint = inEndpoint
+        setupQueue.async { [self] in
+            let status = backend.clearHalt(handle, endpoint: endpoint)
+            queue.async { [self] in
+                setupCallsInFlight -= 1
+                guard case .running = state else { return finishIfDrained() }
+                guard status == 0 || status == LIBUSB_ERROR_NOT_FOUND.rawValue else {
+                    return fail(status == LIBUSB_ERROR_NO_DEVICE.rawValue ? gone
+                        : TransportError("\(description): cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)): \(errorName(status))",
+                                         advice: "unplug and replug the accessory"))
+                }
+                statistics.stalls += 1
+                inHalted = false
+                refillIn()
+            }
+        }
+    }
+
+    // MARK: Teardown
+
+    private func fail(_ error: TransportError) {
+        guard case .running = state else { return }
+        if error == gone { resetsAlternateSetting = false }
+        beginClosing(error)
+    }
+
+    private func beginClosing(_ error: TransportError?) {
+        state = .closing(error)
+        for (index, transfer) in inTransfers.enumerated() where inSubmitted[index] { _ = backend.cancel(transfer) }
+        for (index, transfer) in outTransfers.enumerated() where outSubmitted[index] { _ = backend.cancel(transfer) }
+        finishIfDrained()
+    }
+
+    /// Once libusb gave every transfer back: keeps what was readable, frees the slots and the
+    /// transfers, selects alternate setting 0 (the accessory's end of the session), releases
+    /// the interface and reports the close. Runs after the current libusb call returns (this is
+    /// usually reached from inside a transfer callback).
+    private func finishIfDrained() {
+        guard case let .closing(error) = state, !inSubmitted.contains(true), !outSubmitted.contains(true),
+              setupCallsInFlight == 0, !closeScheduled else { return }
+        closeScheduled = true
+        queue.async { [self] in
+            while let view = inRing.peek() {
+                leftover.append(contentsOf: view)
+                inRing.consume(view.count)
+            }
+            inRing.releaseMemory()
+            outRing.releaseMemory()
+            for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
+            inTransfers = []
+            outTransfers = []
+            guard resetsAlternateSetting else { return released(error) }
+            setupQueue.async { [self] in
+                _ = backend.setInterfaceAltSetting(handle, interface: interfaceNumber, alternateSetting: 0)
+                queue.async { [self] in released(error) }
+            }
+        }
+    }
+
+    private func released(_ error: TransportError?) {
+        _ = backend.releaseInterface(handle, interfaceNumber)
+        state = .closed
+        closedError = error
+        if activated {
+            emit(.closed(error))
+            handler = nil
+        }
+        let finished = onFinished
+        onFinished = nil
+        finished?(self)
+        keepAlive?.release()
+        keepAlive = nil
+    }
+}
+
+/// Where a native pipe's transfer completion enters Swift (inside libusb_handle_events, on the
+/// event queue). `user_data` is the pipe, kept alive until its teardown ends.
+private func nativeTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
+    guard let transfer, let user = transfer.pointee.user_data else { return }
+    Unmanaged<USBNativePipe>.fromOpaque(user).takeUnretainedValue().completed(transfer)
+}
+
+/// libusb's name for a transfer status, for messages.
+func transferStatusName(_ status: libusb_transfer_status) -> String {
+    switch status {
+    case LIBUSB_TRANSFER_COMPLETED: "completed"
+    case LIBUSB_TRANSFER_ERROR: "error"
+    case LIBUSB_TRANSFER_TIMED_OUT: "timed out"
+    case LIBUSB_TRANSFER_CANCELLED: "cancelled"
+    case LIBUSB_TRANSFER_STALL: "stall"
+    case LIBUSB_TRANSFER_NO_DEVICE: "no device"
+    case LIBUSB_TRANSFER_OVERFLOW: "overflow"
+    default: "status \(status.rawValue)"
+    }
+}
