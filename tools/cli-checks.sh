@@ -38,6 +38,13 @@ check "wait --gone times out while it is connected" 75 "$iapctl" "${sim[@]}" wai
 contains "wait --gone timeout message" err 'still connected after 2 s, matching serial number "SIM-MS-0001"'
 check "wait rejects a bad USB id" 64 "$iapctl" "${sim[@]}" wait --usb-id 12345:1
 
+# A native-transport protocol: info says so, and send moves a file through it.
+check "info shows native protocols" 0 "$iapctl" --no-usb --simulate=native-streamer info --json
+contains "info --json native" out '"name":"com.example.native.sink","matchAction":0,"native":true'
+head -c 3000000 /dev/urandom > "$work/native.bin"
+check "send through a native transport" 0 "$iapctl" --no-usb --simulate=native-streamer send com.example.native.sink "$work/native.bin" --json
+contains "send --json native" out '"ok":true,"protocol":"com.example.native.sink","accessory":1,"bytes":3000000'
+
 # A sink that vanishes after 300000 bytes: send stops, says what was acknowledged, exits 74.
 cat > "$work/vanish.json" <<'JSON'
 { "identity": { "name": "Vanisher", "model": "V1", "manufacturer": "Test", "serialNumber": "V-1",

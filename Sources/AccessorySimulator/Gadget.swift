@@ -84,10 +84,12 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     }
 
     /// A configuration whose strings come from a simulator profile's identity: its manufacturer,
-    /// its name as the product, and its serial number.
+    /// its name as the product, and its serial number; with a native-transport interface for each
+    /// of the profile's native protocols.
     public init(profile: SimulatorProfile) {
         self.init(manufacturer: profile.accessory.manufacturer, product: profile.accessory.name,
                   serialNumber: profile.accessory.serialNumber)
+        nativeTransportProtocols = profile.nativeProtocolNames
     }
 
     /// `VVVV:PPPP` in hex, e.g. `1209:0001`.

@@ -140,8 +140,12 @@ public final class SimulatorRunner: @unchecked Sendable {
     private func nativeEvent(_ id: UInt16, _ event: ByteChannelEvent) {
         guard let driver, nativeChannels[id] != nil else { return }
         if case .closed = event {
+            // What arrived before the close is still the session's: take it in first.
+            driver.perform { machine, now in
+                pumpNative(&machine, now: now)
+                machine.closeNativeSession(id, now: now)
+            }
             nativeChannels[id] = nil
-            driver.perform { machine, now in machine.closeNativeSession(id, now: now) }
             return
         }
         driver.perform { machine, now in pumpNative(&machine, now: now) }

@@ -607,8 +607,10 @@ extension USBAccessoryTransport: NativeTransportProvider {
                 guard status == 0 else {
                     _ = backend.releaseInterface(handle, number)
                     if status == LIBUSB_ERROR_NO_DEVICE.rawValue { deviceGone() }
-                    let advice = status == LIBUSB_ERROR_PIPE.rawValue
-                        ? "the accessory stalled SET_INTERFACE: it does not accept the alternate setting now. A Linux FunctionFS gadget cannot accept it before the kernel gained FunctionFS's get_alt (December 2023; not in Debian 12's 6.1)"
+                    // usbfs reports a stalled SET_INTERFACE as EPIPE, which libusb passes on as
+                    // LIBUSB_ERROR_OTHER (PIPE from other backends).
+                    let advice = status == LIBUSB_ERROR_PIPE.rawValue || status == LIBUSB_ERROR_OTHER.rawValue
+                        ? "the accessory refused (stalled) SET_INTERFACE for the alternate setting. A Linux FunctionFS gadget cannot accept any alternate setting but 0 on kernels without FunctionFS's get_alt callback (added upstream in December 2023; Debian 12's 6.1 lacks it)"
                         : "unplug and replug the accessory"
                     return reply(.failure(TransportError("cannot select alternate setting \(target.alternateSetting) of native-transport interface \(number) of \(description): \(errorName(status))",
                                                          advice: advice)))

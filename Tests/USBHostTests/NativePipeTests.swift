@@ -138,7 +138,7 @@ struct NativePipeTests {
             Issue.record("the session opened although SET_INTERFACE stalled")
         } catch let AccessoryError.sessionRefused(reason) {
             #expect(reason.contains("alternate setting 1 of native-transport interface 1"))
-            #expect(reason.contains("stalled SET_INTERFACE"))
+            #expect(reason.contains("refused (stalled) SET_INTERFACE"))
         }
         #expect(rig.fake.state.withLock { $0.claimed } == [0])
         // The next try works.

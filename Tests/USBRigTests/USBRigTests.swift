@@ -218,6 +218,38 @@ struct USBRigTests {
         #expect(try await echo(session2, pattern(1 << 20, seed: 4)))
     }
 
+    /// The host side of the native transport on the real kernel: the interfaces' names come from
+    /// the real descriptors, the interface is claimed and SET_INTERFACE goes to the device. A
+    /// FunctionFS gadget on a kernel without FunctionFS's get_alt (Debian 12's 6.1) has the
+    /// request stalled by the composite layer: the host must say so, give the interface back and
+    /// keep the accessory working.
+    @Test func aNativeTransportInterfaceIsNamedAndItsAlternateSettingRequested() async throws {
+        let profile = try #require(SimulatorProfile.builtIn(named: "native-streamer"))
+        let device = try GadgetAccessory(profile, name: "rignative", udc: try #require(udcs().first))
+        defer { device.remove() }
+        let manager = AccessoryManager()
+        defer { manager.stop() }
+        try manager.startUSB()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        #expect(accessory.usbDevice?.nativeInterfaceNames == [1: "com.example.native.echo", 2: "com.example.native.sink"])
+        for attempt in 1...2 {
+            do {
+                let session = try await accessory.openSession(for: "com.example.native.echo")
+                // A kernel whose FunctionFS accepts alternate setting 1: the host side works; the
+                // simulated gadget does not serve native endpoints yet (see tools/usb-rig/README.md).
+                print("USB rig: SET_INTERFACE(1, alt 1) accepted by this kernel's FunctionFS")
+                session.close()
+            } catch let AccessoryError.sessionRefused(reason) {
+                print("USB rig: native open \(attempt) refused: \(reason)")
+                #expect(reason.contains("SET_INTERFACE"), "the refusal names the request")
+                #expect(!reason.contains("already carries"), "the interface was given back after the first refusal")
+            }
+        }
+        let onLink = try await accessory.openSession(for: "com.example.echo")
+        defer { onLink.close() }
+        #expect(try await echo(onLink, pattern(1 << 20, seed: 6)), "the accessory still works on the iAP2 link")
+    }
+
     @Test func withoutDeviceMemoryTheSlotsComeFromTheHeapAndDataStillFlows() async throws {
         let device = try GadgetAccessory(echoProfile(sessions: 1), name: "righeap", udc: try #require(udcs().first))
         defer { device.remove() }

@@ -12,11 +12,13 @@ import Synchronization
 /// in the same run.
 enum LoopbackBenchmarks {
     /// An echo accessory with `count` echo protocols and large packets.
-    static func echoProfile(sessions count: Int, maxPacketLength: Int) -> SimulatorProfile {
+    /// With `native`, one more echo protocol, `bench.native`, travels on a native transport.
+    static func echoProfile(sessions count: Int, maxPacketLength: Int, native: Bool = false) -> SimulatorProfile {
         SimulatorProfile(
             accessory: .init(name: "Bench Echo", model: "BENCH", manufacturer: "AccessoryHost", serialNumber: "BENCH-1",
                              firmwareVersion: "1.0", hardwareVersion: "A"),
-            protocols: (1...count).map { SimulatorProfile.ProtocolSpec(name: "bench.echo.\($0)", behaviour: .echo) },
+            protocols: (1...count).map { SimulatorProfile.ProtocolSpec(name: "bench.echo.\($0)", behaviour: .echo) }
+                + (native ? [SimulatorProfile.ProtocolSpec(name: "bench.native", behaviour: .echo, native: true)] : []),
             link: .init(maxPacketLength: maxPacketLength, maxOutstandingPackets: 32, retransmissionTimeoutMs: 1_000,
                         cumulativeAckTimeoutMs: 10))
     }
@@ -31,7 +33,7 @@ enum LoopbackBenchmarks {
     /// A manager and a simulated echo accessory over memory, or over a pseudo-terminal.
     static func rig(sessions: Int, overPty: Bool) throws -> Rig {
         let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
-        let profile = echoProfile(sessions: sessions, maxPacketLength: overPty ? 4_096 : 65_535)
+        let profile = echoProfile(sessions: sessions, maxPacketLength: overPty ? 4_096 : 65_535, native: !overPty)
         var keep: [any Sendable] = []
         let runner: SimulatorRunner
         if overPty {
@@ -49,11 +51,12 @@ enum LoopbackBenchmarks {
     }
 
     /// Echo throughput: every session writes `bytesPerSession` and reads them back, all at once.
-    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int) throws -> (bytesPerSecond: Double, seconds: Double) {
+    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int, native: Bool = false) throws -> (bytesPerSecond: Double, seconds: Double) {
         let accessory = rig.accessory
         let payload = CodecBenchmarks.pattern(bytesPerSession)
         let streams = try blockingAwait {
             var opened: [AccessorySession] = []
+            if native { return [try await accessory.openSession(for: "bench.native")] }
             for index in 1...sessions { opened.append(try await accessory.openSession(for: "bench.echo.\(index)")) }
             return opened
         }
@@ -131,6 +134,14 @@ enum LoopbackBenchmarks {
                   ("seconds", .string(Report.format(seconds, digits: 3)))],
                  text: "\(overPty ? "pty" : "in-process") echo, \(sessions) session\(sessions == 1 ? "" : "s"): "
                     + "\(Report.format(rate / 1e6, digits: 1)) MB/s each way (\(megabytes) MiB in \(Report.format(seconds, digits: 2)) s)")
+            if sessions == 1, !overPty {
+                // The same echo on a native transport (raw bytes on a channel of its own, no link).
+                let (native, nativeSeconds) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20, native: true)
+                emit("echo throughput, native transport", [("bytes", .int(megabytes << 20)), ("bytesPerSecond", .int(Int(native))),
+                                                           ("seconds", .string(Report.format(nativeSeconds, digits: 3)))],
+                     text: "in-process echo, native transport: \(Report.format(native / 1e6, digits: 1)) MB/s each way "
+                        + "(\(megabytes) MiB in \(Report.format(nativeSeconds, digits: 2)) s)")
+            }
             if sessions == 1 {
                 let (p50, p99) = try roundTrips(rig, size: 64, count: overPty ? 500 : 2_000)
                 emit("round trip, 64-byte messages", [("p50Nanoseconds", .int(Int(p50))), ("p99Nanoseconds", .int(Int(p99)))],

@@ -61,6 +61,7 @@ let usbCommand = CommandSpec(
     options: [.flag("json", help: "Print one JSON object per measurement."),
               .flag("verbose", help: "Say on standard error what the gadget sees (bind, enable…)."),
               .flag("heap", help: "Heap slots instead of usbfs device memory (to compare with zero copy)."),
+              .flag("native", help: "Also an EA session on a native transport (its own FF/F0/01 interface); exit 69 with the reason when it cannot be measured."),
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "64"),
               .value("rounds", valueName: "n", help: "Rounds of ceiling + EA measurements.", defaultValue: "3"),
               .value("udc", valueName: "name", help: "The device controller to bind the gadget to (default: the first).")]

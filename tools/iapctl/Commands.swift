@@ -41,7 +41,8 @@ enum InfoCommand {
             fields.append(("protocols", .array(identity.protocols.map { item in
                 .object([("identifier", .int(Int(item.identifier))), ("name", .string(item.name)),
                          ("matchAction", .int(Int(item.matchAction))),
-                         ("native", .bool(item.nativeTransportComponentIdentifier != nil))])
+                         ("native", .bool(item.nativeTransportComponentIdentifier != nil)),
+                         ("nativeInterface", nativeInterface(of: item.name, on: accessory).map { .int(Int($0)) } ?? .null)])
             })))
             fields.append(("languages", .array(identity.supportedLanguages.map { .string($0) })))
             fields.append(("maximumCurrentDrawnFromDevice", .int(Int(identity.maximumCurrentDrawnFromDevice))))
@@ -59,7 +60,9 @@ enum InfoCommand {
         out += "  current drawn:     up to \(identity.maximumCurrentDrawnFromDevice) mA\n"
         out += "  protocols:\n"
         for item in identity.protocols {
-            let transport = item.nativeTransportComponentIdentifier.map { "native transport (component \($0))" } ?? "on the iAP2 link"
+            let transport = item.nativeTransportComponentIdentifier.map { component in
+                "native transport (component \(component)" + (nativeInterface(of: item.name, on: accessory).map { ", USB interface \($0)" } ?? "") + ")"
+            } ?? "on the iAP2 link"
             out += "    \(item.name)  (id \(item.identifier), \(transport))\n"
         }
         out += "  transport components:\n"
@@ -69,6 +72,11 @@ enum InfoCommand {
         StandardOutput.write(out)
         return .success
     }
+}
+
+/// The USB interface named after `protocolName` (its native transport), if the accessory is on USB.
+func nativeInterface(of protocolName: String, on accessory: Accessory) -> UInt8? {
+    accessory.usbDevice?.nativeInterfaceNames.first { $0.value == protocolName }?.key
 }
 
 enum WatchCommand {

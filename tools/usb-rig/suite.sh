@@ -16,5 +16,9 @@ echo "suite: udev rules"
 timeout 120 "$here/rules.sh"
 echo "suite: firmware-upgrade example over USB (16 MiB)"
 timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
-echo "suite: iapbench usb"
-timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3
+echo "suite: iapbench usb (ceiling, EA over iAP2, EA on a native transport)"
+status=0
+timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3 --native || status=$?
+# 69: the native figure could not be measured, and the line above says why (a FunctionFS gadget
+# on a kernel without FunctionFS's get_alt cannot accept alternate setting 1); the rest stands.
+[ "$status" = 0 ] || [ "$status" = 69 ] || exit "$status"
