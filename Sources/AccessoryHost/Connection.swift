@@ -237,6 +237,7 @@ final class Connection: @unchecked Sendable {
             endNative(key, error: .disconnected(reason))
             nativeSessions[key]?.channel.close()
         }
+        pendingNativeOpens.removeAll() // their completions see the accessory gone and refuse
         if let gone {
             gone.markDisconnected()
             onDisconnected(gone, reason)
@@ -370,6 +371,13 @@ final class Connection: @unchecked Sendable {
         return bytes
     }
 
+    /// Serves a native session after the current call: a partial non-blocking read or write
+    /// changes what the next event should say (bytes still available, room again), as the
+    /// link's settle does for link sessions.
+    private func serviceNativeSoon(_ key: Int) {
+        queue.async { [weak self] in self?.serviceNative(key) }
+    }
+
     /// Serves the waiting readers, writers and flushers of a native session.
     private func serviceNative(_ key: Int) {
         guard var state = nativeSessions[key] else { return }
@@ -496,6 +504,7 @@ final class Connection: @unchecked Sendable {
             return driver.perform { machine, _ in machine.read(id, maxBytes: maxBytes) }
         case let .native(key):
             guard let channel = nativeSessions[key]?.channel else { return [] }
+            defer { serviceNativeSoon(key) }
             return Self.take(from: channel, maxBytes: max(0, maxBytes))
         }
     }
@@ -505,6 +514,7 @@ final class Connection: @unchecked Sendable {
         case let .link(id):
             return try driver.perform { machine, _ in try machine.borrow(id, body) }
         case let .native(key):
+            defer { serviceNativeSoon(key) }
             return try nativeSessions[key]?.channel.withReadableBytes(body)
         }
     }
@@ -521,6 +531,7 @@ final class Connection: @unchecked Sendable {
                 if let state = nativeSessions[key], !state.isEnded { return 0 } // earlier writes wait first
                 throw nativeSessions[key]?.ended ?? AccessoryError.sessionClosed
             }
+            defer { serviceNativeSoon(key) }
             return state.channel.write(bytes[...])
         }
     }

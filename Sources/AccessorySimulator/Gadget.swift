@@ -73,7 +73,8 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     /// Where FunctionFS is mounted; `nil` for `/dev/ffs-<instance>`. Created when missing (and
     /// then removed again).
     public var mountDirectory: String?
-    /// EA protocol names that get a native-transport interface each.
+    /// EA protocol names that get a native-transport interface each (offered, not served: see
+    /// ``init(profile:)``).
     public var nativeTransportProtocols: [String] = []
 
     /// A configuration with these strings and defaults for the rest.
@@ -84,12 +85,15 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     }
 
     /// A configuration whose strings come from a simulator profile's identity: its manufacturer,
-    /// its name as the product, and its serial number; with a native-transport interface for each
-    /// of the profile's native protocols.
+    /// its name as the product, and its serial number.
+    ///
+    /// No native-transport interfaces: the gadget does not serve them yet (FunctionFS does not
+    /// tell userspace which alternate setting the host selected), and an interface offered but
+    /// not served would leave a host's writes waiting. Set ``nativeTransportProtocols`` (e.g. to
+    /// the profile's `nativeProtocolNames`) to offer them anyway, to test a host's half.
     public init(profile: SimulatorProfile) {
         self.init(manufacturer: profile.accessory.manufacturer, product: profile.accessory.name,
                   serialNumber: profile.accessory.serialNumber)
-        nativeTransportProtocols = profile.nativeProtocolNames
     }
 
     /// `VVVV:PPPP` in hex, e.g. `1209:0001`.

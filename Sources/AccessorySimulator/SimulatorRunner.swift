@@ -183,8 +183,16 @@ public final class SimulatorRunner: @unchecked Sendable {
         }
     }
 
+    /// Ends every native session because the accessory went away (stopped, vanished, rebooted):
+    /// the host's side hears an error, as it would from a USB device that disappeared.
     private func closeNativeChannels() {
-        for channel in nativeChannels.values { channel.close() }
+        for channel in nativeChannels.values {
+            if let memory = channel as? MemoryByteChannel {
+                memory.close(error: TransportError("the simulated accessory went away"))
+            } else {
+                channel.close()
+            }
+        }
         nativeChannels.removeAll()
     }
 

@@ -67,7 +67,8 @@ public protocol NativeTransportProvider: Sendable {
 /// A write takes what fits in the peer's buffer; the peer's reads make room again and the writer
 /// hears ``ByteChannelEvent/writable``. Either side's ``close()`` ends the stream for both: the
 /// closer hears `.closed(nil)` and the other side `.closed(nil)` too (the peer ended the
-/// session), with what it had received still readable.
+/// session), or the error given to ``close(error:)`` (the peer went away), with what it had
+/// received still readable.
 public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
     // Sendability: all mutable state is in the pair's Mutex.
     public let description: String
@@ -96,6 +97,8 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
         let capacity: Int
         var sides = [SideState(), SideState()]
         var closed = false
+        /// Which side hears an error with the close, and the error.
+        var peerError: (side: Int, error: TransportError?)?
         init(capacity: Int) { self.capacity = capacity }
     }
 
@@ -115,15 +118,17 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
     private var peer: Int { 1 - side }
 
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
-        let (readable, closed) = shared.state.withLock { state -> (Bool, TransportError??) in
+        shared.state.withLock { state in
             state.sides[side].queue = queue
             state.sides[side].handler = handler
-            let closed: TransportError?? = state.closed && !state.sides[side].closeDelivered ? .some(nil) : nil
-            if closed != nil { state.sides[side].closeDelivered = true }
-            return (state.sides[side].count > 0, closed)
+            if state.sides[side].count > 0 { queue.async { handler(.readable) } }
+            if state.closed, !state.sides[side].closeDelivered {
+                state.sides[side].closeDelivered = true
+                state.sides[side].handler = nil
+                let error = state.peerError.flatMap { $0.side == side ? $0.error : nil }
+                queue.async { handler(.closed(error)) }
+            }
         }
-        if readable { queue.async { handler(.readable) } }
-        if let closed { queue.async { handler(.closed(closed)) } }
     }
 
     public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
@@ -141,7 +146,7 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
 
     private func consume(_ count: Int) {
         guard count > 0 else { return }
-        let wake = shared.state.withLock { state -> (DispatchQueue, @Sendable (ByteChannelEvent) -> Void)? in
+        shared.state.withLock { state in
             var me = state.sides[side]
             me.head += count
             me.count -= count
@@ -151,39 +156,37 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
             }
             state.sides[side] = me
             guard state.sides[peer].wantsWritable, !state.closed, let queue = state.sides[peer].queue,
-                  let handler = state.sides[peer].handler else { return nil }
+                  let handler = state.sides[peer].handler else { return }
             state.sides[peer].wantsWritable = false
-            return (queue, handler)
+            // Queued under the lock, so a close on another thread cannot be queued before it.
+            queue.async { handler(.writable) }
         }
-        if let (queue, handler) = wake { queue.async { handler(.writable) } }
     }
 
     public var readableByteCount: Int { shared.state.withLock { $0.sides[side].count } }
 
     public func write(_ bytes: ArraySlice<UInt8>) -> Int {
         guard !bytes.isEmpty else { return 0 }
-        let (taken, wake) = shared.state.withLock { state -> (Int, (DispatchQueue, @Sendable (ByteChannelEvent) -> Void)?) in
-            guard !state.closed else { return (0, nil) }
+        let shared = self.shared, peer = self.peer
+        return shared.state.withLock { state -> Int in
+            guard !state.closed else { return 0 }
             let room = state.capacity - state.sides[peer].count
             let taken = min(room, bytes.count)
             if taken < bytes.count { state.sides[side].wantsWritable = true }
-            guard taken > 0 else { return (0, nil) }
+            guard taken > 0 else { return 0 }
             state.sides[peer].chunks.append(Array(bytes.prefix(taken)))
             state.sides[peer].count += taken
             state.sides[side].delivered += taken
-            guard !state.sides[peer].readablePending, let queue = state.sides[peer].queue,
-                  let handler = state.sides[peer].handler else { return (taken, nil) }
-            state.sides[peer].readablePending = true
-            return (taken, (queue, handler))
-        }
-        if let (queue, handler) = wake {
-            let shared = self.shared, peer = self.peer
-            queue.async {
-                shared.state.withLock { $0.sides[peer].readablePending = false }
-                handler(.readable)
+            if !state.sides[peer].readablePending, let queue = state.sides[peer].queue, let handler = state.sides[peer].handler {
+                state.sides[peer].readablePending = true
+                // Queued under the lock, so a close on another thread cannot be queued before it.
+                queue.async {
+                    shared.state.withLock { $0.sides[peer].readablePending = false }
+                    handler(.readable)
+                }
             }
+            return taken
         }
-        return taken
     }
 
     public var isWritable: Bool { shared.state.withLock { !$0.closed && $0.sides[peer].count < $0.capacity } }
@@ -192,19 +195,22 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
 
     public var bytesDelivered: Int { shared.state.withLock { $0.sides[side].delivered } }
 
-    public func close() {
-        let targets = shared.state.withLock { state -> [(DispatchQueue, @Sendable (ByteChannelEvent) -> Void)] in
-            guard !state.closed else { return [] }
+    public func close() { close(error: nil) }
+
+    /// Ends the stream for both sides: this side hears `.closed(nil)`, the other side
+    /// `.closed(error)` (why the stream broke under it, or nil for a normal end).
+    public func close(error: TransportError?) {
+        shared.state.withLock { state in
+            guard !state.closed else { return }
             state.closed = true
-            var targets: [(DispatchQueue, @Sendable (ByteChannelEvent) -> Void)] = []
+            state.peerError = (side: peer, error: error)
             for index in 0..<2 {
                 guard let queue = state.sides[index].queue, let handler = state.sides[index].handler else { continue }
                 state.sides[index].closeDelivered = true
                 state.sides[index].handler = nil // nothing follows a close; drop what it holds
-                targets.append((queue, handler))
+                let reason = index == side ? nil : error
+                queue.async { handler(.closed(reason)) }
             }
-            return targets
         }
-        for (queue, handler) in targets { queue.async { handler(.closed(nil)) } }
     }
 }

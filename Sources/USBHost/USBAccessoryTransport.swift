@@ -95,6 +95,8 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     private let nativeInterfaces: [NativeInterfaceLocation]
     private var nativePipes: [UInt8: USBNativePipe] = [:]
     private var nativeOpening: Set<UInt8> = []
+    /// Opens waiting for a closing pipe on the same interface to finish (a close, then an open).
+    private var opensAfterClose: [UInt8: [() -> Void]] = [:]
     private var deviceWentAway = false
 
     /// Counters since activation.
@@ -581,6 +583,12 @@ extension USBAccessoryTransport: NativeTransportProvider {
         case let .failure(error): return reply(.failure(error))
         }
         let number = target.number
+        if let closing = nativePipes[number], !closing.isOpen {
+            // The previous session on this interface is still closing (alternate setting 0 and
+            // the release are on their way): open once it has finished.
+            opensAfterClose[number, default: []].append { [self] in openNative(protocolName, reply: reply) }
+            return
+        }
         guard nativePipes[number] == nil, !nativeOpening.contains(number) else {
             return reply(.failure(TransportError("native-transport interface \(number) of \(description) already carries an open session",
                                                  advice: "close that session first")))
@@ -625,12 +633,14 @@ extension USBAccessoryTransport: NativeTransportProvider {
                     onFinished: { [weak self] pipe in
                         guard let self else { return }
                         if self.nativePipes[pipe.interfaceNumber] === pipe { self.nativePipes[pipe.interfaceNumber] = nil }
+                        for open in self.opensAfterClose.removeValue(forKey: pipe.interfaceNumber) ?? [] { open() }
                         self.finishIfDrained()
                     })
+                // Tracked even when it failed to start: its teardown still uses the handle.
+                nativePipes[number] = pipe
                 guard pipe.isOpen else {
                     return reply(.failure(TransportError("cannot allocate libusb transfers for \(pipe.description)")))
                 }
-                nativePipes[number] = pipe
                 reply(.success(pipe))
             }
         }

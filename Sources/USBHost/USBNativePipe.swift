@@ -67,6 +67,8 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     /// What was readable when the pipe closed (the ring's memory is given back then).
     private var leftover: [UInt8] = []
     private var leftoverHead = 0
+    /// Set once the ring was emptied into ``leftover`` (from then on reads come from there).
+    private var drained = false
     private var keepAlive: Unmanaged<USBNativePipe>?
     private var onFinished: ((USBNativePipe) -> Void)?
 
@@ -161,7 +163,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
 
     public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         dispatchPrecondition(condition: .onQueue(queue))
-        if case .closed = state {
+        if drained {
             guard leftoverHead < leftover.count else { return nil }
             let view = leftover[leftoverHead...]
             let (consumed, result) = try view.withUnsafeBytes { try body(RawSpan(_unsafeBytes: $0)) }
@@ -183,7 +185,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     }
 
     public var readableByteCount: Int {
-        if case .closed = state { return leftover.count - leftoverHead }
+        if drained { return leftover.count - leftoverHead }
         return readable
     }
 
@@ -304,7 +306,8 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         case LIBUSB_TRANSFER_NO_DEVICE:
             failure = gone
         case LIBUSB_TRANSFER_CANCELLED:
-            break
+            length = actual // what the device had sent before the cancel is still the stream's
+            statistics.bytesIn += actual
         default:
             length = actual
             statistics.errors += 1
@@ -335,8 +338,10 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
             delivered += actual
             unsent -= length
         case LIBUSB_TRANSFER_CANCELLED:
-            break
+            delivered += actual // part of it may have gone out before the cancel
+            statistics.bytesOut += actual
         case LIBUSB_TRANSFER_NO_DEVICE:
+            delivered += actual
             fail(gone)
         case LIBUSB_TRANSFER_STALL:
             statistics.stalls += 1
@@ -419,6 +424,8 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
                 leftover.append(contentsOf: view)
                 inRing.consume(view.count)
             }
+            drained = true
+            readable = 0
             inRing.releaseMemory()
             outRing.releaseMemory()
             for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }

@@ -141,7 +141,16 @@ struct NativeTransportTests {
         var echoed: [UInt8] = []
         while echoed.count < 3, let bytes = try await session.read() { echoed += bytes }
         #expect(echoed == [10, 20, 30])
+        let events = Mutex<[SessionStreamEvent]>([])
+        let ended = DispatchSemaphore(value: 0)
+        session.setEventHandler(queue: DispatchQueue(label: "test.native-events")) { event in
+            events.withLock { $0.append(event) }
+            if event == .endEncountered { ended.signal() }
+        }
         runner.stop()
+        #expect(ended.wait(timeout: .now() + 10) == .success)
+        #expect(events.withLock { $0.contains { if case .errorOccurred(.disconnected(_)) = $0 { true } else { false } } },
+                "the session ends with a disconnection, not a normal end")
         #expect(try await session.read() == nil)
         await #expect(throws: AccessoryError.self) { try await session.write([1]) }
     }

@@ -358,6 +358,7 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
 
     func finish(_ transfer: UnsafeMutablePointer<libusb_transfer>, status: libusb_transfer_status, actual: Int) {
         pending.removeAll { $0 == transfer }
+        nativeOutProgress[transfer] = nil
         transfer.pointee.status = status
         transfer.pointee.actual_length = Int32(actual)
         inCallback = true

@@ -74,7 +74,8 @@ struct NativePipeTests {
             manager.stop()
             runner.stop()
             let fake = self.fake
-            for _ in 0..<10_000 {
+            let deadline = ContinuousClock.now + .seconds(20)
+            while ContinuousClock.now < deadline {
                 if manager.queue.sync(execute: { fake.log.last == "shutdown" }) { return }
                 sched_yield()
             }
@@ -115,12 +116,17 @@ struct NativePipeTests {
 
         echo.close()
         // Closing selects alternate setting 0, then releases the interface; the other session stays.
-        for _ in 0..<10_000 where !rig.log.contains("release 1") { sched_yield() }
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !rig.log.contains("release 1"), ContinuousClock.now < deadline { sched_yield() }
         let log = rig.log
         let reset = try #require(log.firstIndex(of: "set interface 1 alt 0"))
         #expect(reset < log.firstIndex(of: "release 1")!)
         let again = try await accessory.openSession(for: "com.example.native.echo")
         #expect(try await NativeTransportEcho.run(again, [1, 2, 3]) == [1, 2, 3])
+        // Closed and opened again at once: the open waits for the close to finish.
+        again.close()
+        let third = try await accessory.openSession(for: "com.example.native.echo")
+        #expect(try await NativeTransportEcho.run(third, [4, 5]) == [4, 5])
         rig.stop()
         rig.fake.state.withLock { state in
             #expect(state.openHandles == 0 && state.deviceMemoryLive == 0 && state.transfersLive == 0)
@@ -174,7 +180,7 @@ struct NativePipeTests {
             return (rig.fake.pending.filter { $0.pointee.endpoint == 0x82 }.count, pipe?.readableByteCount ?? -1)
         }
         #expect(inFlight == 0, "IN transfers stay queued although the reader holds every slot")
-        #expect(readable == USBOptions().inTransfers * USBOptions.splitInTransferSize)
+        #expect(readable > 0 && readable <= USBOptions().inTransfers * USBOptions.splitInTransferSize, "the reader holds what the slots hold, no more")
         #expect(last < 8 << 20)
         async let rest: Void = session.write(payload[offered...])
         var received: [UInt8] = []

@@ -20,7 +20,8 @@ final class GadgetAccessory: Sendable {
     let runner: SimulatorRunner
     let profile: SimulatorProfile
 
-    init(_ profile: SimulatorProfile, name: String, udc: String, productID: UInt16 = 0x0001, serial: String? = nil) throws {
+    init(_ profile: SimulatorProfile, name: String, udc: String, productID: UInt16 = 0x0001, serial: String? = nil,
+         offerNativeInterfaces: Bool = false) throws {
         var profile = profile
         if let serial { profile.accessory.serialNumber = serial }
         self.profile = profile
@@ -28,6 +29,7 @@ final class GadgetAccessory: Sendable {
         configuration.name = name
         configuration.functionInstance = name
         configuration.productID = productID
+        if offerNativeInterfaces { configuration.nativeTransportProtocols = profile.nativeProtocolNames }
         gadget = try USBGadget(configuration: configuration)
         runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
         runner.start()
@@ -225,7 +227,7 @@ struct USBRigTests {
     /// keep the accessory working.
     @Test func aNativeTransportInterfaceIsNamedAndItsAlternateSettingRequested() async throws {
         let profile = try #require(SimulatorProfile.builtIn(named: "native-streamer"))
-        let device = try GadgetAccessory(profile, name: "rignative", udc: try #require(udcs().first))
+        let device = try GadgetAccessory(profile, name: "rignative", udc: try #require(udcs().first), offerNativeInterfaces: true)
         defer { device.remove() }
         let manager = AccessoryManager()
         defer { manager.stop() }

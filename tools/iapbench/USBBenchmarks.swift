@@ -130,6 +130,7 @@ enum USBBenchmarks {
 
     static func makeGadget(_ profile: SimulatorProfile, udc: String) throws -> USBGadget {
         var configuration = USBGadgetConfiguration(profile: profile)
+        configuration.nativeTransportProtocols = profile.nativeProtocolNames // offered, to measure the host's half
         configuration.name = gadgetName
         configuration.functionInstance = gadgetName
         configuration.productID = 0x00BE
