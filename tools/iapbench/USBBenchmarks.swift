@@ -101,27 +101,19 @@ enum USBBenchmarks {
     /// A native-transport echo session (`bench.native`) through AccessoryManager over the gadget;
     /// a failure says why it could not be measured.
     static func nativeEcho(profile: SimulatorProfile, udc: String, bytes: Int) throws -> Result<Double, ToolFailure> {
-        let gadget = try makeGadget(profile, udc: udc)
-        defer { try? gadget.unbind(); try? gadget.remove() }
-        let runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
-        runner.start()
-        defer { runner.stop() }
-        try gadget.bind(udc: udc)
-        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
-        defer { manager.stop() }
-        try manager.startUSB(options: options)
-        let found = try blockingAwait { await manager.waitForAccessory(timeout: .seconds(30)) { $0.transportKind == .usb } }
-        guard let accessory = found else { throw ToolFailure("the simulated accessory was not identified within 30 s") }
-        do {
-            let session = try blockingAwait { try await accessory.openSession(for: "bench.native") }
-            session.close()
-        } catch {
-            return .failure(ToolFailure("\(error)"))
+        try withAccessory(profile: profile, udc: udc) { rig, _ in
+            let accessory = rig.accessory
+            do {
+                let session = try blockingAwait { try await accessory.openSession(for: "bench.native") }
+                session.close()
+            } catch {
+                return .failure(ToolFailure("\(error)"))
+            }
+            // The host selected alternate setting 1 and the kernel let it through, but the
+            // simulated gadget does not serve native-transport endpoints (FunctionFS never tells
+            // it the alternate setting): an echo would wait forever.
+            return .failure(ToolFailure("this kernel accepted alternate setting 1, but the simulated USB gadget does not serve native-transport endpoints yet"))
         }
-        // The host selected alternate setting 1 and the kernel let it through, but the simulated
-        // gadget does not serve native-transport endpoints (FunctionFS never tells it the
-        // alternate setting): an echo would wait forever.
-        return .failure(ToolFailure("this kernel accepted alternate setting 1, but the simulated USB gadget does not serve native-transport endpoints yet"))
     }
 
     static func step(_ text: String) {
@@ -237,8 +229,10 @@ enum USBBenchmarks {
         return Double(received) / seconds(elapsed)
     }
 
-    /// EA echo sessions through AccessoryManager over the same gadget running the simulator.
-    static func sessionEcho(profile: SimulatorProfile, udc: String, sessions: Int, bytes: Int) throws -> Double {
+    /// Runs `body` with the simulated accessory behind a gadget, identified by an
+    /// AccessoryManager over USB; everything is taken down afterwards.
+    static func withAccessory<Result>(profile: SimulatorProfile, udc: String,
+                                      _ body: (LoopbackBenchmarks.Rig, USBGadget) throws -> Result) throws -> Result {
         let gadget = try makeGadget(profile, udc: udc)
         defer { try? gadget.unbind(); try? gadget.remove() }
         let runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
@@ -250,12 +244,18 @@ enum USBBenchmarks {
         try manager.startUSB(options: options)
         let found = try blockingAwait { await manager.waitForAccessory(timeout: .seconds(30)) { $0.transportKind == .usb } }
         guard let accessory = found else { throw ToolFailure("the simulated accessory was not identified within 30 s") }
-        let rig = LoopbackBenchmarks.Rig(manager: manager, runner: runner, accessory: accessory)
-        let rate = try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
-        if verbose, let host = manager.usbStatistics(of: accessory) {
-            step("host pipes \(host); gadget \(gadget.transport.statistics)")
+        return try body(LoopbackBenchmarks.Rig(manager: manager, runner: runner, accessory: accessory), gadget)
+    }
+
+    /// EA echo sessions through AccessoryManager over the same gadget running the simulator.
+    static func sessionEcho(profile: SimulatorProfile, udc: String, sessions: Int, bytes: Int) throws -> Double {
+        try withAccessory(profile: profile, udc: udc) { rig, gadget in
+            let rate = try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
+            if verbose, let host = rig.manager.usbStatistics(of: rig.accessory) {
+                step("host pipes \(host); gadget \(gadget.transport.statistics)")
+            }
+            return rate
         }
-        return rate
     }
 
     static func seconds(_ duration: Duration) -> Double {
