@@ -1,7 +1,9 @@
 // libFuzzer target: USB configuration and device descriptors as a device might send them.
 // Checks, on every input: no crash; a parsed configuration only holds what the bytes hold (each
 // interface and endpoint came from a 9- or 7-byte descriptor inside wTotalLength); the iAP
-// match only returns an FF/F0/00 interface with a bulk IN and a bulk OUT endpoint; string
+// match only returns an FF/F0/00 interface with a bulk IN and a bulk OUT endpoint; each
+// native-transport interface it lists is FF/F0/01 in a non-zero alternate setting with a bulk
+// pair, once per interface number; string
 // descriptors decode without reading past the bytes; `VID:PID` text parses without a crash and
 // round-trips.
 //
@@ -18,6 +20,14 @@ public func descriptorFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             precondition(found.interface.isIAP, "matched a non-iAP interface")
             precondition(found.bulkIn.isIn && found.bulkIn.isBulk && !found.bulkOut.isIn && found.bulkOut.isBulk, "bad endpoints")
             precondition(found.needsConfigurationChange == (config.value != bytes.last), "wrong configuration decision")
+            let native = found.nativeInterfaces
+            precondition(Set(native.map(\.number)).count == native.count, "a native interface listed twice")
+            for item in native {
+                precondition(item.alternateSetting != 0 && item.bulkIn.isIn && item.bulkIn.isBulk && !item.bulkOut.isIn && item.bulkOut.isBulk,
+                             "a native interface without a bulk pair in a data setting")
+                precondition(found.nativeTransport.contains { $0.number == item.number && $0.alternateSetting == item.alternateSetting && $0.isNativeTransport },
+                             "a native interface that is not FF/F0/01 in the configuration")
+            }
         }
     }
     _ = try? USBDeviceDescriptor(parsing: bytes)
