@@ -49,6 +49,9 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     public var serialNumber: String { identity.serialNumber }
     public var firmwareRevision: String { identity.firmwareVersion }
     public var hardwareRevision: String { identity.hardwareVersion }
+    /// The protocol the accessory speaks: iAP2, or legacy iAP1. Sessions, events and errors are
+    /// the same for both; this is the one place that tells them apart.
+    public var protocolVersion: IAPProtocolVersion { identity.protocolVersion }
     /// The EA protocol strings, in the order declared.
     public var protocolStrings: [String] { identity.protocols.map(\.name) }
 

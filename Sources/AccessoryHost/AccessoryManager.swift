@@ -126,9 +126,9 @@ public final class AccessoryManager: Sendable {
             return
         }
         var random = SystemRandomNumberGenerator()
-        var endpoint = IAP2Endpoint(device: self.configuration.link, policy: self.configuration.authentication,
-                                    sessionBufferLimit: self.configuration.sessionBufferLimit,
-                                    initialSequence: UInt8.random(in: 0...255, using: &random), randomSeed: random.next())
+        var endpoint = IAPEndpoint(device: self.configuration.link, policy: self.configuration.authentication,
+                                   sessionBufferLimit: self.configuration.sessionBufferLimit,
+                                   initialSequence: UInt8.random(in: 0...255, using: &random), randomSeed: random.next())
         endpoint.answerTimeout = self.configuration.answerTimeout
         let connection = Connection(
             connectionID: id,

@@ -35,7 +35,7 @@ final class Connection: @unchecked Sendable {
     let connectionID: Int
     private let makeConnectionID: () -> Int
     let transport: any Transport
-    let driver: EndpointDriver<IAP2Endpoint>
+    let driver: EndpointDriver<IAPEndpoint>
     private let supportedProtocols: Set<String>
     private let logger: Logger
     private let onConnected: (Accessory) -> Void
@@ -66,7 +66,7 @@ final class Connection: @unchecked Sendable {
     private var downReason: String?
 
     init(connectionID: Int, makeConnectionID: @escaping () -> Int, transport: any Transport, queue: DispatchQueue,
-         supportedProtocols: Set<String>, logger: Logger, endpoint: IAP2Endpoint, onConnected: @escaping (Accessory) -> Void,
+         supportedProtocols: Set<String>, logger: Logger, endpoint: IAPEndpoint, onConnected: @escaping (Accessory) -> Void,
          onDisconnected: @escaping (Accessory, String) -> Void, onClosed: @escaping (_ everIdentified: Bool, String) -> Void) {
         self.connectionID = connectionID
         self.makeConnectionID = makeConnectionID
@@ -100,7 +100,7 @@ final class Connection: @unchecked Sendable {
 
     // MARK: Events from the endpoint
 
-    private func update(_ machine: inout IAP2Endpoint, now: LinkTime) {
+    private func update(_ machine: inout IAPEndpoint, now: LinkTime) {
         for event in machine.takeEvents() {
             switch event {
             case let .identified(identity):
@@ -122,6 +122,12 @@ final class Connection: @unchecked Sendable {
                 // The accessory started over (a detect or SYN on a live link): this accessory is
                 // gone; the next identification announces a new one.
                 announceGone("the accessory restarted its link")
+            case let .accessoryRestarted(reason) where accessory != nil:
+                announceGone(reason)
+            case let .protocolSwitched(version):
+                logger.info(version == .iap1 ? "the accessory speaks iAP1: continuing in iAP1" : "the accessory started over in iAP2")
+            case let .unhandledIAP1Command(lingo, command):
+                logger.debug("unhandled iAP1 command 0x\(String(command, radix: 16)) on lingo 0x\(String(lingo, radix: 16)), answered BadParameter")
             case let .sessionOpened(id, name):
                 if let pending = pendingOpens.removeValue(forKey: id), let accessory {
                     let session = AccessorySession(protocolString: name, accessory: accessory, route: .link(id), connection: self)
@@ -146,7 +152,7 @@ final class Connection: @unchecked Sendable {
                 logger.debug("\(drop)")
             case .authenticated:
                 logger.debug("authenticated")
-            case .bytesAvailable, .spaceAvailable, .link, .powerUpdate:
+            case .bytesAvailable, .spaceAvailable, .link, .powerUpdate, .accessoryRestarted:
                 break
             }
         }
@@ -154,7 +160,7 @@ final class Connection: @unchecked Sendable {
     }
 
     /// Serves waiting readers, writers and flushers of every session.
-    private func service(_ machine: inout IAP2Endpoint) {
+    private func service(_ machine: inout IAPEndpoint) {
         for id in sessions.keys {
             guard var state = sessions[id] else { continue }
             state.acknowledged = max(state.acknowledged, machine.bytesAcknowledged(id))
@@ -201,7 +207,7 @@ final class Connection: @unchecked Sendable {
         }
     }
 
-    private func end(_ id: UInt16, error: AccessoryError?, machine: inout IAP2Endpoint) {
+    private func end(_ id: UInt16, error: AccessoryError?, machine: inout IAPEndpoint) {
         guard var state = sessions[id], !state.isEnded else { return }
         state.isEnded = true
         state.ended = error
@@ -213,7 +219,7 @@ final class Connection: @unchecked Sendable {
     }
 
     /// Called from inside the driver's update, which holds the machine: serve it directly.
-    private func linkLost(_ reason: String, machine: inout IAP2Endpoint) {
+    private func linkLost(_ reason: String, machine: inout IAPEndpoint) {
         driver.stop()
         down(reason: reason)
         service(&machine)

@@ -35,7 +35,7 @@ public struct SimulatedAccessory: Sendable {
     /// The profile the accessory was built from.
     public let profile: SimulatorProfile
     /// The accessory-role endpoint inside (for inspection: link state, statistics).
-    public private(set) var endpoint: IAP2Endpoint
+    public private(set) var endpoint: IAPEndpoint
     /// The most bytes the endpoint holds per session and direction.
     public let sessionBufferLimit: Int
     /// Whether the accessory is still there.
@@ -82,9 +82,15 @@ public struct SimulatedAccessory: Sendable {
         let configuration = profile.linkConfiguration()
         self.profile = profile
         self.sessionBufferLimit = max(sessionBufferLimit, Int(configuration.parameters.maxPacketLength))
-        endpoint = IAP2Endpoint(accessory: profile.identity(), configuration: configuration,
-                                sessionBufferLimit: self.sessionBufferLimit, initialSequence: initialSequence,
-                                randomSeed: profile.faults.seed)
+        if let iap1 = profile.iap1 {
+            endpoint = IAPEndpoint(IAP1Endpoint(accessory: profile.identity(), style: iap1.identification,
+                                                waitsForDevice: iap1.waitsForDevice, sessionBufferLimit: self.sessionBufferLimit,
+                                                randomSeed: profile.faults.seed))
+        } else {
+            endpoint = IAPEndpoint(IAP2Endpoint(accessory: profile.identity(), configuration: configuration,
+                                                sessionBufferLimit: self.sessionBufferLimit, initialSequence: initialSequence,
+                                                randomSeed: profile.faults.seed))
+        }
         random = FaultRandom(seed: profile.faults.seed)
     }
 

@@ -130,6 +130,44 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         }
     }
 
+    /// How a legacy iAP1 accessory behaves (the JSON object `iap1`; its presence makes the
+    /// accessory speak iAP1 instead of iAP2).
+    public struct IAP1Settings: Codable, Sendable, Equatable {
+        /// `"idps"` (StartIDPS and FID tokens: strings and protocols; the default) or
+        /// `"device-lingoes"` (IdentifyDeviceLingoes: no strings, no protocols).
+        public var identification: IAP1IdentificationStyle
+        /// Stay silent until the device asks (RequestIdentify); the iAP2 detect is answered the
+        /// iAP1 way. Default false: identify at once.
+        public var waitsForDevice: Bool
+
+        /// Creates the settings.
+        public init(identification: IAP1IdentificationStyle = .idps, waitsForDevice: Bool = false) {
+            self.identification = identification
+            self.waitsForDevice = waitsForDevice
+        }
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case identification, waitsForDevice
+        }
+
+        /// Decodes the settings, refusing unknown fields.
+        public init(from decoder: any Decoder) throws {
+            try rejectUnknownFields(in: decoder, known: CodingKeys.self)
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            if let raw = try container.decodeIfPresent(String.self, forKey: .identification) {
+                guard let style = IAP1IdentificationStyle(rawValue: raw) else {
+                    throw SimulatorProfileError(field: fieldPath(decoder.codingPath + [CodingKeys.identification]),
+                                                problem: "'\(raw)' is not an identification; use one of "
+                                                    + IAP1IdentificationStyle.allCases.map(\.rawValue).joined(separator: ", "))
+                }
+                identification = style
+            } else {
+                identification = .idps
+            }
+            waitsForDevice = try container.decodeIfPresent(Bool.self, forKey: .waitsForDevice) ?? false
+        }
+    }
+
     /// Link parameters that replace those of `LinkConfiguration.accessory`; nil keeps the default.
     public struct LinkOverrides: Codable, Sendable, Equatable {
         /// The longest packet the accessory accepts, header included (default 4096).
@@ -226,13 +264,16 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     public var rebootDelayMs: Int
     /// Faults to inject (none by default).
     public var faults: Faults
+    /// Set for an accessory that speaks legacy iAP1 (nil: iAP2).
+    public var iap1: IAP1Settings?
 
     /// The reboot delay when a profile gives none.
     public static let defaultRebootDelayMs = 200
 
     /// Creates a profile.
     public init(accessory: Identity, protocols: [ProtocolSpec], link: LinkOverrides = LinkOverrides(),
-                rebootDelayMs: Int = SimulatorProfile.defaultRebootDelayMs, faults: Faults = Faults()) {
+                rebootDelayMs: Int = SimulatorProfile.defaultRebootDelayMs, faults: Faults = Faults(), iap1: IAP1Settings? = nil) {
+        self.iap1 = iap1
         self.accessory = accessory
         self.protocols = protocols
         self.link = link
@@ -241,7 +282,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case accessory = "identity", protocols, link, rebootDelayMs, faults
+        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1
     }
 
     /// Decodes a profile, refusing unknown fields; optional parts take their defaults. Values are
@@ -254,6 +295,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         link = try container.decodeIfPresent(LinkOverrides.self, forKey: .link) ?? LinkOverrides()
         rebootDelayMs = try container.decodeIfPresent(Int.self, forKey: .rebootDelayMs) ?? Self.defaultRebootDelayMs
         faults = try container.decodeIfPresent(Faults.self, forKey: .faults) ?? Faults()
+        iap1 = try container.decodeIfPresent(IAP1Settings.self, forKey: .iap1)
     }
 
     /// Encodes the profile, leaving out parts that hold their defaults.
@@ -264,6 +306,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         if link != LinkOverrides() { try container.encode(link, forKey: .link) }
         if rebootDelayMs != Self.defaultRebootDelayMs { try container.encode(rebootDelayMs, forKey: .rebootDelayMs) }
         if faults != Faults() { try container.encode(faults, forKey: .faults) }
+        try container.encodeIfPresent(iap1, forKey: .iap1)
     }
 
     // MARK: What the endpoint needs
@@ -369,6 +412,12 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             }
         }
         let native = protocols.filter(\.isNative).count
+        if iap1 != nil, let index = protocols.firstIndex(where: \.isNative) {
+            throw fail("protocols[\(index)].native", "iAP1 has no native transport; remove \"native\" or the \"iap1\" section")
+        }
+        if iap1 != nil, let index = protocols.firstIndex(where: { $0.name.utf8.count > 200 }) {
+            throw fail("protocols[\(index)].name", "is longer than the 200 bytes an iAP1 EAProtocolToken carries; shorten it")
+        }
         if native > FunctionFSDescriptors.maxNativeTransports {
             throw fail("protocols", "marks \(native) protocols native; a simulated USB accessory has room for \(FunctionFSDescriptors.maxNativeTransports) native-transport interfaces, so mark fewer")
         }
@@ -408,12 +457,13 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     // MARK: Built-in profiles
 
     /// The names ``builtIn(named:)`` knows.
-    public static let builtInNames = ["firmware-updater", "multi-sensor", "native-streamer"]
+    public static let builtInNames = ["firmware-updater", "legacy-sensor", "multi-sensor", "native-streamer"]
 
     /// A built-in profile: "firmware-updater" (one firmware-update protocol,
     /// `com.example.firmware`, on a link with 64 KiB packets and a window of 16) or "multi-sensor" (echo, sink, a 1 MiB source and a telemetry
     /// echo) or "native-streamer" (an echo on the iAP2 link, and an echo and a sink on native
-    /// transports of their own). The same profiles ship as JSON in `tools/profiles/`.
+    /// transports of their own) or "legacy-sensor" (an iAP1 accessory identifying by IDPS, with an
+    /// echo and a sink). The same profiles ship as JSON in `tools/profiles/`.
     ///
     /// - Returns: nil for any other name (see ``builtInNames``).
     public static func builtIn(named name: String) -> SimulatorProfile? {
@@ -435,6 +485,15 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
                     ProtocolSpec(name: "com.example.source", behaviour: .source, sourceBytes: 1 << 20),
                     ProtocolSpec(name: "com.example.telemetry", behaviour: .echo),
                 ])
+        case "legacy-sensor":
+            return SimulatorProfile(
+                accessory: Identity(name: "Legacy Sensor", model: "SIM-LS1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-LS-0001", firmwareVersion: "1.4.2", hardwareVersion: "2.0.0"),
+                protocols: [
+                    ProtocolSpec(name: "com.example.echo", behaviour: .echo),
+                    ProtocolSpec(name: "com.example.sink", behaviour: .sink),
+                ],
+                iap1: IAP1Settings())
         case "native-streamer":
             return SimulatorProfile(
                 accessory: Identity(name: "Native Streamer", model: "SIM-NS1", manufacturer: "AccessoryHost Simulator",

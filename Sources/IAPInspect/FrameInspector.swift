@@ -416,13 +416,7 @@ enum IAP1Details {
     }
 
     static func tokenName(_ type: UInt8, _ subtype: UInt8) -> String {
-        let names: [UInt16: String] = [
-            0x0000: "IdentifyToken", 0x0001: "AccessoryCapsToken", 0x0002: "AccessoryInfoToken", 0x0003: "iPodPreferenceToken",
-            0x0004: "EAProtocolToken", 0x0005: "BundleSeedIDPrefToken", 0x0007: "ScreenInfoToken",
-            0x0008: "EAProtocolMetadataToken", 0x000E: "AccessoryDigitalAudioSampleRatesToken",
-            0x000F: "AccessoryDigitalAudioVideoDelayToken", 0x0100: "MicrophoneCapsToken",
-        ]
-        return names[UInt16(type) << 8 | UInt16(subtype)] ?? "unknown token"
+        IAP1Catalogue.tokens[UInt16(type) << 8 | UInt16(subtype)] ?? "unknown token"
     }
 }
 

@@ -52,6 +52,15 @@ public enum EndpointEvent: Hashable, Sendable {
     case spaceAvailable(sessionID: UInt16)
     /// Accessory: the device's PowerUpdate (its parameters).
     case powerUpdate([Parameter])
+    /// iAP1: a packet of a lingo or command this side does not handle (the device answered it
+    /// with iPodAck BadParameter).
+    case unhandledIAP1Command(lingo: UInt8, command: UInt16)
+    /// Device: the identified accessory started identifying again: the accessory known so far
+    /// is gone, and the next ``identified(_:)`` announces it anew.
+    case accessoryRestarted(reason: String)
+    /// Device: the connection now speaks this protocol (the accessory showed it speaks iAP1, or
+    /// an iAP1 accessory started over with the iAP2 detect).
+    case protocolSwitched(IAPProtocolVersion)
 }
 
 /// Errors of the session calls.
@@ -179,6 +188,9 @@ public struct IAP2Endpoint: Sendable {
         }
         upper.pumpData(into: &link, now: now)
     }
+
+    /// Hands over the received bytes of a partial frame (for the switch to iAP1).
+    public mutating func takeUnscannedBytes() -> [UInt8] { link.takeUnscannedBytes() }
 
     /// Sends a control message as it is (for messages this layer does not originate itself, and
     /// for tests of a peer's robustness).

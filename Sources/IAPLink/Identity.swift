@@ -59,6 +59,9 @@ public struct AccessoryIdentity: Hashable, Sendable {
     public var supportedLanguages: [String]
     public var transportComponents: [TransportComponent]
     public var productPlanUID: String?
+    /// The protocol the accessory identified with (an application tells iAP1 accessories from
+    /// iAP2 ones by this alone).
+    public var protocolVersion: IAPProtocolVersion
 
     public init(
         name: String, modelIdentifier: String, manufacturer: String, serialNumber: String, firmwareVersion: String,
@@ -67,8 +70,9 @@ public struct AccessoryIdentity: Hashable, Sendable {
         protocols: [ExternalAccessoryProtocol] = [], appMatchTeamID: String? = nil, currentLanguage: String = "en",
         supportedLanguages: [String] = ["en"],
         transportComponents: [TransportComponent] = [TransportComponent(kind: IdentificationParameter.usbHostTransportComponent, identifier: 1, name: "iAP2")],
-        productPlanUID: String? = nil
+        productPlanUID: String? = nil, protocolVersion: IAPProtocolVersion = .iap2
     ) {
+        self.protocolVersion = protocolVersion
         self.name = name
         self.modelIdentifier = modelIdentifier
         self.manufacturer = manufacturer

@@ -214,6 +214,10 @@ public struct IAP2Link: Sendable {
         receive(bytes.span.bytes, now: now, sink: &sink)
     }
 
+    /// Hands over the bytes of a partial frame not yet complete (see
+    /// ``FrameScanner/takePendingBytes()``).
+    public mutating func takeUnscannedBytes() -> [UInt8] { scanner.takePendingBytes() }
+
     /// Fires every timer due at `now`.
     public mutating func advance(to now: LinkTime) {
         if let deadline = detectDeadline, deadline <= now, state == .detecting, role == .accessory {

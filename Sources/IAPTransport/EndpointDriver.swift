@@ -20,6 +20,7 @@ extension DrivenMachine {
 }
 
 extension IAP2Endpoint: DrivenMachine {}
+extension IAPEndpoint: DrivenMachine {}
 
 /// Runs a ``DrivenMachine`` over a ``Transport`` on one serial Dispatch queue: the event loop.
 ///

@@ -155,6 +155,13 @@ public struct FrameScanner: Sendable {
     /// Bytes held for a frame that has not been completed yet.
     public var pendingByteCount: Int { pending.count }
 
+    /// Hands over the bytes held for a partial frame, without counting them as dropped: for a
+    /// receiver that passes the stream on to another (the host switching to iAP1).
+    public mutating func takePendingBytes() -> [UInt8] {
+        defer { pending.removeAll(keepingCapacity: true) }
+        return pending
+    }
+
     /// Forgets a partial frame (for instance after a link reset), counting it as dropped.
     public mutating func reset() {
         if !pending.isEmpty {

@@ -52,6 +52,19 @@ public enum IAP1Catalogue {
         0x15: "MaxAccessoryConnections", 0x16: "HIDDescriptorIndexInUse", 0x17: "DroppedData", 0x18: "InvalidVideoSettings",
     ]
 
+    /// FID token names by `type << 8 | subtype` (PROTOCOL.md §1.7).
+    public static let tokens: [UInt16: String] = [
+        0x0000: "IdentifyToken", 0x0001: "AccessoryCapsToken", 0x0002: "AccessoryInfoToken", 0x0003: "iPodPreferenceToken",
+        0x0004: "EAProtocolToken", 0x0005: "BundleSeedIDPrefToken", 0x0007: "ScreenInfoToken",
+        0x0008: "EAProtocolMetadataToken", 0x000E: "AccessoryDigitalAudioSampleRatesToken",
+        0x000F: "AccessoryDigitalAudioVideoDelayToken", 0x0100: "MicrophoneCapsToken",
+    ]
+
+    /// The name of an FID token kind (`type << 8 | subtype`).
+    public static func tokenName(_ kind: UInt16) -> String {
+        tokens[kind] ?? "token \(hexByte(UInt8(kind >> 8))):\(hexByte(UInt8(kind & 0xFF)))"
+    }
+
     /// The name of `command` on `lingo`, when known.
     public static func commandName(lingo: UInt8, command: UInt16) -> String? {
         switch lingo {

@@ -59,8 +59,8 @@ func hex(_ bytes: [UInt8]) -> String {
     return out
 }
 
-@usableFromInline
-func hexByte(_ byte: UInt8) -> String {
+/// A byte as two upper-case hex digits, e.g. `0A`.
+public func hexByte(_ byte: UInt8) -> String {
     let digits: [Character] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "A", "B", "C", "D", "E", "F"]
     return String([digits[Int(byte >> 4)], digits[Int(byte & 0x0F)]])
 }

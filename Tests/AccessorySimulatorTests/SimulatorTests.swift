@@ -147,7 +147,7 @@ struct SimulatorTests {
             }
             peak = max(peak, h.accessory.bufferedBytes)
             #expect(h.accessory.bufferedBytes <= h.accessory.bufferedBytesLimit)
-            #expect(h.accessory.endpoint.link.queuedCount <= h.accessory.endpoint.link.sendQueueLimit)
+            #expect(h.accessory.endpoint.iap2!.link.queuedCount <= h.accessory.endpoint.iap2!.link.sendQueueLimit)
             return false
         }
         #expect(refused, "the host's writes never backed up")
@@ -194,7 +194,7 @@ struct SimulatorTests {
         #expect(received == data)
         #expect(harness.accessory.faultCounters.framesDropped > 0)
         #expect(harness.accessory.faultCounters.framesCorrupted > 0)
-        #expect(harness.accessory.endpoint.link.statistics.retransmissions > 0)
+        #expect(harness.accessory.endpoint.iap2!.link.statistics.retransmissions > 0)
     }
 
     @Test("the delay fault holds frames and shows in nextDeadline")

@@ -50,6 +50,7 @@ enum InfoCommand {
             return .success
         }
         var out = "connection \(accessory.connectionID) on \(accessory.location) (\(accessory.transportKind.rawValue))\n"
+        out += "  protocol:          \(accessory.protocolVersion.rawValue)\n"
         out += "  name:              \(identity.name)\n"
         out += "  manufacturer:      \(identity.manufacturer)\n"
         out += "  model:             \(identity.modelIdentifier)\n"
@@ -62,7 +63,7 @@ enum InfoCommand {
         for item in identity.protocols {
             let transport = item.nativeTransportComponentIdentifier.map { component in
                 "native transport (component \(component)" + (nativeInterface(of: item.name, on: accessory).map { ", USB interface \($0)" } ?? "") + ")"
-            } ?? "on the iAP2 link"
+            } ?? (accessory.protocolVersion == .iap1 ? "iAP1 data sessions" : "on the iAP2 link")
             out += "    \(item.name)  (id \(item.identifier), \(transport))\n"
         }
         out += "  transport components:\n"
@@ -127,7 +128,8 @@ enum IapctlJSON {
 /// An accessory as `iapctl list` prints it: a line, then its protocols.
 func listLine(_ accessory: Accessory) -> String {
     var out = "\(accessory.connectionID)  \(accessory.name)  \(accessory.manufacturer) \(accessory.modelNumber)  "
-    out += "serial \(accessory.serialNumber)  firmware \(accessory.firmwareRevision)  on \(accessory.location)\n"
+    out += "serial \(accessory.serialNumber)  firmware \(accessory.firmwareRevision)  on \(accessory.location)"
+    out += accessory.protocolVersion == .iap1 ? "  (iAP1)\n" : "\n"
     out += "    protocols: \(accessory.protocolStrings.joined(separator: ", "))"
     out += accessory.supportsConfiguredProtocols ? "\n" : "  (none of the supported protocols)\n"
     return out

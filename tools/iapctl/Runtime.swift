@@ -221,6 +221,7 @@ func json(_ accessory: Accessory) -> JSONValue {
         ("manufacturer", .string(accessory.manufacturer)), ("modelNumber", .string(accessory.modelNumber)),
         ("serialNumber", .string(accessory.serialNumber)), ("firmwareRevision", .string(accessory.firmwareRevision)),
         ("hardwareRevision", .string(accessory.hardwareRevision)),
+        ("protocolVersion", .string(accessory.protocolVersion.rawValue)),
         ("protocolStrings", .array(accessory.protocolStrings.map { .string($0) })),
         ("supportsConfiguredProtocols", .bool(accessory.supportsConfiguredProtocols)),
         ("transport", .string(accessory.transportKind.rawValue)), ("location", .string(accessory.location)),
