@@ -328,6 +328,10 @@ public struct FrameInspector: Sendable {
         if transactionIDMode == .auto, !transactionIDsSeen, body.byteCount == 4, body.byte(at: 0) == 0x00, body.byte(at: 1) == 0x38 {
             transactionIDsSeen = true
         }
+        // IdentifyDeviceLingoes without a transaction id (14 bytes) turns them off again.
+        if transactionIDMode == .auto, transactionIDsSeen, body.byteCount == 14, body.byte(at: 0) == 0x00, body.byte(at: 1) == 0x13 {
+            transactionIDsSeen = false
+        }
         var fields: [(String, JSONValue)] = [("kind", .string("iap1"))] + common + [
             ("sync", .bool(framing.hasSync)), ("form", .string(framing.isLargeForm ? "large" : "small")),
         ]
@@ -396,27 +400,66 @@ enum IAP1Details {
             return ["session \(u16(0)), \(p.count - 2) data bytes: " + HexInput.format(p.dropFirst(2).prefix(32))]
         case 0x12 where p.count >= 2:
             return ["max payload \(u16(0)) bytes"]
-        case 0x39 where p.count >= 1:
-            var lines = ["\(p[0]) token\(p[0] == 1 ? "" : "s")"]
-            var offset = 1
-            while offset < p.count {
-                let length = Int(p[offset])
-                guard length >= 2, offset + 1 + length <= p.count else {
-                    lines.append("token at offset \(offset) has a bad length \(length)")
-                    break
-                }
-                let token = Array(p[(offset + 1)..<(offset + 1 + length)])
-                lines.append("token \(hex(token[0])):\(hex(token[1])) \(tokenName(token[0], token[1])), \(length - 2) data bytes")
-                offset += 1 + length
+        case 0x39:
+            do {
+                let tokens = try FIDToken.decodeList(p)
+                return ["\(tokens.count) token\(tokens.count == 1 ? "" : "s")"] + tokens.map(describe)
+            } catch {
+                return ["malformed token list: \(error)"]
             }
-            return lines
+        case 0x3A:
+            let acks: [FIDTokenAck]
+            do { acks = try FIDTokenAck.decodeList(p) } catch { return ["malformed ack list: \(error)"] }
+            let statuses = [0: "accepted", 1: "required token failed", 2: "optional token failed", 3: "not supported", 4: "lingo busy",
+                            5: "max connections"]
+            return ["\(acks.count) ack\(acks.count == 1 ? "" : "s")"] + acks.map { ack in
+                let name = IAP1Catalogue.tokenName(UInt16(ack.type) << 8 | UInt16(ack.subtype))
+                let extra = ack.extra.isEmpty ? "" : " (\(HexInput.format(ack.extra)))"
+                return "\(name)\(extra): \(statuses[Int(ack.status)] ?? "status \(ack.status)")"
+            }
+        case 0x15 where p.count >= 4:
+            return ["authentication \(p[0]).\(p[1]), certificate section \(p[2]) of 0…\(p[3]), \(p.count - 4) bytes"]
+        case 0x16 where p.count >= 1, 0x19 where p.count >= 1:
+            return ["status 0x\(hex(p[0])) \(IAP1Catalogue.ackStatuses[p[0]] ?? "unknown status")"]
+        case 0x17 where p.count >= 1:
+            return ["challenge \(p.count - 1) bytes, retry counter \(p[p.count - 1])"]
+        case 0x18:
+            return ["signature \(p.count) bytes"]
+        case 0x0F where p.count >= 1, 0x4B where p.count >= 1:
+            return ["lingo 0x\(hex(p[0])) \(IAP1Catalogue.lingoes[p[0]] ?? "unknown lingo")"]
         default:
             return []
         }
     }
 
-    static func tokenName(_ type: UInt8, _ subtype: UInt8) -> String {
-        IAP1Catalogue.tokens[UInt16(type) << 8 | UInt16(subtype)] ?? "unknown token"
+    /// One FID token with its contents.
+    static func describe(_ token: FIDToken) -> String {
+        let name = "token \(hex(token.type)):\(hex(token.subtype)) \(IAP1Catalogue.tokenName(token.kind))"
+        let d = token.data
+        func text(_ bytes: ArraySlice<UInt8>) -> String { "\"" + String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self) + "\"" }
+        switch token.kind {
+        case FIDToken.identify where d.count >= 1 && d.count >= 1 + Int(d[0]) + 8:
+            let count = Int(d[0])
+            let lingoes = d[1..<(1 + count)].map { IAP1Catalogue.lingoes[$0] ?? "lingo \($0)" }
+            return "\(name): lingoes \(lingoes.joined(separator: ", ")), options 0x\(HexInput.format(Array(d[(1 + count)..<(5 + count)]), separator: ""))"
+        case FIDToken.accessoryInfo where d.count >= 1:
+            let types: [UInt8: String] = [1: "name", 4: "firmware version", 5: "hardware version", 6: "manufacturer",
+                                          7: "model number", 8: "serial number", 9: "max incoming payload"]
+            let value: String
+            switch d[0] {
+            case 1, 6, 7, 8: value = text(d.dropFirst())
+            case 4 where d.count >= 4, 5 where d.count >= 4: value = d[1...3].map(String.init).joined(separator: ".")
+            case 9 where d.count >= 3: value = "\(Int(d[1]) << 8 | Int(d[2])) bytes"
+            default: value = HexInput.format(Array(d.dropFirst().prefix(16)))
+            }
+            return "\(name): \(types[d[0]] ?? "info type \(d[0])") \(value)"
+        case FIDToken.eaProtocol where d.count >= 1:
+            return "\(name): protocol \(d[0]) \(text(d.dropFirst()))"
+        case FIDToken.bundleSeedIDPref:
+            return "\(name): \(text(d[...]))"
+        default:
+            return "\(name), \(d.count) data bytes"
+        }
     }
 }
 

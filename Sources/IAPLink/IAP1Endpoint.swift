@@ -516,7 +516,8 @@ public struct IAP1Endpoint: Sendable {
                 return failAuthentication("the certificate was refused")
             }
             send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.success])
-            var challenge = [UInt8](repeating: 0, count: policy.challengeLength(certificate: collected))
+            // Authentication 2.0 over iAP1 always uses a 20-byte challenge (PROTOCOL.md §1.8).
+            var challenge = [UInt8](repeating: 0, count: 20)
             for index in challenge.indices { challenge[index] = UInt8(truncatingIfNeeded: random.next()) }
             awaitedTransactionID = send(IAP1Command.getAccessoryAuthenticationSignature, challenge + [1])
             step = .awaitingSignature(certificate: collected, challenge: challenge)

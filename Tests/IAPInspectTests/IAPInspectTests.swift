@@ -171,6 +171,43 @@ struct FrameReportTests {
         #expect(reply.reports[0].details.contains("this is the iAP1 answer to the iAP2 detect: the peer does not speak iAP2"))
     }
 
+    @Test func iap1IdentificationAndAuthenticationInHumanTerms() throws {
+        let tokens = try FIDToken.encodeList([
+            FIDToken(type: 0, subtype: 0, data: [1, 0x00, 0, 0, 0, 2, 0, 0, 2, 0]),
+            FIDToken(type: 0, subtype: 2, data: [0x01] + Array("AV Receiver".utf8) + [0]),
+            FIDToken(type: 0, subtype: 2, data: [0x04, 1, 0, 3]),
+            FIDToken(type: 0, subtype: 4, data: [1] + Array("com.acme.remote".utf8) + [0]),
+        ])
+        let packets = [
+            bytes("55 04 00 38 00 00 C4"), // StartIDPS, transaction 0: ids on
+            try IAP1Packet(lingo: 0, command: 0x39, transactionID: 1, payload: tokens).encoded(sync: false),
+            try IAP1Packet(lingo: 0, command: 0x3A, transactionID: 1,
+                           payload: FIDTokenAck.encodeList([FIDTokenAck(type: 0, subtype: 0, status: 0, extra: [0]),
+                                                            FIDTokenAck(type: 0, subtype: 4, status: 1, extra: [1])])).encoded(sync: false),
+            try IAP1Packet(lingo: 0, command: 0x15, transactionID: 2, payload: [2, 0, 3, 7] + [UInt8](repeating: 0x30, count: 128)).encoded(),
+            try IAP1Packet(lingo: 0, command: 0x17, transactionID: 3, payload: [UInt8](repeating: 0xAB, count: 20) + [1]).encoded(),
+        ]
+        let result = CaptureDecoder.decode(packets.flatMap { $0 })
+        #expect(result.isClean)
+        #expect(result.reports[1].details == [
+            "4 tokens",
+            "token 00:00 IdentifyToken: lingoes General, options 0x00000002",
+            "token 00:02 AccessoryInfoToken: name \"AV Receiver\"",
+            "token 00:02 AccessoryInfoToken: firmware version 1.0.3",
+            "token 00:04 EAProtocolToken: protocol 1 \"com.acme.remote\"",
+        ])
+        #expect(result.reports[2].details == ["2 acks", "IdentifyToken (00): accepted", "EAProtocolToken (01): required token failed"])
+        #expect(result.reports[3].details == ["authentication 2.0, certificate section 3 of 0…7, 128 bytes"])
+        #expect(result.reports[4].details == ["challenge 20 bytes, retry counter 1"])
+        #expect(result.reports[4].summary.contains("GetAccessoryAuthenticationSignature (0x17) trans=0x0003"))
+    }
+
+    @Test func aLyingTokenListIsReportedNotTrusted() throws {
+        let packet = try IAP1Packet(lingo: 0, command: 0x39, payload: [2, 0x40, 0x00, 0x02, 0x01]).encoded()
+        let result = CaptureDecoder.decode(packet, transactionIDs: .off)
+        #expect(result.reports.first?.details.first?.hasPrefix("malformed token list: ") == true)
+    }
+
     @Test func garbageBetweenFrames() {
         let result = CaptureDecoder.decode([0x01, 0x02, 0x03] + IAP2Detect.bytes)
         #expect(result.reports.map(\.summary) == ["dropped 3 bytes: garbage", "detect  FF 55 02 00 EE 10  (iAP2 detect sequence)"])

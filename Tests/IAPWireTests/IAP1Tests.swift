@@ -109,4 +109,43 @@ struct IAP1Tests {
         #expect(IAP1Catalogue.lingoes[0x04] == "ExtendedInterface")
         #expect(IAP1Catalogue.ackStatuses[0x04] == "BadParameter")
     }
+
+    @Test func fidTokensRoundTrip() throws {
+        let tokens = [FIDToken(type: 0, subtype: 0, data: [1, 0, 0, 0, 0, 2, 0, 0, 2, 0]),
+                      FIDToken(type: 0, subtype: 4, data: [1] + Array("com.acme.x".utf8) + [0])]
+        let payload = try FIDToken.encodeList(tokens)
+        #expect(payload.prefix(4) == [2, 12, 0, 0])
+        #expect(try FIDToken.decodeList(payload) == tokens)
+        #expect(throws: WireError.self) { try FIDToken.encodeList([FIDToken(type: 0, subtype: 2, data: [UInt8](repeating: 1, count: 254))]) }
+    }
+
+    @Test("FID token lists whose lengths lie are refused with the field named", arguments: [
+        [UInt8](),                          // no count
+        [2, 3, 0, 1, 0],                    // two announced, one present
+        [1, 1, 0],                          // a token shorter than its type and subtype
+        [1, 9, 0, 2, 1],                    // a length past the end
+        [1, 3, 0, 1, 0, 0xEE],              // a byte after the last token
+    ])
+    func lyingTokenLists(payload: [UInt8]) {
+        #expect(throws: WireError.self) { try FIDToken.decodeList(payload) }
+    }
+
+    @Test func fidTokenAcksRoundTrip() throws {
+        let acks = [FIDTokenAck(type: 0, subtype: 0, status: 0, extra: [0]), FIDTokenAck(type: 0, subtype: 2, status: 2, extra: [1])]
+        let payload = FIDTokenAck.encodeList(acks)
+        #expect(payload == [2, 4, 0, 0, 0, 0, 4, 0, 2, 2, 1])
+        #expect(try FIDTokenAck.decodeList(payload) == acks)
+        #expect(throws: WireError.self) { try FIDTokenAck.decodeList([1, 2, 0, 0]) }
+    }
+
+    @Test func payloadReaderNamesTheField() throws {
+        var reader = IAP1PayloadReader([0x00, 0x01, 0x61, 0x62], what: "OpenDataSessionForProtocol")
+        #expect(try reader.uint16("session id") == 1)
+        #expect(throws: WireError.invalidString(parameterID: 0, reason: "OpenDataSessionForProtocol name has no terminating NUL")) {
+            _ = try reader.cString("name")
+        }
+        #expect(throws: WireError.truncated(what: "OpenDataSessionForProtocol count", needed: 4, available: 2)) {
+            _ = try reader.uint32("count")
+        }
+    }
 }

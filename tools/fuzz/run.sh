@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link descriptors)
+[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors)
 
 out=tools/fuzz/out
 bin=$out/bin
@@ -28,12 +28,12 @@ swiftc "${flags[@]}" -module-name IAPLink -I "$bin" -emit-module -emit-module-pa
 swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module-path "$bin/IAPInspect.swiftmodule" \
     -wmo -c -o "$bin/IAPInspect.o" Sources/IAPInspect/*.swift 2>&1 | quiet
 
-declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]=LinkFuzz.swift
+declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]=LinkFuzz.swift [iap1]=IAP1Fuzz.swift
                    [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift")
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
-    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, descriptors)" >&2; exit 64; }
+    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors)" >&2; exit 64; }
     files=()
     for f in $file; do files+=("tools/fuzz/$f"); done
     swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet

@@ -1,0 +1,378 @@
+import IAPLink
+import IAPWire
+import Testing
+
+/// A device-role ``IAPEndpoint`` and an accessory-role ``IAP1Endpoint`` wired back to back on
+/// virtual time; everything one side outputs reaches the other in the next step, whole or cut
+/// into small chunks (a UART delivers what it has).
+struct IAP1Pair {
+    var device: IAPEndpoint
+    var accessory: IAP1Endpoint
+    var now: Duration = .zero
+    var deviceEvents: [EndpointEvent] = []
+    var accessoryEvents: [EndpointEvent] = []
+    /// What the device sent, packet by packet (to check its answers).
+    var deviceSent: [[UInt8]] = []
+    /// Cut every stream into chunks of this many bytes (nil: whole packets).
+    var chunk: Int?
+
+    init(identity: AccessoryIdentity = .sample, style: IAP1IdentificationStyle = .idps, waitsForDevice: Bool = false,
+         policy: any AuthenticationPolicy = AcceptingAuthentication(), bufferLimit: Int = 1 << 20) {
+        device = IAPEndpoint(device: .device, policy: policy, sessionBufferLimit: bufferLimit, initialSequence: 0x40, randomSeed: 5)
+        accessory = IAP1Endpoint(accessory: identity, style: style, waitsForDevice: waitsForDevice, sessionBufferLimit: bufferLimit,
+                                 maxIncomingPayload: 1_000, randomSeed: 6)
+    }
+
+    mutating func start() {
+        accessory.start(now: now)
+        device.start(now: now)
+    }
+
+    private func pieces(_ bytes: [UInt8]) -> [[UInt8]] {
+        guard let chunk else { return [bytes] }
+        return stride(from: 0, to: bytes.count, by: chunk).map { Array(bytes[$0..<min(bytes.count, $0 + chunk)]) }
+    }
+
+    /// Delivers one round of output both ways; when nothing moved, advances time to the next
+    /// deadline. Returns false when nothing is pending at all.
+    mutating func step() -> Bool {
+        let toAccessory = device.takeOutput()
+        let toDevice = accessory.takeOutput()
+        deviceSent += toAccessory
+        for packet in toAccessory { for piece in pieces(packet) { accessory.receive(piece, now: now) } }
+        for packet in toDevice { for piece in pieces(packet) { device.receive(piece, now: now) } }
+        deviceEvents += device.takeEvents()
+        accessoryEvents += accessory.takeEvents()
+        if !toAccessory.isEmpty || !toDevice.isEmpty || device.hasOutput || accessory.hasOutput { return true }
+        guard let next = [device.nextDeadline, accessory.nextDeadline].compactMap({ $0 }).min() else { return false }
+        now = max(now, next)
+        device.advance(to: now)
+        accessory.advance(to: now)
+        deviceEvents += device.takeEvents()
+        accessoryEvents += accessory.takeEvents()
+        return true
+    }
+
+    @discardableResult
+    mutating func run(until limit: Duration = .seconds(60), _ condition: (inout IAP1Pair) -> Bool) -> Bool {
+        while now <= limit {
+            if condition(&self) { return true }
+            if !step() { return condition(&self) }
+        }
+        return false
+    }
+
+    /// Feeds the device raw bytes as if the accessory had sent them, and returns what the device
+    /// answered (decoded with the transaction-id mode in force).
+    mutating func deviceAnswers(to bytes: [UInt8], transactionIDs: Bool) -> [IAP1Packet] {
+        device.receive(bytes, now: now)
+        deviceEvents += device.takeEvents()
+        return device.takeOutput().compactMap { try? IAP1Packet.decode($0, transactionIDs: transactionIDs) }
+    }
+
+    /// Identified, and every packet of the exchange delivered.
+    var identified: Bool { device.identity != nil && !device.hasOutput && !accessory.hasOutput }
+}
+
+/// An iAP1 packet on the General lingo, with the UART sync byte.
+func iap1(_ command: UInt8, _ payload: [UInt8] = [], transaction: UInt16? = nil) -> [UInt8] {
+    (try? IAP1Packet(lingo: 0, command: UInt16(command), transactionID: transaction, payload: payload).encoded()) ?? []
+}
+
+extension EndpointEvent {
+    var malformedText: String? {
+        if case let .malformedMessage(text) = self { return text }
+        return nil
+    }
+}
+
+@Suite("iAP1 device role, virtual time")
+struct IAP1Tests {
+    @Test("IDPS, authentication 2.0 and identification: the identity is what the tokens said")
+    func idpsIdentifiesWithStringsAndProtocols() throws {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let identity = try #require(pair.device.identity)
+        #expect(pair.device.protocolVersion == .iap1)
+        #expect(identity.protocolVersion == .iap1)
+        #expect(identity.name == "Test Sensor")
+        #expect(identity.manufacturer == "Acme")
+        #expect(identity.modelIdentifier == "TS-1")
+        #expect(identity.serialNumber == "SN0001")
+        #expect(identity.firmwareVersion == "1.2.3")
+        #expect(identity.hardwareVersion == "0.0.0") // "A" is not a number: iAP1 carries 3 bytes
+        #expect(identity.protocols.map(\.name) == ["com.acme.fw", "com.acme.data", "com.acme.log", "com.acme.ctl"])
+        #expect(identity.protocols.map(\.identifier) == [1, 2, 3, 4])
+        #expect(pair.deviceEvents.contains { if case .authenticated = $0 { true } else { false } })
+        #expect(pair.deviceEvents.contains(.protocolSwitched(.iap1)))
+        // The device's first iAP1 answer is the iPodAck for StartIDPS with its transaction id.
+        let answers = pair.deviceSent.compactMap { try? IAP1Packet.decode($0, transactionIDs: true) }
+        #expect(answers.first == IAP1Packet(lingo: 0, command: 0x02, transactionID: 0, payload: [0x00, 0x38]))
+        // Authentication: every certificate section but the last acked, then the 20-byte challenge.
+        let signatureRequest = try #require(answers.first { $0.command == 0x17 })
+        #expect(signatureRequest.payload.count == 21)
+        #expect(answers.filter { $0.command == 0x02 && $0.payload == [0x00, 0x15] }.count == 4) // 608 bytes: 5 sections
+        #expect(answers.contains { $0.command == 0x19 && $0.payload == [0x00] })
+    }
+
+    @Test("the same flow with the stream cut into 3-byte pieces")
+    func identifiesFromAStreamInSmallPieces() {
+        var pair = IAP1Pair()
+        pair.chunk = 3
+        pair.start()
+        #expect(pair.run { $0.identified })
+    }
+
+    @Test("an accessory that answers the detect the iAP1 way is asked to identify, and is")
+    func detectAnsweredTheIAP1Way() throws {
+        var pair = IAP1Pair(waitsForDevice: true)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        #expect(pair.deviceSent.first == IAP2Detect.bytes)
+        #expect(pair.deviceSent.contains(iap1(0x00))) // RequestIdentify, no transaction id
+        #expect(pair.device.identity?.name == "Test Sensor")
+    }
+
+    @Test("IdentifyDeviceLingoes: identified and authenticated, with no strings and no protocols")
+    func legacyIdentification() throws {
+        var pair = IAP1Pair(style: .deviceLingoes)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let identity = try #require(pair.device.identity)
+        #expect(identity.protocolVersion == .iap1)
+        #expect(identity.protocols.isEmpty)
+        #expect(pair.device.iap1?.transactionIDs == false)
+        #expect(pair.deviceEvents.contains { if case .authenticated = $0 { true } else { false } })
+        #expect(throws: EndpointError.unsupportedProtocol("com.acme.fw")) {
+            _ = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now)
+        }
+    }
+
+    @Test("two data sessions at once, byte-exact both ways, acknowledged, then closed")
+    func twoSessionsAtOnce() throws {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let a = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now)
+        let b = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
+        #expect(throws: EndpointError.protocolInUse("com.acme.fw")) {
+            _ = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now)
+        }
+        #expect(pair.run { p in p.device.sessionState(a) == .open && p.device.sessionState(b) == .open })
+        let total = 300_000
+        var written = [a: 0, b: 0], received = [a: [UInt8](), b: [UInt8]()], echoedBack = [a: [UInt8](), b: [UInt8]()]
+        let done = pair.run { p in
+            for (index, id) in [a, b].enumerated() {
+                if written[id]! < total {
+                    let chunk = pattern(index, written[id]!, min(40_000, total - written[id]!))
+                    written[id]! += (try? p.device.write(id, chunk, now: p.now)) ?? 0
+                }
+                let bytes = p.accessory.read(id)
+                received[id]! += bytes
+                // The accessory writes everything back (its buffer is large enough here).
+                if !bytes.isEmpty { #expect((try? p.accessory.write(id, bytes, now: p.now)) == bytes.count) }
+                echoedBack[id]! += p.device.read(id)
+            }
+            return echoedBack[a]!.count == total && echoedBack[b]!.count == total && p.accessory.bytesAcknowledged(b) == total
+        }
+        #expect(done)
+        #expect(received[a] == pattern(0, 0, total))
+        #expect(received[b] == pattern(1, 0, total))
+        #expect(echoedBack[a] == pattern(0, 0, total))
+        #expect(echoedBack[b] == pattern(1, 0, total))
+        #expect(pair.device.bytesAcknowledged(a) == total)
+        #expect(pair.accessory.bytesAcknowledged(b) == total)
+        // Packets of the declared maximum payload (1000 bytes less the session id): large form.
+        #expect(pair.deviceSent.contains { $0.count > 256 && $0[2] == 0x00 })
+        pair.device.closeSession(a, now: pair.now)
+        #expect(pair.run { p in p.accessoryEvents.contains(.sessionClosed(sessionID: a, reason: nil)) })
+        #expect(pair.device.sessionState(b) == .open)
+    }
+
+    @Test("a reader that stops reading holds the sender off; reading later gets every byte")
+    func backPressureHoldsTheSender() throws {
+        var pair = IAP1Pair(bufferLimit: 20_000)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let id = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
+        #expect(pair.run { $0.device.sessionState(id) == .open })
+        // The accessory offers 1 MB; the device does not read.
+        let total = 1_000_000
+        var offered = 0
+        pair.run(until: pair.now + .seconds(5)) { p in
+            offered += (try? p.accessory.write(id, pattern(3, offered, min(50_000, total - offered)), now: p.now)) ?? 0
+            return false
+        }
+        let heldAtDevice = pair.device.bytesAvailable(id)
+        #expect(heldAtDevice <= 20_000 + 1_000)
+        #expect(offered < 20_000 + 20_000 + IAP1Endpoint.maxHeldPackets * 1_000 + 50_000)
+        #expect(!pair.accessoryEvents.contains { $0.malformedText != nil })
+        // Now read everything.
+        var received: [UInt8] = []
+        #expect(pair.run { p in
+            if offered < total { offered += (try? p.accessory.write(id, pattern(3, offered, min(50_000, total - offered)), now: p.now)) ?? 0 }
+            received += p.device.read(id)
+            return received.count == total
+        })
+        #expect(received == pattern(3, 0, total))
+    }
+
+    @Test("a wrong checksum is dropped and reported; the accessory goes on")
+    func badChecksum() {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        var bad = iap1(0x42, [0x00, 0x01, 0xAA], transaction: 9)
+        bad[bad.count - 1] ^= 0xFF
+        #expect(pair.deviceAnswers(to: bad, transactionIDs: true).isEmpty)
+        #expect(pair.deviceEvents.contains { if case .link(.dropped) = $0 { true } else { false } })
+        #expect(pair.device.identity != nil)
+    }
+
+    @Test("unknown lingoes and commands get iPodAck BadParameter with their transaction id")
+    func unknownCommands() throws {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let unknownLingo = try IAP1Packet(lingo: 0x0C, command: 0x01, transactionID: 0x0077, payload: [1, 2]).encoded()
+        #expect(pair.deviceAnswers(to: unknownLingo, transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x02, transactionID: 0x0077, payload: [0x04, 0x01])])
+        #expect(pair.deviceAnswers(to: iap1(0x6E, [], transaction: 0x0078), transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x02, transactionID: 0x0078, payload: [0x04, 0x6E])])
+        #expect(pair.deviceEvents.contains(.unhandledIAP1Command(lingo: 0x0C, command: 0x01)))
+        #expect(pair.deviceEvents.contains(.unhandledIAP1Command(lingo: 0x00, command: 0x6E)))
+        // Data for a session that does not exist.
+        #expect(pair.deviceAnswers(to: iap1(0x42, [0x00, 0x63, 1, 2, 3], transaction: 0x0079), transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x02, transactionID: 0x0079, payload: [0x01, 0x42])])
+        // A truncated AccessoryAck: BadParameter and a clear event.
+        #expect(pair.deviceAnswers(to: iap1(0x41, [0x00], transaction: 0x007A), transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x02, transactionID: 0x007A, payload: [0x04, 0x41])])
+        #expect(pair.deviceEvents.contains { $0.malformedText?.contains("AccessoryAck") == true })
+    }
+
+    @Test("data before authentication is refused with NotAuthenticated")
+    func dataBeforeAuthentication() {
+        var pair = IAP1Pair()
+        // StartIDPS by hand, then data at once.
+        _ = pair.deviceAnswers(to: iap1(0x38, [], transaction: 0), transactionIDs: true)
+        #expect(pair.device.protocolVersion == .iap1)
+        #expect(pair.deviceAnswers(to: iap1(0x42, [0x00, 0x01, 0xAA], transaction: 1), transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x02, transactionID: 1, payload: [0x07, 0x42])])
+    }
+
+    @Test("FID tokens with lying lengths get BadParameter; a bad required token fails IDPS with status 1")
+    func lyingTokens() throws {
+        var pair = IAP1Pair()
+        _ = pair.deviceAnswers(to: iap1(0x38, [], transaction: 0), transactionIDs: true)
+        // Two tokens announced, one present; then a token whose length runs past the end.
+        #expect(pair.deviceAnswers(to: iap1(0x39, [2, 0x03, 0x00, 0x01, 0x00], transaction: 1), transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x02, transactionID: 1, payload: [0x04, 0x39])])
+        #expect(pair.deviceAnswers(to: iap1(0x39, [1, 0x40, 0x00, 0x02, 0x01], transaction: 2), transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x02, transactionID: 2, payload: [0x04, 0x39])])
+        // An EAProtocolToken without its NUL, and an unknown token.
+        let tokens = try FIDToken.encodeList([
+            FIDToken(type: 0, subtype: 0, data: [1, 0, 0, 0, 0, 2, 0, 0, 2, 0]),
+            FIDToken(type: 0, subtype: 4, data: [1] + Array("com.acme.x".utf8)),
+            FIDToken(type: 0x7F, subtype: 0x01, data: [9]),
+        ])
+        let ack = pair.deviceAnswers(to: iap1(0x39, tokens, transaction: 3), transactionIDs: true)
+        #expect(ack.first?.command == 0x3A)
+        let acks = try FIDTokenAck.decodeList(try #require(ack.first).payload)
+        #expect(acks.map(\.status) == [FIDTokenAck.accepted, FIDTokenAck.requiredFailed, FIDTokenAck.notSupported])
+        #expect(pair.deviceAnswers(to: iap1(0x3B, [0], transaction: 4), transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x3C, transactionID: 4, payload: [1])])
+        #expect(pair.deviceEvents.contains { if case .identificationRejected = $0 { true } else { false } })
+        #expect(pair.device.identity == nil)
+    }
+
+    @Test("IDPS without an IdentifyToken ends with status 2 (required token missing)")
+    func missingIdentifyToken() {
+        var pair = IAP1Pair()
+        _ = pair.deviceAnswers(to: iap1(0x38, [], transaction: 0), transactionIDs: true)
+        #expect(pair.deviceAnswers(to: iap1(0x3B, [0], transaction: 1), transactionIDs: true)
+            == [IAP1Packet(lingo: 0, command: 0x3C, transactionID: 1, payload: [2])])
+    }
+
+    @Test("an answer with the wrong transaction id is ignored and reported")
+    func transactionIDMismatch() throws {
+        var pair = IAP1Pair()
+        _ = pair.deviceAnswers(to: iap1(0x38, [], transaction: 0), transactionIDs: true)
+        let tokens = try FIDToken.encodeList([FIDToken(type: 0, subtype: 0, data: [1, 0, 0, 0, 0, 2, 0, 0, 2, 0])])
+        _ = pair.deviceAnswers(to: iap1(0x39, tokens, transaction: 1), transactionIDs: true)
+        let answers = pair.deviceAnswers(to: iap1(0x3B, [0], transaction: 2), transactionIDs: true)
+        let request = try #require(answers.first { $0.command == 0x14 }) // GetAccessoryAuthenticationInfo
+        let wrong = (request.transactionID ?? 0) &+ 5
+        #expect(pair.deviceAnswers(to: iap1(0x15, [2, 0, 0, 0] + [UInt8](repeating: 0x30, count: 50), transaction: wrong),
+                                   transactionIDs: true).isEmpty)
+        #expect(pair.deviceEvents.contains { $0.malformedText?.contains("transaction id") == true })
+        // The right one is taken: the single section is final, so the challenge follows.
+        let next = pair.deviceAnswers(to: iap1(0x15, [2, 0, 0, 0] + [UInt8](repeating: 0x30, count: 50), transaction: request.transactionID),
+                                      transactionIDs: true)
+        #expect(next.map(\.command) == [0x16, 0x17])
+    }
+
+    @Test("the accessory refuses a session for a protocol it did not declare")
+    func undeclaredProtocolIndex() throws {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        pair.accessory.receive(iap1(0x3F, [0x00, 0x09, 0x63], transaction: 0x0100), now: pair.now)
+        let answer = try #require(pair.accessory.takeOutput().first)
+        #expect(try IAP1Packet.decode(answer, transactionIDs: true)
+            == IAP1Packet(lingo: 0, command: 0x41, transactionID: 0x0100, payload: [0x04, 0x3F]))
+        #expect(throws: EndpointError.unsupportedProtocol("com.acme.nothing")) {
+            _ = try pair.device.openSession(protocolName: "com.acme.nothing", now: pair.now)
+        }
+    }
+
+    @Test("a refused open ends the session with the accessory's status")
+    func refusedOpen() throws {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let id = try pair.device.openSession(protocolName: "com.acme.log", now: pair.now)
+        let open = try #require(pair.device.takeOutput().first)
+        let request = try IAP1Packet.decode(open, transactionIDs: true)
+        _ = pair.deviceAnswers(to: iap1(0x41, [0x04, 0x3F], transaction: request.transactionID), transactionIDs: true)
+        guard case let .closed(reason?) = pair.device.sessionState(id) else {
+            Issue.record("the session is not closed with a reason")
+            return
+        }
+        #expect(reason.contains("BadParameter"))
+    }
+
+    @Test("an accessory that does not answer authentication fails with the step named")
+    func silentAuthentication() {
+        var pair = IAP1Pair()
+        pair.device.answerTimeout = .seconds(2)
+        _ = pair.deviceAnswers(to: iap1(0x38, [], transaction: 0), transactionIDs: true)
+        let tokens = (try? FIDToken.encodeList([FIDToken(type: 0, subtype: 0, data: [1, 0, 0, 0, 0, 2, 0, 0, 2, 0])])) ?? []
+        _ = pair.deviceAnswers(to: iap1(0x39, tokens, transaction: 1), transactionIDs: true)
+        _ = pair.deviceAnswers(to: iap1(0x3B, [0], transaction: 2), transactionIDs: true)
+        pair.now += .seconds(3)
+        pair.device.advance(to: pair.now)
+        #expect(pair.device.takeEvents().contains(.controlFailed(.noAnswer("GetAccessoryAuthenticationInfo"))))
+    }
+
+    @Test("an identified iAP1 accessory that starts IDPS again is announced as restarted")
+    func reidentification() {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        _ = pair.deviceAnswers(to: iap1(0x38, [], transaction: 0x0200), transactionIDs: true)
+        #expect(pair.deviceEvents.contains { if case .accessoryRestarted = $0 { true } else { false } })
+        #expect(pair.device.identity == nil)
+    }
+
+    @Test("an iAP1 accessory that sends the iAP2 detect gets an iAP2 device again")
+    func backToIAP2() {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        pair.device.receive(IAP2Detect.bytes, now: pair.now)
+        #expect(pair.device.protocolVersion == .iap2)
+        #expect(pair.device.takeEvents().contains(.protocolSwitched(.iap2)))
+        #expect(pair.device.takeOutput() == [IAP2Detect.bytes])
+    }
+}
