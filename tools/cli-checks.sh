@@ -116,5 +116,24 @@ contains "live socket message" err "another process is listening on"
 exec 5>&- 4<&- # the holder reads the end of its input and exits
 wait "$holder" 2>/dev/null || true
 
+# A legacy iAP1 accessory on a pseudo-terminal (the UART path): listed with its strings and
+# protocols as iAP1, and a file goes through one of its protocols intact. The simulator prints
+# its pty path as its first line.
+coproc LEGACY { exec "$iapctl" simulate --profile legacy-sensor 2> "$work/legacy.err"; }
+legacy_pid=$LEGACY_PID
+if read -r -t 20 -u "${LEGACY[0]}" legacy_pty && [ -n "$legacy_pty" ]; then
+    check "an iAP1 accessory on a pty is listed" 0 "$iapctl" --no-usb --serial "$legacy_pty" list --json
+    contains "list --json iAP1" out '"name":"Legacy Sensor","manufacturer":"AccessoryHost Simulator","modelNumber":"SIM-LS1"'
+    contains "list --json iAP1 version" out '"protocolVersion":"iAP1","protocolStrings":["com.example.echo","com.example.sink"]'
+    head -c 2000000 /dev/urandom > "$work/legacy.bin"
+    check "a file through an iAP1 session on a pty" 0 "$iapctl" --no-usb --serial "$legacy_pty" send com.example.echo "$work/legacy.bin" --verify-echo --json
+    contains "send --json iAP1" out '"ok":true,"protocol":"com.example.echo"'
+else
+    echo "cli-checks: FAILED the iAP1 simulator did not announce its pty: $(cat "$work/legacy.err")" >&2
+    failures=$((failures + 1))
+fi
+kill "$legacy_pid" 2>/dev/null || true
+wait "$legacy_pid" 2>/dev/null || true
+
 [ "$failures" -eq 0 ] || { echo "cli-checks: $failures failed" >&2; exit 1; }
 echo "cli-checks: all passed"

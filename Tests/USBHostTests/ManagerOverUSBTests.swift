@@ -70,4 +70,34 @@ import Testing
         }
         #expect(manager.queue.sync { fake.log.last } == "shutdown")
     }
+
+    /// PROTOCOL.md §1.10 has no source showing iAP1 on the vendor bulk interface; a device that
+    /// answers that way is handled all the same: the bulk pipes carry bytes, the endpoint above
+    /// switches.
+    @Test func anAccessoryAnsweringInIAP1OnTheBulkInterfaceIsIdentifiedAndEchoes() async throws {
+        let manager = AccessoryManager()
+        let fake = FakeBackend(queue: manager.queue)
+        let (hostSide, accessorySide) = MemoryTransport.pair(name: "usb wire")
+        var profile = try #require(SimulatorProfile.builtIn(named: "legacy-sensor"))
+        profile.iap1?.waitsForDevice = true // identifies only when asked, after the detect
+        let runner = try SimulatorRunner(profile: profile, attachment: .transport(accessorySide))
+        manager.queue.sync { fake.connect(wire: hostSide) }
+        runner.start()
+        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, options: USBOptions()))
+        defer {
+            manager.stop()
+            runner.stop()
+        }
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(20)))
+        #expect(accessory.protocolVersion == .iap1)
+        #expect(accessory.transportKind == .usb)
+        #expect(accessory.name == "Legacy Sensor")
+        let session = try await accessory.openSession(for: "com.example.echo")
+        let payload = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ $0 >> 9) }
+        async let sent: Void = session.write(payload)
+        var received: [UInt8] = []
+        while received.count < payload.count, let chunk = try await session.read() { received += chunk }
+        try await sent
+        #expect(received == payload)
+    }
 }
