@@ -415,6 +415,10 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         if iap1 != nil, let index = protocols.firstIndex(where: \.isNative) {
             throw fail("protocols[\(index)].native", "iAP1 has no native transport; remove \"native\" or the \"iap1\" section")
         }
+        if iap1 != nil, faults.dropRate > 0 || faults.corruptRate > 0 {
+            throw fail(faults.dropRate > 0 ? "faults.dropRate" : "faults.corruptRate",
+                       "iAP1 has no retransmission, so a dropped or corrupted packet would stall its session for good; leave it at 0 with \"iap1\"")
+        }
         if iap1 != nil, let index = protocols.firstIndex(where: { $0.name.utf8.count > 200 }) {
             throw fail("protocols[\(index)].name", "is longer than the 200 bytes an iAP1 EAProtocolToken carries; shorten it")
         }

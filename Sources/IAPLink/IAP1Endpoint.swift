@@ -27,7 +27,7 @@ public enum IAP1IdentificationStyle: String, Hashable, Sendable, Codable, CaseIt
 /// simulator's. Like the iAP2 endpoint it does no I/O and reads no clock.
 ///
 /// Flow control: each data packet is acknowledged (AccessoryAck for the device's, iPodAck for the
-/// accessory's). At most ``dataWindow`` packets are unacknowledged at once; a receiver whose
+/// accessory's). At most ``dataWindow`` packets per session are unacknowledged at once; a receiver whose
 /// reader has no room holds one packet unacknowledged until the reader makes room, which holds
 /// the sender off. There is no timeout on a data acknowledgement: a peer that does not read is
 /// back-pressure, not a failure (the transport reports a peer that went away).
@@ -60,7 +60,7 @@ public struct IAP1Endpoint: Sendable {
     }
 
     public let role: LinkRole
-    /// Packets sent without acknowledgement, all sessions together.
+    /// Data packets a session may have sent without acknowledgement.
     public let dataWindow: Int
     /// How long the device waits for each answer of the accessory.
     public var answerTimeout: Duration = .seconds(10)
@@ -76,7 +76,7 @@ public struct IAP1Endpoint: Sendable {
     private let policy: any AuthenticationPolicy
     private let bufferLimit: Int
     private var random: SplitMix
-    private var scanner = FrameScanner(kinds: [.iap1, .detect])
+    private var scanner: FrameScanner
     private var output: [[UInt8]] = []
     private var events: [EndpointEvent] = []
     private var step: Step = .idle
@@ -100,6 +100,16 @@ public struct IAP1Endpoint: Sendable {
     private var certificateSectionsSent = 0
     /// Device role: the accessory sent the iAP2 detect (it started over in iAP2).
     public private(set) var sawIAP2Detect = false
+    /// Device role: the bytes that followed the iAP2 detect, for the iAP2 endpoint that takes
+    /// over (see ``takeBytesAfterDetect()``).
+    private var afterDetect: [UInt8] = []
+    /// Packets this side could not encode (always 0 unless a limit is wrong; checked by tests).
+    public private(set) var encodeFailures = 0
+    /// Transaction ids of data packets whose session closed before their acknowledgement came:
+    /// a late acknowledgement for one of them is expected, not an error.
+    private var retiredTransactions: [UInt16] = []
+    /// Indices declared by EAProtocolTokens during this IDPS.
+    private var declaredIndices: Set<UInt8> = []
 
     /// The most payload bytes this side takes per packet (what it answers to
     /// RequestTransportMaxPayloadSize and declares in AccessoryInfo).
@@ -110,6 +120,13 @@ public struct IAP1Endpoint: Sendable {
     public static let maxCertificateLength = 16 * 1024
     /// Data per packet towards a peer that declared no maximum.
     public static let defaultDataPerPacket = 500
+    /// The most FID tokens one IDPS may send (a real accessory sends about a dozen).
+    public static let maxTokens = 64
+
+    /// Data bytes per packet for a peer that takes `payload` bytes per packet: the session id
+    /// takes two, and the packet body (lingo, command, transaction id, payload) must stay within
+    /// the large form's 65535 bytes.
+    static func dataPerPacket(forPayload payload: Int) -> Int { max(1, min(payload, 0xFFF0) - 2) }
     /// Data packets a receiver holds unacknowledged for a reader without room; a peer that sends
     /// more without waiting for acknowledgements has the excess dropped and is told so.
     public static let maxHeldPackets = 8
@@ -118,6 +135,8 @@ public struct IAP1Endpoint: Sendable {
     public init(device policy: any AuthenticationPolicy = AcceptingAuthentication(), sessionBufferLimit: Int = 1 << 20,
                 maxIncomingPayload: Int = 16_384, dataWindow: Int = 4, randomSeed: UInt64) {
         role = .device
+        // All kinds: after an iAP2 detect, the iAP2 packets behind it are handed over intact.
+        scanner = FrameScanner(kinds: .all)
         self.policy = policy
         bufferLimit = sessionBufferLimit
         random = SplitMix(state: randomSeed)
@@ -139,6 +158,7 @@ public struct IAP1Endpoint: Sendable {
                 certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), sessionBufferLimit: Int = 1 << 20,
                 maxIncomingPayload: Int = 8_192, dataWindow: Int = 4, randomSeed: UInt64) {
         role = .accessory
+        scanner = FrameScanner(kinds: [.iap1, .detect])
         var identity = identity
         identity.protocolVersion = .iap1
         identityValue = identity
@@ -150,34 +170,67 @@ public struct IAP1Endpoint: Sendable {
         maxDataPerPacket = Self.defaultDataPerPacket - 2
         self.style = style
         self.waitsForDevice = waitsForDevice
-        self.certificate = certificate
+        // Sections are numbered with one byte: at most 256 of 128 bytes.
+        self.certificate = Array(certificate.prefix(Self.maxCertificateLength))
     }
 
     // MARK: Driving
 
+    /// Starts: the accessory side identifies unless it waits for the device; the device side waits (the iAP2 device sends the detect).
     public mutating func start(now: LinkTime) {
         self.now = now
         if role == .accessory, !waitsForDevice { beginIdentification() }
     }
 
+    /// Feeds bytes from the peer, in any chunking.
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         self.now = now
-        var bodies: [[UInt8]?] = [] // nil marks the iAP2 detect
+        guard !sawIAP2Detect else {
+            // The accessory started over in iAP2: everything from here is for the iAP2 endpoint.
+            bytes.withUnsafeBytes { afterDetect.append(contentsOf: $0) }
+            return
+        }
+        enum Item { case body([UInt8]), detect, raw([UInt8]) }
+        var items: [Item] = []
         var drops: [ScanDrop] = []
+        var detected = false
+        let isDevice = role == .device
         scanner.scan(bytes, onFrame: { frame, span in
+            if detected {
+                items.append(.raw(span.extracting(frame.range).withUnsafeBytes { Array($0) }))
+                return
+            }
             switch frame.kind {
-            case .detect: bodies.append(nil)
-            case .iap1: bodies.append(span.extracting(frame.payload).withUnsafeBytes { Array($0) })
-            case .iap2: break
+            case .detect:
+                items.append(.detect)
+                detected = isDevice
+            case .iap1: items.append(.body(span.extracting(frame.payload).withUnsafeBytes { Array($0) }))
+            case .iap2: break // not for iAP1: dropped like garbage
             }
         }, onDrop: { drops.append($0) })
         for drop in drops { events.append(.link(.dropped(drop))) }
-        for body in bodies {
-            if let body { receivePacket(body: body) } else { receivedDetect() }
+        for item in items {
+            switch item {
+            case let .body(body): if !sawIAP2Detect { receivePacket(body: body) }
+            case .detect: receivedDetect()
+            case let .raw(frame): afterDetect += frame
+            }
+        }
+        if sawIAP2Detect {
+            afterDetect += scanner.takePendingBytes()
+            return
         }
         pump()
     }
 
+    /// Device role, after ``sawIAP2Detect``: the bytes that came after the detect (whole iAP2
+    /// packets and the start of a partial one), for the iAP2 endpoint that takes over.
+    public mutating func takeBytesAfterDetect() -> [UInt8] {
+        defer { afterDetect = [] }
+        return afterDetect
+    }
+
+    /// Feeds bytes from the peer held in an array.
     public mutating func receive(_ bytes: [UInt8], now: LinkTime) { receive(bytes.span.bytes, now: now) }
 
     /// Device: takes packet bodies (lingo through payload) that arrived before the switch to
@@ -196,6 +249,7 @@ public struct IAP1Endpoint: Sendable {
         step = .identifying(awaiting: IAP1Command.startIDPS)
     }
 
+    /// Fires every timer due at `now`.
     public mutating func advance(to now: LinkTime) {
         self.now = now
         if let deadline, deadline <= now {
@@ -220,17 +274,21 @@ public struct IAP1Endpoint: Sendable {
         pump()
     }
 
+    /// When ``advance(to:)`` must be called next, if anything is scheduled.
     public var nextDeadline: LinkTime? {
         ([deadline] + sessions.values.map(\.openDeadline)).compactMap { $0 }.min()
     }
 
+    /// Packets to send, in order (each a whole packet with its sync byte, or the detect).
     public mutating func takeOutput() -> [[UInt8]] {
         defer { output.removeAll(keepingCapacity: true) }
         return output
     }
 
+    /// Whether ``takeOutput()`` has anything.
     public var hasOutput: Bool { !output.isEmpty }
 
+    /// What happened since the last call, in order.
     public mutating func takeEvents() -> [EndpointEvent] {
         defer { events.removeAll(keepingCapacity: true) }
         return events
@@ -263,12 +321,14 @@ public struct IAP1Endpoint: Sendable {
         return id
     }
 
+    /// Closes a session (the device tells the accessory) and forgets it.
     public mutating func closeSession(_ sessionID: UInt16, now: LinkTime) {
         self.now = now
         closeSession(sessionID, reason: nil, notifyPeer: true)
         pump()
     }
 
+    /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).
     public mutating func write(_ sessionID: UInt16, _ bytes: some Collection<UInt8>, now: LinkTime) throws(EndpointError) -> Int {
         self.now = now
         guard var session = sessions[sessionID] else { throw .unknownSession(sessionID) }
@@ -282,6 +342,7 @@ public struct IAP1Endpoint: Sendable {
         return taken
     }
 
+    /// Takes up to `maxBytes` received bytes of a session; the room this makes lets held data in.
     public mutating func read(_ sessionID: UInt16, maxBytes: Int = .max) -> [UInt8] {
         guard var session = sessions[sessionID] else { return [] }
         let bytes = session.inbound.take(maxBytes)
@@ -290,6 +351,7 @@ public struct IAP1Endpoint: Sendable {
         return bytes
     }
 
+    /// Lends the next received bytes of a session in place; `body` returns how many it consumed. Nil when nothing is readable.
     public mutating func borrow<Result>(_ sessionID: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         guard var session = sessions[sessionID] else { return nil }
         let result = try session.inbound.borrowFirst(body)
@@ -298,18 +360,26 @@ public struct IAP1Endpoint: Sendable {
         return result
     }
 
+    /// Bytes readable on a session.
     public func bytesAvailable(_ sessionID: UInt16) -> Int { sessions[sessionID]?.inbound.byteCount ?? 0 }
+    /// Bytes a session may still queue for sending (0 unless open).
     public func spaceAvailable(_ sessionID: UInt16) -> Int {
         guard let session = sessions[sessionID], session.state == .open else { return 0 }
         return max(0, bufferLimit - session.outbound.byteCount)
     }
+    /// Bytes written to a session and not yet acknowledged by the peer.
     public func bytesPending(_ sessionID: UInt16) -> Int {
         guard let session = sessions[sessionID] else { return 0 }
         return session.outbound.byteCount + inFlight.reduce(0) { $0 + ($1.session == sessionID ? $1.bytes : 0) }
     }
+    /// Bytes of received data packets a session holds unacknowledged until its reader makes room
+    /// (at most ``maxHeldPackets`` packets).
+    public func bytesHeld(_ sessionID: UInt16) -> Int { sessions[sessionID]?.held.reduce(0) { $0 + $1.data.count } ?? 0 }
     /// Bytes of a session the peer acknowledged (AccessoryAck / iPodAck for each data packet).
     public func bytesAcknowledged(_ sessionID: UInt16) -> Int { sessions[sessionID]?.acknowledged ?? 0 }
+    /// A session's state; nil for a session this side does not know.
     public func sessionState(_ sessionID: UInt16) -> EASessionState? { sessions[sessionID]?.state }
+    /// The open (or opening) sessions and their protocol names.
     public var openSessions: [(id: UInt16, protocolName: String)] {
         sessions.filter { $0.value.state == .open || $0.value.state == .opening }
             .sorted { $0.key < $1.key }.map { ($0.key, $0.value.protocolName) }
@@ -330,7 +400,14 @@ public struct IAP1Endpoint: Sendable {
             }
         }
         let packet = IAP1Packet(lingo: 0x00, command: UInt16(command), transactionID: tid, payload: payload)
-        if let bytes = try? packet.encoded(sync: true) { output.append(bytes) }
+        do {
+            output.append(try packet.encoded(sync: true))
+        } catch {
+            // Every payload this side builds fits (data packets are clamped): counted so a test
+            // or the fuzzer sees it if that ever stops being true.
+            encodeFailures += 1
+            events.append(.malformedMessage("iAP1: could not encode \(IAP1Catalogue.generalCommands[command] ?? "command"): \(error)"))
+        }
         return tid
     }
 
@@ -349,11 +426,13 @@ public struct IAP1Endpoint: Sendable {
     /// has room.
     private mutating func pump() {
         var idle = 0
-        while inFlight.count < dataWindow, !roundRobin.isEmpty, idle < roundRobin.count {
+        while !roundRobin.isEmpty, idle < roundRobin.count {
             let id = roundRobin.removeFirst()
             guard var session = sessions[id], session.state == .open else { continue }
             roundRobin.append(id)
-            guard session.outbound.byteCount > 0 else {
+            // The window is per session, so a session whose reader is slow does not hold up
+            // the others.
+            guard session.outbound.byteCount > 0, inFlight.count(where: { $0.session == id }) < dataWindow else {
                 idle += 1
                 continue
             }
@@ -406,7 +485,15 @@ public struct IAP1Endpoint: Sendable {
         }
         guard packet.lingo == 0x00 else {
             events.append(.unhandledIAP1Command(lingo: packet.lingo, command: packet.command))
-            if role == .device {
+            guard role == .device else { return }
+            if packet.lingo == 0x04 {
+                // The Extended Interface lingo has its own iPodAck (0x0001) with a two-byte
+                // command id (PROTOCOL.md §1.6).
+                let ack = IAP1Packet(lingo: 0x04, command: 0x0001, transactionID: packet.transactionID,
+                                     payload: [IAP1AckStatus.badParameter, UInt8(packet.command >> 8), UInt8(packet.command & 0xFF)])
+                if let bytes = try? ack.encoded(sync: true) { output.append(bytes) }
+            } else {
+                // Other lingoes' acks are not in PROTOCOL.md: the General iPodAck names the command.
                 acknowledge(UInt8(truncatingIfNeeded: packet.command), status: IAP1AckStatus.badParameter, transactionID: packet.transactionID)
             }
             return
@@ -450,6 +537,10 @@ public struct IAP1Endpoint: Sendable {
                 return acknowledge(command, status: IAP1AckStatus.badParameter, transactionID: tid)
             }
             let list = try FIDToken.decodeList(packet.payload)
+            guard tokens.count + list.count <= Self.maxTokens else {
+                tokenProblems.append("more than \(Self.maxTokens) FID tokens")
+                return acknowledge(command, status: IAP1AckStatus.outOfResources, transactionID: tid)
+            }
             let acks = list.map { judge($0) }
             send(IAP1Command.ackFIDTokenValues, FIDTokenAck.encodeList(acks), answering: tid)
         case IAP1Command.endIDPS:
@@ -467,6 +558,8 @@ public struct IAP1Endpoint: Sendable {
             identityValue = AccessoryIdentity(name: "", modelIdentifier: "", manufacturer: "", serialNumber: "", firmwareVersion: "",
                                               hardwareVersion: "", transportComponents: [], protocolVersion: .iap1)
             _ = lingoes
+            // Options 1 (defer) and 2 (now) both mean the accessory can authenticate: the device
+            // may ask whenever it likes, and asks at once. 0: no authentication.
             if options & 0x3 == 0 {
                 identifiedNow()
             } else {
@@ -491,18 +584,18 @@ public struct IAP1Endpoint: Sendable {
             let major = try reader.uint8("major version")
             _ = try reader.uint8("minor version")
             guard major == 2 else {
-                send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.badAuthenticationVersion])
+                send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.badAuthenticationVersion], answering: tid)
                 return failAuthentication("the accessory uses authentication version \(major); only 2.0 is supported")
             }
             let current = try reader.uint8("current section")
             let last = try reader.uint8("last section")
             guard current == next, current <= last else {
-                send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.certificateInvalid])
+                send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.certificateInvalid], answering: tid)
                 return failAuthentication("certificate section \(current) of \(last) arrived where section \(next) was expected")
             }
             let collected = sections + reader.rest()
             guard collected.count <= Self.maxCertificateLength else {
-                send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.badParameter])
+                send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.badParameter], answering: tid)
                 return failAuthentication("the certificate is longer than \(Self.maxCertificateLength) bytes")
             }
             deadline = now + answerTimeout
@@ -512,10 +605,10 @@ public struct IAP1Endpoint: Sendable {
                 return
             }
             guard policy.acceptsCertificate(collected) else {
-                send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.certificateInvalid])
+                send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.certificateInvalid], answering: tid)
                 return failAuthentication("the certificate was refused")
             }
-            send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.success])
+            send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.success], answering: tid)
             // Authentication 2.0 over iAP1 always uses a 20-byte challenge (PROTOCOL.md §1.8).
             var challenge = [UInt8](repeating: 0, count: 20)
             for index in challenge.indices { challenge[index] = UInt8(truncatingIfNeeded: random.next()) }
@@ -527,10 +620,10 @@ public struct IAP1Endpoint: Sendable {
             }
             guard matches(packet, awaitedTransactionID) else { return }
             guard policy.verifies(certificate: certificate, challenge: challenge, response: packet.payload) else {
-                send(IAP1Command.ackAccessoryAuthenticationStatus, [IAP1AckStatus.certificateInvalid])
+                send(IAP1Command.ackAccessoryAuthenticationStatus, [IAP1AckStatus.certificateInvalid], answering: tid)
                 return failAuthentication("the challenge response did not verify")
             }
-            send(IAP1Command.ackAccessoryAuthenticationStatus, [IAP1AckStatus.success])
+            send(IAP1Command.ackAccessoryAuthenticationStatus, [IAP1AckStatus.success], answering: tid)
             events.append(.authenticated(certificate: certificate))
             identifiedNow()
         case IAP1Command.accessoryAck:
@@ -557,6 +650,7 @@ public struct IAP1Endpoint: Sendable {
         identityValue = nil
         tokens = []
         tokenProblems = []
+        declaredIndices = []
         requiredTokenRejected = false
         step = .idle
         deadline = nil
@@ -565,7 +659,7 @@ public struct IAP1Endpoint: Sendable {
     /// Checks one FID token; valid ones are kept for the identity.
     private mutating func judge(_ token: FIDToken) -> FIDTokenAck {
         func ack(_ status: UInt8, _ extra: [UInt8] = [], _ problem: String? = nil) -> FIDTokenAck {
-            if let problem { tokenProblems.append(problem) }
+            if let problem, tokenProblems.count < 16 { tokenProblems.append(problem) }
             if status == FIDTokenAck.requiredFailed { requiredTokenRejected = true }
             if status == FIDTokenAck.accepted { tokens.append(token) }
             return FIDTokenAck(type: token.type, subtype: token.subtype, status: status, extra: extra)
@@ -599,8 +693,9 @@ public struct IAP1Endpoint: Sendable {
                 let index = try reader.uint8("protocol index")
                 let name = try reader.cString("protocol string")
                 guard !name.isEmpty else { return ack(FIDTokenAck.requiredFailed, [index], "EAProtocolToken \(index) has an empty protocol string") }
-                let taken = tokens.contains { $0.kind == FIDToken.eaProtocol && $0.data.first == index }
-                guard !taken else { return ack(FIDTokenAck.requiredFailed, [index], "EAProtocolToken index \(index) is declared twice") }
+                guard declaredIndices.insert(index).inserted else {
+                    return ack(FIDTokenAck.requiredFailed, [index], "EAProtocolToken index \(index) is declared twice")
+                }
                 return ack(FIDTokenAck.accepted, [index])
             case FIDToken.bundleSeedIDPref, FIDToken.eaProtocolMetadata, 0x0003:
                 return ack(FIDTokenAck.accepted, Array(token.data.prefix(1)))
@@ -627,15 +722,17 @@ public struct IAP1Endpoint: Sendable {
             let status: UInt8 = missing && requiredTokenRejected ? 3 : (missing ? 2 : 1)
             send(IAP1Command.idpsStatus, [status], answering: transactionID)
             events.append(.identificationRejected(IdentificationRejection(parameterIDs: [], reasons: tokenProblems)))
-            step = .idle
-            deadline = now + answerTimeout // the accessory may start IDPS again
+            // The accessory may start IDPS again; if it does not, the deadline reports it.
+            step = .identifying(awaiting: IAP1Command.startIDPS)
+            deadline = now + answerTimeout
             tokens = []
+            declaredIndices = []
             requiredTokenRejected = false
             return
         }
         send(IAP1Command.idpsStatus, [0], answering: transactionID)
         identityValue = Self.identity(from: tokens)
-        if let size = Self.maxIncomingPayload(in: tokens) { maxDataPerPacket = max(1, size - 2) }
+        if let size = Self.maxIncomingPayload(in: tokens) { maxDataPerPacket = Self.dataPerPacket(forPayload: size) }
         startAuthentication()
     }
 
@@ -749,13 +846,16 @@ public struct IAP1Endpoint: Sendable {
                 sessions[id] = session
                 return
             }
-            // The peer did not wait for the acknowledgements: this packet cannot be kept.
-            events.append(.malformedMessage("iAP1 session \(id): \(data.count) bytes arrived before the previous packet was acknowledged; dropped and reported to the peer"))
+            // The peer did not wait for the acknowledgements: this packet cannot be kept, and a
+            // stream with a hole in it is worse than an ended one.
             var extra: [UInt8] = []
             extra.appendUInt16(id)
             extra.appendUInt32(UInt32(clamping: data.count))
-            return acknowledge(dataIn, status: role == .device ? IAP1AckStatus.droppedData : IAP1AckStatus.badParameter,
-                               transactionID: tid, extra: role == .device ? extra : [])
+            acknowledge(dataIn, status: role == .device ? IAP1AckStatus.droppedData : IAP1AckStatus.badParameter,
+                        transactionID: tid, extra: role == .device ? extra : [])
+            sessions[id] = session
+            endSession(id, reason: "the peer sent more than \(Self.maxHeldPackets) data packets without waiting for their acknowledgements; \(data.count) bytes were dropped, so the session ended")
+            return
         }
         keep(data, in: &session, id: id)
         sessions[id] = session
@@ -788,23 +888,42 @@ public struct IAP1Endpoint: Sendable {
     private mutating func dataAcknowledged(status: UInt8, packet: IAP1Packet) {
         let index = inFlight.firstIndex { !transactionIDs || $0.transactionID == packet.transactionID }
         guard let index else {
+            if let tid = packet.transactionID, let retired = retiredTransactions.firstIndex(of: tid) {
+                retiredTransactions.remove(at: retired) // its session closed meanwhile
+                return
+            }
             events.append(.malformedMessage("iAP1 acknowledgement of data with transaction id \(packet.transactionID.map(String.init) ?? "none") matches no packet sent; ignored"))
             return
         }
         let entry = inFlight.remove(at: index)
         guard status == IAP1AckStatus.success else {
             let name = IAP1Catalogue.ackStatuses[status] ?? "status 0x\(hexByte(status))"
-            closeSession(entry.session, reason: "the peer refused \(entry.bytes) bytes of data (\(name))", notifyPeer: false)
+            endSession(entry.session, reason: "the peer refused \(entry.bytes) bytes of data (\(name))")
             return
         }
         sessions[entry.session]?.acknowledged += entry.bytes
         pump()
     }
 
+    /// Ends a session for a reason of this side's own: closed with the reason, and the device
+    /// tells the accessory (CloseDataSession) so that its side ends too.
+    private mutating func endSession(_ id: UInt16, reason: String) {
+        closeSession(id, reason: reason, notifyPeer: false)
+        if role == .device {
+            var payload: [UInt8] = []
+            payload.appendUInt16(id)
+            send(IAP1Command.closeDataSession, payload)
+        }
+    }
+
     private mutating func closeSession(_ id: UInt16, reason: String?, notifyPeer: Bool) {
         guard var session = sessions[id] else { return }
         let wasLive = session.state == .open || session.state == .opening
         roundRobin.removeAll { $0 == id }
+        for entry in inFlight where entry.session == id {
+            if let tid = entry.transactionID { retiredTransactions.append(tid) }
+        }
+        if retiredTransactions.count > 4 * dataWindow { retiredTransactions.removeFirst(retiredTransactions.count - 4 * dataWindow) }
         inFlight.removeAll { $0.session == id }
         if notifyPeer {
             sessions[id] = nil
@@ -902,7 +1021,7 @@ public struct IAP1Endpoint: Sendable {
             }
         case IAP1Command.returnTransportMaxPayloadSize:
             let size = Int(try reader.uint16("size"))
-            maxDataPerPacket = max(1, min(size, 0xFFF0) - 2)
+            maxDataPerPacket = Self.dataPerPacket(forPayload: size)
             if let list = try? FIDToken.encodeList(declaredTokens) {
                 awaitedTransactionID = send(IAP1Command.setFIDTokenValues, list)
             }
@@ -954,8 +1073,7 @@ public struct IAP1Endpoint: Sendable {
         case IAP1Command.closeDataSession:
             let id = try reader.uint16("session id")
             acknowledge(command, status: sessions[id] == nil ? IAP1AckStatus.badParameter : IAP1AckStatus.success, transactionID: tid)
-            closeSession(id, reason: nil, notifyPeer: false)
-            sessions[id] = nil
+            closeSession(id, reason: nil, notifyPeer: false) // what was received stays readable
         case IAP1Command.iPodDataTransfer:
             try receiveData(packet, reader: &reader)
         default:
@@ -966,7 +1084,7 @@ public struct IAP1Endpoint: Sendable {
     private mutating func sendCertificateSection() {
         let length = Self.certificateSectionLength
         let count = max(1, (certificate.count + length - 1) / length)
-        guard certificateSectionsSent < count else { return }
+        guard certificateSectionsSent < count, count <= 256 else { return }
         let section = certificateSectionsSent
         let start = section * length
         let data = start < certificate.count ? Array(certificate[start..<min(certificate.count, start + length)]) : []

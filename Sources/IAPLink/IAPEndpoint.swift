@@ -14,28 +14,45 @@ public struct IAPEndpoint: Sendable {
     // mutate the running endpoint in place, without copying its buffers.
     private var two: IAP2Endpoint?
     private var one: IAP1Endpoint?
-    private let deviceSettings: (configuration: LinkConfiguration, policy: any AuthenticationPolicy, bufferLimit: Int, seed: UInt64)?
+    private let deviceSettings: (configuration: LinkConfiguration, policy: any AuthenticationPolicy, bufferLimit: Int)?
+    /// Whether this is the device side (which switches); kept apart so the receive path tests a
+    /// plain Bool.
+    private let switches: Bool
     private var answerTimeoutValue: Duration = .seconds(10)
     private var pendingEvents: [EndpointEvent] = []
+    /// Output of an endpoint that was replaced, sent before the new one's.
+    private var pendingOutput: [[UInt8]] = []
+    /// Seeds each new endpoint's generator, so no two of them send the same challenge.
+    private var random: SplitMix
+    private var switchCount = 0
+    /// How often one connection may change protocol (an accessory alternating the iAP2 detect
+    /// and iAP1 packets would otherwise have the host rebuild its endpoints for ever).
+    public static let maxSwitches = 8
 
     /// Creates the device side: iAP2 until the accessory shows it speaks iAP1.
     public init(device configuration: LinkConfiguration = .device, policy: any AuthenticationPolicy = AcceptingAuthentication(),
                 sessionBufferLimit: Int = 1 << 20, initialSequence: UInt8, randomSeed: UInt64) {
         two = IAP2Endpoint(device: configuration, policy: policy, sessionBufferLimit: sessionBufferLimit,
                            initialSequence: initialSequence, randomSeed: randomSeed)
-        deviceSettings = (configuration, policy, sessionBufferLimit, randomSeed)
+        deviceSettings = (configuration, policy, sessionBufferLimit)
+        switches = true
+        random = SplitMix(state: randomSeed ^ 0xA5A5_5A5A_0F0F_F0F0)
     }
 
     /// Wraps an iAP2 endpoint (of either role) that keeps its protocol.
     public init(_ endpoint: IAP2Endpoint) {
         two = endpoint
         deviceSettings = nil
+        switches = false
+        random = SplitMix(state: 0)
     }
 
     /// Wraps an iAP1 endpoint.
     public init(_ endpoint: IAP1Endpoint) {
         one = endpoint
         deviceSettings = nil
+        switches = false
+        random = SplitMix(state: 0)
     }
 
     /// The protocol running now.
@@ -59,26 +76,39 @@ public struct IAPEndpoint: Sendable {
 
     // MARK: Driving
 
+    /// Starts: the accessory side identifies unless it waits for the device; the device side waits (the iAP2 device sends the detect).
     public mutating func start(now: LinkTime) {
         if one != nil { one!.start(now: now) } else { two!.start(now: now) }
     }
 
+    /// Feeds bytes from the peer, in any chunking.
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         if one != nil { one!.receive(bytes, now: now) } else { two!.receive(bytes, now: now) }
-        if deviceSettings != nil { switchIfNeeded(now: now) }
+        if switches { switchIfNeeded(now: now) }
     }
 
+    /// Feeds bytes from the peer held in an array.
     public mutating func receive(_ bytes: [UInt8], now: LinkTime) { receive(bytes.span.bytes, now: now) }
 
+    /// Fires every timer due at `now`.
     public mutating func advance(to now: LinkTime) {
         if one != nil { one!.advance(to: now) } else { two!.advance(to: now) }
     }
 
+    /// When ``advance(to:)`` must be called next, if anything is scheduled.
     public var nextDeadline: LinkTime? { one?.nextDeadline ?? two?.nextDeadline }
 
-    public mutating func takeOutput() -> [[UInt8]] { one != nil ? one!.takeOutput() : two!.takeOutput() }
-    public var hasOutput: Bool { one?.hasOutput ?? two!.hasOutput }
+    /// Packets to send, in order (each a whole packet with its sync byte, or the detect).
+    public mutating func takeOutput() -> [[UInt8]] {
+        let output = one != nil ? one!.takeOutput() : two!.takeOutput()
+        guard !pendingOutput.isEmpty else { return output }
+        defer { pendingOutput.removeAll() }
+        return pendingOutput + output
+    }
+    /// Whether ``takeOutput()`` has anything.
+    public var hasOutput: Bool { !pendingOutput.isEmpty || (one?.hasOutput ?? two!.hasOutput) }
 
+    /// What happened since the last call, in order.
     public mutating func takeEvents() -> [EndpointEvent] {
         let events = one != nil ? one!.takeEvents() : two!.takeEvents()
         guard !pendingEvents.isEmpty else { return events }
@@ -86,26 +116,29 @@ public struct IAPEndpoint: Sendable {
         return pendingEvents + events
     }
 
+    /// The identity, once identified (and authenticated when the accessory asked for it).
     public var identity: AccessoryIdentity? { one != nil ? one!.identity : two!.identity }
 
     /// Device role: moves to iAP1 when an iAP1 packet arrived before the iAP2 link came up, and
     /// back to iAP2 when an iAP1 accessory sends the detect.
     private mutating func switchIfNeeded(now: LinkTime) {
-        guard let settings = deviceSettings else { return }
-        if let iap1 = one {
-            guard iap1.sawIAP2Detect else { return }
+        if one != nil {
+            guard one!.sawIAP2Detect, switchCount < Self.maxSwitches, let settings = deviceSettings else { return }
+            switchCount += 1
             pendingEvents += one!.takeEvents()
-            if iap1.identified { pendingEvents.append(.accessoryRestarted(reason: "the accessory started over in iAP2")) }
+            pendingOutput += one!.takeOutput()
+            if one!.identified { pendingEvents.append(.accessoryRestarted(reason: "the accessory started over in iAP2")) }
+            let rest = one!.takeBytesAfterDetect()
             var iap2 = IAP2Endpoint(device: settings.configuration, policy: settings.policy, sessionBufferLimit: settings.bufferLimit,
-                                    initialSequence: UInt8(truncatingIfNeeded: settings.seed), randomSeed: settings.seed)
+                                    initialSequence: UInt8(truncatingIfNeeded: random.next()), randomSeed: random.next())
             iap2.answerTimeout = answerTimeoutValue
             pendingEvents.append(.protocolSwitched(.iap2))
-            iap2.receive(IAP2Detect.bytes, now: now)
+            iap2.receive(IAP2Detect.bytes + rest, now: now)
             one = nil
             two = iap2
             return
         }
-        guard two!.link.state != .connected else { return }
+        guard two!.link.state != .connected, switchCount < Self.maxSwitches, let settings = deviceSettings else { return }
         let events = two!.takeEvents()
         let bodies = events.compactMap { event -> [UInt8]? in
             if case let .link(.iap1Packet(body)) = event { return body }
@@ -113,13 +146,17 @@ public struct IAPEndpoint: Sendable {
         }
         pendingEvents += events.filter { if case .link(.iap1Packet) = $0 { false } else { true } }
         guard !bodies.isEmpty else { return }
+        switchCount += 1
+        pendingOutput += two!.takeOutput()
         let partial = two!.takeUnscannedBytes()
-        var iap1 = IAP1Endpoint(device: settings.policy, sessionBufferLimit: settings.bufferLimit, randomSeed: settings.seed)
+        var iap1 = IAP1Endpoint(device: settings.policy, sessionBufferLimit: settings.bufferLimit, randomSeed: random.next())
         iap1.answerTimeout = answerTimeoutValue
         pendingEvents.append(.protocolSwitched(.iap1))
         iap1.start(now: now)
-        let refusal: [UInt8] = [0x00, IAP1Command.iPodAck, IAP1AckStatus.badParameter, IAP2Detect.command]
-        if bodies.allSatisfy({ $0 == refusal }) { iap1.requestIdentify() }
+        // An accessory that did not start identifying (it answered the detect, or sent
+        // something else) is asked to.
+        let identifies = bodies.contains { $0.count >= 2 && $0[0] == 0x00 && ($0[1] == IAP1Command.startIDPS || $0[1] == IAP1Command.identifyDeviceLingoes) }
+        if !identifies { iap1.requestIdentify() }
         iap1.takeOver(bodies: bodies, partial: partial, now: now)
         two = nil
         one = iap1
@@ -127,32 +164,42 @@ public struct IAPEndpoint: Sendable {
 
     // MARK: Sessions
 
+    /// Device: opens a session for `protocolName`; ``EndpointEvent/sessionOpened(sessionID:protocolName:)`` follows when the accessory agrees.
     public mutating func openSession(protocolName: String, now: LinkTime) throws(EndpointError) -> UInt16 {
         if one != nil { return try one!.openSession(protocolName: protocolName, now: now) }
         return try two!.openSession(protocolName: protocolName, now: now)
     }
 
+    /// Closes a session (the device tells the accessory) and forgets it.
     public mutating func closeSession(_ sessionID: UInt16, now: LinkTime) {
         if one != nil { one!.closeSession(sessionID, now: now) } else { two!.closeSession(sessionID, now: now) }
     }
 
+    /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).
     public mutating func write(_ sessionID: UInt16, _ bytes: some Collection<UInt8>, now: LinkTime) throws(EndpointError) -> Int {
         if one != nil { return try one!.write(sessionID, bytes, now: now) }
         return try two!.write(sessionID, bytes, now: now)
     }
 
+    /// Takes up to `maxBytes` received bytes of a session; the room this makes lets held data in.
     public mutating func read(_ sessionID: UInt16, maxBytes: Int = .max) -> [UInt8] {
         one != nil ? one!.read(sessionID, maxBytes: maxBytes) : two!.read(sessionID, maxBytes: maxBytes)
     }
 
+    /// Lends the next received bytes of a session in place; `body` returns how many it consumed. Nil when nothing is readable.
     public mutating func borrow<Result>(_ sessionID: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         if one != nil { return try one!.borrow(sessionID, body) }
         return try two!.borrow(sessionID, body)
     }
 
+    /// Bytes readable on a session.
     public func bytesAvailable(_ sessionID: UInt16) -> Int { one?.bytesAvailable(sessionID) ?? two!.bytesAvailable(sessionID) }
+    /// Bytes a session may still queue for sending (0 unless open).
     public func spaceAvailable(_ sessionID: UInt16) -> Int { one?.spaceAvailable(sessionID) ?? two!.spaceAvailable(sessionID) }
+    /// Bytes written to a session and not yet acknowledged by the peer.
     public func bytesPending(_ sessionID: UInt16) -> Int { one?.bytesPending(sessionID) ?? two!.bytesPending(sessionID) }
+    /// Bytes of a session the peer acknowledged.
     public func bytesAcknowledged(_ sessionID: UInt16) -> Int { one?.bytesAcknowledged(sessionID) ?? two!.bytesAcknowledged(sessionID) }
+    /// A session's state; nil for a session this side does not know.
     public func sessionState(_ sessionID: UInt16) -> EASessionState? { one != nil ? one!.sessionState(sessionID) : two!.sessionState(sessionID) }
 }

@@ -39,6 +39,23 @@ struct ProfileTests {
         #expect(SimulatorProfile.builtIn(named: "toaster") == nil)
     }
 
+    @Test("an iAP1 profile refuses what iAP1 cannot do: native protocols, dropped or corrupted packets")
+    func iap1ProfileLimits() throws {
+        var profile = try SimulatorProfile.named("legacy-sensor")
+        #expect(profile.iap1 == .init(identification: .idps, waitsForDevice: false))
+        profile.faults.dropRate = 0.1
+        #expect(throws: SimulatorProfileError.self) { try profile.validate() }
+        profile.faults.dropRate = 0
+        profile.protocols[0].native = true
+        #expect { try profile.validate() } throws: { error in
+            (error as? SimulatorProfileError)?.field == "protocols[0].native"
+        }
+        let bad = Array(#"{"identity":{"name":"a","model":"b","manufacturer":"c","serialNumber":"d","firmwareVersion":"1","hardwareVersion":"1"},"protocols":[{"name":"x","behaviour":"echo"}],"iap1":{"identification":"smoke-signals"}}"#.utf8)
+        #expect { try SimulatorProfile.decode(bad) } throws: { error in
+            (error as? SimulatorProfileError)?.description.contains("idps, device-lingoes") == true
+        }
+    }
+
     @Test("the built-ins have the documented protocols")
     func builtInContents() throws {
         let updater = try SimulatorProfile.named("firmware-updater")

@@ -375,4 +375,141 @@ struct IAP1Tests {
         #expect(pair.device.takeEvents().contains(.protocolSwitched(.iap2)))
         #expect(pair.device.takeOutput() == [IAP2Detect.bytes])
     }
+
+    @Test("a partial packet and several whole ones in the chunk that causes the switch all reach iAP1")
+    func switchKeepsEveryByte() throws {
+        var pair = IAP1Pair()
+        let start = iap1(0x38, [], transaction: 0)
+        let ask = iap1(0x11, [], transaction: 1) // RequestTransportMaxPayloadSize
+        let version = iap1(0x0F, [0x00], transaction: 2) // RequestLingoProtocolVersion
+        // One chunk: StartIDPS, the whole version request and the first 3 bytes of the size request.
+        let first = pair.deviceAnswers(to: start + version + Array(ask.prefix(3)), transactionIDs: true)
+        #expect(first.map(\.command) == [0x02, 0x10])
+        #expect(first.last?.payload == [0x00, 1, 9])
+        let second = pair.deviceAnswers(to: Array(ask.dropFirst(3)), transactionIDs: true)
+        #expect(second == [IAP1Packet(lingo: 0, command: 0x12, transactionID: 1, payload: [0x40, 0x00])])
+    }
+
+    @Test("after any iAP1 packet that is not identification, the device asks the accessory to identify")
+    func strayPacketLeadsToRequestIdentify() {
+        var pair = IAP1Pair()
+        pair.device.start(now: pair.now)
+        _ = pair.device.takeOutput() // the detect
+        let answers = pair.deviceAnswers(to: iap1(0x41, [0x04, 0xEE]), transactionIDs: false)
+        #expect(pair.device.protocolVersion == .iap1)
+        #expect(answers.contains(IAP1Packet(lingo: 0, command: 0x00)))
+        // Nobody identifies: the deadline reports it.
+        pair.now += .seconds(11)
+        pair.device.advance(to: pair.now)
+        #expect(pair.device.takeEvents().contains { if case .controlFailed(.noAnswer) = $0 { true } else { false } })
+    }
+
+    @Test("the iAP2 packets pipelined behind the detect reach the iAP2 endpoint that takes over")
+    func backToIAP2KeepsTheSYN() throws {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let syn = try LinkPacket.encode(control: .syn, sequence: 1, acknowledgement: 0, sessionID: 0,
+                                        payload: LinkConfiguration.accessory.parameters.encoded)
+        pair.device.receive(IAP2Detect.bytes + syn, now: pair.now)
+        #expect(pair.device.protocolVersion == .iap2)
+        let output = pair.device.takeOutput()
+        #expect(output.first == IAP2Detect.bytes)
+        // The SYN was seen: the device answers it with its own SYN (SYN|ACK).
+        #expect(output.dropFirst().contains { (try? LinkPacket.decode($0))?.header.control.contains(.syn) == true })
+    }
+
+    @Test("the window is per session: a session nobody reads does not stop another")
+    func oneStalledSessionDoesNotStopAnother() throws {
+        var pair = IAP1Pair(bufferLimit: 4_000)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let stalled = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now)
+        let flowing = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
+        #expect(pair.run { p in p.device.sessionState(stalled) == .open && p.device.sessionState(flowing) == .open })
+        // The accessory never reads `stalled`; the device offers it plenty.
+        var stalledOffered = 0
+        var received: [UInt8] = []
+        var offered = 0
+        let total = 200_000
+        #expect(pair.run { p in
+            stalledOffered += (try? p.device.write(stalled, [UInt8](repeating: 7, count: 3_000), now: p.now)) ?? 0
+            if offered < total { offered += (try? p.device.write(flowing, pattern(5, offered, min(3_000, total - offered)), now: p.now)) ?? 0 }
+            received += p.accessory.read(flowing)
+            return received.count == total
+        })
+        #expect(received == pattern(5, 0, total))
+        #expect(pair.accessory.bytesAvailable(stalled) + pair.accessory.bytesHeld(stalled) <= 4_000 + IAP1Endpoint.maxHeldPackets * 1_000)
+        #expect(pair.accessory.bytesHeld(stalled) > 0)
+    }
+
+    @Test("a peer that sends more than the held packets without waiting ends the session, with CloseDataSession")
+    func floodWithoutWaitingEndsTheSession() throws {
+        var pair = IAP1Pair(bufferLimit: 2_000)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let id = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
+        #expect(pair.run { $0.device.sessionState(id) == .open })
+        var answers: [IAP1Packet] = []
+        for index in 0..<(IAP1Endpoint.maxHeldPackets + 3) {
+            var payload: [UInt8] = [UInt8(id >> 8), UInt8(id & 0xFF)]
+            payload += [UInt8](repeating: UInt8(index), count: 1_500)
+            answers += pair.deviceAnswers(to: iap1(0x42, payload, transaction: UInt16(0x300 + index)), transactionIDs: true)
+        }
+        guard case let .closed(reason?) = pair.device.sessionState(id) else {
+            Issue.record("the session did not end")
+            return
+        }
+        #expect(reason.contains("without waiting"))
+        #expect(answers.contains { $0.command == 0x02 && $0.payload.first == IAP1AckStatus.droppedData })
+        #expect(answers.contains { $0.command == 0x40 }) // CloseDataSession
+        // What arrived before the overflow is still readable, in order.
+        let readable = pair.device.read(id)
+        #expect(readable.prefix(1_500) == ArraySlice([UInt8](repeating: 0, count: 1_500)))
+    }
+
+    @Test("Extended Interface commands get that lingo's iPodAck with a two-byte command id")
+    func extendedInterfaceAck() throws {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let packet = try IAP1Packet(lingo: 0x04, command: 0x0012, transactionID: 0x0055, payload: []).encoded()
+        pair.device.receive(packet, now: pair.now)
+        let answer = try #require(pair.device.takeOutput().first)
+        #expect(try IAP1Packet.decode(answer, transactionIDs: true)
+            == IAP1Packet(lingo: 0x04, command: 0x0001, transactionID: 0x0055, payload: [0x04, 0x00, 0x12]))
+    }
+
+    @Test("the authentication acks echo the transaction id of the packet they answer")
+    func authenticationAcksEchoTransactionIDs() throws {
+        var pair = IAP1Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        let answers = pair.deviceSent.compactMap { try? IAP1Packet.decode($0, transactionIDs: true) }
+        let infoRequest = try #require(answers.first { $0.command == 0x14 })
+        let infoAck = try #require(answers.first { $0.command == 0x16 })
+        #expect(infoAck.transactionID == infoRequest.transactionID) // the sections echo the request's id
+        let signatureRequest = try #require(answers.first { $0.command == 0x17 })
+        let statusAck = try #require(answers.first { $0.command == 0x19 })
+        #expect(statusAck.transactionID == signatureRequest.transactionID)
+        #expect(signatureRequest.transactionID != infoRequest.transactionID)
+    }
+
+    @Test("each switch to iAP1 draws a new challenge")
+    func challengesDiffer() throws {
+        func challenge(after restarts: Int) throws -> [UInt8] {
+            var pair = IAP1Pair()
+            pair.start()
+            for _ in 0..<restarts {
+                #expect(pair.run { $0.identified })
+                pair.device.receive(IAP2Detect.bytes, now: pair.now)
+                _ = pair.device.takeOutput()
+                pair.accessory.receive(iap1(0x00), now: pair.now) // the accessory identifies again
+            }
+            #expect(pair.run { $0.identified })
+            let requests = pair.deviceSent.compactMap { try? IAP1Packet.decode($0, transactionIDs: true) }.filter { $0.command == 0x17 }
+            return try #require(requests.last).payload
+        }
+        #expect(try challenge(after: 0) != challenge(after: 1))
+    }
 }

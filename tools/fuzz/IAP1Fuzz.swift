@@ -3,7 +3,7 @@
 // starts from an identified accessory with a data session open. Then each step delivers raw bytes,
 // a well-formed General-lingo packet built from the input (command, transaction id, payload), or
 // lets time pass. Checks: no crash; the device only sends well-formed iAP1 packets; what it holds
-// for a session stays within its buffer limit plus the held packets.
+// for a session stays within its buffer limit plus the held packets; every packet it builds encodes.
 
 import IAPLink
 import IAPWire
@@ -63,8 +63,12 @@ public func iap1Fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             precondition(decoded != nil, "the device sent a malformed packet")
         }
         _ = device.takeEvents()
-        if let id = session {
-            precondition(device.bytesAvailable(id) <= limit + 0xFFFF, "a session holds more than its limit and one packet")
+        if let iap1 = device.iap1 {
+            precondition(iap1.encodeFailures == 0, "the device could not encode a packet it built")
+            if let id = session {
+                precondition(iap1.bytesAvailable(id) <= limit + 0xFFFF, "a session holds more than its limit and one packet")
+                precondition(iap1.bytesHeld(id) <= IAP1Endpoint.maxHeldPackets * 0xFFFF, "a session holds more packets than allowed")
+            }
         }
     }
     return 0
