@@ -456,7 +456,10 @@ public struct IAP1Endpoint: Sendable {
     private mutating func receivedDetect() {
         switch role {
         case .accessory:
-            // "I do not speak iAP2", the way an iAP1-only device answers the detect.
+            // An accessory waiting to be asked says "I do not speak iAP2" the way PROTOCOL.md
+            // §1.11 gives it (an iAP1 device's answer; what real accessories send is not known).
+            // One that identifies on its own just goes on.
+            guard waitsForDevice, case .idle = step, !identified else { return }
             output.append(IAP2Detect.iap1Reply)
         case .device:
             sawIAP2Detect = true
@@ -1006,6 +1009,7 @@ public struct IAP1Endpoint: Sendable {
             let acked = try reader.uint8("command")
             switch acked {
             case IAP1Command.startIDPS where status == IAP1AckStatus.success:
+                guard answers(IAP1Command.startIDPS, packet) else { return }
                 awaitedTransactionID = send(IAP1Command.requestTransportMaxPayloadSize, [])
                 step = .identifying(awaiting: IAP1Command.requestTransportMaxPayloadSize)
             case IAP1Command.identifyDeviceLingoes where status == IAP1AckStatus.success:
@@ -1020,6 +1024,7 @@ public struct IAP1Endpoint: Sendable {
                 }
             }
         case IAP1Command.returnTransportMaxPayloadSize:
+            guard answers(IAP1Command.requestTransportMaxPayloadSize, packet) else { return }
             let size = Int(try reader.uint16("size"))
             maxDataPerPacket = Self.dataPerPacket(forPayload: size)
             if let list = try? FIDToken.encodeList(declaredTokens) {
@@ -1027,6 +1032,7 @@ public struct IAP1Endpoint: Sendable {
             }
             step = .identifying(awaiting: IAP1Command.setFIDTokenValues)
         case IAP1Command.ackFIDTokenValues:
+            guard answers(IAP1Command.setFIDTokenValues, packet) else { return }
             let acks = try FIDTokenAck.decodeList(packet.payload)
             if let refused = acks.first(where: { $0.status == FIDTokenAck.requiredFailed }) {
                 events.append(.malformedMessage("iAP1: the device refused FID token \(IAP1Catalogue.tokenName(UInt16(refused.type) << 8 | UInt16(refused.subtype)))"))
@@ -1034,6 +1040,7 @@ public struct IAP1Endpoint: Sendable {
             awaitedTransactionID = send(IAP1Command.endIDPS, [0])
             step = .identifying(awaiting: IAP1Command.endIDPS)
         case IAP1Command.idpsStatus:
+            guard answers(IAP1Command.endIDPS, packet) else { return }
             let status = try reader.uint8("status")
             if status != 0 {
                 step = .done
@@ -1079,6 +1086,14 @@ public struct IAP1Endpoint: Sendable {
         default:
             events.append(.unhandledIAP1Command(lingo: 0x00, command: packet.command))
         }
+    }
+
+    /// Accessory: whether `packet` answers the identification request in flight (`command`, with
+    /// its transaction id). Answers to a request made before the device asked for a new
+    /// identification are stale, and ignored.
+    private func answers(_ command: UInt8, _ packet: IAP1Packet) -> Bool {
+        guard case let .identifying(awaiting) = step, awaiting == command else { return false }
+        return !transactionIDs || packet.transactionID == awaitedTransactionID
     }
 
     private mutating func sendCertificateSection() {

@@ -512,4 +512,17 @@ struct IAP1Tests {
         }
         #expect(try challenge(after: 0) != challenge(after: 1))
     }
+
+    @Test("a RequestIdentify that crosses the accessory's own StartIDPS: stale answers are ignored and it identifies")
+    func requestIdentifyCrossesStartIDPS() {
+        var pair = IAP1Pair()
+        // The device hears the iAP1 "no" first, switches and asks the accessory to identify, while
+        // the accessory starts IDPS on its own: the two cross on the wire.
+        pair.device.receive(IAP2Detect.iap1Reply, now: pair.now)
+        #expect(pair.device.protocolVersion == .iap1)
+        pair.accessory.start(now: pair.now)
+        #expect(pair.run { $0.identified })
+        #expect(!pair.accessoryEvents.contains { if case .controlFailed = $0 { true } else { false } })
+        #expect(!pair.deviceEvents.contains { if case .identificationRejected = $0 { true } else { false } })
+    }
 }
