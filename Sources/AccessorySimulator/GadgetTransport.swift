@@ -331,8 +331,17 @@ private let interruptHandlerInstalled: Bool = {
     return sigaction(SIGURG, &action, nil) == 0
 }()
 
+/// Wakes `thread` from a blocking call with the interrupt signal, repeating in case the signal
+/// came just before the call, and joins it.
+func interruptAndJoin(_ thread: WorkerThread) {
+    repeat {
+        pthread_kill(thread.handle, SIGURG)
+    } while thread.finished.wait(timeout: .now() + .milliseconds(20)) == .timedOut
+    pthread_join(thread.handle, nil)
+}
+
 /// A thread of the transport: its handle, and a semaphore signalled when its body returned.
-private final class WorkerThread: Sendable {
+final class WorkerThread: Sendable {
     let name: String
     let handle: pthread_t
     let finished: DispatchSemaphore
@@ -370,7 +379,7 @@ private func nameCurrentThread(_ name: String) {
 
 /// Starts a joinable thread with ``GadgetTransport/interruptSignal`` unblocked, and returns once
 /// it runs and carries its name; fails when the system has no more threads to give.
-private func spawnThread(name: String, body: @escaping @Sendable () -> Void) -> Result<WorkerThread, TransportError> {
+func spawnThread(name: String, body: @escaping @Sendable () -> Void) -> Result<WorkerThread, TransportError> {
     _ = interruptHandlerInstalled
     let finished = DispatchSemaphore(value: 0)
     let start = ThreadStart(name: name, body: body, finished: finished)
@@ -636,12 +645,7 @@ private final class GadgetCore: Sendable {
                 pthread_detach(thread.handle)
                 continue
             }
-            // Wake it from a blocking read or write; repeat in case the signal came just before
-            // the call.
-            repeat {
-                pthread_kill(thread.handle, SIGURG)
-            } while thread.finished.wait(timeout: .now() + .milliseconds(20)) == .timedOut
-            pthread_join(thread.handle, nil)
+            interruptAndJoin(thread) // woken from a blocking read or write
         }
         for descriptor in [ep0, inEndpoint, outEndpoint, wakeReader, wakeWriter] where descriptor >= 0 {
             _ = Glibc.close(descriptor)

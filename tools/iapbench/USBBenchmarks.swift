@@ -68,7 +68,7 @@ enum USBBenchmarks {
                     try sessionEcho(profile: profile, udc: udc, sessions: sessions, bytes: megabytes << 20))
             }
             if native, nativeUnavailable == nil {
-                switch try nativeEcho(profile: profile, udc: udc, bytes: megabytes << 20) {
+                switch try nativeEcho(profile: profile, bytes: megabytes << 20) {
                 case let .success(rate): nativeRates.append(rate)
                 case let .failure(reason): nativeUnavailable = reason.description
                 }
@@ -98,21 +98,43 @@ enum USBBenchmarks {
         return .success
     }
 
-    /// A native-transport echo session (`bench.native`) through AccessoryManager over the gadget;
-    /// a failure says why it could not be measured.
-    static func nativeEcho(profile: SimulatorProfile, udc: String, bytes: Int) throws -> Result<Double, ToolFailure> {
-        try withAccessory(profile: profile, udc: udc) { rig, _ in
-            let accessory = rig.accessory
-            do {
-                let session = try blockingAwait { try await accessory.openSession(for: "bench.native") }
-                session.close()
-            } catch {
-                return .failure(ToolFailure("\(error)"))
-            }
-            // The host selected alternate setting 1 and the kernel let it through, but the
-            // simulated gadget does not serve native-transport endpoints (FunctionFS never tells
-            // it the alternate setting): an echo would wait forever.
-            return .failure(ToolFailure("this kernel accepted alternate setting 1, but the simulated USB gadget does not serve native-transport endpoints yet"))
+    /// A native-transport echo session (`bench.native`) through AccessoryManager over a GadgetFS
+    /// gadget (FunctionFS on kernels before 6.8 cannot accept alternate setting 1, and never says
+    /// which setting the host chose; GadgetFS hands SET_INTERFACE to the simulator). A failure says
+    /// why it could not be measured.
+    static func nativeEcho(profile: SimulatorProfile, bytes: Int) throws -> Result<Double, ToolFailure> {
+        let device: GadgetFSDevice
+        do {
+            let layout = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BF, manufacturer: "AccessoryHost Simulator",
+                                            product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
+                                            nativeProtocols: profile.nativeProtocolNames)
+            device = try GadgetFSDevice(layout: layout)
+        } catch {
+            return .failure(ToolFailure("cannot make a GadgetFS gadget: \(error)"))
+        }
+        defer {
+            step("stopping the GadgetFS gadget")
+            device.stop()
+            if verbose { StandardError.write("iapbench: GadgetFS ep0: \(device.log.joined(separator: "; "))\n") }
+        }
+        let runner = try SimulatorRunner(profile: profile, attachment: .transport(device.transport))
+        device.onNativeOpen { name, channel in runner.openNativeSession(for: name, over: channel) }
+        runner.start()
+        defer { runner.stop() }
+        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
+        defer { manager.stop() }
+        try manager.startUSB(options: options)
+        let found = try blockingAwait {
+            await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == 0x00BF }
+        }
+        guard let accessory = found else {
+            return .failure(ToolFailure("the simulated accessory on GadgetFS was not identified within 30 s (ep0: \(device.log.joined(separator: "; ")))"))
+        }
+        let rig = LoopbackBenchmarks.Rig(manager: manager, runner: runner, accessory: accessory)
+        do {
+            return .success(try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: bytes, native: true).bytesPerSecond)
+        } catch {
+            return .failure(ToolFailure("the native echo failed: \(error) (ep0: \(device.log.joined(separator: "; ")))"))
         }
     }
 

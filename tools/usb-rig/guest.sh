@@ -38,6 +38,9 @@ echo -1 > /sys/module/usbcore/parameters/autosuspend || say "cannot turn USB aut
 timeout 60 modprobe dummy_hcd "num=$udcs" || die "modprobe dummy_hcd num=$udcs failed"
 timeout 60 modprobe libcomposite || die "modprobe libcomposite failed"
 timeout 60 modprobe usb_f_fs || die "modprobe usb_f_fs failed"
+# GadgetFS serves the simulator's native-transport interfaces (FunctionFS on this kernel cannot
+# accept their alternate setting 1); it binds a controller only when a program configures it.
+timeout 60 modprobe gadgetfs || say "modprobe gadgetfs failed: native-transport figures will be missing"
 if ! mountpoint -q /sys/kernel/config; then
     mount -t configfs none /sys/kernel/config || die "cannot mount configfs on /sys/kernel/config"
 fi

@@ -1,0 +1,467 @@
+public import Dispatch
+import Glibc
+public import IAPTransport
+import Synchronization
+
+/// The USB descriptors of a simulated accessory on GadgetFS: the iAP2 interface (FF/F0/00, a
+/// bulk pair) and one native-transport interface per native protocol (FF/F0/01: alternate
+/// setting 0 without endpoints, 1 with a bulk pair), at full and high speed.
+///
+/// Why GadgetFS: FunctionFS on kernels before 6.8 has no `get_alt` callback, so the kernel's
+/// composite layer refuses SET_INTERFACE with an alternate setting other than 0 for it; and even
+/// with one, FunctionFS does not tell user space which setting the host chose. GadgetFS hands
+/// every SET_INTERFACE to user space, which then enables the interface's endpoints itself.
+public struct GadgetFSLayout: Sendable, Hashable {
+    /// A bulk endpoint pair: the controller's endpoint file names and the addresses used for them.
+    public struct BulkPair: Sendable, Hashable {
+        public var inFile: String
+        public var outFile: String
+        public var inAddress: UInt8
+        public var outAddress: UInt8
+    }
+
+    /// The USB vendor and product ids.
+    public var vendorID: UInt16
+    public var productID: UInt16
+    /// String descriptors 1, 2 and 3: manufacturer, product, serial number.
+    public var manufacturer: String
+    public var product: String
+    public var serialNumber: String
+    /// The protocols with a native-transport interface each (interface 1, 2, … in this order,
+    /// named after the protocol).
+    public var nativeProtocols: [String]
+    /// The iAP2 interface's pair, then one per native protocol.
+    public var pairs: [BulkPair]
+
+    /// dummy_hcd's bulk endpoints (PXA-style fixed function), in the order they are used.
+    public static let dummyHCDPairs = [
+        BulkPair(inFile: "ep1in-bulk", outFile: "ep2out-bulk", inAddress: 0x81, outAddress: 0x02),
+        BulkPair(inFile: "ep6in-bulk", outFile: "ep7out-bulk", inAddress: 0x86, outAddress: 0x07),
+        BulkPair(inFile: "ep11in-bulk", outFile: "ep12out-bulk", inAddress: 0x8B, outAddress: 0x0C),
+    ]
+
+    /// A layout on dummy_hcd's endpoints.
+    ///
+    /// - Throws: ``TransportError`` when there are more native protocols than endpoint pairs.
+    public init(vendorID: UInt16, productID: UInt16, manufacturer: String, product: String, serialNumber: String,
+                nativeProtocols: [String], pairs: [BulkPair] = GadgetFSLayout.dummyHCDPairs) throws(TransportError) {
+        guard nativeProtocols.count + 1 <= pairs.count else {
+            throw TransportError("\(nativeProtocols.count) native protocols need \(nativeProtocols.count + 1) bulk endpoint pairs; the controller has \(pairs.count)",
+                                 advice: "mark fewer protocols native")
+        }
+        self.vendorID = vendorID
+        self.productID = productID
+        self.manufacturer = manufacturer
+        self.product = product
+        self.serialNumber = serialNumber
+        self.nativeProtocols = nativeProtocols
+        self.pairs = Array(pairs.prefix(nativeProtocols.count + 1))
+    }
+
+    /// String index of the iAP2 interface's name; native interfaces follow.
+    static let interfaceStringBase: UInt8 = 4
+
+    static func packetSize(highSpeed: Bool) -> Int { highSpeed ? 512 : 64 }
+
+    static func endpoint(_ address: UInt8, highSpeed: Bool) -> [UInt8] {
+        let size = packetSize(highSpeed: highSpeed)
+        return [7, 0x05, address, 0x02, UInt8(size & 0xFF), UInt8(size >> 8), 0]
+    }
+
+    /// The configuration descriptor with its interfaces and endpoints.
+    func configuration(highSpeed: Bool) -> [UInt8] {
+        var body: [UInt8] = []
+        func interface(_ number: UInt8, alternate: UInt8, endpoints: UInt8, protocolCode: UInt8, string: UInt8) {
+            body += [9, 0x04, number, alternate, endpoints, 0xFF, 0xF0, protocolCode, string]
+        }
+        interface(0, alternate: 0, endpoints: 2, protocolCode: 0x00, string: Self.interfaceStringBase)
+        body += Self.endpoint(pairs[0].inAddress, highSpeed: highSpeed) + Self.endpoint(pairs[0].outAddress, highSpeed: highSpeed)
+        for index in nativeProtocols.indices {
+            let number = UInt8(index + 1)
+            let string = Self.interfaceStringBase + number
+            interface(number, alternate: 0, endpoints: 0, protocolCode: 0x01, string: string)
+            interface(number, alternate: 1, endpoints: 2, protocolCode: 0x01, string: string)
+            body += Self.endpoint(pairs[index + 1].inAddress, highSpeed: highSpeed)
+                + Self.endpoint(pairs[index + 1].outAddress, highSpeed: highSpeed)
+        }
+        let total = 9 + body.count
+        // Bus powered (bit 7, required), 100 mA.
+        return [9, 0x02, UInt8(total & 0xFF), UInt8(total >> 8), UInt8(nativeProtocols.count + 1), 1, 0, 0x80, 50] + body
+    }
+
+    /// The device descriptor.
+    var deviceDescriptor: [UInt8] {
+        [18, 0x01, 0x00, 0x02, 0, 0, 0, 64, UInt8(vendorID & 0xFF), UInt8(vendorID >> 8), UInt8(productID & 0xFF),
+         UInt8(productID >> 8), 0x00, 0x01, 1, 2, 3, 1]
+    }
+
+    /// What is written to the controller file: tag 0, the full-speed and high-speed
+    /// configurations, the device descriptor.
+    public var setupBlob: [UInt8] {
+        [0, 0, 0, 0] + configuration(highSpeed: false) + configuration(highSpeed: true) + deviceDescriptor
+    }
+
+    /// What configures an endpoint file: tag 1, the full-speed and high-speed descriptors.
+    static func endpointBlob(_ address: UInt8) -> [UInt8] {
+        [1, 0, 0, 0] + endpoint(address, highSpeed: false) + endpoint(address, highSpeed: true)
+    }
+
+    /// String descriptor `index` (0: the language list), or nil for an unknown index.
+    public func stringDescriptor(_ index: UInt8) -> [UInt8]? {
+        if index == 0 { return [4, 0x03, 0x09, 0x04] }
+        let strings = [manufacturer, product, serialNumber, FunctionFSDescriptors.iAPInterfaceName] + nativeProtocols
+        let position = Int(index) - 1
+        guard strings.indices.contains(position) else { return nil }
+        let units = Array(strings[position].utf16.prefix(126))
+        var descriptor: [UInt8] = [UInt8(2 + 2 * units.count), 0x03]
+        for unit in units { descriptor += [UInt8(unit & 0xFF), UInt8(unit >> 8)] }
+        return descriptor
+    }
+}
+
+/// The iAP2 interface of a ``GadgetFSDevice`` as a ``Transport``: its endpoints exist only once
+/// the host configured the device, so this relays to a ``GadgetTransport`` made then, and drops
+/// frames sent before (the iAP2 link repeats what matters).
+public final class GadgetFSTransport: Transport, Sendable {
+    public let description: String
+    public var kind: TransportKind { .gadget }
+    private let state = Mutex<(queue: DispatchQueue?, handler: (@Sendable (TransportEvent) -> Void)?, inner: GadgetTransport?, cancelled: Bool)>((nil, nil, nil, false))
+
+    init(description: String) { self.description = description }
+
+    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+        let inner = state.withLock { state -> GadgetTransport? in
+            state.queue = queue
+            state.handler = handler
+            return state.inner
+        }
+        if let inner { forward(inner, queue: queue) }
+    }
+
+    public func send(_ frame: [UInt8]) {
+        state.withLock { $0.inner }?.send(frame)
+    }
+
+    public func cancel() {
+        let (inner, target) = state.withLock { state in
+            defer {
+                state.inner = nil
+                state.cancelled = true
+                state.handler = nil
+            }
+            return (state.inner, state.cancelled ? nil : state.queue.flatMap { queue in state.handler.map { (queue, $0) } })
+        }
+        inner?.cancel()
+        if let (queue, handler) = target { queue.async { handler(.closed(nil)) } }
+    }
+
+    /// The host configured the device: the endpoints of the iAP2 interface now work.
+    func attach(_ inner: GadgetTransport) {
+        let queue = state.withLock { state -> DispatchQueue?? in
+            guard !state.cancelled else { return .none }
+            state.inner = inner
+            return .some(state.queue)
+        }
+        switch queue {
+        case .none: inner.cancel()
+        case let .some(queue?): forward(inner, queue: queue)
+        case .some(nil): break
+        }
+    }
+
+    /// The host unconfigured or left: the endpoints are gone until the next configuration.
+    func detach() {
+        let inner = state.withLock { state -> GadgetTransport? in
+            defer { state.inner = nil }
+            return state.inner
+        }
+        inner?.cancel()
+    }
+
+    private func forward(_ inner: GadgetTransport, queue: DispatchQueue) {
+        inner.activate(queue: queue) { [weak self] event in
+            // The relay outlives each configuration: an inner close is not the end.
+            if case .closed = event { return }
+            self?.deliver(event, from: inner)
+        }
+    }
+
+    private func deliver(_ event: TransportEvent, from inner: GadgetTransport) {
+        let handler = state.withLock { $0.inner === inner ? $0.handler : nil }
+        handler?(event)
+    }
+}
+
+/// A simulated accessory as a USB device through GadgetFS (`/dev/gadget`): the iAP2 interface
+/// as ``transport`` and native-transport interfaces that open when the host selects their
+/// alternate setting 1 (``onNativeOpen(_:)``) and close with 0.
+///
+/// GadgetFS binds to the first device controller without a driver when the descriptors are
+/// written, and there is one GadgetFS device per system. A thread reads `ep0`'s events:
+/// it answers string requests, enables the iAP2 endpoints at SET_CONFIGURATION, and the native
+/// ones at SET_INTERFACE. Needs root and the `gadgetfs` module.
+public final class GadgetFSDevice: Sendable {
+    /// Where GadgetFS is mounted.
+    public let mountPoint: String
+    public let layout: GadgetFSLayout
+    /// The iAP2 interface.
+    public let transport: GadgetFSTransport
+    private let ep0: Int32
+    private let mountedHere: Bool
+    private let state = Mutex(State())
+
+    struct State {
+        var highSpeed = true
+        var nativeOpen: (@Sendable (String, any ByteChannel) -> Void)?
+        var natives: [Int: EndpointByteChannel] = [:]
+        var threads: [WorkerThread] = []
+        var stopping = false
+        var log: [String] = []
+    }
+
+    /// Mounts GadgetFS if needed, writes the descriptors (which binds to a controller) and starts
+    /// answering the host.
+    ///
+    /// - Throws: ``TransportError`` saying what to do: load the module, run as root, free a
+    ///   controller.
+    public init(layout: GadgetFSLayout, mountPoint: String = "/dev/gadget") throws(TransportError) {
+        self.layout = layout
+        self.mountPoint = mountPoint
+        transport = GadgetFSTransport(description: "usb gadget (GadgetFS)")
+        var mounted = false
+        if !Self.isMounted(mountPoint) {
+            _ = mkdir(mountPoint, 0o755)
+            guard mount("gadgetfs", mountPoint, "gadgetfs", 0, nil) == 0 else {
+                let code = errno
+                throw TransportError("cannot mount GadgetFS on \(mountPoint): \(gadgetErrorText(code))", errno: code,
+                                     advice: code == ENODEV ? "load the module: modprobe gadgetfs" : "run as root")
+            }
+            mounted = true
+        }
+        mountedHere = mounted
+        guard let controller = Self.controllerFile(in: mountPoint) else {
+            if mounted { _ = umount2(mountPoint, 0) }
+            throw TransportError("GadgetFS at \(mountPoint) has no controller file", advice: "load a device controller driver (e.g. modprobe dummy_hcd)")
+        }
+        let descriptor = open(mountPoint + "/" + controller, O_RDWR | O_CLOEXEC)
+        guard descriptor >= 0 else {
+            let code = errno
+            if mounted { _ = umount2(mountPoint, 0) }
+            throw TransportError("cannot open \(mountPoint)/\(controller): \(gadgetErrorText(code))", errno: code,
+                                 advice: code == EBUSY ? "another program drives GadgetFS; stop it" : "run as root")
+        }
+        ep0 = descriptor
+        let blob = layout.setupBlob
+        let written = blob.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        guard written == blob.count else {
+            let code = errno
+            _ = Glibc.close(descriptor)
+            if mounted { _ = umount2(mountPoint, 0) }
+            throw TransportError("the kernel refused the GadgetFS descriptors: \(gadgetErrorText(code))", errno: code,
+                                 advice: "free a device controller (unbind another gadget) or read the kernel log")
+        }
+        switch spawnThread(name: "gadgetfs-ep0", body: { [self] in watchEndpointZero() }) {
+        case let .success(thread): state.withLock { $0.threads.append(thread) }
+        case let .failure(error):
+            _ = Glibc.close(descriptor)
+            if mounted { _ = umount2(mountPoint, 0) }
+            throw error
+        }
+    }
+
+    /// Calls `handler` (on the ep0 thread) with the protocol and a channel not yet activated each
+    /// time the host selects alternate setting 1 of a native interface.
+    public func onNativeOpen(_ handler: @escaping @Sendable (String, any ByteChannel) -> Void) {
+        state.withLock { $0.nativeOpen = handler }
+    }
+
+    /// What the ep0 thread did, for a person debugging a gadget.
+    public var log: [String] { state.withLock { $0.log } }
+
+    /// Disconnects: stops the ep0 thread, closes the endpoints (their channels end), closes the
+    /// controller file (which unbinds) and unmounts GadgetFS if it mounted it.
+    public func stop() {
+        guard let (threads, natives) = state.withLock({ state -> ([WorkerThread], [EndpointByteChannel])? in
+            guard !state.stopping else { return nil }
+            state.stopping = true
+            defer {
+                state.threads = []
+                state.natives = [:]
+            }
+            return (state.threads, Array(state.natives.values))
+        }) else { return }
+        for thread in threads { interruptAndJoin(thread) }
+        for channel in natives { channel.close() }
+        transport.detach()
+        _ = Glibc.close(ep0)
+        if mountedHere { _ = umount2(mountPoint, 0) }
+    }
+
+    deinit { stop() }
+
+    // MARK: ep0
+
+    private static func isMounted(_ path: String) -> Bool {
+        guard let file = fopen("/proc/mounts", "r") else { return false }
+        defer { fclose(file) }
+        var line = [CChar](repeating: 0, count: 4_096)
+        while fgets(&line, Int32(line.count), file) != nil {
+            let text = line.withUnsafeBytes { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            let fields = text.split(separator: " ")
+            if fields.count > 2, fields[1] == path, fields[2] == "gadgetfs" { return true }
+        }
+        return false
+    }
+
+    /// The controller file: the one entry that is not an endpoint (`ep…`).
+    private static func controllerFile(in directory: String) -> String? {
+        guard let dir = opendir(directory) else { return nil }
+        defer { closedir(dir) }
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if name != ".", name != "..", !name.hasPrefix("ep") { return name }
+        }
+        return nil
+    }
+
+    private var stopping: Bool { state.withLock { $0.stopping } }
+
+    private func note(_ line: String) {
+        state.withLock { state in
+            if state.log.count < 200 { state.log.append(line) }
+        }
+    }
+
+    private func watchEndpointZero() {
+        let eventSize = 12
+        var buffer = [UInt8](repeating: 0, count: eventSize * 5)
+        while !stopping {
+            let count = buffer.withUnsafeMutableBytes { read(ep0, $0.baseAddress, $0.count) }
+            if count < 0 {
+                let code = errno
+                if code == EINTR || code == EIDRM || code == EAGAIN { continue }
+                note("reading ep0 failed: \(gadgetErrorText(code))")
+                return
+            }
+            var offset = 0
+            while offset + eventSize <= count {
+                let event = Array(buffer[offset..<(offset + eventSize)])
+                offset += eventSize
+                let type = UInt32(event[8]) | UInt32(event[9]) << 8 | UInt32(event[10]) << 16 | UInt32(event[11]) << 24
+                switch type {
+                case 1: // CONNECT, with the speed (USB_SPEED_HIGH is 3)
+                    let speed = UInt32(event[0]) | UInt32(event[1]) << 8
+                    state.withLock { $0.highSpeed = speed >= 3 }
+                    note("connect, speed \(speed)")
+                case 2: // DISCONNECT
+                    note("disconnect")
+                    tearDown()
+                case 3: // SETUP
+                    setup(Array(event[0..<8]))
+                default: // NOP, SUSPEND
+                    break
+                }
+            }
+        }
+    }
+
+    /// Acknowledges a control request without data (the status stage), or stalls one.
+    private func acknowledge() {
+        var byte: UInt8 = 0
+        _ = read(ep0, &byte, 0)
+    }
+
+    private func stall(deviceToHost: Bool) {
+        var byte: UInt8 = 0
+        if deviceToHost { _ = read(ep0, &byte, 0) } else { _ = write(ep0, &byte, 0) }
+    }
+
+    private func setup(_ request: [UInt8]) {
+        let type = request[0], code = request[1]
+        let value = UInt16(request[2]) | UInt16(request[3]) << 8
+        let index = UInt16(request[4]) | UInt16(request[5]) << 8
+        let length = Int(UInt16(request[6]) | UInt16(request[7]) << 8)
+        switch (type, code) {
+        case (0x80, 6) where value >> 8 == 3: // GET_DESCRIPTOR (string)
+            guard let descriptor = layout.stringDescriptor(UInt8(value & 0xFF)) else { return stall(deviceToHost: true) }
+            let answer = Array(descriptor.prefix(length))
+            _ = answer.withUnsafeBytes { write(ep0, $0.baseAddress, $0.count) }
+        case (0x00, 9): // SET_CONFIGURATION (the kernel already took it; the endpoints are ours)
+            tearDown()
+            if value != 0 { configureIAP2() }
+            note("set configuration \(value)")
+            acknowledge()
+        case (0x01, 11): // SET_INTERFACE
+            note("set interface \(index) alternate setting \(value)")
+            let native = Int(index) - 1
+            guard layout.nativeProtocols.indices.contains(native) else {
+                return index == 0 && value == 0 ? acknowledge() : stall(deviceToHost: false)
+            }
+            closeNative(native)
+            if value == 1 { openNative(native) } else if value != 0 { return stall(deviceToHost: false) }
+            acknowledge()
+        default:
+            note("stalled request \(type) \(code) value \(value) index \(index)")
+            stall(deviceToHost: type & 0x80 != 0)
+        }
+    }
+
+    /// Opens and enables the two endpoint files of `pair`; nil (noted) when the kernel refuses.
+    private func enable(_ pair: GadgetFSLayout.BulkPair) -> (in: Int32, out: Int32)? {
+        var opened: [Int32] = []
+        for (file, address) in [(pair.inFile, pair.inAddress), (pair.outFile, pair.outAddress)] {
+            let descriptor = open(mountPoint + "/" + file, O_RDWR | O_CLOEXEC)
+            let blob = GadgetFSLayout.endpointBlob(address)
+            guard descriptor >= 0, blob.withUnsafeBytes({ write(descriptor, $0.baseAddress, $0.count) }) == blob.count else {
+                note("cannot enable \(file): \(gadgetErrorText(errno))")
+                if descriptor >= 0 { _ = Glibc.close(descriptor) }
+                for other in opened { _ = Glibc.close(other) }
+                return nil
+            }
+            opened.append(descriptor)
+        }
+        return (opened[0], opened[1])
+    }
+
+    private var packetSize: Int { GadgetFSLayout.packetSize(highSpeed: state.withLock { $0.highSpeed }) }
+
+    private func configureIAP2() {
+        guard let (inEndpoint, outEndpoint) = enable(layout.pairs[0]) else { return }
+        do {
+            let inner = try GadgetTransport(ep0: nil, inEndpoint: inEndpoint, outEndpoint: outEndpoint, maxPacket: packetSize,
+                                            isFunctionFS: true, description: transport.description)
+            transport.attach(inner)
+        } catch {
+            note("cannot start the iAP2 interface: \(error)")
+        }
+    }
+
+    private func openNative(_ index: Int) {
+        let name = layout.nativeProtocols[index]
+        guard let (inEndpoint, outEndpoint) = enable(layout.pairs[index + 1]) else { return }
+        do {
+            let channel = try EndpointByteChannel(inEndpoint: inEndpoint, outEndpoint: outEndpoint, maxPacket: packetSize,
+                                                  description: "GadgetFS interface \(index + 1) (\(name))")
+            let handler = state.withLock { state -> (@Sendable (String, any ByteChannel) -> Void)? in
+                state.natives[index] = channel
+                return state.nativeOpen
+            }
+            if let handler { handler(name, channel) } else { channel.close() }
+        } catch {
+            note("cannot start native interface \(index + 1): \(error)")
+        }
+    }
+
+    private func closeNative(_ index: Int) {
+        state.withLock { $0.natives.removeValue(forKey: index) }?.close()
+    }
+
+    private func tearDown() {
+        let natives = state.withLock { state -> [EndpointByteChannel] in
+            defer { state.natives = [:] }
+            return Array(state.natives.values)
+        }
+        for channel in natives { channel.close() }
+        transport.detach()
+    }
+}
