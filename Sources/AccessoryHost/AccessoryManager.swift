@@ -223,7 +223,8 @@ public final class AccessoryManager: Sendable {
     }
 
     /// Stops every connection; accessories disconnect, sessions end. USB devices are released
-    /// once their transfers are back.
+    /// once their transfers are back; with USB running, returns once its libusb context is
+    /// freed (at most 5 s). Do not call it on ``queue``.
     public func stop() {
         let (connections, usb) = state.withLock { state -> ([Connection], USBContext?) in
             state.stopped = true
@@ -233,6 +234,9 @@ public final class AccessoryManager: Sendable {
             for connection in connections { connection.stop(reason: "the manager stopped") }
             usb?.shutdown()
         }
+        // Return once libusb's context is gone (bounded: a transport's teardown waits at most
+        // 2 s for its transfers), so that a manager made next does not overlap it.
+        _ = usb?.waitUntilExited(timeout: .now() + 5)
         state.withLock { state in
             for continuation in state.subscribers.values { continuation.finish() }
             state.subscribers.removeAll()

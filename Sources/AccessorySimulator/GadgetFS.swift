@@ -217,6 +217,12 @@ public final class GadgetFSDevice: Sendable {
         var threads: [WorkerThread] = []
         var stopping = false
         var log: [String] = []
+        var trace: (@Sendable (String) -> Void)?
+    }
+
+    /// Calls `handler` with each line of ``log`` as it is written (any thread).
+    public func onTrace(_ handler: @escaping @Sendable (String) -> Void) {
+        state.withLock { $0.trace = handler }
     }
 
     /// Mounts GadgetFS if needed, writes the descriptors (which binds to a controller) and starts
@@ -290,11 +296,15 @@ public final class GadgetFSDevice: Sendable {
             }
             return (state.threads, Array(state.natives.values))
         }) else { return }
+        note("stopping: joining the ep0 thread")
         for thread in threads { interruptAndJoin(thread) }
+        note("stopping: closing \(natives.count) native channels")
         for channel in natives { channel.close() }
+        note("stopping: closing the iAP2 interface")
         transport.detach()
         _ = Glibc.close(ep0)
         if mountedHere { _ = umount2(mountPoint, 0) }
+        note("stopped")
     }
 
     deinit { stop() }
@@ -327,9 +337,11 @@ public final class GadgetFSDevice: Sendable {
     private var stopping: Bool { state.withLock { $0.stopping } }
 
     private func note(_ line: String) {
-        state.withLock { state in
+        let trace = state.withLock { state in
             if state.log.count < 200 { state.log.append(line) }
+            return state.trace
         }
+        trace?(line)
     }
 
     private func watchEndpointZero() {

@@ -118,6 +118,8 @@ public final class USBContext: @unchecked Sendable {
     private var pollTimer: (any DispatchSourceTimer)?
     private var shutDown = false
     private var openTransports = 0
+    /// Signalled once the event loop has stopped and libusb's context is gone.
+    private let exited = DispatchSemaphore(value: 0)
     /// Device references taken to open devices that monitoring did not report.
     private var extraReferences: [OpaquePointer] = []
     private let marker: UInt
@@ -336,7 +338,7 @@ public final class USBContext: @unchecked Sendable {
                                               queue: queue, setupQueue: setupQueue, contextMarker: marker, description: device.description,
                                               onFinished: { [self] in
                                                   openTransports -= 1
-                                                  if shutDown, openTransports == 0 { backend.shutdown() }
+                                                  if shutDown, openTransports == 0 { exit() }
                                               })
         completion(.success(transport))
     }
@@ -371,7 +373,25 @@ public final class USBContext: @unchecked Sendable {
         for pointer in extraReferences { backend.releaseDevice(pointer) }
         known.removeAll()
         extraReferences.removeAll()
-        if openTransports == 0 { backend.shutdown() }
+        if openTransports == 0 { exit() }
+    }
+
+    private func exit() {
+        backend.shutdown()
+        exited.signal()
+    }
+
+    /// Waits (off ``queue``) until the context is gone after ``shutdown()``: every transport has
+    /// finished and libusb's context was freed. Returns false after `timeout`.
+    ///
+    /// A program that makes a new context soon after (a second manager, a benchmark's next
+    /// phase) waits here: libusb 1.0.26 can trip over a context that is being freed while its
+    /// hotplug thread delivers a device that just arrived to every context.
+    public func waitUntilExited(timeout: DispatchTime) -> Bool {
+        dispatchPrecondition(condition: .notOnQueue(queue))
+        guard exited.wait(timeout: timeout) == .success else { return false }
+        exited.signal() // for any other waiter
+        return true
     }
 }
 

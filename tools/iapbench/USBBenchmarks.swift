@@ -59,6 +59,7 @@ enum USBBenchmarks {
         var ceilings: [Double] = []
         var sessionRates: [Int: [Double]] = [:]
         var nativeRates: [Double] = []
+        var gadgetFSCeilings: [Double] = []
         var nativeUnavailable: String?
         for round in 1...rounds {
             step("round \(round) of \(rounds)")
@@ -68,6 +69,13 @@ enum USBBenchmarks {
                     try sessionEcho(profile: profile, udc: udc, sessions: sessions, bytes: megabytes << 20))
             }
             if native, nativeUnavailable == nil {
+                // The native interface needs a GadgetFS gadget; its own ceiling goes beside it.
+                do {
+                    gadgetFSCeilings.append(try rawEchoGadgetFS(profile: profile, bytes: megabytes << 20))
+                } catch {
+                    nativeUnavailable = "\(error)"
+                    continue
+                }
                 switch try nativeEcho(profile: profile, bytes: megabytes << 20) {
                 case let .success(rate): nativeRates.append(rate)
                 case let .failure(reason): nativeUnavailable = reason.description
@@ -93,7 +101,9 @@ enum USBBenchmarks {
                 }
                 return .unavailable
             }
-            emit(name, nativeRates, ratios: zip(nativeRates, ceilings).map { $0 / $1 })
+            emit("ceiling on GadgetFS: raw bulk echo through the GadgetFS gadget's iAP2 pipes (median of \(rounds))",
+                 gadgetFSCeilings, ratios: nil)
+            emit(name + ", on GadgetFS", nativeRates, ratios: zip(nativeRates, gadgetFSCeilings).map { $0 / $1 })
         }
         return .success
     }
@@ -109,6 +119,7 @@ enum USBBenchmarks {
                                             product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
                                             nativeProtocols: profile.nativeProtocolNames)
             device = try GadgetFSDevice(layout: layout)
+            if verbose { device.onTrace { StandardError.write("iapbench: GadgetFS: \($0)\n") } }
         } catch {
             return .failure(ToolFailure("cannot make a GadgetFS gadget: \(error)"))
         }
@@ -161,26 +172,49 @@ enum USBBenchmarks {
             try? gadget.remove()
             step("gadget removed")
         }
-        let deviceQueue = DispatchQueue(label: "iapbench.gadget")
         let device = gadget.transport
         if verbose { device.onConnectionChange { StandardError.write("iapbench: gadget \($0)\n") } }
+        return try rawEcho(device: device, productID: 0x00BE, bytes: bytes, bind: { try gadget.bind(udc: udc) },
+                           statistics: { "\(device.statistics)" })
+    }
+
+    /// The raw echo through the iAP2 interface of a GadgetFS gadget: the ceiling of the pipes the
+    /// native figure runs on.
+    static func rawEchoGadgetFS(profile: SimulatorProfile, bytes: Int) throws -> Double {
+        let layout = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BF, manufacturer: "AccessoryHost Simulator",
+                                        product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
+                                        nativeProtocols: profile.nativeProtocolNames)
+        // Writing the descriptors binds the gadget: the host may configure it before the echo
+        // starts, which the relay transport keeps for its activation.
+        let device = try GadgetFSDevice(layout: layout)
+        if verbose { device.onTrace { StandardError.write("iapbench: GadgetFS: \($0)\n") } }
+        defer { device.stop() }
+        return try rawEcho(device: device.transport, productID: 0x00BF, bytes: bytes, bind: {}, statistics: { "GadgetFS" })
+    }
+
+    /// A raw echo through `device` (the gadget side, echoing what it reads) and the host's
+    /// `USBAccessoryTransport` on the device with `productID`; `bind` makes it appear.
+    static func rawEcho(device: any Transport, productID: UInt16, bytes: Int, bind: () throws -> Void,
+                        statistics: @escaping @Sendable () -> String) throws -> Double {
+        let deviceQueue = DispatchQueue(label: "iapbench.gadget")
         device.activate(queue: deviceQueue) { event in
             if case let .received(chunk) = event { device.send(chunk) }
         }
-        try gadget.bind(udc: udc)
+        try bind()
 
         let queue = DispatchQueue(label: "iapbench.usb")
         let context = try USBContext(queue: queue, options: options)
         defer {
             step("shutting the USB context down")
             queue.sync { context.shutdown() }
+            _ = context.waitUntilExited(timeout: .now() + 5)
             step("USB context shut down")
         }
         let opened = DispatchSemaphore(value: 0)
         let found = Mutex<Result<USBAccessoryTransport, USBError>?>(nil)
         try queue.sync {
             try context.startMonitoring { event in
-                guard case let .arrived(info) = event, info.descriptor.productID == 0x00BE, found.withLock({ $0 == nil }) else { return }
+                guard case let .arrived(info) = event, info.descriptor.productID == productID, found.withLock({ $0 == nil }) else { return }
                 found.withLock { $0 = .failure(USBError(.io, "opening")) }
                 context.open(info) { result in
                     found.withLock { $0 = result }
@@ -196,7 +230,7 @@ enum USBBenchmarks {
         // (A Dispatch source must be resumed before it is released: only make it when used.)
         let progress = verbose ? DispatchSource.makeTimerSource(queue: DispatchQueue(label: "iapbench.progress")) : nil
         progress?.schedule(deadline: .now() + 1, repeating: 1)
-        progress?.setEventHandler { StandardError.write("iapbench: \(counters.text); gadget \(device.statistics)\n") }
+        progress?.setEventHandler { StandardError.write("iapbench: \(counters.text); gadget \(statistics())\n") }
         progress?.resume()
         defer { progress?.cancel() }
         let frame = [UInt8](repeating: 0xA5, count: 65_000) // not a multiple of the packet size
@@ -238,7 +272,7 @@ enum USBBenchmarks {
         }
         guard done.wait(timeout: .now() + (verbose ? 45 : 120)) == .success else {
             let host = queue.sync { transport.statistics }
-            throw ToolFailure("the raw echo stalled: \(state.withLock { $0 }); host pipes \(host); gadget \(device.statistics)")
+            throw ToolFailure("the raw echo stalled: \(state.withLock { $0 }); host pipes \(host); gadget \(statistics())")
         }
         let elapsed = ContinuousClock.now - start.withLock { $0 }
         let received = state.withLock { $0.received }
