@@ -89,19 +89,22 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         inEndpoint = location.bulkIn.address
         outEndpoint = location.bulkOut.address
         outPacketSize = max(1, location.bulkOut.packetSize)
-        inRing = ByteRing(slotCount: options.inTransfers, slotCapacity: inTransferSize, allocator: allocator)
+        // Twice the iAP2 pipe's IN transfers: a slot stays with the reader until it is consumed
+        // (zero copy), so while the reader works on some the device still has others to fill.
+        let inCount = Self.inTransferCount(options)
+        inRing = ByteRing(slotCount: inCount, slotCapacity: inTransferSize, allocator: allocator)
         outRing = ByteRing(slotCount: options.outTransfers, slotCapacity: options.outTransferSize, allocator: allocator)
-        inSubmitted = Array(repeating: false, count: options.inTransfers)
+        inSubmitted = Array(repeating: false, count: inCount)
         outSubmitted = Array(repeating: false, count: options.outTransfers)
         outDone = Array(repeating: false, count: options.outTransfers)
         statistics.inTransferSize = inTransferSize
         statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount
         statistics.heapSlots = inRing.slotCount + outRing.slotCount - statistics.deviceMemorySlots
         let me = Unmanaged.passUnretained(self).toOpaque()
-        for _ in 0..<options.inTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: inEndpoint, user: me); inTransfers.append(transfer) } }
+        for _ in 0..<inCount { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: inEndpoint, user: me); inTransfers.append(transfer) } }
         for _ in 0..<options.outTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: outEndpoint, user: me); outTransfers.append(transfer) } }
         keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until the teardown ends
-        if inTransfers.count != options.inTransfers || outTransfers.count != options.outTransfers {
+        if inTransfers.count != inCount || outTransfers.count != options.outTransfers {
             beginClosing(TransportError("cannot allocate libusb transfers for \(description)"))
         }
     }
@@ -184,6 +187,9 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         return result
     }
 
+    /// IN transfers of a native pipe: twice ``USBOptions/inTransfers``.
+    static func inTransferCount(_ options: USBOptions) -> Int { 2 * max(1, options.inTransfers) }
+
     public var readableByteCount: Int {
         if drained { return leftover.count - leftoverHead }
         return readable
@@ -203,7 +209,11 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         guard case .running = state, !bytes.isEmpty else { return 0 }
         var taken = 0
         while taken < bytes.count, let index = outRing.reserve() {
-            let count = min(outRing.slotCapacity, bytes.count - taken)
+            // A full transfer is one byte short of the slot (65535 of 65536): it ends with a
+            // short packet, so a stream of full slots needs no zero-length packet after each,
+            // and the device's reads complete on their own.
+            var count = min(outRing.slotCapacity, bytes.count - taken)
+            if count == outRing.slotCapacity, count % outPacketSize == 0, count > 1 { count -= 1 }
             let start = bytes.startIndex + taken
             let slot = outRing.writableBytes(of: index)
             bytes[start..<(start + count)].withUnsafeBytes { slot.copyMemory(from: $0) }

@@ -129,7 +129,13 @@ enum USBBenchmarks {
             if verbose { StandardError.write("iapbench: GadgetFS ep0: \(device.log.joined(separator: "; "))\n") }
         }
         let runner = try SimulatorRunner(profile: profile, attachment: .transport(device.transport))
-        device.onNativeOpen { name, channel in runner.openNativeSession(for: name, over: channel) }
+        // The simulator identifies the accessory on the iAP2 interface; the native session's bytes
+        // are echoed by the gadget itself, as the ceiling's are, so that the ratio measures the
+        // host (AccessorySession over USBNativePipe against USBAccessoryTransport's raw pipes).
+        let echoQueue = DispatchQueue(label: "iapbench.native-echo")
+        device.onNativeOpen { _, channel in
+            echoQueue.async { rawChannelEcho(channel, queue: echoQueue) }
+        }
         runner.start()
         defer { runner.stop() }
         let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
@@ -141,11 +147,85 @@ enum USBBenchmarks {
         guard let accessory = found else {
             return .failure(ToolFailure("the simulated accessory on GadgetFS was not identified within 30 s (ep0: \(device.log.joined(separator: "; ")))"))
         }
-        let rig = LoopbackBenchmarks.Rig(manager: manager, runner: runner, accessory: accessory)
         do {
-            return .success(try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: bytes, native: true).bytesPerSecond)
+            return .success(try eventDrivenEcho(accessory, protocolName: "bench.native", bytes: bytes))
         } catch {
             return .failure(ToolFailure("the native echo failed: \(error) (ep0: \(device.log.joined(separator: "; ")))"))
+        }
+    }
+
+    /// An echo through one session the way a throughput-minded application drives it: stream
+    /// events on a queue, non-blocking writes of 64 KiB pieces, zero-copy reads that only count
+    /// (as the ceiling's host side only counts). Returns bytes per second each way.
+    static func eventDrivenEcho(_ accessory: Accessory, protocolName: String, bytes: Int) throws -> Double {
+        let session = try blockingAwait { try await accessory.openSession(for: protocolName) }
+        defer { session.close() }
+        let piece = CodecBenchmarks.pattern(65_536)
+        let queue = DispatchQueue(label: "iapbench.session-events")
+        let done = DispatchSemaphore(value: 0)
+        let state = Mutex((sent: 0, received: 0, failed: nil as String?, finished: false))
+        let start = Mutex(ContinuousClock.now)
+        @Sendable func finish(_ failure: String? = nil) {
+            let first = state.withLock { state -> Bool in
+                guard !state.finished else { return false }
+                state.finished = true
+                state.failed = failure
+                return true
+            }
+            if first { done.signal() }
+        }
+        session.setEventHandler(queue: queue) { event in
+            switch event {
+            case .openCompleted, .hasSpaceAvailable:
+                while true {
+                    let sent = state.withLock { $0.sent }
+                    guard sent < bytes else { break }
+                    let taken = (try? session.writeAvailable(piece[..<min(piece.count, bytes - sent)])) ?? 0
+                    guard taken > 0 else { break }
+                    state.withLock { $0.sent += taken }
+                }
+            case .hasBytesAvailable:
+                var got = 0
+                while let count = session.withNextChunk({ span in (span.byteCount, span.byteCount) }), count > 0 { got += count }
+                let received = state.withLock { state -> Int in
+                    state.received += got
+                    return state.received
+                }
+                if received >= bytes { finish() }
+            case let .errorOccurred(error):
+                finish("\(error)")
+            case .endEncountered:
+                finish("the session ended")
+            }
+        }
+        guard done.wait(timeout: .now() + 300) == .success else { throw ToolFailure("the echo stalled: \(state.withLock { $0 })") }
+        let elapsed = ContinuousClock.now - start.withLock { $0 }
+        if let failure = state.withLock({ $0.failed }) { throw ToolFailure(failure) }
+        return Double(bytes) / seconds(elapsed)
+    }
+
+    /// Echoes everything `channel` reads back into it, as far as it takes (on `queue`).
+    static func rawChannelEcho(_ channel: any ByteChannel, queue: DispatchQueue) {
+        let pending = Mutex<[UInt8]>([])
+        @Sendable func pump() {
+            while true {
+                var backlog = pending.withLock { $0 }
+                if !backlog.isEmpty {
+                    let taken = channel.write(backlog[...])
+                    backlog.removeFirst(taken)
+                    pending.withLock { $0 = backlog }
+                    if !backlog.isEmpty { return } // held off: .writable comes
+                }
+                // Read only what can go straight back (the channel holds the rest: back-pressure).
+                guard channel.isWritable, let chunk = channel.withReadableBytes({ span in
+                    (span.byteCount, span.withUnsafeBytes { Array($0) })
+                }) else { return }
+                pending.withLock { $0 = chunk }
+            }
+        }
+        channel.activate(queue: queue) { event in
+            if case .closed = event { return }
+            pump()
         }
     }
 
