@@ -252,6 +252,63 @@ struct USBRigTests {
         #expect(try await echo(onLink, pattern(1 << 20, seed: 6)), "the accessory still works on the iAP2 link")
     }
 
+    /// The native transport end to end on the real kernel, with the simulator as a GadgetFS
+    /// gadget (which hands SET_INTERFACE to user space): the host claims the interface and selects
+    /// alternate setting 1, the bytes flow raw and byte-exact beside a session on the iAP2 link,
+    /// closing selects 0 and the protocol opens again; the accessory's CRC of a sink session
+    /// matches what was sent.
+    @Test func aNativeSessionEchoesOverGadgetFSBesideALinkSession() async throws {
+        let profile = try #require(SimulatorProfile.builtIn(named: "native-streamer"))
+        let layout = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BD, manufacturer: "AccessoryHost Simulator",
+                                        product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
+                                        nativeProtocols: profile.nativeProtocolNames)
+        let device = try GadgetFSDevice(layout: layout)
+        defer { device.stop() }
+        let closed = AsyncStream<SessionStatistics>.makeStream()
+        let runner = try SimulatorRunner(profile: profile, attachment: .transport(device.transport))
+        device.onNativeOpen { name, channel in runner.openNativeSession(for: name, over: channel) }
+        runner.start { event in
+            if case let .nativeSessionClosed(_, _, statistics) = event { closed.continuation.yield(statistics) }
+        }
+        defer { runner.stop() }
+        var closedSessions = closed.stream.makeAsyncIterator()
+        let manager = AccessoryManager()
+        defer { manager.stop() }
+        try manager.startUSB()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == 0x00BD },
+                                     "identified over GadgetFS; ep0: \(device.log)")
+        #expect(accessory.usbDevice?.nativeInterfaceNames == [1: "com.example.native.echo", 2: "com.example.native.sink"])
+
+        let native = try await accessory.openSession(for: "com.example.native.echo")
+        #expect(native.usesNativeTransport)
+        let onLink = try await accessory.openSession(for: "com.example.echo")
+        defer { onLink.close() }
+        async let nativeEcho = echo(native, pattern(8 << 20, seed: 7))
+        async let linkEcho = echo(onLink, pattern(1 << 20, seed: 8))
+        #expect(try await nativeEcho, "8 MiB echoed byte-exact on the native transport")
+        #expect(try await linkEcho, "1 MiB echoed on the link at the same time")
+        native.close()
+        #expect(await closedSessions.next() != nil, "the accessory saw the native session end (alternate setting 0)")
+
+        let again = try await accessory.openSession(for: "com.example.native.echo")
+        #expect(try await echo(again, pattern(64 << 10, seed: 9)), "the protocol opens again after alternate setting 0")
+        again.close()
+        _ = await closedSessions.next()
+
+        let sink = try await accessory.openSession(for: "com.example.native.sink")
+        let payload = pattern(2 << 20, seed: 10)
+        try await sink.write(payload)
+        try await sink.flush()
+        #expect(sink.bytesAcknowledged == payload.count)
+        sink.close()
+        var crc = CRC32()
+        crc.update(payload)
+        let statistics = await closedSessions.next()
+        #expect(statistics?.bytesIn == payload.count)
+        #expect(statistics?.crc32In == crc.value)
+        print("USB rig: native sessions over GadgetFS: 8 MiB echo, reopen, 2 MiB sink with matching CRC; ep0: \(device.log.joined(separator: "; "))")
+    }
+
     @Test func withoutDeviceMemoryTheSlotsComeFromTheHeapAndDataStillFlows() async throws {
         let device = try GadgetAccessory(echoProfile(sessions: 1), name: "righeap", udc: try #require(udcs().first))
         defer { device.remove() }
