@@ -1,0 +1,72 @@
+@testable import AccessorySimulator
+import IAPTransport
+import Testing
+import USBHost
+
+/// The descriptors the GadgetFS gadget writes, read back with the host's own parser: what the
+/// host will find is what the simulator serves.
+@Suite("GadgetFS descriptors")
+struct GadgetFSLayoutTests {
+    static func layout(_ natives: [String] = ["com.example.native.echo", "com.example.native.sink"]) throws -> GadgetFSLayout {
+        try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BD, manufacturer: "Acme", product: "Streamer", serialNumber: "S-1",
+                           nativeProtocols: natives)
+    }
+
+    @Test("each speed's configuration has the iAP2 interface and a native interface per protocol, with their bulk pairs")
+    func configurationAsTheHostSeesIt() throws {
+        let layout = try Self.layout()
+        for (highSpeed, packet) in [(false, 64), (true, 512)] {
+            let bytes = layout.configuration(highSpeed: highSpeed)
+            #expect(Int(bytes[2]) | Int(bytes[3]) << 8 == bytes.count)
+            let configuration = try USBConfigurationDescriptor(parsing: bytes)
+            #expect(configuration.value == 1)
+            let location = try #require(IAPInterfaceLocation.find(in: [configuration], activeConfiguration: 1))
+            #expect(location.interface.number == 0)
+            #expect(location.bulkIn.address == 0x81 && location.bulkOut.address == 0x02)
+            #expect(Int(location.bulkIn.maxPacketSize) == packet)
+            let natives = location.nativeInterfaces
+            #expect(natives.map(\.number) == [1, 2])
+            #expect(natives.map(\.alternateSetting) == [1, 1])
+            #expect(natives.map(\.bulkIn.address) == [0x86, 0x8B])
+            #expect(natives.map(\.bulkOut.address) == [0x07, 0x0C])
+            #expect(natives.map(\.nameIndex) == [5, 6])
+            // Alternate setting 0 of each native interface has no endpoints ("closed").
+            #expect(location.nativeTransport.filter { $0.alternateSetting == 0 }.allSatisfy { $0.bulkIn == nil && $0.bulkOut == nil })
+        }
+    }
+
+    @Test("the controller file gets tag 0, both configurations and the device descriptor")
+    func setupBlob() throws {
+        let layout = try Self.layout()
+        let blob = layout.setupBlob
+        #expect(blob.prefix(4) == [0, 0, 0, 0])
+        let full = layout.configuration(highSpeed: false), high = layout.configuration(highSpeed: true)
+        #expect(Array(blob[4..<(4 + full.count)]) == full)
+        #expect(Array(blob[(4 + full.count)..<(4 + full.count + high.count)]) == high)
+        let device = try USBDeviceDescriptor(parsing: Array(blob.suffix(18)))
+        #expect(device.vendorID == 0x1209 && device.productID == 0x00BD)
+        #expect(device.configurationCount == 1)
+        #expect((device.manufacturerIndex, device.productIndex, device.serialNumberIndex) == (1, 2, 3))
+        #expect(GadgetFSLayout.endpointBlob(0x86) == [1, 0, 0, 0, 7, 5, 0x86, 2, 64, 0, 0, 7, 5, 0x86, 2, 0, 2, 0])
+    }
+
+    @Test("string descriptors: languages, the three device strings, the interface names; nothing past them")
+    func strings() throws {
+        let layout = try Self.layout()
+        #expect(layout.stringDescriptor(0) == [4, 3, 0x09, 0x04])
+        func text(_ index: UInt8) -> String? {
+            guard let bytes = layout.stringDescriptor(index), bytes.count == Int(bytes[0]), bytes[1] == 3 else { return nil }
+            let units = stride(from: 2, to: bytes.count, by: 2).map { UInt16(bytes[$0]) | UInt16(bytes[$0 + 1]) << 8 }
+            return String(decoding: units, as: UTF16.self)
+        }
+        #expect((1...6).map { text($0) } == ["Acme", "Streamer", "S-1", "iAP Interface", "com.example.native.echo", "com.example.native.sink"])
+        #expect(layout.stringDescriptor(7) == nil)
+    }
+
+    @Test("more native protocols than the controller has bulk pairs is refused with what to do")
+    func tooManyNativeProtocols() {
+        #expect { try Self.layout(["a", "b", "c"]) } throws: { error in
+            (error as? TransportError)?.description.contains("mark fewer protocols native") == true
+        }
+    }
+}
