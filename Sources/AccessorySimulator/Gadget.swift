@@ -74,7 +74,7 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     /// then removed again).
     public var mountDirectory: String?
     /// EA protocol names that get a native-transport interface each (offered, not served: see
-    /// ``init(profile:)``).
+    /// ``init(profile:)``; ``GadgetFSDevice`` serves them).
     public var nativeTransportProtocols: [String] = []
 
     /// A configuration with these strings and defaults for the rest.
@@ -87,10 +87,12 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     /// A configuration whose strings come from a simulator profile's identity: its manufacturer,
     /// its name as the product, and its serial number.
     ///
-    /// No native-transport interfaces: the gadget does not serve them yet (FunctionFS does not
-    /// tell userspace which alternate setting the host selected), and an interface offered but
-    /// not served would leave a host's writes waiting. Set ``nativeTransportProtocols`` (e.g. to
-    /// the profile's `nativeProtocolNames`) to offer them anyway, to test a host's half.
+    /// No native-transport interfaces: a FunctionFS gadget cannot serve them (FunctionFS does not
+    /// tell user space which alternate setting the host selected, and before Linux 6.8 the
+    /// composite layer refuses any but 0), and an interface offered but not served would leave a
+    /// host's writes waiting. Set ``nativeTransportProtocols`` (e.g. to the profile's
+    /// `nativeProtocolNames`) to offer them anyway, to test a host's half; ``GadgetFSDevice``
+    /// serves them.
     public init(profile: SimulatorProfile) {
         self.init(manufacturer: profile.accessory.manufacturer, product: profile.accessory.name,
                   serialNumber: profile.accessory.serialNumber)

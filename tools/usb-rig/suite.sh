@@ -19,6 +19,6 @@ timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iap
 echo "suite: iapbench usb (ceiling, EA over iAP2, EA on a native transport)"
 status=0
 timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3 --native || status=$?
-# 69: the native figure could not be measured, and the line above says why (a FunctionFS gadget
-# on a kernel without FunctionFS's get_alt cannot accept alternate setting 1); the rest stands.
+# 69: the native figure could not be measured (no GadgetFS in this kernel), and the line above
+# says why; the rest stands.
 [ "$status" = 0 ] || [ "$status" = 69 ] || exit "$status"
