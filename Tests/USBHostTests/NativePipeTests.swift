@@ -180,7 +180,7 @@ struct NativePipeTests {
             return (rig.fake.pending.filter { $0.pointee.endpoint == 0x82 }.count, pipe?.readableByteCount ?? -1)
         }
         #expect(inFlight == 0, "IN transfers stay queued although the reader holds every slot")
-        #expect(readable > 0 && readable <= USBOptions().inTransfers * USBOptions.splitInTransferSize, "the reader holds what the slots hold, no more")
+        #expect(readable > 0 && readable <= USBNativePipe.inTransferCount(USBOptions()) * USBOptions.splitInTransferSize, "the reader holds what the slots hold, no more")
         #expect(last < 8 << 20)
         async let rest: Void = session.write(payload[offered...])
         var received: [UInt8] = []
