@@ -456,10 +456,11 @@ public struct IAP1Endpoint: Sendable {
     private mutating func receivedDetect() {
         switch role {
         case .accessory:
-            // An accessory waiting to be asked says "I do not speak iAP2" the way PROTOCOL.md
-            // §1.11 gives it (an iAP1 device's answer; what real accessories send is not known).
-            // One that identifies on its own just goes on.
-            guard waitsForDevice, case .idle = step, !identified else { return }
+            // "I do not speak iAP2", the way PROTOCOL.md §1.11 gives it (an iAP1 device's
+            // answer; what real accessories send is not known). Always: on a serial line the
+            // host that sends the detect may be a new one that missed this accessory's own
+            // StartIDPS, and its RequestIdentify then starts identification over (answers to the
+            // earlier attempt are ignored as stale).
             output.append(IAP2Detect.iap1Reply)
         case .device:
             sawIAP2Detect = true

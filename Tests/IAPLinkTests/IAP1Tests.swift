@@ -72,6 +72,14 @@ struct IAP1Pair {
 
     /// Identified, and every packet of the exchange delivered.
     var identified: Bool { device.identity != nil && !device.hasOutput && !accessory.hasOutput }
+
+    /// A pair whose accessory has identified (and authenticated), every packet delivered.
+    static func identified(bufferLimit: Int = 1 << 20, sourceLocation: SourceLocation = #_sourceLocation) -> IAP1Pair {
+        var pair = IAP1Pair(bufferLimit: bufferLimit)
+        pair.start()
+        #expect(pair.run { $0.identified }, sourceLocation: sourceLocation)
+        return pair
+    }
 }
 
 /// An iAP1 packet on the General lingo, with the UART sync byte.
@@ -90,9 +98,7 @@ extension EndpointEvent {
 struct IAP1Tests {
     @Test("IDPS, authentication 2.0 and identification: the identity is what the tokens said")
     func idpsIdentifiesWithStringsAndProtocols() throws {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        let pair = IAP1Pair.identified()
         let identity = try #require(pair.device.identity)
         #expect(pair.device.protocolVersion == .iap1)
         #expect(identity.protocolVersion == .iap1)
@@ -151,9 +157,7 @@ struct IAP1Tests {
 
     @Test("two data sessions at once, byte-exact both ways, acknowledged, then closed")
     func twoSessionsAtOnce() throws {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         let a = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now)
         let b = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
         #expect(throws: EndpointError.protocolInUse("com.acme.fw")) {
@@ -192,9 +196,7 @@ struct IAP1Tests {
 
     @Test("a reader that stops reading holds the sender off; reading later gets every byte")
     func backPressureHoldsTheSender() throws {
-        var pair = IAP1Pair(bufferLimit: 20_000)
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified(bufferLimit: 20_000)
         let id = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
         #expect(pair.run { $0.device.sessionState(id) == .open })
         // The accessory offers 1 MB; the device does not read.
@@ -220,9 +222,7 @@ struct IAP1Tests {
 
     @Test("a wrong checksum is dropped and reported; the accessory goes on")
     func badChecksum() {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         var bad = iap1(0x42, [0x00, 0x01, 0xAA], transaction: 9)
         bad[bad.count - 1] ^= 0xFF
         #expect(pair.deviceAnswers(to: bad, transactionIDs: true).isEmpty)
@@ -232,9 +232,7 @@ struct IAP1Tests {
 
     @Test("unknown lingoes and commands get iPodAck BadParameter with their transaction id")
     func unknownCommands() throws {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         let unknownLingo = try IAP1Packet(lingo: 0x0C, command: 0x01, transactionID: 0x0077, payload: [1, 2]).encoded()
         #expect(pair.deviceAnswers(to: unknownLingo, transactionIDs: true)
             == [IAP1Packet(lingo: 0, command: 0x02, transactionID: 0x0077, payload: [0x04, 0x01])])
@@ -314,9 +312,7 @@ struct IAP1Tests {
 
     @Test("the accessory refuses a session for a protocol it did not declare")
     func undeclaredProtocolIndex() throws {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         pair.accessory.receive(iap1(0x3F, [0x00, 0x09, 0x63], transaction: 0x0100), now: pair.now)
         let answer = try #require(pair.accessory.takeOutput().first)
         #expect(try IAP1Packet.decode(answer, transactionIDs: true)
@@ -328,9 +324,7 @@ struct IAP1Tests {
 
     @Test("a refused open ends the session with the accessory's status")
     func refusedOpen() throws {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         let id = try pair.device.openSession(protocolName: "com.acme.log", now: pair.now)
         let open = try #require(pair.device.takeOutput().first)
         let request = try IAP1Packet.decode(open, transactionIDs: true)
@@ -357,9 +351,7 @@ struct IAP1Tests {
 
     @Test("an identified iAP1 accessory that starts IDPS again is announced as restarted")
     func reidentification() {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         _ = pair.deviceAnswers(to: iap1(0x38, [], transaction: 0x0200), transactionIDs: true)
         #expect(pair.deviceEvents.contains { if case .accessoryRestarted = $0 { true } else { false } })
         #expect(pair.device.identity == nil)
@@ -367,9 +359,7 @@ struct IAP1Tests {
 
     @Test("an iAP1 accessory that sends the iAP2 detect gets an iAP2 device again")
     func backToIAP2() {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         pair.device.receive(IAP2Detect.bytes, now: pair.now)
         #expect(pair.device.protocolVersion == .iap2)
         #expect(pair.device.takeEvents().contains(.protocolSwitched(.iap2)))
@@ -406,9 +396,7 @@ struct IAP1Tests {
 
     @Test("the iAP2 packets pipelined behind the detect reach the iAP2 endpoint that takes over")
     func backToIAP2KeepsTheSYN() throws {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         let syn = try LinkPacket.encode(control: .syn, sequence: 1, acknowledgement: 0, sessionID: 0,
                                         payload: LinkConfiguration.accessory.parameters.encoded)
         pair.device.receive(IAP2Detect.bytes + syn, now: pair.now)
@@ -421,9 +409,7 @@ struct IAP1Tests {
 
     @Test("the window is per session: a session nobody reads does not stop another")
     func oneStalledSessionDoesNotStopAnother() throws {
-        var pair = IAP1Pair(bufferLimit: 4_000)
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified(bufferLimit: 4_000)
         let stalled = try pair.device.openSession(protocolName: "com.acme.fw", now: pair.now)
         let flowing = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
         #expect(pair.run { p in p.device.sessionState(stalled) == .open && p.device.sessionState(flowing) == .open })
@@ -445,9 +431,7 @@ struct IAP1Tests {
 
     @Test("a peer that sends more than the held packets without waiting ends the session, with CloseDataSession")
     func floodWithoutWaitingEndsTheSession() throws {
-        var pair = IAP1Pair(bufferLimit: 2_000)
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified(bufferLimit: 2_000)
         let id = try pair.device.openSession(protocolName: "com.acme.data", now: pair.now)
         #expect(pair.run { $0.device.sessionState(id) == .open })
         var answers: [IAP1Packet] = []
@@ -470,9 +454,7 @@ struct IAP1Tests {
 
     @Test("Extended Interface commands get that lingo's iPodAck with a two-byte command id")
     func extendedInterfaceAck() throws {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        var pair = IAP1Pair.identified()
         let packet = try IAP1Packet(lingo: 0x04, command: 0x0012, transactionID: 0x0055, payload: []).encoded()
         pair.device.receive(packet, now: pair.now)
         let answer = try #require(pair.device.takeOutput().first)
@@ -482,9 +464,7 @@ struct IAP1Tests {
 
     @Test("the authentication acks echo the transaction id of the packet they answer")
     func authenticationAcksEchoTransactionIDs() throws {
-        var pair = IAP1Pair()
-        pair.start()
-        #expect(pair.run { $0.identified })
+        let pair = IAP1Pair.identified()
         let answers = pair.deviceSent.compactMap { try? IAP1Packet.decode($0, transactionIDs: true) }
         let infoRequest = try #require(answers.first { $0.command == 0x14 })
         let infoAck = try #require(answers.first { $0.command == 0x16 })
@@ -524,5 +504,16 @@ struct IAP1Tests {
         #expect(pair.run { $0.identified })
         #expect(!pair.accessoryEvents.contains { if case .controlFailed = $0 { true } else { false } })
         #expect(!pair.deviceEvents.contains { if case .identificationRejected = $0 { true } else { false } })
+    }
+
+    @Test("a host that comes after the accessory's own StartIDPS was lost still gets it identified")
+    func lateHostOnASerialLine() {
+        var pair = IAP1Pair()
+        pair.accessory.start(now: pair.now)
+        _ = pair.accessory.takeOutput() // StartIDPS into a line nobody listened to
+        pair.now += .seconds(5)
+        pair.device.start(now: pair.now) // the host's detect; the accessory answers the iAP1 way
+        #expect(pair.run { $0.identified })
+        #expect(pair.deviceSent.contains(iap1(0x00))) // RequestIdentify
     }
 }
