@@ -234,8 +234,9 @@ public final class AccessoryManager: Sendable {
             for connection in connections { connection.stop(reason: "the manager stopped") }
             usb?.shutdown()
         }
-        // Return once libusb's context is gone (bounded: a transport's teardown waits at most
-        // 2 s for its transfers), so that a manager made next does not overlap it.
+        // Return once libusb's context is gone, so that a manager made next does not overlap it;
+        // at most 5 s (a transport that had to abandon transfers the kernel never gave back
+        // leaves its context alive on purpose).
         _ = usb?.waitUntilExited(timeout: .now() + 5)
         state.withLock { state in
             for continuation in state.subscribers.values { continuation.finish() }

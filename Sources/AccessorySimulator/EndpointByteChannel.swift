@@ -45,6 +45,9 @@ final class EndpointByteChannel: ByteChannel, Sendable {
 
     /// Reads this much at a time: a multiple of every bulk packet size.
     static let readSize = 65_536
+    /// The largest piece written at once.
+    static let maxWrite = 65_535
+    private let shutdownDone = DispatchSemaphore(value: 0)
 
     /// Takes ownership of the two endpoint files (configured and enabled) and starts the threads.
     init(inEndpoint: Int32, outEndpoint: Int32, maxPacket: Int, capacity: Int = 1 << 20, description: String) throws(TransportError) {
@@ -102,10 +105,15 @@ final class EndpointByteChannel: ByteChannel, Sendable {
         let taken = state.withLock { state -> Int in
             guard !state.closing else { return 0 }
             let taken = min(bytes.count, max(0, capacity - state.unsent))
-            if taken > 0 {
-                state.outbound.append(Array(bytes.prefix(taken)))
-                state.unsent += taken
+            // Pieces of at most 65535 bytes: each is one kernel allocation and one transfer, and a
+            // full piece ends with a short packet.
+            var start = bytes.startIndex
+            while start < bytes.startIndex + taken {
+                let end = min(bytes.startIndex + taken, start + Self.maxWrite)
+                state.outbound.append(Array(bytes[start..<end]))
+                start = end
             }
+            state.unsent += taken
             if taken < bytes.count { state.wantsWritable = true }
             return taken
         }
@@ -121,13 +129,22 @@ final class EndpointByteChannel: ByteChannel, Sendable {
 
     /// Stops the threads, closes the files and delivers the close (once).
     private func shutDown(error: TransportError?) {
-        let threads = state.withLock { state -> [WorkerThread]? in
-            guard !state.closing else { return nil }
+        let (threads, mine) = state.withLock { state -> ([WorkerThread]?, Bool) in
+            let me = pthread_self()
+            let mine = state.threads.contains { pthread_equal($0.handle, me) != 0 }
+            guard !state.closing else { return (nil, mine) }
             state.closing = true
-            defer { state.threads = [] }
-            return state.threads
+            return (state.threads, mine)
         }
-        guard let threads else { return }
+        guard let threads else {
+            // Another close is under way: wait until its files are closed (an endpoint file can be
+            // opened again only once closed), unless this is one of the threads it joins.
+            if !mine {
+                shutdownDone.wait()
+                shutdownDone.signal()
+            }
+            return
+        }
         readerRoom.signal()
         writerWork.signal()
         let me = pthread_self()
@@ -140,6 +157,8 @@ final class EndpointByteChannel: ByteChannel, Sendable {
         }
         _ = Glibc.close(inEndpoint)
         _ = Glibc.close(outEndpoint)
+        state.withLock { $0.threads = [] }
+        shutdownDone.signal()
         deliverClose(error)
     }
 
@@ -189,7 +208,9 @@ final class EndpointByteChannel: ByteChannel, Sendable {
             if count > 0 {
                 let wasEmpty = state.withLock { state -> Bool in
                     let wasEmpty = state.readable == 0
-                    state.inbound.append(count < 4_096 ? Array(bytes) : bytes)
+                    // A short read is copied out (through a buffer pointer: `Array(bytes)` would share
+                    // the 64 KiB storage), so that what is held stays near what is counted.
+                    state.inbound.append(count < 4_096 ? bytes.withUnsafeBufferPointer { Array($0) } : bytes)
                     state.readable += count
                     return wasEmpty
                 }

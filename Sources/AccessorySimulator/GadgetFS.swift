@@ -214,6 +214,8 @@ public final class GadgetFSDevice: Sendable {
         var highSpeed = true
         var nativeOpen: (@Sendable (String, any ByteChannel) -> Void)?
         var natives: [Int: EndpointByteChannel] = [:]
+        /// The alternate setting of each native interface (for GET_INTERFACE).
+        var alternates: [Int: UInt8] = [:]
         var threads: [WorkerThread] = []
         var stopping = false
         var log: [String] = []
@@ -287,17 +289,23 @@ public final class GadgetFSDevice: Sendable {
     /// Disconnects: stops the ep0 thread, closes the endpoints (their channels end), closes the
     /// controller file (which unbinds) and unmounts GadgetFS if it mounted it.
     public func stop() {
-        guard let (threads, natives) = state.withLock({ state -> ([WorkerThread], [EndpointByteChannel])? in
+        guard let threads = state.withLock({ state -> [WorkerThread]? in
             guard !state.stopping else { return nil }
             state.stopping = true
-            defer {
-                state.threads = []
-                state.natives = [:]
-            }
-            return (state.threads, Array(state.natives.values))
+            defer { state.threads = [] }
+            return state.threads
         }) else { return }
         note("stopping: joining the ep0 thread")
-        for thread in threads { interruptAndJoin(thread) }
+        let me = pthread_self()
+        for thread in threads {
+            // Called from a handler on the ep0 thread: it ends by itself once the handler returns.
+            if pthread_equal(thread.handle, me) != 0 { pthread_detach(thread.handle) } else { interruptAndJoin(thread) }
+        }
+        // Collected after the join: a SET_INTERFACE handled meanwhile has stored its channel.
+        let natives = state.withLock { state -> [EndpointByteChannel] in
+            defer { state.natives = [:] }
+            return Array(state.natives.values)
+        }
         note("stopping: closing \(natives.count) native channels")
         for channel in natives { channel.close() }
         note("stopping: closing the iAP2 interface")
@@ -409,9 +417,22 @@ public final class GadgetFSDevice: Sendable {
             guard layout.nativeProtocols.indices.contains(native) else {
                 return index == 0 && value == 0 ? acknowledge() : stall(deviceToHost: false)
             }
+            guard value <= 1 else { return stall(deviceToHost: false) }
             closeNative(native)
-            if value == 1 { openNative(native) } else if value != 0 { return stall(deviceToHost: false) }
+            state.withLock { $0.alternates[native] = 0 }
+            // A setting 1 that cannot be served is refused, not acknowledged: the host's writes
+            // would otherwise wait on endpoints nobody reads.
+            if value == 1 {
+                guard openNative(native) else { return stall(deviceToHost: false) }
+                state.withLock { $0.alternates[native] = 1 }
+            }
             acknowledge()
+        case (0x81, 10): // GET_INTERFACE
+            let native = Int(index) - 1
+            guard index == 0 || layout.nativeProtocols.indices.contains(native) else { return stall(deviceToHost: true) }
+            let setting = index == 0 ? 0 : state.withLock { $0.alternates[native] ?? 0 }
+            var answer = [setting]
+            _ = write(ep0, &answer, min(1, length))
         default:
             note("stalled request \(type) \(code) value \(value) index \(index)")
             stall(deviceToHost: type & 0x80 != 0)
@@ -438,7 +459,7 @@ public final class GadgetFSDevice: Sendable {
     private var packetSize: Int { GadgetFSLayout.packetSize(highSpeed: state.withLock { $0.highSpeed }) }
 
     private func configureIAP2() {
-        guard let (inEndpoint, outEndpoint) = enable(layout.pairs[0]) else { return }
+        guard !stopping, let (inEndpoint, outEndpoint) = enable(layout.pairs[0]) else { return }
         do {
             let inner = try GadgetTransport(ep0: nil, inEndpoint: inEndpoint, outEndpoint: outEndpoint, maxPacket: packetSize,
                                             isFunctionFS: true, description: transport.description)
@@ -448,19 +469,24 @@ public final class GadgetFSDevice: Sendable {
         }
     }
 
-    private func openNative(_ index: Int) {
+    /// Enables native interface `index` and hands its channel to the handler; false when it
+    /// cannot be served (no handler, the kernel refused the endpoints, stopping).
+    private func openNative(_ index: Int) -> Bool {
         let name = layout.nativeProtocols[index]
-        guard let (inEndpoint, outEndpoint) = enable(layout.pairs[index + 1]) else { return }
+        guard let handler = state.withLock({ $0.stopping ? nil : $0.nativeOpen }) else {
+            note("native interface \(index + 1) selected with nobody to serve it: refused")
+            return false
+        }
+        guard let (inEndpoint, outEndpoint) = enable(layout.pairs[index + 1]) else { return false }
         do {
             let channel = try EndpointByteChannel(inEndpoint: inEndpoint, outEndpoint: outEndpoint, maxPacket: packetSize,
                                                   description: "GadgetFS interface \(index + 1) (\(name))")
-            let handler = state.withLock { state -> (@Sendable (String, any ByteChannel) -> Void)? in
-                state.natives[index] = channel
-                return state.nativeOpen
-            }
-            if let handler { handler(name, channel) } else { channel.close() }
+            state.withLock { $0.natives[index] = channel }
+            handler(name, channel)
+            return true
         } catch {
             note("cannot start native interface \(index + 1): \(error)")
+            return false
         }
     }
 
@@ -470,7 +496,10 @@ public final class GadgetFSDevice: Sendable {
 
     private func tearDown() {
         let natives = state.withLock { state -> [EndpointByteChannel] in
-            defer { state.natives = [:] }
+            defer {
+                state.natives = [:]
+                state.alternates = [:]
+            }
             return Array(state.natives.values)
         }
         for channel in natives { channel.close() }

@@ -209,11 +209,12 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         guard case .running = state, !bytes.isEmpty else { return 0 }
         var taken = 0
         while taken < bytes.count, let index = outRing.reserve() {
-            // A full transfer is one byte short of the slot (65535 of 65536): it ends with a
-            // short packet, so a stream of full slots needs no zero-length packet after each,
-            // and the device's reads complete on their own.
+            // Within a write that goes on past this slot, a full transfer is one byte short of the
+            // slot (65535 of 65536): it ends with a short packet, so a long stream needs no
+            // zero-length packet after every transfer. A write that fits is sent whole (with a
+            // zero-length packet when its length is a multiple of the packet size).
             var count = min(outRing.slotCapacity, bytes.count - taken)
-            if count == outRing.slotCapacity, count % outPacketSize == 0, count > 1 { count -= 1 }
+            if count == outRing.slotCapacity, count % outPacketSize == 0, bytes.count - taken > count { count -= 1 }
             let start = bytes.startIndex + taken
             let slot = outRing.writableBytes(of: index)
             bytes[start..<(start + count)].withUnsafeBytes { slot.copyMemory(from: $0) }

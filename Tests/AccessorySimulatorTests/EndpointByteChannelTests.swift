@@ -88,6 +88,10 @@ struct EndpointByteChannelTests {
         // 512 is the packet size: a chunk of a multiple of it is written in two pieces, which the
         // stream does not see.
         #expect(wire.receive(outbound.count) == outbound)
+        // The count moves after each write returns; `.writable` follows once nothing is unsent.
+        while wire.queue.sync(execute: { wire.channel.bytesDelivered }) < outbound.count {
+            guard await events.next() != nil else { break }
+        }
         #expect(wire.queue.sync { wire.channel.bytesDelivered } == outbound.count)
     }
 
@@ -110,11 +114,14 @@ struct EndpointByteChannelTests {
         let held = wire.queue.sync { wire.channel.readableByteCount }
         #expect(held <= 8_192 + EndpointByteChannel.readSize)
         var received = wire.drain()
+        var largest = held
         while received.count < flood.count {
             _ = await events.next()
+            largest = max(largest, wire.queue.sync { wire.channel.readableByteCount })
             received += wire.drain()
         }
         #expect(received == flood)
+        #expect(largest <= 8_192 + EndpointByteChannel.readSize, "never more held than the capacity and one read")
     }
 
     @Test("close wakes the threads blocked in read and write, joins them and says closed once")

@@ -257,7 +257,7 @@ struct USBRigTests {
     /// alternate setting 1, the bytes flow raw and byte-exact beside a session on the iAP2 link,
     /// closing selects 0 and the protocol opens again; the accessory's CRC of a sink session
     /// matches what was sent.
-    @Test func aNativeSessionEchoesOverGadgetFSBesideALinkSession() async throws {
+    @Test(.timeLimit(.minutes(3))) func aNativeSessionEchoesOverGadgetFSBesideALinkSession() async throws {
         let profile = try #require(SimulatorProfile.builtIn(named: "native-streamer"))
         let layout = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BD, manufacturer: "AccessoryHost Simulator",
                                         product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,

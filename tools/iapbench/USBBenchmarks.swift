@@ -70,10 +70,10 @@ enum USBBenchmarks {
             }
             if native, nativeUnavailable == nil {
                 // The native interface needs a GadgetFS gadget; its own ceiling goes beside it.
-                do {
-                    gadgetFSCeilings.append(try rawEchoGadgetFS(profile: profile, bytes: megabytes << 20))
-                } catch {
-                    nativeUnavailable = "\(error)"
+                switch try rawEchoGadgetFS(profile: profile, bytes: megabytes << 20) {
+                case let .success(rate): gadgetFSCeilings.append(rate)
+                case let .failure(reason):
+                    nativeUnavailable = reason.description
                     continue
                 }
                 switch try nativeEcho(profile: profile, bytes: megabytes << 20) {
@@ -121,6 +121,8 @@ enum USBBenchmarks {
             device = try GadgetFSDevice(layout: layout)
             if verbose { device.onTrace { StandardError.write("iapbench: GadgetFS: \($0)\n") } }
         } catch {
+            // The one reason the figure is "not measured" (exit 69): no GadgetFS here. Anything
+            // that fails once it exists is an error of the run.
             return .failure(ToolFailure("cannot make a GadgetFS gadget: \(error)"))
         }
         defer {
@@ -145,22 +147,23 @@ enum USBBenchmarks {
             await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == 0x00BF }
         }
         guard let accessory = found else {
-            return .failure(ToolFailure("the simulated accessory on GadgetFS was not identified within 30 s (ep0: \(device.log.joined(separator: "; ")))"))
+            throw ToolFailure("the simulated accessory on GadgetFS was not identified within 30 s (ep0: \(device.log.joined(separator: "; ")))")
         }
         do {
             return .success(try eventDrivenEcho(accessory, protocolName: "bench.native", bytes: bytes))
         } catch {
-            return .failure(ToolFailure("the native echo failed: \(error) (ep0: \(device.log.joined(separator: "; ")))"))
+            throw ToolFailure("the native echo failed: \(error) (ep0: \(device.log.joined(separator: "; ")))")
         }
     }
 
     /// An echo through one session the way a throughput-minded application drives it: stream
-    /// events on a queue, non-blocking writes of 64 KiB pieces, zero-copy reads that only count
+    /// events on a queue, non-blocking writes of 65000-byte pieces, zero-copy reads that only count
     /// (as the ceiling's host side only counts). Returns bytes per second each way.
     static func eventDrivenEcho(_ accessory: Accessory, protocolName: String, bytes: Int) throws -> Double {
         let session = try blockingAwait { try await accessory.openSession(for: protocolName) }
         defer { session.close() }
-        let piece = CodecBenchmarks.pattern(65_536)
+        // 65000-byte pieces, as the ceiling's frames: not a multiple of the packet size.
+        let piece = CodecBenchmarks.pattern(65_000)
         let queue = DispatchQueue(label: "iapbench.session-events")
         let done = DispatchSemaphore(value: 0)
         let state = Mutex((sent: 0, received: 0, failed: nil as String?, finished: false))
@@ -260,16 +263,19 @@ enum USBBenchmarks {
 
     /// The raw echo through the iAP2 interface of a GadgetFS gadget: the ceiling of the pipes the
     /// native figure runs on.
-    static func rawEchoGadgetFS(profile: SimulatorProfile, bytes: Int) throws -> Double {
+    static func rawEchoGadgetFS(profile: SimulatorProfile, bytes: Int) throws -> Result<Double, ToolFailure> {
         let layout = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BF, manufacturer: "AccessoryHost Simulator",
                                         product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
                                         nativeProtocols: profile.nativeProtocolNames)
         // Writing the descriptors binds the gadget: the host may configure it before the echo
         // starts, which the relay transport keeps for its activation.
-        let device = try GadgetFSDevice(layout: layout)
+        let device: GadgetFSDevice
+        do { device = try GadgetFSDevice(layout: layout) } catch {
+            return .failure(ToolFailure("cannot make a GadgetFS gadget: \(error)"))
+        }
         if verbose { device.onTrace { StandardError.write("iapbench: GadgetFS: \($0)\n") } }
         defer { device.stop() }
-        return try rawEcho(device: device.transport, productID: 0x00BF, bytes: bytes, bind: {}, statistics: { "GadgetFS" })
+        return .success(try rawEcho(device: device.transport, productID: 0x00BF, bytes: bytes, bind: {}, statistics: { "GadgetFS" }))
     }
 
     /// A raw echo through `device` (the gadget side, echoing what it reads) and the host's
