@@ -502,7 +502,9 @@ public final class GadgetFSDevice: Sendable {
             }
             return Array(state.natives.values)
         }
+        if !natives.isEmpty { note("closing \(natives.count) native channel\(natives.count == 1 ? "" : "s")") }
         for channel in natives { channel.close() }
         transport.detach()
+        note("endpoints closed")
     }
 }

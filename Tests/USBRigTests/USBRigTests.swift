@@ -309,6 +309,55 @@ struct USBRigTests {
         print("USB rig: native sessions over GadgetFS: 8 MiB echo, reopen, 2 MiB sink with matching CRC; ep0: \(device.log.joined(separator: "; "))")
     }
 
+    /// A GadgetFS gadget whose controller is soft-disconnected with a native session open: the
+    /// session ends with an error after what it had received, the accessory disconnects, and the
+    /// gadget hears DISCONNECT and closes its endpoints (the native channel first), after which
+    /// it stops cleanly. (Reconnecting through `soft_connect` is not tested: on this kernel
+    /// dummy_hcd then answers every control request with a protocol error, before any gadget
+    /// driver is called.)
+    @Test(.timeLimit(.minutes(3))) func aGadgetFSGadgetDisconnectedWithANativeSessionOpenEndsItCleanly() async throws {
+        let profile = try #require(SimulatorProfile.builtIn(named: "native-streamer"))
+        let layout = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BC, manufacturer: "AccessoryHost Simulator",
+                                        product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
+                                        nativeProtocols: profile.nativeProtocolNames)
+        let device = try GadgetFSDevice(layout: layout)
+        let runner = try SimulatorRunner(profile: profile, attachment: .transport(device.transport))
+        device.onNativeOpen { name, channel in runner.openNativeSession(for: name, over: channel) }
+        runner.start()
+        defer { runner.stop() }
+        let manager = AccessoryManager()
+        defer { manager.stop() }
+        let events = manager.events
+        try manager.startUSB()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == 0x00BC },
+                                     "ep0: \(device.log)")
+        let session = try await accessory.openSession(for: "com.example.native.echo")
+        #expect(try await echo(session, pattern(256 << 10, seed: 11)))
+
+        // The controller GadgetFS bound is the one whose function is set.
+        let controller = try #require(udcs().first { udc in
+            let function = (try? String(contentsOfProcFile: "/sys/class/udc/\(udc)/function")) ?? ""
+            return function.contains { !$0.isWhitespace }
+        }, "a controller carries the GadgetFS function")
+        let path = "/sys/class/udc/\(controller)/soft_connect"
+        let file = try #require(fopen(path, "w"), "cannot open \(path)")
+        fputs("disconnect", file)
+        #expect(fclose(file) == 0, "soft_connect took the disconnect")
+        for await event in events {
+            if case let .disconnected(gone, _) = event, gone.connectionID == accessory.connectionID { break }
+        }
+        #expect(!accessory.isConnected)
+        while let chunk = try? await session.read(), !chunk.isEmpty {} // what was received, then the end
+        await #expect(throws: AccessoryError.self) { try await session.write([1]) }
+        device.stop() // returns: no thread of the gadget is stuck on the dead endpoints
+        let log = device.log
+        let disconnect = try #require(log.lastIndex(of: "disconnect"), "the gadget heard DISCONNECT: \(log)")
+        #expect(log[disconnect...].contains("closing 1 native channel"))
+        #expect(log[disconnect...].contains("endpoints closed"))
+        #expect(log.last == "stopped")
+        print("USB rig: GadgetFS disconnect: \(log.joined(separator: "; "))")
+    }
+
     @Test func withoutDeviceMemoryTheSlotsComeFromTheHeapAndDataStillFlows() async throws {
         let device = try GadgetAccessory(echoProfile(sessions: 1), name: "righeap", udc: try #require(udcs().first))
         defer { device.remove() }
