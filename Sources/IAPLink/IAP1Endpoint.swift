@@ -503,10 +503,12 @@ public struct IAP1Endpoint: Sendable {
             return
         }
         let command = UInt8(packet.command)
+        // Each handler reads the payload's fields through one reader whose errors name the command.
+        var reader = IAP1PayloadReader(packet.payload, what: IAP1Catalogue.generalCommands[command] ?? "command")
         do {
             switch role {
-            case .device: try deviceHandle(command, packet)
-            case .accessory: try accessoryHandle(command, packet)
+            case .device: try deviceHandle(command, packet, reader: &reader)
+            case .accessory: try accessoryHandle(command, packet, reader: &reader)
             }
         } catch {
             events.append(.malformedMessage("iAP1 \(IAP1Catalogue.generalCommands[command] ?? "command 0x\(hexByte(command))"): \(error)"))
@@ -527,8 +529,7 @@ public struct IAP1Endpoint: Sendable {
 
     // MARK: Device role
 
-    private mutating func deviceHandle(_ command: UInt8, _ packet: IAP1Packet) throws(WireError) {
-        var reader = IAP1PayloadReader(packet.payload, what: IAP1Catalogue.generalCommands[command] ?? "command")
+    private mutating func deviceHandle(_ command: UInt8, _ packet: IAP1Packet, reader: inout IAP1PayloadReader) throws(WireError) {
         let tid = packet.transactionID
         switch command {
         case IAP1Command.startIDPS:
@@ -999,8 +1000,7 @@ public struct IAP1Endpoint: Sendable {
         return tokens
     }
 
-    private mutating func accessoryHandle(_ command: UInt8, _ packet: IAP1Packet) throws(WireError) {
-        var reader = IAP1PayloadReader(packet.payload, what: IAP1Catalogue.generalCommands[command] ?? "command")
+    private mutating func accessoryHandle(_ command: UInt8, _ packet: IAP1Packet, reader: inout IAP1PayloadReader) throws(WireError) {
         let tid = packet.transactionID
         switch command {
         case IAP1Command.requestIdentify:

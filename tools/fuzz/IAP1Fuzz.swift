@@ -30,13 +30,7 @@ public func iap1Fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     for packet in accessory.takeOutput() { device.receive(packet, now: now) }
     _ = device.takeEvents()
     var transactions = true
-    var offset = 0
-    while offset < input.count {
-        let op = input[offset]
-        offset += 1
-        let length = min(Int(op & 0x3F) + 1, input.count - offset)
-        let chunk = Array(input[offset..<(offset + length)])
-        offset += length
+    for (op, chunk) in FuzzSteps(input) {
         switch op >> 6 {
         case 0: // raw bytes
             device.receive(chunk, now: now)

@@ -12,7 +12,6 @@ public func linkFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let input = Array(UnsafeBufferPointer(start: data, count: size))
     var device = IAP2Endpoint(initialSequence: 0x40, randomSeed: 7)
     var now: Duration = .zero
-    var offset = 0
     // Start as a real accessory would, so the fuzzer explores the connected state too.
     device.receive(IAP2Detect.bytes, now: now)
     let syn = try? LinkPacket.encode(control: .syn, sequence: 1, acknowledgement: 0, sessionID: 0,
@@ -20,12 +19,7 @@ public func linkFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     device.receive(syn ?? [], now: now)
     let ack = try? LinkPacket.encode(control: .ack, sequence: 1, acknowledgement: 0x40, sessionID: 0)
     device.receive(ack ?? [], now: now)
-    while offset < input.count {
-        let op = input[offset]
-        offset += 1
-        let length = min(Int(op & 0x3F) + 1, input.count - offset)
-        let chunk = Array(input[offset..<(offset + length)])
-        offset += length
+    for (op, chunk) in FuzzSteps(input) {
         switch op >> 6 {
         case 0: // raw bytes
             device.receive(chunk, now: now)

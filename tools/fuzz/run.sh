@@ -28,7 +28,7 @@ swiftc "${flags[@]}" -module-name IAPLink -I "$bin" -emit-module -emit-module-pa
 swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module-path "$bin/IAPInspect.swiftmodule" \
     -wmo -c -o "$bin/IAPInspect.o" Sources/IAPInspect/*.swift 2>&1 | quiet
 
-declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]=LinkFuzz.swift [iap1]=IAP1Fuzz.swift
+declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]="LinkFuzz.swift FuzzSteps.swift" [iap1]="IAP1Fuzz.swift FuzzSteps.swift"
                    [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift")
 status=0
 for target in "${targets[@]}"; do
