@@ -131,8 +131,12 @@ public struct IAP2Endpoint: Sendable {
         settle(now: now)
     }
 
+    /// Feeds received bytes held in an array: EA data that lies whole in it is kept as a view of
+    /// it (no copy) until read.
     public mutating func receive(_ bytes: [UInt8], now: LinkTime) {
-        receive(bytes.span.bytes, now: now)
+        upper.now = now
+        link.receive(bytes, now: now, sink: &upper)
+        settle(now: now)
     }
 
     public mutating func advance(to now: LinkTime) {
@@ -238,6 +242,14 @@ public struct IAP2Endpoint: Sendable {
 
     /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).
     public mutating func write(_ sessionID: UInt16, _ bytes: some Collection<UInt8>, now: LinkTime) throws(EndpointError) -> Int {
+        if let slice = bytes as? ArraySlice<UInt8> { return try write(sessionID, span: slice.span.bytes, now: now) }
+        let array = Array(bytes)
+        return try write(sessionID, span: array.span.bytes, now: now)
+    }
+
+    /// Queues bytes for a session from a view of them; returns how many were taken. The bytes
+    /// are copied once, into the link packets that will carry them.
+    public mutating func write(_ sessionID: UInt16, span bytes: RawSpan, now: LinkTime) throws(EndpointError) -> Int {
         let taken = try upper.write(sessionID, bytes, linkPayload: link.maxPayloadLength)
         settle(now: now)
         return taken
@@ -257,9 +269,7 @@ public struct IAP2Endpoint: Sendable {
     /// Lends the next received bytes of a session in place, without copying them: `body` gets a
     /// view of them and returns how many it consumed. Returns nil when nothing is readable.
     public mutating func borrow<Result>(_ sessionID: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        guard var session = upper.sessions[sessionID] else { return nil }
-        let result = try session.inbound.borrowFirst(body)
-        upper.sessions[sessionID] = session
+        let result = try upper.borrow(sessionID, body)
         if result != nil {
             link.redeliver(now: upper.now, sink: &upper)
             settle(now: upper.now)
@@ -287,54 +297,138 @@ public struct IAP2Endpoint: Sendable {
     }
     /// Control messages received that nobody handles.
     public var unhandledMessages: Int { upper.unhandledMessages }
+
+    /// How many session bytes this endpoint moved and how many of them it copied, the link's
+    /// copies included.
+    public var dataPlane: DataPlaneStatistics {
+        var counts = upper.dataPlane
+        counts.bytesCopiedOut += link.statistics.payloadBytesCopiedOut
+        counts.bytesCopiedIn += link.statistics.payloadBytesCopiedIn
+        return counts
+    }
 }
 
-/// Bytes queued as chunks, with a running count.
-struct ByteQueue: Sendable {
-    private var chunks = FIFO<[UInt8]>()
-    private var offset = 0
+/// Bytes queued as views of arrays, with a running count: the received bytes of one session,
+/// kept in the arrays they arrived in (a transport's receive buffer, or the one copy the endpoint
+/// made of bytes it could not keep). Lending them (``borrowFirst(_:)``) copies nothing; taking them (``take(_:)``) copies
+/// once, into the array returned, unless a whole chunk the endpoint copied can be handed over.
+struct ChunkQueue: Sendable {
+    private struct Chunk: Sendable {
+        var bytes: ArraySlice<UInt8>
+        /// The endpoint made `bytes` as a whole array of its own: it can be returned as it is.
+        var owned: Bool
+    }
+    private var chunks = FIFO<Chunk>()
     private(set) var byteCount = 0
 
-    mutating func append(_ bytes: [UInt8]) {
+    /// Queues a view of received bytes. `owned` says the slice is a whole array nobody else
+    /// holds (a copy the endpoint made).
+    mutating func append(_ bytes: ArraySlice<UInt8>, owned: Bool) {
         guard !bytes.isEmpty else { return }
-        chunks.append(bytes)
+        chunks.append(Chunk(bytes: bytes, owned: owned))
         byteCount += bytes.count
     }
 
-    mutating func take(_ maxBytes: Int) -> [UInt8] {
+    /// Takes up to `maxBytes`; `copied` counts the bytes copied to do it.
+    mutating func take(_ maxBytes: Int) -> (bytes: [UInt8], copied: Int) {
+        guard maxBytes > 0, let first = chunks.first else { return ([], 0) }
+        // A whole array of our own that fits, with nothing after it that would also fit: hand it
+        // over as it is.
+        if first.owned, first.bytes.count <= maxBytes,
+           chunks.count == 1 || first.bytes.count == maxBytes {
+            _ = chunks.popFirst()
+            byteCount -= first.bytes.count
+            return (Array(first.bytes), 0)
+        }
         var result: [UInt8] = []
         result.reserveCapacity(min(maxBytes, byteCount))
         while result.count < maxBytes, let chunk = chunks.first {
-            let take = min(maxBytes - result.count, chunk.count - offset)
-            result.append(contentsOf: chunk[offset..<(offset + take)])
-            offset += take
-            if offset == chunk.count {
+            let take = min(maxBytes - result.count, chunk.bytes.count)
+            result.append(contentsOf: chunk.bytes.prefix(take))
+            if take == chunk.bytes.count {
                 _ = chunks.popFirst()
-                offset = 0
+            } else {
+                chunks.withFirst { $0.bytes = $0.bytes.dropFirst(take); $0.owned = false }
             }
         }
         byteCount -= result.count
-        return result
+        return (result, result.count)
     }
 
     mutating func removeAll() {
         chunks.removeAll()
-        offset = 0
         byteCount = 0
     }
 
     /// Lends the bytes of the first chunk in place; `body` says how many it consumed.
     mutating func borrowFirst<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         guard let chunk = chunks.first else { return nil }
-        let (consumed, result) = try body(chunk.span.bytes.extracting(offset..<chunk.count))
-        let taken = max(0, min(consumed, chunk.count - offset))
-        offset += taken
+        let (consumed, result) = try body(chunk.bytes.span.bytes)
+        let taken = max(0, min(consumed, chunk.bytes.count))
         byteCount -= taken
-        if offset == chunk.count {
+        if taken == chunk.bytes.count {
             _ = chunks.popFirst()
-            offset = 0
+        } else if taken > 0 {
+            chunks.withFirst { $0.bytes = $0.bytes.dropFirst(taken); $0.owned = false }
         }
         return result
+    }
+}
+
+/// Bytes written to one session and not yet handed to the link, already laid out as link packets:
+/// each element is a buffer from ``LinkPacket/framedBuffer(payloadCapacity:)`` holding the
+/// header's headroom, the EA session id and up to one packet's worth of application bytes. The
+/// application's bytes are copied once, into these buffers; the link finishes each packet where
+/// it lies.
+struct OutboundQueue: Sendable {
+    private var packets = FIFO<[UInt8]>()
+    /// Application bytes queued (EA headers and headroom not counted).
+    private(set) var byteCount = 0
+    /// The smallest buffer made for a short write, so a run of small writes shares packets.
+    static let minimumBuffer = 1_024
+
+    /// Copies up to `limit - byteCount` bytes of `bytes` into packets of at most `chunk`
+    /// application bytes each; returns how many were taken.
+    mutating func append(_ bytes: RawSpan, sessionID: UInt16, chunk: Int, limit: Int) -> Int {
+        let total = min(max(0, limit - byteCount), bytes.byteCount)
+        guard chunk > 0, total > 0 else { return 0 }
+        let headroom = LinkPacketHeader.size + EASessionData.headerSize
+        var taken = 0
+        while taken < total {
+            // Fill the newest packet up to its capacity (one byte stays free for the checksum),
+            // so it never grows by reallocation; otherwise start a new one.
+            let filled = packets.withLast { packet -> Int in
+                let room = min(headroom + chunk, packet.capacity - 1) - packet.count
+                guard room > 0 else { return 0 }
+                let count = min(room, total - taken)
+                bytes.extracting(taken..<(taken + count)).withUnsafeBytes { packet.append(contentsOf: $0) }
+                return count
+            } ?? 0
+            if filled > 0 {
+                taken += filled
+                continue
+            }
+            let capacity = EASessionData.headerSize + min(chunk, max(total - taken, Self.minimumBuffer))
+            var packet = LinkPacket.framedBuffer(payloadCapacity: capacity)
+            packet.append(UInt8(sessionID >> 8))
+            packet.append(UInt8(sessionID & 0xFF))
+            packets.append(packet)
+        }
+        byteCount += taken
+        return taken
+    }
+
+    /// Takes the oldest packet and the number of application bytes it carries.
+    mutating func popPacket() -> (packet: [UInt8], dataBytes: Int)? {
+        guard let packet = packets.popFirst() else { return nil }
+        let data = packet.count - LinkPacketHeader.size - EASessionData.headerSize
+        byteCount -= data
+        return (packet, data)
+    }
+
+    mutating func removeAll() {
+        packets.removeAll()
+        byteCount = 0
     }
 }
 
@@ -344,8 +438,8 @@ struct Upper: LinkSink, Sendable {
         var protocolName: String
         var protocolID: UInt8
         var state: EASessionState
-        var inbound = ByteQueue()
-        var outbound = ByteQueue()
+        var inbound = ChunkQueue()
+        var outbound = OutboundQueue()
         var wasFull = false
         /// Bytes of this session the peer's link acknowledged.
         var acknowledged = 0
@@ -384,6 +478,8 @@ struct Upper: LinkSink, Sendable {
     var nextSessionID: UInt16 = 1
     var unhandledMessages = 0
     var roundRobin: [UInt16] = []
+    /// The data plane's copies of session bytes (see ``DataPlaneStatistics``).
+    var dataPlane = DataPlaneStatistics()
 
     init(role: LinkRole, identity: AccessoryIdentity?, policy: any AuthenticationPolicy, bufferLimit: Int, seed: UInt64) {
         self.role = role
@@ -435,6 +531,10 @@ struct Upper: LinkSink, Sendable {
     // MARK: LinkSink
 
     mutating func accept(sessionID: UInt8, payload: RawSpan) -> Bool {
+        accept(sessionID: sessionID, payload: payload, retained: nil)
+    }
+
+    mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ArraySlice<UInt8>?) -> Bool {
         if sessionID == controlSessionID {
             var offset = 0
             while offset < payload.byteCount {
@@ -454,12 +554,19 @@ struct Upper: LinkSink, Sendable {
                 events.append(.malformedMessage("EA data shorter than its session id"))
                 return true
             }
-            guard var session = sessions[id], session.state == .open else { return true } // unknown: dropped
-            if session.inbound.byteCount + range.count > bufferLimit { return false } // back-pressure
-            let wasEmpty = session.inbound.byteCount == 0
-            session.inbound.append(payload.extracting(range).withUnsafeBytes { Array($0) })
-            sessions[id] = session
-            if wasEmpty { events.append(.bytesAvailable(sessionID: id)) }
+            guard let queued = sessions[id]?.inbound.byteCount, sessions[id]?.state == .open else { return true } // unknown: dropped
+            if queued + range.count > bufferLimit { return false } // back-pressure
+            guard !range.isEmpty else { return true }
+            dataPlane.bytesReceived += range.count
+            if let retained {
+                // Kept as a view of the array the bytes arrived in: no copy.
+                let base = retained.startIndex
+                sessions[id]!.inbound.append(retained[(base + range.lowerBound)..<(base + range.upperBound)], owned: false)
+            } else {
+                dataPlane.bytesCopiedIn += range.count
+                sessions[id]!.inbound.append(payload.extracting(range).withUnsafeBytes { Array($0) }[...], owned: true)
+            }
+            if queued == 0 { events.append(.bytesAvailable(sessionID: id)) }
             return true
         }
         return true
@@ -536,11 +643,10 @@ struct Upper: LinkSink, Sendable {
         case (.stopPowerUpdates, _), (.powerSourceUpdate, _), (.accessoryAuthenticationSerialNumber, _):
             break
         case (.statusExternalAccessoryProtocolSession, _):
-            guard let id = try? message.parameter(0)?.uint16(), var session = sessions[id] else { return }
+            guard let id = try? message.parameter(0)?.uint16(), let session = sessions[id] else { return }
             let status = (try? message.parameter(1)?.uint8()) ?? 0
             if status == 0, session.state == .opening {
-                session.state = .open
-                sessions[id] = session
+                sessions[id]!.state = .open
                 events.append(.sessionOpened(sessionID: id, protocolName: session.protocolName))
                 events.append(.spaceAvailable(sessionID: id))
             } else if status != 0 {
@@ -631,8 +737,8 @@ struct Upper: LinkSink, Sendable {
     /// from the peer or the link keeps the session, closed, with the bytes already received still
     /// readable, until the owner closes it too.
     mutating func closeSession(_ id: UInt16, reason: String?, notifyPeer: Bool) {
-        guard var session = sessions[id] else { return }
-        let wasLive = session.state == .open || session.state == .opening
+        guard let state = sessions[id]?.state else { return }
+        let wasLive = state == .open || state == .opening
         roundRobin.removeAll { $0 == id }
         if notifyPeer {
             sessions[id] = nil
@@ -640,30 +746,40 @@ struct Upper: LinkSink, Sendable {
                 send(ControlMessage(id: .stopExternalAccessoryProtocolSession, parameters: [.uint16(0, id)]))
             }
         } else {
-            session.state = .closed(reason)
-            session.outbound.removeAll()
-            sessions[id] = session
+            sessions[id]!.state = .closed(reason)
+            sessions[id]!.outbound.removeAll()
         }
         if wasLive { events.append(.sessionClosed(sessionID: id, reason: reason)) }
     }
 
-    mutating func write(_ id: UInt16, _ bytes: some Collection<UInt8>, linkPayload: Int) throws(EndpointError) -> Int {
-        guard var session = sessions[id] else { throw .unknownSession(id) }
-        guard session.state == .open else { throw .sessionNotOpen(id) }
-        let room = max(0, bufferLimit - session.outbound.byteCount)
-        let taken = min(room, bytes.count)
-        if taken > 0 { session.outbound.append(Array(bytes.prefix(taken))) }
-        if taken < bytes.count { session.wasFull = true }
-        sessions[id] = session
+    /// Copies what fits of `bytes` into the session's outbound packets (the one copy of the
+    /// way out); the session is mutated in place.
+    mutating func write(_ id: UInt16, _ bytes: RawSpan, linkPayload: Int) throws(EndpointError) -> Int {
+        guard let state = sessions[id]?.state else { throw .unknownSession(id) }
+        guard state == .open else { throw .sessionNotOpen(id) }
+        let chunk = linkPayload - EASessionData.headerSize
+        let taken = sessions[id]!.outbound.append(bytes, sessionID: id, chunk: chunk, limit: bufferLimit)
+        if taken < bytes.byteCount { sessions[id]!.wasFull = true }
+        dataPlane.bytesWritten += taken
+        dataPlane.bytesCopiedOut += taken
         if !roundRobin.contains(id) { roundRobin.append(id) }
         return taken
     }
 
     mutating func read(_ id: UInt16, maxBytes: Int) -> [UInt8] {
-        guard var session = sessions[id] else { return [] }
-        let bytes = session.inbound.take(maxBytes)
-        sessions[id] = session
+        guard sessions[id] != nil else { return [] }
+        let (bytes, copied) = sessions[id]!.inbound.take(maxBytes)
+        dataPlane.bytesRead += bytes.count
+        dataPlane.bytesCopiedIn += copied
         return bytes
+    }
+
+    mutating func borrow<Result>(_ id: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        guard sessions[id] != nil else { return nil }
+        let before = sessions[id]!.inbound.byteCount
+        let result = try sessions[id]!.inbound.borrowFirst(body)
+        dataPlane.bytesRead += before - sessions[id]!.inbound.byteCount
+        return result
     }
 
     /// Credits the sessions with the EA packets the link saw acknowledged since the last call.
@@ -682,31 +798,25 @@ struct Upper: LinkSink, Sendable {
     /// sessions share the link fairly.
     mutating func pumpData(into link: inout IAP2Link, now: LinkTime) {
         guard let eaSession = eaLinkSessionID else { return }
-        let chunk = link.maxPayloadLength - EASessionData.headerSize
-        guard chunk > 0 else { return }
+        guard link.maxPayloadLength > EASessionData.headerSize else { return }
         var idle = 0
         while link.canSend, !roundRobin.isEmpty, idle < roundRobin.count {
             let id = roundRobin.removeFirst()
-            guard var session = sessions[id] else { continue }
-            if session.outbound.byteCount == 0 {
+            guard sessions[id] != nil else { continue }
+            guard let (packet, dataBytes) = sessions[id]!.outbound.popPacket() else {
                 idle += 1
                 roundRobin.append(id)
                 continue
             }
             idle = 0
-            var payload: [UInt8] = []
-            payload.reserveCapacity(EASessionData.headerSize + min(chunk, session.outbound.byteCount))
-            payload.append(UInt8(id >> 8))
-            payload.append(UInt8(id & 0xFF))
-            payload.append(contentsOf: session.outbound.take(chunk))
-            if link.send(sessionID: eaSession, payload: payload, now: now) {
-                dataInFlight.append((id, payload.count - EASessionData.headerSize))
+            // The packet was laid out by write(); the link finishes it where it lies.
+            if link.send(sessionID: eaSession, framedPacket: packet, now: now) {
+                dataInFlight.append((id, dataBytes))
             }
-            if session.wasFull, session.outbound.byteCount < bufferLimit {
-                session.wasFull = false
+            if sessions[id]!.wasFull, sessions[id]!.outbound.byteCount < bufferLimit {
+                sessions[id]!.wasFull = false
                 events.append(.spaceAvailable(sessionID: id))
             }
-            sessions[id] = session
             roundRobin.append(id)
         }
     }

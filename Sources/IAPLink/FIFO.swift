@@ -32,6 +32,18 @@ public struct FIFO<Element> {
         return element
     }
 
+    /// Runs `body` on the newest element in place (no copy of it); nil when the queue is empty.
+    public mutating func withLast<Result>(_ body: (inout Element) throws -> Result) rethrows -> Result? {
+        guard head < storage.count else { return nil }
+        return try body(&storage[storage.count - 1])
+    }
+
+    /// Runs `body` on the oldest element in place (no copy of it); nil when the queue is empty.
+    public mutating func withFirst<Result>(_ body: (inout Element) throws -> Result) rethrows -> Result? {
+        guard head < storage.count else { return nil }
+        return try body(&storage[head])
+    }
+
     /// Empties the queue, keeping its storage.
     public mutating func removeAll() {
         storage.removeAll(keepingCapacity: true)

@@ -36,8 +36,8 @@ public struct IAP1Endpoint: Sendable {
         var protocolName: String
         var protocolIndex: UInt8
         var state: EASessionState
-        var inbound = ByteQueue()
-        var outbound = ByteQueue()
+        var inbound = ChunkQueue()
+        var outbound = ChunkQueue()
         var wasFull = false
         var acknowledged = 0
         /// Data packets that arrived while the reader had no room, in order: each is acknowledged
@@ -331,12 +331,11 @@ public struct IAP1Endpoint: Sendable {
     /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).
     public mutating func write(_ sessionID: UInt16, _ bytes: some Collection<UInt8>, now: LinkTime) throws(EndpointError) -> Int {
         self.now = now
-        guard var session = sessions[sessionID] else { throw .unknownSession(sessionID) }
+        guard let session = sessions[sessionID] else { throw .unknownSession(sessionID) }
         guard session.state == .open else { throw .sessionNotOpen(sessionID) }
         let taken = min(max(0, bufferLimit - session.outbound.byteCount), bytes.count)
-        if taken > 0 { session.outbound.append(Array(bytes.prefix(taken))) }
-        if taken < bytes.count { session.wasFull = true }
-        sessions[sessionID] = session
+        if taken > 0 { sessions[sessionID]!.outbound.append(Array(bytes.prefix(taken))[...], owned: true) }
+        if taken < bytes.count { sessions[sessionID]!.wasFull = true }
         if !roundRobin.contains(sessionID) { roundRobin.append(sessionID) }
         pump()
         return taken
@@ -344,18 +343,16 @@ public struct IAP1Endpoint: Sendable {
 
     /// Takes up to `maxBytes` received bytes of a session; the room this makes lets held data in.
     public mutating func read(_ sessionID: UInt16, maxBytes: Int = .max) -> [UInt8] {
-        guard var session = sessions[sessionID] else { return [] }
-        let bytes = session.inbound.take(maxBytes)
-        sessions[sessionID] = session
+        guard sessions[sessionID] != nil else { return [] }
+        let bytes = sessions[sessionID]!.inbound.take(maxBytes).bytes
         if !bytes.isEmpty { releaseHeld(sessionID) }
         return bytes
     }
 
     /// Lends the next received bytes of a session in place; `body` returns how many it consumed. Nil when nothing is readable.
     public mutating func borrow<Result>(_ sessionID: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        guard var session = sessions[sessionID] else { return nil }
-        let result = try session.inbound.borrowFirst(body)
-        sessions[sessionID] = session
+        guard sessions[sessionID] != nil else { return nil }
+        let result = try sessions[sessionID]!.inbound.borrowFirst(body)
         if result != nil { releaseHeld(sessionID) }
         return result
     }
@@ -440,7 +437,7 @@ public struct IAP1Endpoint: Sendable {
             var payload: [UInt8] = []
             payload.reserveCapacity(2 + min(maxDataPerPacket, session.outbound.byteCount))
             payload.appendUInt16(id)
-            payload.append(contentsOf: session.outbound.take(maxDataPerPacket))
+            payload.append(contentsOf: session.outbound.take(maxDataPerPacket).bytes)
             let tid = send(dataOut, payload)
             inFlight.append((tid, id, payload.count - 2))
             if session.wasFull, session.outbound.byteCount < bufferLimit {
@@ -870,7 +867,7 @@ public struct IAP1Endpoint: Sendable {
     private mutating func keep(_ data: [UInt8], in session: inout Session, id: UInt16) {
         guard !data.isEmpty else { return }
         let wasEmpty = session.inbound.byteCount == 0
-        session.inbound.append(data)
+        session.inbound.append(data[...], owned: true)
         if wasEmpty { events.append(.bytesAvailable(sessionID: id)) }
     }
 

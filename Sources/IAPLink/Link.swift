@@ -15,6 +15,13 @@ public struct LinkStatistics: Hashable, Sendable {
     public var acksSent = 0
     public var payloadBytesSent = 0
     public var payloadBytesDelivered = 0
+    /// Payload bytes the link copied on the way out: payloads handed to
+    /// ``IAP2Link/send(sessionID:payload:now:)`` are framed by one copy; framed packets
+    /// (``IAP2Link/send(sessionID:framedPacket:now:)``) and retransmissions are not copied.
+    public var payloadBytesCopiedOut = 0
+    /// Payload bytes the link copied on the way in: packets parked out of order or refused by
+    /// the sink, when their bytes were not already held in an array the link could keep.
+    public var payloadBytesCopiedIn = 0
     public init() {}
 }
 
@@ -56,22 +63,26 @@ public struct IAP2Link: Sendable {
     private var lastReceivedSYNACK: UInt8?
 
     // Data.
+    /// A packet sent and not yet acknowledged: the framed bytes as transmitted (the transport
+    /// may hold the same array; a retransmission finishes the header again in place).
     private struct InFlight: Sendable {
         var sequence: UInt8
         var sessionID: UInt8
-        var payload: [UInt8]
+        var packet: [UInt8]
         var sentAt: LinkTime
         var transmissions: Int
     }
+    /// A received packet parked until it can be delivered in order: a view of the array it
+    /// arrived in when there was one (no copy), else a copy.
     private struct Held: Sendable {
         var sessionID: UInt8
-        var payload: [UInt8]
+        var payload: ArraySlice<UInt8>
     }
     private var nextSequence: UInt8 = 0
     private var lastSentSequence: UInt8 = 0
     private var lastReceived: UInt8 = 0
     private var unacked: [InFlight] = []
-    private var sendQueue = FIFO<(sessionID: UInt8, payload: [UInt8])>()
+    private var sendQueue = FIFO<(sessionID: UInt8, packet: [UInt8])>()
     private var held: [UInt8: Held] = [:]
     private var pendingAcks = 0
     private var ackDeadline: LinkTime?
@@ -168,13 +179,41 @@ public struct IAP2Link: Sendable {
     @discardableResult
     public mutating func send(sessionID: UInt8, payload: [UInt8], now: LinkTime) -> Bool {
         guard canSend, !payload.isEmpty, payload.count <= maxPayloadLength else { return false }
-        sendQueue.append((sessionID, payload))
+        var packet = LinkPacket.framedBuffer(payloadCapacity: payload.count)
+        packet.append(contentsOf: payload)
+        statistics.payloadBytesCopiedOut += payload.count
+        return send(sessionID: sessionID, framedPacket: packet, now: now)
+    }
+
+    /// Queues a packet whose payload already lies in place: `framedPacket` holds
+    /// ``LinkPacketHeader/size`` bytes of headroom, the payload, and nothing after it (see
+    /// ``LinkPacket/framedBuffer(payloadCapacity:)``). The link writes the header and the payload
+    /// checksum around the payload where it lies and sends that array as the packet: the payload is
+    /// never copied again, retransmissions included.
+    ///
+    /// - Returns: false under the same conditions as ``send(sessionID:payload:now:)``, or when
+    ///   the buffer holds no payload.
+    @discardableResult
+    public mutating func send(sessionID: UInt8, framedPacket: [UInt8], now: LinkTime) -> Bool {
+        let payloadLength = framedPacket.count - LinkPacketHeader.size
+        guard canSend, payloadLength > 0, payloadLength <= maxPayloadLength else { return false }
+        sendQueue.append((sessionID, framedPacket))
         pump(now: now)
         return true
     }
 
     /// Feeds received bytes; payloads are offered to `sink` in order.
     public mutating func receive<Sink: LinkSink>(_ bytes: RawSpan, now: LinkTime, sink: inout Sink) {
+        receive(bytes, backing: nil, now: now, sink: &sink)
+    }
+
+    /// Feeds received bytes held in an array. Payloads that lie whole in it are offered to the
+    /// sink as views of it too, which the sink may keep instead of copying them.
+    public mutating func receive<Sink: LinkSink>(_ bytes: [UInt8], now: LinkTime, sink: inout Sink) {
+        receive(bytes.span.bytes, backing: bytes, now: now, sink: &sink)
+    }
+
+    private mutating func receive<Sink: LinkSink>(_ bytes: RawSpan, backing: [UInt8]?, now: LinkTime, sink: inout Sink) {
         // Collect the frames first (the scanner cannot call back into `self` while it runs).
         var frames = frameScratch
         var spill = spillScratch
@@ -200,18 +239,13 @@ public struct IAP2Link: Sendable {
         for drop in drops { events.append(.dropped(drop)) }
         for (frame, spilled) in frames {
             if spilled {
-                handle(frame, in: spill.span.bytes, now: now, sink: &sink)
+                handle(frame, in: spill.span.bytes, backing: nil, now: now, sink: &sink)
             } else {
-                handle(frame, in: bytes, now: now, sink: &sink)
+                handle(frame, in: bytes, backing: backing, now: now, sink: &sink)
             }
         }
         frameScratch = frames
         spillScratch = spill
-    }
-
-    /// Feeds received bytes held in an array.
-    public mutating func receive<Sink: LinkSink>(_ bytes: [UInt8], now: LinkTime, sink: inout Sink) {
-        receive(bytes.span.bytes, now: now, sink: &sink)
     }
 
     /// Hands over the bytes of a partial frame not yet complete (see
@@ -283,7 +317,8 @@ public struct IAP2Link: Sendable {
 
     // MARK: Frames
 
-    private mutating func handle<Sink: LinkSink>(_ frame: ScannedFrame, in bytes: RawSpan, now: LinkTime, sink: inout Sink) {
+    private mutating func handle<Sink: LinkSink>(_ frame: ScannedFrame, in bytes: RawSpan, backing: [UInt8]?, now: LinkTime,
+                                                 sink: inout Sink) {
         if case .failed = state { return }
         switch frame.kind {
         case .detect:
@@ -298,7 +333,7 @@ public struct IAP2Link: Sendable {
             }
         case let .iap2(header):
             statistics.packetsReceived += 1
-            handle(header, payload: bytes.extracting(frame.payload), now: now, sink: &sink)
+            handle(header, payload: bytes.extracting(frame.payload), retained: backing?[frame.payload], now: now, sink: &sink)
         }
     }
 
@@ -330,7 +365,8 @@ public struct IAP2Link: Sendable {
         }
     }
 
-    private mutating func handle<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, now: LinkTime, sink: inout Sink) {
+    private mutating func handle<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ArraySlice<UInt8>?,
+                                                 now: LinkTime, sink: inout Sink) {
         let control = header.control
         if control.contains(.rst) {
             if role == .accessory { restartAfterReset(now: now) }
@@ -370,7 +406,7 @@ public struct IAP2Link: Sendable {
             if let parameters = negotiated, header.packetLength > Int(parameters.maxPacketLength) {
                 events.append(.protocolViolation("received a \(header.packetLength)-byte packet; \(parameters.maxPacketLength) was agreed"))
             }
-            receiveData(header, payload: payload, now: now, sink: &sink)
+            receiveData(header, payload: payload, retained: retained, now: now, sink: &sink)
         }
     }
 
@@ -527,15 +563,19 @@ public struct IAP2Link: Sendable {
             let sequence = nextSequence
             nextSequence &+= 1
             lastSentSequence = sequence
-            transmitData(sequence: sequence, sessionID: next.sessionID, payload: next.payload)
-            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, payload: next.payload, sentAt: now, transmissions: 1))
-            statistics.payloadBytesSent += next.payload.count
+            var packet = next.packet
+            transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
+            statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
+            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, sentAt: now, transmissions: 1))
         }
     }
 
-    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, payload: [UInt8]) {
-        if let packet = try? LinkPacket.encode(control: .ack, sequence: sequence, acknowledgement: lastReceived,
-                                               sessionID: sessionID, payload: payload) {
+    /// Finishes a framed packet in place (header before the payload, checksum after it) and
+    /// queues it for the transport. A packet finished before (a retransmission) carries the
+    /// checksum already: only the header is written again.
+    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, packet: inout [UInt8], checksummed: Bool) {
+        if LinkPacket.finish(framed: &packet, control: .ack, sequence: sequence, acknowledgement: lastReceived,
+                             sessionID: sessionID, checksummed: checksummed) {
             outbox.append(packet)
             statistics.packetsSent += 1
         }
@@ -545,8 +585,12 @@ public struct IAP2Link: Sendable {
     }
 
     private mutating func retransmit(at index: Int, now: LinkTime) {
-        let packet = unacked[index]
-        transmitData(sequence: packet.sequence, sessionID: packet.sessionID, payload: packet.payload)
+        // Taken out while it is finished again, so the array is not copied on write for the
+        // table's sake (the transport may still hold it: then it is, once).
+        var packet = unacked[index].packet
+        unacked[index].packet = []
+        transmitData(sequence: unacked[index].sequence, sessionID: unacked[index].sessionID, packet: &packet, checksummed: true)
+        unacked[index].packet = packet
         unacked[index].sentAt = now
         unacked[index].transmissions += 1
         statistics.retransmissions += 1
@@ -562,12 +606,19 @@ public struct IAP2Link: Sendable {
         if removed > 0 { pump(now: now) }
     }
 
-    private mutating func receiveData<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, now: LinkTime, sink: inout Sink) {
+    private mutating func receiveData<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ArraySlice<UInt8>?,
+                                                      now: LinkTime, sink: inout Sink) {
+        /// The payload as an array slice to park: a view of the received array, or a copy.
+        func parked() -> ArraySlice<UInt8> {
+            if let retained { return retained }
+            statistics.payloadBytesCopiedIn += payload.byteCount
+            return payload.withUnsafeBytes { Array($0) }[...]
+        }
         let expected = lastReceived &+ 1
         let distance = Int(header.sequence &- expected)
         let window = Int(configuration.parameters.maxOutstandingPackets)
         if distance == 0 {
-            guard sink.accept(sessionID: header.sessionID, payload: payload) else {
+            guard sink.accept(sessionID: header.sessionID, payload: payload, retained: retained) else {
                 // Not taken, so not acknowledged: the sender's window stops it. The packet is
                 // parked (at most a window of packets can be) and offered again by
                 // ``redeliver(now:sink:)`` when the reader makes room; a bare ACK of what we did
@@ -575,7 +626,7 @@ public struct IAP2Link: Sendable {
                 statistics.refusedByReceiver += 1
                 refusing = true
                 if held[header.sequence] == nil {
-                    held[header.sequence] = Held(sessionID: header.sessionID, payload: payload.withUnsafeBytes { Array($0) })
+                    held[header.sequence] = Held(sessionID: header.sessionID, payload: parked())
                 }
                 sendAck()
                 return
@@ -596,12 +647,12 @@ public struct IAP2Link: Sendable {
             // resend what we cannot take yet).
             statistics.outOfOrderReceived += 1
             if distance < max(window, 1), held[header.sequence] == nil {
-                held[header.sequence] = Held(sessionID: header.sessionID, payload: payload.withUnsafeBytes { Array($0) })
+                held[header.sequence] = Held(sessionID: header.sessionID, payload: parked())
             }
         } else if distance < max(window, 1) {
             statistics.outOfOrderReceived += 1
             if held[header.sequence] == nil {
-                held[header.sequence] = Held(sessionID: header.sessionID, payload: payload.withUnsafeBytes { Array($0) })
+                held[header.sequence] = Held(sessionID: header.sessionID, payload: parked())
             }
             sendEAK()
         } else {
@@ -612,7 +663,7 @@ public struct IAP2Link: Sendable {
     /// Hands parked packets that now follow in order to `sink`, as far as it takes them.
     private mutating func deliverHeld<Sink: LinkSink>(sink: inout Sink) {
         while let next = held[lastReceived &+ 1] {
-            guard sink.accept(sessionID: next.sessionID, payload: next.payload.span.bytes) else {
+            guard sink.accept(sessionID: next.sessionID, payload: next.payload.span.bytes, retained: next.payload) else {
                 statistics.refusedByReceiver += 1
                 refusing = true
                 return

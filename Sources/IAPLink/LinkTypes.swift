@@ -115,4 +115,54 @@ public protocol LinkSink {
     /// taken now (a reader's buffer is full): the link then does not acknowledge it, and the peer
     /// sends it again later. That is the receiver flow control of the reference implementation.
     mutating func accept(sessionID: UInt8, payload: RawSpan) -> Bool
+
+    /// The same offer, with the payload's bytes also as a view of the array they arrived in
+    /// (`retained`, when they lie whole in one): a sink that keeps the bytes may keep that view
+    /// instead of copying them. The default forwards to ``accept(sessionID:payload:)``.
+    mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ArraySlice<UInt8>?) -> Bool
+}
+
+extension LinkSink {
+    public mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ArraySlice<UInt8>?) -> Bool {
+        accept(sessionID: sessionID, payload: payload)
+    }
+}
+
+/// What an endpoint did with session bytes: how many moved each way and how many times they were
+/// copied on the way (the figures behind "copies per payload byte" in `iapbench`).
+///
+/// Outbound counts the copy from the application's buffer into a link packet (one per byte) and
+/// any later copy by the link; inbound counts a copy made on arrival (bytes that did not arrive in
+/// an array the endpoint could keep: a USB ring slot, a frame reassembled across reads) and the
+/// copy into the array a read returns. Lending bytes (`borrow`) copies nothing. Control messages
+/// are not counted. Copies made by a transport below the endpoint are the transport's to count.
+public struct DataPlaneStatistics: Hashable, Sendable {
+    /// Session bytes the application wrote and the endpoint took.
+    public var bytesWritten = 0
+    /// Session bytes copied on the way out.
+    public var bytesCopiedOut = 0
+    /// Session bytes that arrived for open sessions.
+    public var bytesReceived = 0
+    /// Session bytes the application read or consumed in place.
+    public var bytesRead = 0
+    /// Session bytes copied on the way in.
+    public var bytesCopiedIn = 0
+    /// An empty count.
+    public init() {}
+
+    /// Copies per byte written (0 when nothing was written).
+    public var copiesPerByteOut: Double { bytesWritten == 0 ? 0 : Double(bytesCopiedOut) / Double(bytesWritten) }
+    /// Copies per byte read (0 when nothing was read).
+    public var copiesPerByteIn: Double { bytesRead == 0 ? 0 : Double(bytesCopiedIn) / Double(bytesRead) }
+
+    /// The sum of two counts (two endpoints, or a transport's copies added to an endpoint's).
+    public static func + (lhs: Self, rhs: Self) -> Self {
+        var sum = lhs
+        sum.bytesWritten += rhs.bytesWritten
+        sum.bytesCopiedOut += rhs.bytesCopiedOut
+        sum.bytesReceived += rhs.bytesReceived
+        sum.bytesRead += rhs.bytesRead
+        sum.bytesCopiedIn += rhs.bytesCopiedIn
+        return sum
+    }
 }

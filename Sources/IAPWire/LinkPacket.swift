@@ -181,6 +181,52 @@ public enum LinkPacket {
         in buffer: inout MutableRawSpan, control: LinkControl, sequence: UInt8, acknowledgement: UInt8,
         sessionID: UInt8, payloadLength: Int
     ) throws(WireError) -> Int {
+        try finishHeader(in: &buffer, control: control, sequence: sequence, acknowledgement: acknowledgement,
+                         sessionID: sessionID, payloadLength: payloadLength, payloadChecksum: true)
+    }
+
+    /// An empty buffer for a packet to be finished in place by
+    /// ``finish(framed:control:sequence:acknowledgement:sessionID:checksummed:)``: it holds
+    /// ``LinkPacketHeader/size`` bytes of headroom for the header and has room for
+    /// `payloadCapacity` payload bytes and the payload checksum, so appending the payload and
+    /// finishing it allocate nothing more.
+    @inlinable
+    public static func framedBuffer(payloadCapacity: Int) -> [UInt8] {
+        var buffer: [UInt8] = []
+        buffer.reserveCapacity(LinkPacketHeader.size + max(0, payloadCapacity) + 1)
+        buffer.append(contentsOf: repeatElement(0, count: LinkPacketHeader.size))
+        return buffer
+    }
+
+    /// Finishes a packet built in a ``framedBuffer(payloadCapacity:)``: writes the header into the
+    /// headroom and appends the payload checksum. With `checksummed`, the packet was finished
+    /// before (a retransmission with a newer acknowledgement): the checksum is already there and
+    /// only the header is written again.
+    ///
+    /// - Returns: false when the buffer holds no payload or more than one packet can carry (it is
+    ///   left as it was).
+    @inlinable
+    public static func finish(
+        framed packet: inout [UInt8], control: LinkControl, sequence: UInt8, acknowledgement: UInt8, sessionID: UInt8,
+        checksummed: Bool = false
+    ) -> Bool {
+        let payloadLength = packet.count - LinkPacketHeader.size - (checksummed ? 1 : 0)
+        guard payloadLength > 0, payloadLength <= LinkPacketHeader.maxPayloadLength else { return false }
+        if !checksummed { packet.append(0) }
+        var span = packet.mutableSpan
+        var raw = span.mutableBytes
+        _ = try? finishHeader(in: &raw, control: control, sequence: sequence, acknowledgement: acknowledgement,
+                              sessionID: sessionID, payloadLength: payloadLength, payloadChecksum: !checksummed)
+        return true
+    }
+
+    /// Writes the header of a packet of `payloadLength` payload bytes at the start of `buffer`,
+    /// and, with `payloadChecksum`, the checksum after the payload.
+    @inlinable
+    static func finishHeader(
+        in buffer: inout MutableRawSpan, control: LinkControl, sequence: UInt8, acknowledgement: UInt8,
+        sessionID: UInt8, payloadLength: Int, payloadChecksum: Bool
+    ) throws(WireError) -> Int {
         guard payloadLength >= 0, payloadLength <= LinkPacketHeader.maxPayloadLength else {
             throw .tooLong(what: "iAP2 link payload", length: payloadLength, maximum: LinkPacketHeader.maxPayloadLength)
         }
@@ -197,7 +243,7 @@ public enum LinkPacket {
         buffer.setByte(sessionID, at: 7)
         let headerSum = Checksum.sum(buffer.bytes.extracting(0..<8))
         buffer.setByte(0 &- headerSum, at: 8)
-        if payloadLength > 0 {
+        if payloadLength > 0, payloadChecksum {
             let payloadEnd = LinkPacketHeader.size + payloadLength
             let sum = Checksum.sum(buffer.bytes.extracting(LinkPacketHeader.size..<payloadEnd))
             buffer.setByte(0 &- sum, at: payloadEnd)
