@@ -238,12 +238,12 @@ public struct SimulatedAccessory: Sendable {
     /// behaviours hold. Stays within ``bufferedBytesLimit`` whatever the host does.
     public var bufferedBytes: Int {
         let link = runtimes.reduce(0) { total, entry in
-            total + endpoint.bytesAvailable(entry.key) + endpoint.bytesPending(entry.key) + entry.value.pending.count
+            total + endpoint.bytesAvailable(entry.key) + endpoint.bytesPending(entry.key) + (entry.value.pending.count + entry.value.held.count)
                 + (entry.value.firmware?.bufferedBytes ?? 0)
         }
         return nativeRuntimes.reduce(link) { total, entry in
             let buffers = nativeBuffers[entry.key]
-            return total + (buffers?.inbound.count ?? 0) + (buffers?.outbound.count ?? 0) + entry.value.pending.count
+            return total + (buffers?.inbound.count ?? 0) + (buffers?.outbound.count ?? 0) + (entry.value.pending.count + entry.value.held.count)
                 + (entry.value.firmware?.bufferedBytes ?? 0)
         }
     }
@@ -259,7 +259,7 @@ public struct SimulatedAccessory: Sendable {
     private func snapshot(_ runtime: SessionRuntime) -> SessionStatistics {
         var statistics = runtime.statistics
         statistics.crc32In = runtime.crc.value
-        statistics.pendingBytes = runtime.pending.count
+        statistics.pendingBytes = runtime.pending.count + runtime.held.count
         return statistics
     }
 
@@ -358,21 +358,29 @@ public struct SimulatedAccessory: Sendable {
         }
     }
 
+    /// Echo holds what it read as a view of the array the bytes arrived in (at most
+    /// ``pendingLimit`` bytes) and writes from that view: the bytes are copied once, into the
+    /// packets going back.
     private mutating func runEcho(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
         var moved = false
         while true {
-            let flushed = flush(id, &runtime)
-            let room = Self.pendingLimit - runtime.pending.count
-            let bytes = room > 0 ? read(id, maxBytes: room, into: &runtime) : []
-            runtime.pending.append(bytes)
-            guard flushed || !bytes.isEmpty else { return moved }
+            if !runtime.held.isEmpty {
+                let taken = write(id, runtime.held)
+                runtime.held = runtime.held.dropFirst(taken)
+                runtime.statistics.bytesOut += taken
+                if taken > 0 { moved = true }
+                guard runtime.held.isEmpty else { return moved }
+            }
+            let bytes = readChunk(id, maxBytes: Self.pendingLimit, into: &runtime)
+            guard !bytes.isEmpty else { return moved }
+            runtime.held = bytes
             moved = true
         }
     }
 
     private mutating func runSink(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
         var moved = false
-        while !read(id, maxBytes: 65_536, into: &runtime).isEmpty { moved = true }
+        while !readChunk(id, maxBytes: 65_536, into: &runtime).isEmpty { moved = true }
         return moved
     }
 
@@ -444,7 +452,7 @@ public struct SimulatedAccessory: Sendable {
         let taken: Int
         switch route {
         case let .link(id):
-            taken = (try? endpoint.write(id, bytes, now: now)) ?? 0
+            taken = (try? endpoint.write(id, span: bytes.span.bytes, now: now)) ?? 0
         case let .native(id):
             guard var buffers = nativeBuffers[id] else { return 0 }
             taken = min(bytes.count, max(0, sessionBufferLimit - buffers.outbound.count))
@@ -469,21 +477,26 @@ public struct SimulatedAccessory: Sendable {
         }
     }
 
-    private mutating func take(_ route: SessionRoute, maxBytes: Int) -> [UInt8] {
+    private mutating func take(_ route: SessionRoute, maxBytes: Int) -> ArraySlice<UInt8> {
         switch route {
         case let .link(id):
-            return endpoint.read(id, maxBytes: maxBytes)
+            return endpoint.readChunk(id, maxBytes: maxBytes)
         case let .native(id):
-            guard var buffers = nativeBuffers[id], !buffers.inbound.isEmpty else { return [] }
-            let bytes = Array(buffers.inbound.bytes.prefix(maxBytes))
-            buffers.inbound.removeFirst(bytes.count)
-            nativeBuffers[id] = buffers
-            return bytes
+            guard nativeBuffers[id]?.inbound.isEmpty == false else { return [] }
+            let bytes = Array(nativeBuffers[id]!.inbound.bytes.prefix(maxBytes))
+            nativeBuffers[id]!.inbound.removeFirst(bytes.count)
+            return bytes[...]
         }
     }
 
     /// Reads session data, honouring the stop-reading fault, and counts it.
     private mutating func read(_ id: SessionRoute, maxBytes: Int, into runtime: inout SessionRuntime) -> [UInt8] {
+        Array(readChunk(id, maxBytes: maxBytes, into: &runtime))
+    }
+
+    /// Reads session data as a view of the array it lies in, honouring the stop-reading fault,
+    /// and counts it.
+    private mutating func readChunk(_ id: SessionRoute, maxBytes: Int, into runtime: inout SessionRuntime) -> ArraySlice<UInt8> {
         var limit = maxBytes
         if let stop = profile.faults.stopReadingAfterBytes {
             limit = min(limit, stop - bytesRead)
@@ -500,7 +513,7 @@ public struct SimulatedAccessory: Sendable {
         bytesRead += bytes.count
         bytesMoved += bytes.count
         runtime.statistics.bytesIn += bytes.count
-        runtime.crc.update(bytes)
+        if profile.checksumsSessionData { runtime.crc.update(bytes) }
         return bytes
     }
 }
@@ -529,6 +542,8 @@ struct SessionRuntime: Sendable {
     var statistics: SessionStatistics
     var crc = CRC32()
     var pending = PendingBytes()
+    /// Echo: bytes read and not yet written back, as a view of the array they arrived in.
+    var held: ArraySlice<UInt8> = []
     var sourceBytes = 0
     var sourceFinished = false
     var firmware: FirmwareUpdateReceiver?

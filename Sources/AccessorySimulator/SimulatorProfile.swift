@@ -16,13 +16,15 @@ import IAPWire
 ///   "link": { "maxPacketLength": 4096, "maxOutstandingPackets": 8,
 ///             "retransmissionTimeoutMs": 1000, "cumulativeAckTimeoutMs": 20 },
 ///   "rebootDelayMs": 200,
+///   "checksumsSessionData": true,
 ///   "faults": { "dropRate": 0.0, "corruptRate": 0.0, "delayMs": 0,
 ///               "stopReadingAfterBytes": 4096, "vanishAfterBytes": 65536, "seed": 1 }
 /// }
 /// ```
 ///
 /// `identity` and `protocols` are required; `link`, every field inside it, `rebootDelayMs`
-/// (default 200), `faults` and every field inside it are optional. Unknown fields are refused,
+/// (default 200), `checksumsSessionData` (default true), `faults` and every field inside it are
+/// optional. Unknown fields are refused,
 /// so a misspelt field is reported instead of silently ignored.
 public struct SimulatorProfile: Codable, Sendable, Equatable {
     /// The strings the accessory declares in IdentificationInformation.
@@ -266,14 +268,20 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     public var faults: Faults
     /// Set for an accessory that speaks legacy iAP1 (nil: iAP2).
     public var iap1: IAP1Settings?
+    /// Whether the accessory computes the CRC-32 of every session byte it reads
+    /// (``SessionStatistics/crc32In``). On by default; a benchmark's accessory turns it off so
+    /// that the accessory's own checksum does not weigh on the host's figures.
+    public var checksumsSessionData: Bool
 
     /// The reboot delay when a profile gives none.
     public static let defaultRebootDelayMs = 200
 
     /// Creates a profile.
     public init(accessory: Identity, protocols: [ProtocolSpec], link: LinkOverrides = LinkOverrides(),
-                rebootDelayMs: Int = SimulatorProfile.defaultRebootDelayMs, faults: Faults = Faults(), iap1: IAP1Settings? = nil) {
+                rebootDelayMs: Int = SimulatorProfile.defaultRebootDelayMs, faults: Faults = Faults(), iap1: IAP1Settings? = nil,
+                checksumsSessionData: Bool = true) {
         self.iap1 = iap1
+        self.checksumsSessionData = checksumsSessionData
         self.accessory = accessory
         self.protocols = protocols
         self.link = link
@@ -282,7 +290,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1
+        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1, checksumsSessionData
     }
 
     /// Decodes a profile, refusing unknown fields; optional parts take their defaults. Values are
@@ -296,6 +304,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         rebootDelayMs = try container.decodeIfPresent(Int.self, forKey: .rebootDelayMs) ?? Self.defaultRebootDelayMs
         faults = try container.decodeIfPresent(Faults.self, forKey: .faults) ?? Faults()
         iap1 = try container.decodeIfPresent(IAP1Settings.self, forKey: .iap1)
+        checksumsSessionData = try container.decodeIfPresent(Bool.self, forKey: .checksumsSessionData) ?? true
     }
 
     /// Encodes the profile, leaving out parts that hold their defaults.
@@ -307,6 +316,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         if rebootDelayMs != Self.defaultRebootDelayMs { try container.encode(rebootDelayMs, forKey: .rebootDelayMs) }
         if faults != Faults() { try container.encode(faults, forKey: .faults) }
         try container.encodeIfPresent(iap1, forKey: .iap1)
+        if !checksumsSessionData { try container.encode(false, forKey: .checksumsSessionData) }
     }
 
     // MARK: What the endpoint needs

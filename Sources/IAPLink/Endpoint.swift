@@ -266,6 +266,18 @@ public struct IAP2Endpoint: Sendable {
         return bytes
     }
 
+    /// Takes up to `maxBytes` of the next received bytes of a session as a view of the array
+    /// they arrived in, without copying them (empty when nothing is readable). Like
+    /// ``read(_:maxBytes:)``, the room this makes lets refused packets in.
+    public mutating func readChunk(_ sessionID: UInt16, maxBytes: Int = .max) -> ArraySlice<UInt8> {
+        let bytes = upper.readChunk(sessionID, maxBytes: maxBytes)
+        if !bytes.isEmpty {
+            link.redeliver(now: upper.now, sink: &upper)
+            settle(now: upper.now)
+        }
+        return bytes
+    }
+
     /// Lends the next received bytes of a session in place, without copying them: `body` gets a
     /// view of them and returns how many it consumed. Returns nil when nothing is readable.
     public mutating func borrow<Result>(_ sessionID: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
@@ -360,6 +372,19 @@ struct ChunkQueue: Sendable {
         byteCount = 0
     }
 
+    /// Takes up to `maxBytes` of the first chunk as a view of the array it lies in (no copy).
+    mutating func takeChunk(_ maxBytes: Int) -> ArraySlice<UInt8> {
+        guard maxBytes > 0, let chunk = chunks.first else { return [] }
+        let taken = chunk.bytes.prefix(maxBytes)
+        if taken.count == chunk.bytes.count {
+            _ = chunks.popFirst()
+        } else {
+            chunks.withFirst { $0.bytes = $0.bytes.dropFirst(taken.count); $0.owned = false }
+        }
+        byteCount -= taken.count
+        return taken
+    }
+
     /// Lends the bytes of the first chunk in place; `body` says how many it consumed.
     mutating func borrowFirst<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         guard let chunk = chunks.first else { return nil }
@@ -386,6 +411,8 @@ struct OutboundQueue: Sendable {
     private(set) var byteCount = 0
     /// The smallest buffer made for a short write, so a run of small writes shares packets.
     static let minimumBuffer = 1_024
+    /// Writes at least this long get a buffer of a whole packet.
+    static let largeWrite = 4_096
 
     /// Copies up to `limit - byteCount` bytes of `bytes` into packets of at most `chunk`
     /// application bytes each; returns how many were taken.
@@ -408,7 +435,11 @@ struct OutboundQueue: Sendable {
                 taken += filled
                 continue
             }
-            let capacity = EASessionData.headerSize + min(chunk, max(total - taken, Self.minimumBuffer))
+            // A write of a few KiB or more gets a whole packet's room (later writes fill it);
+            // a short one a small buffer.
+            let remaining = total - taken
+            let capacity = EASessionData.headerSize
+                + (remaining >= Self.largeWrite ? chunk : min(chunk, max(remaining, Self.minimumBuffer)))
             var packet = LinkPacket.framedBuffer(payloadCapacity: capacity)
             packet.append(UInt8(sessionID >> 8))
             packet.append(UInt8(sessionID & 0xFF))
@@ -771,6 +802,13 @@ struct Upper: LinkSink, Sendable {
         let (bytes, copied) = sessions[id]!.inbound.take(maxBytes)
         dataPlane.bytesRead += bytes.count
         dataPlane.bytesCopiedIn += copied
+        return bytes
+    }
+
+    mutating func readChunk(_ id: UInt16, maxBytes: Int) -> ArraySlice<UInt8> {
+        guard sessions[id] != nil else { return [] }
+        let bytes = sessions[id]!.inbound.takeChunk(maxBytes)
+        dataPlane.bytesRead += bytes.count
         return bytes
     }
 

@@ -181,9 +181,22 @@ public struct IAPEndpoint: Sendable {
         return try two!.write(sessionID, bytes, now: now)
     }
 
+    /// Queues bytes for a session from a view of them (iAP2: copied once, into the link packets).
+    public mutating func write(_ sessionID: UInt16, span bytes: RawSpan, now: LinkTime) throws(EndpointError) -> Int {
+        if one != nil { return try one!.write(sessionID, bytes.withUnsafeBytes { Array($0) }, now: now) }
+        return try two!.write(sessionID, span: bytes, now: now)
+    }
+
     /// Takes up to `maxBytes` received bytes of a session; the room this makes lets held data in.
     public mutating func read(_ sessionID: UInt16, maxBytes: Int = .max) -> [UInt8] {
         one != nil ? one!.read(sessionID, maxBytes: maxBytes) : two!.read(sessionID, maxBytes: maxBytes)
+    }
+
+    /// Takes up to `maxBytes` received bytes of a session as a view (iAP2: of the array they
+    /// arrived in, no copy; iAP1: of a copy).
+    public mutating func readChunk(_ sessionID: UInt16, maxBytes: Int = .max) -> ArraySlice<UInt8> {
+        if one != nil { return one!.read(sessionID, maxBytes: maxBytes)[...] }
+        return two!.readChunk(sessionID, maxBytes: maxBytes)
     }
 
     /// Lends the next received bytes of a session in place; `body` returns how many it consumed. Nil when nothing is readable.
@@ -191,6 +204,9 @@ public struct IAPEndpoint: Sendable {
         if one != nil { return try one!.borrow(sessionID, body) }
         return try two!.borrow(sessionID, body)
     }
+
+    /// The session bytes moved and copied (iAP2; iAP1 is not counted and reports zeros).
+    public var dataPlane: DataPlaneStatistics { two?.dataPlane ?? DataPlaneStatistics() }
 
     /// Bytes readable on a session.
     public func bytesAvailable(_ sessionID: UInt16) -> Int { one?.bytesAvailable(sessionID) ?? two!.bytesAvailable(sessionID) }

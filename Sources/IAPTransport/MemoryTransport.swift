@@ -4,7 +4,8 @@ internal import Synchronization
 /// Two transports joined back to back in one process: what one sends, the other receives.
 ///
 /// Each side delivers on its own queue with one hop per batch of frames (frames sent in one
-/// turn of the sender's queue arrive together), like a USB completion batch.
+/// turn of the sender's queue arrive together), like a USB completion batch. Frames are handed
+/// over as the arrays they were sent in: nothing is copied.
 public final class MemoryTransport: Transport {
     public let description: String
     public var kind: TransportKind { .memory }
@@ -89,16 +90,9 @@ public final class MemoryTransport: Transport {
             return (state.pending, state.closed ? nil : state.handler)
         }
         guard let handler, !frames.isEmpty else { return }
-        // One hop per batch: the frames are handed over back to back as one stream.
-        if frames.count == 1 {
-            handler(.received(frames[0]))
-        } else {
-            // Frame by frame (memcpy each), not through a flattened sequence (byte by byte).
-            var stream: [UInt8] = []
-            stream.reserveCapacity(frames.reduce(0) { $0 + $1.count })
-            for frame in frames { stream.append(contentsOf: frame) }
-            handler(.received(stream))
-        }
+        // One hop per batch; each frame is handed over as the array it was sent in (no copy:
+        // the receiver may keep views of it).
+        for frame in frames { handler(.received(frame)) }
     }
 
     private func close(error: TransportError?) {

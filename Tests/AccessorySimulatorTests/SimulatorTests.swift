@@ -153,7 +153,10 @@ struct SimulatorTests {
         #expect(refused, "the host's writes never backed up")
         #expect(sent < data.count)
         #expect(peak <= harness.accessory.bufferedBytesLimit)
-        #expect(harness.accessory.statistics(for: id)?.pendingBytes == SimulatedAccessory.pendingLimit)
+        // The echo holds what it read and could not write back (one received chunk, a view of
+        // the packet it arrived in), never more than its limit.
+        let pending = harness.accessory.statistics(for: id)?.pendingBytes ?? 0
+        #expect(pending > 0 && pending <= SimulatedAccessory.pendingLimit)
         let held = harness.accessory.bufferedBytes
         // Still no reading: nothing grows.
         harness.run(until: harness.now + .milliseconds(500)) { h in
