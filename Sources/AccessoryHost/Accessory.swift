@@ -55,6 +55,13 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     /// The EA protocol strings, in the order declared.
     public var protocolStrings: [String] { identity.protocols.map(\.name) }
 
+    /// How many session bytes the host moved on this accessory's connection, and how many times
+    /// it copied them on the way (its iAP2 endpoint's count: link sessions, both ways; iAP1 and
+    /// native-transport sessions are not counted). Copies a transport makes below the endpoint
+    /// are not included: none in memory, one per byte out into the OUT slot on USB (see
+    /// docs/ARCHITECTURE.md). Do not call it from the manager's queue.
+    public var dataPlaneStatistics: DataPlaneStatistics { connection.dataPlaneStatistics() }
+
     public var description: String {
         "\(connectionID): \(name) (\(manufacturer) \(modelNumber), serial \(serialNumber), firmware \(firmwareRevision)) on \(location)"
     }

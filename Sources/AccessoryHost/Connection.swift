@@ -95,6 +95,11 @@ final class Connection: @unchecked Sendable {
         driver.perform { machine, _ in self.service(&machine) }
     }
 
+    /// The endpoint's count of session bytes moved and copied. Off the queue.
+    func dataPlaneStatistics() -> DataPlaneStatistics {
+        queue.sync { driver.perform { machine, _ in machine.dataPlane } }
+    }
+
     /// Whether this connection is still working towards its first identified accessory.
     var isPending: Bool { !everIdentified && downReason == nil }
 

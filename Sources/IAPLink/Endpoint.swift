@@ -311,10 +311,11 @@ public struct IAP2Endpoint: Sendable {
     public var unhandledMessages: Int { upper.unhandledMessages }
 
     /// How many session bytes this endpoint moved and how many of them it copied, the link's
-    /// copies included.
+    /// copies on the way in included.
     public var dataPlane: DataPlaneStatistics {
+        // The link's copies out are of control messages only (session data reaches it framed);
+        // its copies in are of session and control packets alike (reassembled or parked).
         var counts = upper.dataPlane
-        counts.bytesCopiedOut += link.statistics.payloadBytesCopiedOut
         counts.bytesCopiedIn += link.statistics.payloadBytesCopiedIn
         return counts
     }

@@ -87,8 +87,11 @@ public struct IAPEndpoint: Sendable {
         if switches { switchIfNeeded(now: now) }
     }
 
-    /// Feeds bytes from the peer held in an array.
-    public mutating func receive(_ bytes: [UInt8], now: LinkTime) { receive(bytes.span.bytes, now: now) }
+    /// Feeds bytes from the peer held in an array (iAP2 keeps views of it instead of copying).
+    public mutating func receive(_ bytes: [UInt8], now: LinkTime) {
+        if one != nil { one!.receive(bytes.span.bytes, now: now) } else { two!.receive(bytes, now: now) }
+        if switches { switchIfNeeded(now: now) }
+    }
 
     /// Fires every timer due at `now`.
     public mutating func advance(to now: LinkTime) {

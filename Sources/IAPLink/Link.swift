@@ -19,8 +19,10 @@ public struct LinkStatistics: Hashable, Sendable {
     /// ``IAP2Link/send(sessionID:payload:now:)`` are framed by one copy; framed packets
     /// (``IAP2Link/send(sessionID:framedPacket:now:)``) and retransmissions are not copied.
     public var payloadBytesCopiedOut = 0
-    /// Payload bytes the link copied on the way in: packets parked out of order or refused by
-    /// the sink, when their bytes were not already held in an array the link could keep.
+    /// Payload bytes the link copied on the way in: twice for a packet split across receives
+    /// (the scanner reassembles it, the link moves it out of the scanner's buffer), and once for
+    /// a packet parked out of order or refused by the sink when its bytes were not already held
+    /// in an array the link could keep.
     public var payloadBytesCopiedIn = 0
     public init() {}
 }
@@ -239,7 +241,11 @@ public struct IAP2Link: Sendable {
         for drop in drops { events.append(.dropped(drop)) }
         for (frame, spilled) in frames {
             if spilled {
-                handle(frame, in: spill.span.bytes, backing: nil, now: now, sink: &sink)
+                // A frame split across receives: the scanner copied it whole to reassemble it,
+                // and it was copied again above, out of the scanner's reused buffer. The sink may
+                // keep views of the spill (a later receive then starts a new one).
+                if case .iap2 = frame.kind { statistics.payloadBytesCopiedIn += 2 * frame.payload.count }
+                handle(frame, in: spill.span.bytes, backing: spill, now: now, sink: &sink)
             } else {
                 handle(frame, in: bytes, backing: backing, now: now, sink: &sink)
             }

@@ -311,3 +311,81 @@ struct AcknowledgedBytesTests {
         #expect(acknowledged <= 100_000 + received, "never more than the accessory received")
     }
 }
+
+@Suite("Copies on the data plane")
+struct CopyCountTests {
+    /// Writes `total` bytes on one session and drains them at the accessory with `drain`.
+    static func transfer(total: Int, drop: Double, drain: (inout IAP2Endpoint, UInt16) -> [UInt8]) throws
+        -> (device: DataPlaneStatistics, accessory: DataPlaneStatistics, received: [UInt8], retransmissions: Int)
+    {
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.maxPacketLength = 16_384
+        accessory.parameters.retransmissionTimeout = 50
+        var pair = Pair(device: .device, accessory: accessory, seed: 7, bufferLimit: 1 << 20)
+        pair.toAccessory.drop = drop
+        let id = try DataTests.openSessions(&pair, ["com.acme.fw"])[0]
+        let data = pattern(0, 0, total)
+        var written = 0
+        var received: [UInt8] = []
+        let finished = pair.run(until: .seconds(600)) { pair in
+            if written < total {
+                let rest = data[written...]
+                written += (try? pair.device.write(id, span: rest.span.bytes, now: pair.now)) ?? 0
+            }
+            received += drain(&pair.accessory, id)
+            return received.count >= total
+        }
+        #expect(finished)
+        return (pair.device.dataPlane, pair.accessory.dataPlane, received, pair.device.link.statistics.retransmissions)
+    }
+
+    @Test("a byte written is copied once, into its packet; retransmissions copy nothing")
+    func writesCopyOnce() throws {
+        let (device, _, received, retransmissions) = try Self.transfer(total: 1 << 20, drop: 0.1) { endpoint, id in
+            endpoint.read(id)
+        }
+        #expect(received == pattern(0, 0, 1 << 20))
+        #expect(retransmissions > 0)
+        #expect(device.bytesWritten == 1 << 20)
+        #expect(device.bytesCopiedOut == 1 << 20)
+    }
+
+    @Test("bytes that arrive in an array are copied once by read() and never by borrow")
+    func readsCopyOnceBorrowsNever() throws {
+        let read = try Self.transfer(total: 1 << 20, drop: 0) { endpoint, id in endpoint.read(id) }
+        #expect(read.accessory.bytesRead == 1 << 20)
+        #expect(read.accessory.bytesCopiedIn == 1 << 20)
+
+        let borrowed = try Self.transfer(total: 1 << 20, drop: 0) { endpoint, id in
+            var bytes: [UInt8] = []
+            while let chunk = endpoint.borrow(id, { span in
+                (span.byteCount, span.withUnsafeBytes { Array($0) })
+            }) {
+                bytes += chunk
+            }
+            return bytes
+        }
+        #expect(borrowed.received == pattern(0, 0, 1 << 20))
+        #expect(borrowed.accessory.bytesRead == 1 << 20)
+        #expect(borrowed.accessory.bytesCopiedIn == 0)
+    }
+
+    @Test("bytes handed over as a view (a USB slot) are copied on arrival, then kept")
+    func viewsAreCopiedOnArrival() throws {
+        var pair = Pair(device: .device, accessory: .accessory, seed: 9, bufferLimit: 1 << 20)
+        let id = try DataTests.openSessions(&pair, ["com.acme.fw"])[0]
+        let before = pair.device.dataPlane
+        let bytes = [UInt8](repeating: 7, count: 1_000)
+        _ = try pair.accessory.write(id, span: bytes.span.bytes, now: pair.now)
+        // Deliver the accessory's packets to the device as views, not arrays.
+        for frame in pair.accessory.takeOutput() {
+            pair.device.receive(frame.span.bytes, now: pair.now)
+        }
+        let delivered = pair.device.bytesAvailable(id)
+        #expect(delivered == 1_000)
+        #expect(pair.device.dataPlane.bytesCopiedIn - before.bytesCopiedIn == 1_000)
+        #expect(pair.device.read(id).count == 1_000)
+        // The copy made on arrival is handed over as it is.
+        #expect(pair.device.dataPlane.bytesCopiedIn - before.bytesCopiedIn == 1_000)
+    }
+}

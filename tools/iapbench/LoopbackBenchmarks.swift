@@ -3,6 +3,7 @@ import AccessorySimulator
 import CLIKit
 import Dispatch
 import IAPInspect
+import IAPLink
 import IAPTransport
 import Synchronization
 
@@ -105,6 +106,17 @@ enum LoopbackBenchmarks {
         return (sorted[sorted.count / 2], sorted[min(sorted.count - 1, sorted.count * 99 / 100)])
     }
 
+    /// What the endpoint counted between two readings.
+    static func difference(_ after: DataPlaneStatistics, _ before: DataPlaneStatistics) -> DataPlaneStatistics {
+        var delta = DataPlaneStatistics()
+        delta.bytesWritten = after.bytesWritten - before.bytesWritten
+        delta.bytesCopiedOut = after.bytesCopiedOut - before.bytesCopiedOut
+        delta.bytesReceived = after.bytesReceived - before.bytesReceived
+        delta.bytesRead = after.bytesRead - before.bytesRead
+        delta.bytesCopiedIn = after.bytesCopiedIn - before.bytesCopiedIn
+        return delta
+    }
+
     static func run(_ command: ParsedCommand, overPty: Bool) throws -> ExitCode {
         let megabytes = try command.integer("mib", in: 1...4_096) ?? (overPty ? 8 : 256)
         let json = command.flag("json")
@@ -130,12 +142,21 @@ enum LoopbackBenchmarks {
         for sessions in [1, 4] {
             let rig = try rig(sessions: sessions, overPty: overPty)
             let bytes = (megabytes << 20) / sessions
+            let before = rig.accessory.dataPlaneStatistics
             let (rate, seconds) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
+            let copies = Self.difference(rig.accessory.dataPlaneStatistics, before)
             emit("echo throughput, \(sessions) session(s)",
                  [("sessions", .int(sessions)), ("bytes", .int(bytes * sessions)), ("bytesPerSecond", .int(Int(rate))),
                   ("seconds", .string(Report.format(seconds, digits: 3)))],
                  text: "\(overPty ? "pty" : "in-process") echo, \(sessions) session\(sessions == 1 ? "" : "s"): "
                     + "\(Report.format(rate / 1e6, digits: 1)) MB/s each way (\(megabytes) MiB in \(Report.format(seconds, digits: 2)) s)")
+            emit("host copies per payload byte, \(sessions) session(s)",
+                 [("out", .string(Report.format(copies.copiesPerByteOut, digits: 2))),
+                  ("in", .string(Report.format(copies.copiesPerByteIn, digits: 2))),
+                  ("bytesWritten", .int(copies.bytesWritten)), ("bytesRead", .int(copies.bytesRead))],
+                 text: "  host copies per payload byte: out \(Report.format(copies.copiesPerByteOut, digits: 2)), "
+                    + "in \(Report.format(copies.copiesPerByteIn, digits: 2)) (counted by the host's endpoint, read() "
+                    + "included; \(overPty ? "plus one copy in by the serial transport, out of its read buffer" : "the in-memory transport copies nothing"))")
             if sessions == 1, !overPty {
                 // The same echo on a native transport (raw bytes on a channel of its own, no link).
                 let (native, nativeSeconds) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20, native: true)
