@@ -156,13 +156,18 @@ public struct DataPlaneStatistics: Hashable, Sendable {
     public var copiesPerByteIn: Double { bytesRead == 0 ? 0 : Double(bytesCopiedIn) / Double(bytesRead) }
 
     /// The sum of two counts (two endpoints, or a transport's copies added to an endpoint's).
-    public static func + (lhs: Self, rhs: Self) -> Self {
-        var sum = lhs
-        sum.bytesWritten += rhs.bytesWritten
-        sum.bytesCopiedOut += rhs.bytesCopiedOut
-        sum.bytesReceived += rhs.bytesReceived
-        sum.bytesRead += rhs.bytesRead
-        sum.bytesCopiedIn += rhs.bytesCopiedIn
-        return sum
+    public static func + (lhs: Self, rhs: Self) -> Self { combine(lhs, rhs, &+) }
+
+    /// What was counted between two readings (`after - before`).
+    public static func - (lhs: Self, rhs: Self) -> Self { combine(lhs, rhs, &-) }
+
+    private static func combine(_ lhs: Self, _ rhs: Self, _ operation: (Int, Int) -> Int) -> Self {
+        var result = Self()
+        result.bytesWritten = operation(lhs.bytesWritten, rhs.bytesWritten)
+        result.bytesCopiedOut = operation(lhs.bytesCopiedOut, rhs.bytesCopiedOut)
+        result.bytesReceived = operation(lhs.bytesReceived, rhs.bytesReceived)
+        result.bytesRead = operation(lhs.bytesRead, rhs.bytesRead)
+        result.bytesCopiedIn = operation(lhs.bytesCopiedIn, rhs.bytesCopiedIn)
+        return result
     }
 }

@@ -106,17 +106,6 @@ enum LoopbackBenchmarks {
         return (sorted[sorted.count / 2], sorted[min(sorted.count - 1, sorted.count * 99 / 100)])
     }
 
-    /// What the endpoint counted between two readings.
-    static func difference(_ after: DataPlaneStatistics, _ before: DataPlaneStatistics) -> DataPlaneStatistics {
-        var delta = DataPlaneStatistics()
-        delta.bytesWritten = after.bytesWritten - before.bytesWritten
-        delta.bytesCopiedOut = after.bytesCopiedOut - before.bytesCopiedOut
-        delta.bytesReceived = after.bytesReceived - before.bytesReceived
-        delta.bytesRead = after.bytesRead - before.bytesRead
-        delta.bytesCopiedIn = after.bytesCopiedIn - before.bytesCopiedIn
-        return delta
-    }
-
     static func run(_ command: ParsedCommand, overPty: Bool) throws -> ExitCode {
         let megabytes = try command.integer("mib", in: 1...4_096) ?? (overPty ? 8 : 256)
         let json = command.flag("json")
@@ -144,7 +133,7 @@ enum LoopbackBenchmarks {
             let bytes = (megabytes << 20) / sessions
             let before = rig.accessory.dataPlaneStatistics
             let (rate, seconds) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
-            let copies = Self.difference(rig.accessory.dataPlaneStatistics, before)
+            let copies = rig.accessory.dataPlaneStatistics - before
             emit("echo throughput, \(sessions) session(s)",
                  [("sessions", .int(sessions)), ("bytes", .int(bytes * sessions)), ("bytesPerSecond", .int(Int(rate))),
                   ("seconds", .string(Report.format(seconds, digits: 3)))],
