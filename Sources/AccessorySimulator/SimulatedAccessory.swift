@@ -190,7 +190,7 @@ public struct SimulatedAccessory: Sendable {
     /// How many more bytes ``receiveNative(_:_:now:)`` takes for the session now.
     public func nativeRoom(_ id: UInt16) -> Int {
         guard isRunning, let buffers = nativeBuffers[id] else { return 0 }
-        return max(0, sessionBufferLimit - buffers.inbound.count)
+        return max(0, sessionBufferLimit - buffers.inbound.byteCount)
     }
 
     /// Feeds bytes the host sent on a native session (at most ``nativeRoom(_:)``; the rest is
@@ -200,7 +200,8 @@ public struct SimulatedAccessory: Sendable {
         note(now)
         let taken = min(bytes.count, nativeRoom(id))
         guard taken > 0 else { return 0 }
-        nativeBuffers[id]?.inbound.append(taken == bytes.count ? Array(bytes) : Array(bytes.prefix(taken)))
+        let copy = taken == bytes.count ? Array(bytes) : Array(bytes.prefix(taken))
+        nativeBuffers[id]?.inbound.append(copy[...], owned: true)
         settle()
         return taken
     }
@@ -211,11 +212,14 @@ public struct SimulatedAccessory: Sendable {
     /// Offers the session's bytes for the host to `write`, which returns how many it took; those
     /// are removed. Behaviours then run again (room appeared).
     public mutating func drainNativeOutput(_ id: UInt16, into write: (ArraySlice<UInt8>) -> Int) {
-        guard isRunning, var buffers = nativeBuffers[id], !buffers.outbound.isEmpty else { return }
-        let taken = min(max(0, write(buffers.outbound.bytes)), buffers.outbound.count)
-        buffers.outbound.removeFirst(taken)
-        nativeBuffers[id] = buffers
-        if taken > 0 { settle() }
+        var offered = false
+        while isRunning, let first = nativeBuffers[id]?.outbound.first {
+            let taken = min(max(0, write(first)), first.count)
+            nativeBuffers[id]!.outbound.removeFirst(taken)
+            if taken > 0 { offered = true }
+            guard taken == first.count else { break }
+        }
+        if offered { settle() }
     }
 
     /// The open native sessions' ids.
@@ -243,7 +247,7 @@ public struct SimulatedAccessory: Sendable {
         }
         return nativeRuntimes.reduce(link) { total, entry in
             let buffers = nativeBuffers[entry.key]
-            return total + (buffers?.inbound.count ?? 0) + (buffers?.outbound.count ?? 0) + (entry.value.pending.count + entry.value.held.count)
+            return total + (buffers?.inbound.byteCount ?? 0) + (buffers?.outbound.byteCount ?? 0) + (entry.value.pending.count + entry.value.held.count)
                 + (entry.value.firmware?.bufferedBytes ?? 0)
         }
     }
@@ -454,10 +458,10 @@ public struct SimulatedAccessory: Sendable {
         case let .link(id):
             taken = (try? endpoint.write(id, span: bytes.span.bytes, now: now)) ?? 0
         case let .native(id):
-            guard var buffers = nativeBuffers[id] else { return 0 }
-            taken = min(bytes.count, max(0, sessionBufferLimit - buffers.outbound.count))
-            if taken > 0 { buffers.outbound.append(Array(bytes.prefix(taken))) }
-            nativeBuffers[id] = buffers
+            guard let queued = nativeBuffers[id]?.outbound.byteCount else { return 0 }
+            taken = min(bytes.count, max(0, sessionBufferLimit - queued))
+            // Kept as a view: an echo's bytes are not copied again here.
+            if taken > 0 { nativeBuffers[id]!.outbound.append(bytes.prefix(taken), owned: false) }
         }
         bytesMoved += taken
         return taken
@@ -466,14 +470,14 @@ public struct SimulatedAccessory: Sendable {
     private func spaceAvailable(_ route: SessionRoute) -> Int {
         switch route {
         case let .link(id): endpoint.spaceAvailable(id)
-        case let .native(id): max(0, sessionBufferLimit - (nativeBuffers[id]?.outbound.count ?? sessionBufferLimit))
+        case let .native(id): max(0, sessionBufferLimit - (nativeBuffers[id]?.outbound.byteCount ?? sessionBufferLimit))
         }
     }
 
     private func bytesAvailable(_ route: SessionRoute) -> Int {
         switch route {
         case let .link(id): endpoint.bytesAvailable(id)
-        case let .native(id): nativeBuffers[id]?.inbound.count ?? 0
+        case let .native(id): nativeBuffers[id]?.inbound.byteCount ?? 0
         }
     }
 
@@ -482,10 +486,8 @@ public struct SimulatedAccessory: Sendable {
         case let .link(id):
             return endpoint.readChunk(id, maxBytes: maxBytes)
         case let .native(id):
-            guard nativeBuffers[id]?.inbound.isEmpty == false else { return [] }
-            let bytes = Array(nativeBuffers[id]!.inbound.bytes.prefix(maxBytes))
-            nativeBuffers[id]!.inbound.removeFirst(bytes.count)
-            return bytes[...]
+            guard nativeBuffers[id] != nil else { return [] }
+            return nativeBuffers[id]!.inbound.takeChunk(maxBytes)
         }
     }
 
@@ -533,8 +535,10 @@ enum SessionRoute {
 
 /// The raw bytes of a native session, each way.
 struct NativeBuffers: Sendable {
-    var inbound = PendingBytes()
-    var outbound = PendingBytes()
+    /// What the host sent: one copy of each read off the channel.
+    var inbound = ChunkQueue()
+    /// What the behaviour wrote: views of what it read (an echo) or of arrays it made.
+    var outbound = ChunkQueue()
 }
 
 /// The behaviour state of one open session.

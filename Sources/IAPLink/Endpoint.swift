@@ -323,27 +323,38 @@ public struct IAP2Endpoint: Sendable {
 
 /// Bytes queued as views of arrays, with a running count: the received bytes of one session,
 /// kept in the arrays they arrived in (a transport's receive buffer, or the one copy the endpoint
-/// made of bytes it could not keep). Lending them (``borrowFirst(_:)``) copies nothing; taking them (``take(_:)``) copies
-/// once, into the array returned, unless a whole chunk the endpoint copied can be handed over.
-struct ChunkQueue: Sendable {
+/// made of bytes it could not keep). Lending them (``borrowFirst(_:)``) and taking them as views
+/// (``takeChunk(_:)``) copies nothing; taking them as an array (``take(_:)``) copies once, into
+/// that array, unless a whole array of the queue's own can be handed over as it is.
+public struct ChunkQueue: Sendable {
     private struct Chunk: Sendable {
         var bytes: ArraySlice<UInt8>
-        /// The endpoint made `bytes` as a whole array of its own: it can be returned as it is.
+        /// The slice is a whole array nobody else holds: it can be returned as it is.
         var owned: Bool
     }
     private var chunks = FIFO<Chunk>()
-    private(set) var byteCount = 0
+    /// The bytes queued.
+    public private(set) var byteCount = 0
 
-    /// Queues a view of received bytes. `owned` says the slice is a whole array nobody else
-    /// holds (a copy the endpoint made).
-    mutating func append(_ bytes: ArraySlice<UInt8>, owned: Bool) {
+    /// An empty queue.
+    public init() {}
+
+    /// Whether nothing is queued.
+    public var isEmpty: Bool { byteCount == 0 }
+
+    /// The oldest queued bytes: a view of the first chunk (nil when empty).
+    public var first: ArraySlice<UInt8>? { chunks.first?.bytes }
+
+    /// Queues a view of bytes. `owned` says the slice is a whole array nobody else holds (a copy
+    /// the caller made), which ``take(_:)`` may then hand over without copying.
+    public mutating func append(_ bytes: ArraySlice<UInt8>, owned: Bool) {
         guard !bytes.isEmpty else { return }
         chunks.append(Chunk(bytes: bytes, owned: owned))
         byteCount += bytes.count
     }
 
-    /// Takes up to `maxBytes`; `copied` counts the bytes copied to do it.
-    mutating func take(_ maxBytes: Int) -> (bytes: [UInt8], copied: Int) {
+    /// Takes up to `maxBytes` as one array; `copied` counts the bytes copied to make it.
+    public mutating func take(_ maxBytes: Int) -> (bytes: [UInt8], copied: Int) {
         guard maxBytes > 0, let first = chunks.first else { return ([], 0) }
         // A whole array of our own that fits, with nothing after it that would also fit: hand it
         // over as it is.
@@ -358,45 +369,42 @@ struct ChunkQueue: Sendable {
         while result.count < maxBytes, let chunk = chunks.first {
             let take = min(maxBytes - result.count, chunk.bytes.count)
             result.append(contentsOf: chunk.bytes.prefix(take))
-            if take == chunk.bytes.count {
-                _ = chunks.popFirst()
-            } else {
-                chunks.withFirst { $0.bytes = $0.bytes.dropFirst(take); $0.owned = false }
-            }
+            removeFirst(take)
         }
-        byteCount -= result.count
         return (result, result.count)
     }
 
-    mutating func removeAll() {
+    /// Takes up to `maxBytes` of the first chunk as a view of the array it lies in (no copy).
+    public mutating func takeChunk(_ maxBytes: Int) -> ArraySlice<UInt8> {
+        guard maxBytes > 0, let chunk = chunks.first else { return [] }
+        let taken = chunk.bytes.prefix(maxBytes)
+        removeFirst(taken.count)
+        return taken
+    }
+
+    /// Drops `count` bytes from the front of the first chunk (at most its length).
+    public mutating func removeFirst(_ count: Int) {
+        guard count > 0, let chunk = chunks.first else { return }
+        let dropped = min(count, chunk.bytes.count)
+        if dropped == chunk.bytes.count {
+            _ = chunks.popFirst()
+        } else {
+            chunks.withFirst { $0.bytes = $0.bytes.dropFirst(dropped); $0.owned = false }
+        }
+        byteCount -= dropped
+    }
+
+    /// Empties the queue.
+    public mutating func removeAll() {
         chunks.removeAll()
         byteCount = 0
     }
 
-    /// Takes up to `maxBytes` of the first chunk as a view of the array it lies in (no copy).
-    mutating func takeChunk(_ maxBytes: Int) -> ArraySlice<UInt8> {
-        guard maxBytes > 0, let chunk = chunks.first else { return [] }
-        let taken = chunk.bytes.prefix(maxBytes)
-        if taken.count == chunk.bytes.count {
-            _ = chunks.popFirst()
-        } else {
-            chunks.withFirst { $0.bytes = $0.bytes.dropFirst(taken.count); $0.owned = false }
-        }
-        byteCount -= taken.count
-        return taken
-    }
-
     /// Lends the bytes of the first chunk in place; `body` says how many it consumed.
-    mutating func borrowFirst<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+    public mutating func borrowFirst<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         guard let chunk = chunks.first else { return nil }
         let (consumed, result) = try body(chunk.bytes.span.bytes)
-        let taken = max(0, min(consumed, chunk.bytes.count))
-        byteCount -= taken
-        if taken == chunk.bytes.count {
-            _ = chunks.popFirst()
-        } else if taken > 0 {
-            chunks.withFirst { $0.bytes = $0.bytes.dropFirst(taken); $0.owned = false }
-        }
+        removeFirst(max(0, consumed))
         return result
     }
 }

@@ -1,4 +1,5 @@
 public import Dispatch
+internal import IAPLink
 internal import Synchronization
 
 /// Something that happened on a ``ByteChannel``.
@@ -83,10 +84,8 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
     struct SideState {
         var queue: DispatchQueue?
         var handler: (@Sendable (ByteChannelEvent) -> Void)?
-        /// Received and not consumed, oldest first; `head` bytes of the first are consumed.
-        var chunks: [[UInt8]] = []
-        var head = 0
-        var count = 0
+        /// Received and not consumed, oldest first, each the one copy a write made.
+        var chunks = ChunkQueue()
         var delivered = 0
         var wantsWritable = false
         var readablePending = false
@@ -121,7 +120,7 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
         shared.state.withLock { state in
             state.sides[side].queue = queue
             state.sides[side].handler = handler
-            if state.sides[side].count > 0 { queue.async { handler(.readable) } }
+            if state.sides[side].chunks.byteCount > 0 { queue.async { handler(.readable) } }
             if state.closed, !state.sides[side].closeDelivered {
                 state.sides[side].closeDelivered = true
                 state.sides[side].handler = nil
@@ -133,11 +132,7 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
 
     public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         // The chunk is taken out under the lock and lent outside it (body may call back in).
-        let chunk = shared.state.withLock { state -> ArraySlice<UInt8>? in
-            let me = state.sides[side]
-            guard let first = me.chunks.first else { return nil }
-            return first[me.head...]
-        }
+        let chunk = shared.state.withLock { state -> ArraySlice<UInt8>? in state.sides[side].chunks.first }
         guard let chunk else { return nil }
         let (consumed, result) = try chunk.withUnsafeBytes { try body(RawSpan(_unsafeBytes: $0)) }
         consume(min(max(0, consumed), chunk.count))
@@ -147,14 +142,7 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
     private func consume(_ count: Int) {
         guard count > 0 else { return }
         shared.state.withLock { state in
-            var me = state.sides[side]
-            me.head += count
-            me.count -= count
-            if let first = me.chunks.first, me.head >= first.count {
-                me.chunks.removeFirst()
-                me.head = 0
-            }
-            state.sides[side] = me
+            state.sides[side].chunks.removeFirst(count) // in place: no copy of the queue
             guard state.sides[peer].wantsWritable, !state.closed, let queue = state.sides[peer].queue,
                   let handler = state.sides[peer].handler else { return }
             state.sides[peer].wantsWritable = false
@@ -163,19 +151,19 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
         }
     }
 
-    public var readableByteCount: Int { shared.state.withLock { $0.sides[side].count } }
+    public var readableByteCount: Int { shared.state.withLock { $0.sides[side].chunks.byteCount } }
 
     public func write(_ bytes: ArraySlice<UInt8>) -> Int {
         guard !bytes.isEmpty else { return 0 }
         let shared = self.shared, peer = self.peer
         return shared.state.withLock { state -> Int in
             guard !state.closed else { return 0 }
-            let room = state.capacity - state.sides[peer].count
+            let room = state.capacity - state.sides[peer].chunks.byteCount
             let taken = min(room, bytes.count)
             if taken < bytes.count { state.sides[side].wantsWritable = true }
             guard taken > 0 else { return 0 }
-            state.sides[peer].chunks.append(Array(bytes.prefix(taken)))
-            state.sides[peer].count += taken
+            let copy = Array(bytes.prefix(taken))
+            state.sides[peer].chunks.append(copy[...], owned: true)
             state.sides[side].delivered += taken
             if !state.sides[peer].readablePending, let queue = state.sides[peer].queue, let handler = state.sides[peer].handler {
                 state.sides[peer].readablePending = true
@@ -189,7 +177,7 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
         }
     }
 
-    public var isWritable: Bool { shared.state.withLock { !$0.closed && $0.sides[peer].count < $0.capacity } }
+    public var isWritable: Bool { shared.state.withLock { !$0.closed && $0.sides[peer].chunks.byteCount < $0.capacity } }
 
     public var unsentByteCount: Int { 0 }
 
