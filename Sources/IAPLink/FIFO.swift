@@ -1,7 +1,11 @@
 /// A first-in first-out queue over one array: amortised O(1) push and pop, storage reused (no
 /// allocation in steady state). Shared by the layers above the link that need one.
+///
+/// A popped element leaves the storage at once (its slot is emptied), so the caller holds the
+/// only reference to it: an array popped from the queue can be appended to in place, without a
+/// copy on write.
 public struct FIFO<Element> {
-    private var storage: [Element] = []
+    private var storage: [Element?] = []
     private var head = 0
 
     /// An empty queue.
@@ -21,6 +25,7 @@ public struct FIFO<Element> {
     public mutating func popFirst() -> Element? {
         guard head < storage.count else { return nil }
         let element = storage[head]
+        storage[head] = nil
         head += 1
         if head == storage.count {
             storage.removeAll(keepingCapacity: true)
@@ -35,13 +40,13 @@ public struct FIFO<Element> {
     /// Runs `body` on the newest element in place (no copy of it); nil when the queue is empty.
     public mutating func withLast<Result>(_ body: (inout Element) throws -> Result) rethrows -> Result? {
         guard head < storage.count else { return nil }
-        return try body(&storage[storage.count - 1])
+        return try body(&storage[storage.count - 1]!)
     }
 
     /// Runs `body` on the oldest element in place (no copy of it); nil when the queue is empty.
     public mutating func withFirst<Result>(_ body: (inout Element) throws -> Result) rethrows -> Result? {
         guard head < storage.count else { return nil }
-        return try body(&storage[head])
+        return try body(&storage[head]!)
     }
 
     /// Empties the queue, keeping its storage.
@@ -51,7 +56,7 @@ public struct FIFO<Element> {
     }
 
     /// The elements in order.
-    public var elements: ArraySlice<Element> { storage[head...] }
+    public var elements: [Element] { storage[head...].map { $0! } }
 }
 
 extension FIFO: Sendable where Element: Sendable {}
