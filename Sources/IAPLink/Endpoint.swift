@@ -595,7 +595,9 @@ struct Upper: LinkSink, Sendable {
                 return true
             }
             guard let queued = sessions[id]?.inbound.byteCount, sessions[id]?.state == .open else { return true } // unknown: dropped
-            if queued + range.count > bufferLimit { return false } // back-pressure
+            // Back-pressure; a packet larger than the whole buffer is still taken into an empty
+            // one (the peer may send packets up to our advertised receive limit).
+            if queued > 0, queued + range.count > bufferLimit { return false }
             guard !range.isEmpty else { return true }
             dataPlane.bytesReceived += range.count
             if let retained {

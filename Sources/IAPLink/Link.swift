@@ -46,8 +46,16 @@ public struct IAP2Link: Sendable {
     public let role: LinkRole
     public let configuration: LinkConfiguration
     public private(set) var state: LinkState = .detecting
-    /// The parameters both sides agreed on, once connected.
+    /// The parameters this side agreed to, once connected: the last SYN payload it sent (the
+    /// device) or accepted (the accessory). Timing values and sessions are common to both sides;
+    /// the receive limits in it are this side's own (see ``receiveLimits``).
     public private(set) var negotiated: LinkParameters?
+    /// The peer's receive limits, once connected: what bounds this side's sending (window =
+    /// `maxOutstandingPackets`, packets of at most `maxPacketLength`). Each side sends by the
+    /// other's limits and receives by its own (PROTOCOL.md §2.4).
+    public private(set) var peerLimits: LinkParameters?
+    /// This side's own receive limits, once connected.
+    public private(set) var receiveLimits: LinkParameters?
     public private(set) var statistics = LinkStatistics()
 
     private var scanner: FrameScanner
@@ -63,6 +71,9 @@ public struct IAP2Link: Sendable {
     private var synDeadline: LinkTime?
     private var synTransmissions = 0
     private var lastReceivedSYNACK: UInt8?
+    /// Device: this negotiation answers with the exact copy of the accessory's offer (the
+    /// accessory did not take an answer with our own receive limits).
+    private var echoOffers = false
 
     // Data.
     /// A packet sent and not yet acknowledged: the framed bytes as transmitted (the transport
@@ -158,7 +169,7 @@ public struct IAP2Link: Sendable {
     public var canSend: Bool { state == .connected && sendQueue.count < sendQueueLimit }
     /// The largest payload one packet may carry towards the peer (0 before the link is up).
     public var maxPayloadLength: Int {
-        negotiated.map { Int($0.maxPacketLength) - LinkPacketHeader.overhead } ?? 0
+        peerLimits.map { Int($0.maxPacketLength) - LinkPacketHeader.overhead } ?? 0
     }
 
     // MARK: Inputs
@@ -393,8 +404,9 @@ public struct IAP2Link: Sendable {
             return
         }
         if state == .negotiating, role == .device, control.contains(.ack), header.acknowledgement == initialSequence,
-           let offer = lastOffer {
-            linkUp(offer)
+           let offer = lastOffer, let peer = lastPeerOffer {
+            // We send by the accessory's receive limits (its offer, made valid) and receive by ours.
+            linkUp(offer, peer: echo(of: peer), own: offer)
         }
         guard state == .connected else { return }
         silentTimeouts = 0
@@ -409,7 +421,7 @@ public struct IAP2Link: Sendable {
             return
         }
         if header.payloadLength > 0 {
-            if let parameters = negotiated, header.packetLength > Int(parameters.maxPacketLength) {
+            if let parameters = receiveLimits, header.packetLength > Int(parameters.maxPacketLength) {
                 events.append(.protocolViolation("received a \(header.packetLength)-byte packet; \(parameters.maxPacketLength) was agreed"))
             }
             receiveData(header, payload: payload, retained: retained, now: now, sink: &sink)
@@ -430,6 +442,8 @@ public struct IAP2Link: Sendable {
             clearData()
             rounds = 0
             lastPeerOffer = nil
+            lastOffer = nil
+            echoOffers = false
             setState(.negotiating)
         }
         // A repeated SYN (our SYN|ACK was lost) is answered again without counting a round.
@@ -441,6 +455,11 @@ public struct IAP2Link: Sendable {
             fail(.negotiationFailed(rounds: rounds - 1))
             return
         }
+        // A SYN after we answered with our own receive limits (the accessory did not take them,
+        // or our SYN|ACK was lost: the two look alike): from now on, the exact copy.
+        if let sent = lastOffer, sent != echo(of: offer), sent.agreesApartFromReceiveLimits(with: echo(of: offer)) {
+            echoOffers = true
+        }
         lastReceived = header.sequence
         let reply = counterOffer(to: offer)
         if reply != lastOffer { synTransmissions = 0 }
@@ -449,9 +468,24 @@ public struct IAP2Link: Sendable {
         transmitSYN(reply, acknowledging: true, now: now)
     }
 
-    /// The device's answer to an offer: the offer itself when it is valid and within our receive
-    /// limits (an echo), otherwise the nearest parameters that are.
+    /// The device's answer to an offer: the offer's session table and timing values (the nearest
+    /// valid ones), with this side's own receive limits (``LinkConfiguration/advertisesReceiveLimits``),
+    /// or, as the BOYA and CAT hosts answer and as the fallback, the offer itself when it is
+    /// valid and within our receive limits (an exact copy).
     func counterOffer(to offer: LinkParameters) -> LinkParameters {
+        var reply = echo(of: offer)
+        if configuration.advertisesReceiveLimits, !echoOffers {
+            reply.maxOutstandingPackets = configuration.parameters.maxOutstandingPackets
+            reply.maxPacketLength = configuration.parameters.maxPacketLength
+            // QCADK: at most as many cumulative ACKs as packets outstanding.
+            reply.maxCumulativeAcks = min(reply.maxCumulativeAcks, reply.maxOutstandingPackets)
+        }
+        return reply
+    }
+
+    /// The offer made valid and brought within our receive limits: the exact copy when it is
+    /// both already.
+    func echo(of offer: LinkParameters) -> LinkParameters {
         var reply = offer
         let limits = configuration.parameters
         func clamp<T: FixedWidthInteger>(_ value: T, _ field: LinkParameters.Field) -> T {
@@ -496,8 +530,11 @@ public struct IAP2Link: Sendable {
             return
         }
         lastReceived = header.sequence
-        if offer == ours {
-            linkUp(offer)
+        // The device's receive limits in its answer are its own business: they bound what we send.
+        // Ours stay as we offered them.
+        let agrees = configuration.acceptsPeerReceiveLimits ? offer.agreesApartFromReceiveLimits(with: ours) : offer == ours
+        if agrees {
+            linkUp(offer, peer: offer, own: ours)
             transmitControl([.ack], payload: [])
             return
         }
@@ -513,8 +550,11 @@ public struct IAP2Link: Sendable {
         adopted.cumulativeAckTimeout = min(offer.cumulativeAckTimeout, ours.cumulativeAckTimeout)
         adopted.maxRetransmissions = min(offer.maxRetransmissions, ours.maxRetransmissions)
         adopted.maxCumulativeAcks = min(offer.maxCumulativeAcks, ours.maxCumulativeAcks)
-        if adopted == offer {
-            linkUp(offer)
+        // What we receive stays ours, whatever the device proposed.
+        adopted.maxOutstandingPackets = ours.maxOutstandingPackets
+        adopted.maxPacketLength = ours.maxPacketLength
+        if configuration.acceptsPeerReceiveLimits, adopted.agreesApartFromReceiveLimits(with: offer) {
+            linkUp(offer, peer: offer, own: adopted)
             transmitControl([.ack], payload: [])
         } else {
             lastOffer = adopted
@@ -534,8 +574,12 @@ public struct IAP2Link: Sendable {
         transmitSYN(configuration.parameters, acknowledging: false, now: now)
     }
 
-    private mutating func linkUp(_ parameters: LinkParameters) {
+    /// The link is up: `parameters` is what this side agreed to, `peer` the peer's receive limits
+    /// (bounding what we send), `own` ours (bounding what we accept).
+    private mutating func linkUp(_ parameters: LinkParameters, peer: LinkParameters, own: LinkParameters) {
         negotiated = parameters
+        peerLimits = peer
+        receiveLimits = own
         synDeadline = nil
         detectDeadline = nil
         nextSequence = initialSequence &+ 1
@@ -564,7 +608,7 @@ public struct IAP2Link: Sendable {
     // MARK: Data
 
     private mutating func pump(now: LinkTime) {
-        guard state == .connected, let parameters = negotiated else { return }
+        guard state == .connected, let parameters = peerLimits else { return }
         while unacked.count < Int(parameters.maxOutstandingPackets), let next = sendQueue.popFirst() {
             let sequence = nextSequence
             nextSequence &+= 1
@@ -734,6 +778,8 @@ public struct IAP2Link: Sendable {
         synDeadline = nil
         detectDeadline = nil
         negotiated = nil
+        peerLimits = nil
+        receiveLimits = nil
     }
 
     private mutating func setState(_ new: LinkState) {

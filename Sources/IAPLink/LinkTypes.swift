@@ -28,10 +28,24 @@ public struct LinkConfiguration: Sendable {
     /// renegotiates instead of waiting for a SYN the device never sends; a fresh accessory takes
     /// it as the answer to its own detect. Captures show iPhone-impersonating hosts doing it.
     public var announcesDetect: Bool
+    /// Device role: answer an acceptable SYN as an iPhone does, with the accessory's session
+    /// table and timing values but this side's own receive limits (`maxOutstandingPackets`,
+    /// `maxPacketLength` of ``parameters``), so an accessory that proposes small packets may
+    /// still send large ones to the host (PROTOCOL.md §2.4). An accessory that answers that with
+    /// a SYN of its own instead of the ACK gets the exact copy of its offer instead. When false,
+    /// every acceptable offer is answered with its exact copy (what the BOYA and CAT hosts do).
+    public var advertisesReceiveLimits: Bool
+    /// Accessory role: accept a SYN|ACK whose receive limits differ from this side's offer (they
+    /// are the device's; this side keeps its own for what it receives). When false, the
+    /// accessory insists on its own offer with a new SYN: an accessory that refuses the
+    /// counter-offer, for testing the device's fallback.
+    public var acceptsPeerReceiveLimits: Bool
 
     public init(parameters: LinkParameters, detectInterval: Duration = .seconds(1), maxNegotiationRounds: Int = 10,
-                announcesDetect: Bool = false) {
+                announcesDetect: Bool = false, advertisesReceiveLimits: Bool = true, acceptsPeerReceiveLimits: Bool = true) {
         self.parameters = parameters
+        self.advertisesReceiveLimits = advertisesReceiveLimits
+        self.acceptsPeerReceiveLimits = acceptsPeerReceiveLimits
         self.detectInterval = detectInterval
         self.maxNegotiationRounds = maxNegotiationRounds
         self.announcesDetect = announcesDetect

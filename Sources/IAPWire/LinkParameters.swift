@@ -224,3 +224,15 @@ public enum LinkParameterViolation: Hashable, Sendable, CustomStringConvertible 
         }
     }
 }
+
+extension LinkParameters {
+    /// Whether two SYN payloads agree on everything both sides share (version, timing values,
+    /// retransmissions, cumulative ACKs, sessions), whatever their receive limits
+    /// (`maxOutstandingPackets`, `maxPacketLength`), which each side states for itself.
+    public func agreesApartFromReceiveLimits(with other: LinkParameters) -> Bool {
+        var mine = self
+        mine.maxOutstandingPackets = other.maxOutstandingPackets
+        mine.maxPacketLength = other.maxPacketLength
+        return mine == other
+    }
+}

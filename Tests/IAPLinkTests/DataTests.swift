@@ -389,3 +389,86 @@ struct CopyCountTests {
         #expect(pair.device.dataPlane.bytesCopiedIn - before.bytesCopiedIn == 1_000)
     }
 }
+
+@Suite("Receive limits, each side its own")
+struct ReceiveLimitTests {
+    /// The DJI goggles' SYN (PROTOCOL.md §2.3): 5 packets of 1024 bytes, RTO 2000 ms, 20 ms
+    /// cumulative-ACK timeout, 5 cumulative ACKs; with an EA session.
+    static var goggles: LinkConfiguration {
+        var configuration = LinkConfiguration.accessory
+        configuration.parameters.maxOutstandingPackets = 5
+        configuration.parameters.maxPacketLength = 1_024
+        configuration.parameters.retransmissionTimeout = 2_000
+        configuration.parameters.cumulativeAckTimeout = 20
+        configuration.parameters.maxCumulativeAcks = 5
+        return configuration
+    }
+
+    /// Moves `total` bytes each way on one session; returns the data packets each side sent to
+    /// the other (link statistics count data packets as sent, bare ACKs apart).
+    static func exchange(_ pair: inout Pair, total: Int) throws -> (toDevice: Int, toAccessory: Int) {
+        let id = try DataTests.openSessions(&pair, ["com.acme.fw"])[0]
+        let data = pattern(3, 0, total)
+        let deviceBefore = pair.device.link.statistics.packetsSent
+        let accessoryBefore = pair.accessory.link.statistics.packetsSent
+        var sentByDevice = 0, sentByAccessory = 0
+        var atDevice: [UInt8] = [], atAccessory: [UInt8] = []
+        let finished = pair.run(until: .seconds(600)) { pair in
+            if sentByDevice < total {
+                let rest = data[sentByDevice...]
+                sentByDevice += (try? pair.device.write(id, span: rest.span.bytes, now: pair.now)) ?? 0
+            }
+            if sentByAccessory < total {
+                let rest = data[sentByAccessory...]
+                sentByAccessory += (try? pair.accessory.write(id, span: rest.span.bytes, now: pair.now)) ?? 0
+            }
+            atDevice += pair.device.read(id)
+            atAccessory += pair.accessory.read(id)
+            return atDevice.count >= total && atAccessory.count >= total
+        }
+        #expect(finished)
+        #expect(atDevice == data)
+        #expect(atAccessory == data)
+        return (pair.accessory.link.statistics.packetsSent - accessoryBefore,
+                pair.device.link.statistics.packetsSent - deviceBefore)
+    }
+
+    @Test("the device answers with its own limits: the goggles send it 64 KiB packets and get 1 KiB ones")
+    func eachSideSendsByThePeersLimits() throws {
+        var pair = Pair(device: .device, accessory: Self.goggles, seed: 11, bufferLimit: 1 << 20)
+        let (toDevice, toAccessory) = try Self.exchange(&pair, total: 1 << 20)
+        #expect(pair.device.link.peerLimits?.maxPacketLength == 1_024)
+        #expect(pair.device.link.peerLimits?.maxOutstandingPackets == 5)
+        #expect(pair.accessory.link.peerLimits?.maxPacketLength == 65_535)
+        #expect(pair.accessory.link.peerLimits?.maxOutstandingPackets == LinkConfiguration.device.parameters.maxOutstandingPackets)
+        #expect(pair.accessory.link.receiveLimits?.maxPacketLength == 1_024)
+        #expect(pair.device.link.receiveLimits?.maxPacketLength == 65_535)
+        // 1 MiB in packets of up to 65525 payload bytes one way, 1014 the other (plus acks).
+        #expect(toDevice < 100)
+        #expect(toAccessory > 1_000)
+        #expect(pair.windowViolations == 0)
+    }
+
+    @Test("an accessory that insists on its own offer gets the exact copy")
+    func aRefusedAnswerFallsBackToTheExactCopy() throws {
+        var goggles = Self.goggles
+        goggles.acceptsPeerReceiveLimits = false
+        var pair = Pair(device: .device, accessory: goggles, seed: 12, bufferLimit: 1 << 20)
+        let (toDevice, _) = try Self.exchange(&pair, total: 256 << 10)
+        #expect(pair.device.link.negotiated?.maxPacketLength == 1_024)
+        #expect(pair.accessory.link.peerLimits?.maxPacketLength == 1_024)
+        #expect(pair.device.link.peerLimits?.maxPacketLength == 1_024)
+        #expect(toDevice > 200)
+    }
+
+    @Test("a host configured like BOYA's echoes the offer")
+    func theExactCopyByConfiguration() throws {
+        var device = LinkConfiguration.device
+        device.advertisesReceiveLimits = false
+        var pair = Pair(device: device, accessory: Self.goggles, seed: 13, bufferLimit: 1 << 20)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        #expect(pair.accessory.link.peerLimits?.maxPacketLength == 1_024)
+        #expect(pair.device.link.negotiated == pair.accessory.link.negotiated)
+    }
+}

@@ -123,7 +123,7 @@ struct Pair {
     /// The invariant of the window: never more packets in flight than the peer accepts.
     mutating func checkWindows() {
         for link in [device.link, accessory.link] {
-            if let window = link.negotiated?.maxOutstandingPackets, link.inFlightCount > Int(window) { windowViolations += 1 }
+            if let window = link.peerLimits?.maxOutstandingPackets, link.inFlightCount > Int(window) { windowViolations += 1 }
         }
     }
 

@@ -27,7 +27,8 @@ struct LinkTests {
         #expect(device.takeOutput() == [IAP2Detect.bytes])
     }
 
-    /// The captured handshakes of PROTOCOL.md §2.3: the device echoes an acceptable SYN.
+    /// The captured handshakes of PROTOCOL.md §2.3: the device answers an acceptable SYN as an
+    /// iPhone does (§2.4): the accessory's timing values and sessions, its own receive limits.
     @Test("device answers captured SYNs", arguments: [
         ("BOYA", "FF 5A 00 1A 80 01 10 00 FC 01 05 04 00 13 88 00 FF 1E 03 01 00 01 02 02 01 34"),
         ("DJI", "FF 5A 00 17 80 00 00 00 10 01 05 04 00 07 D0 00 14 1E 05 0A 00 01 DD"),
@@ -44,7 +45,11 @@ struct LinkTests {
         #expect(header.control == [.syn, .ack])
         #expect(header.sequence == 0x40)
         #expect(header.acknowledgement == syn[5])
-        #expect(payload == Array(syn[9..<(syn.count - 1)]), "\(name): an acceptable offer is echoed")
+        let offer = try LinkParameters.decode(Array(syn[9..<(syn.count - 1)]))
+        let answer = try LinkParameters.decode(payload)
+        #expect(answer.agreesApartFromReceiveLimits(with: offer), "\(name): timing and sessions are echoed")
+        #expect(answer.maxOutstandingPackets == LinkConfiguration.device.parameters.maxOutstandingPackets)
+        #expect(answer.maxPacketLength == 65_535, "\(name): the device's own receive limit, not the accessory's 1024")
         // The accessory's ACK brings the link up.
         let ack = try LinkPacket.encode(control: .ack, sequence: syn[5], acknowledgement: 0x40, sessionID: 0)
         device.receive(ack, now: .milliseconds(2))
@@ -236,7 +241,11 @@ struct ConformanceTests {
         let boya = try LinkParameters.decode(bytesFromHex("01 05 04 00 13 88 00 FF 1E 03 01 00 01 02 02 01"))
         var accessoryLink = LinkConfiguration.accessory
         accessoryLink.parameters = boya
-        var device = IAP2Endpoint(initialSequence: 0x40, randomSeed: 1)
+        // The captured host answers with the exact copy of the offer (BOYA's host does; the
+        // iPhone-style answer with our own receive limits is tested apart).
+        var deviceLink = LinkConfiguration.device
+        deviceLink.advertisesReceiveLimits = false
+        var device = IAP2Endpoint(device: deviceLink, initialSequence: 0x40, randomSeed: 1)
         var accessory = IAP2Endpoint(accessory: .sample, configuration: accessoryLink, initialSequence: 0x01, randomSeed: 2)
 
         accessory.start(now: .zero)

@@ -32,7 +32,7 @@ public func linkFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             now += .milliseconds(Int(chunk.first ?? 1) * 40)
             device.advance(to: now)
         }
-        if let window = device.link.negotiated?.maxOutstandingPackets {
+        if let window = device.link.peerLimits?.maxOutstandingPackets {
             precondition(device.link.inFlightCount <= Int(window), "more packets in flight than the window")
         }
         for packet in device.takeOutput() where packet != IAP2Detect.bytes {

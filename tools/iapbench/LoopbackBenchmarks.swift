@@ -33,10 +33,35 @@ enum LoopbackBenchmarks {
         var keepAlive: [any Sendable] = []
     }
 
+    /// The echo accessory with the DJI goggles' link offer (PROTOCOL.md §2.3): 1024-byte
+    /// packets, a window of 5, RTO 2000 ms, 20 ms cumulative-ACK timeout.
+    /// Its one protocol, `bench.source`, sends `sourceBytes` to the host.
+    static func gogglesProfile(sourceBytes: Int) -> SimulatorProfile {
+        var profile = echoProfile(sessions: 1, maxPacketLength: 1_024)
+        profile.protocols = [SimulatorProfile.ProtocolSpec(name: "bench.source", behaviour: .source, sourceBytes: sourceBytes)]
+        profile.link = .init(maxPacketLength: 1_024, maxOutstandingPackets: 5, retransmissionTimeoutMs: 2_000, cumulativeAckTimeoutMs: 20)
+        return profile
+    }
+
+    /// Accessory-to-host throughput: reads `bytes` from `bench.source`.
+    static func sourceThroughput(_ rig: Rig, bytes: Int) throws -> Double {
+        let accessory = rig.accessory
+        let start = ContinuousClock.now
+        try blockingAwait {
+            let stream = try await accessory.openSession(for: "bench.source")
+            var received = 0
+            while received < bytes, let chunk = try await stream.read() { received += chunk.count }
+            stream.close()
+            guard received == bytes else { throw ExitCode.dataError }
+        }
+        let elapsed = ContinuousClock.now - start
+        return Double(bytes) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+    }
+
     /// A manager and a simulated echo accessory over memory, or over a pseudo-terminal.
-    static func rig(sessions: Int, overPty: Bool) throws -> Rig {
-        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
-        let profile = echoProfile(sessions: sessions, maxPacketLength: overPty ? 4_096 : 65_535, native: !overPty)
+    static func rig(sessions: Int, overPty: Bool, profile custom: SimulatorProfile? = nil, link: LinkConfiguration = .device) throws -> Rig {
+        let manager = AccessoryManager(configuration: .init(link: link, sessionBufferLimit: 4 << 20))
+        let profile = custom ?? echoProfile(sessions: sessions, maxPacketLength: overPty ? 4_096 : 65_535, native: !overPty)
         var keep: [any Sendable] = []
         let runner: SimulatorRunner
         if overPty {
@@ -162,6 +187,28 @@ enum LoopbackBenchmarks {
             rig.manager.stop()
             rig.runner.stop()
             withExtendedLifetime(rig.keepAlive) {}
+        }
+        if !overPty {
+            // An accessory that offers small packets (the DJI goggles' SYN) sends to the host:
+            // the host answering with its own receive limits, as an iPhone does, against the
+            // exact copy of the offer.
+            let bytes = min(megabytes, 64) << 20
+            var figures: [String: Double] = [:]
+            for advertises in [false, true] {
+                var link = LinkConfiguration.device
+                link.advertisesReceiveLimits = advertises
+                let rig = try rig(sessions: 1, overPty: false, profile: gogglesProfile(sourceBytes: bytes), link: link)
+                figures[advertises ? "own" : "copy"] = try sourceThroughput(rig, bytes: bytes)
+                rig.manager.stop()
+                rig.runner.stop()
+            }
+            let copy = figures["copy", default: 0], own = figures["own", default: 0]
+            emit("accessory to host, 1024-byte offer, exact copy (baseline)", [("bytesPerSecond", .int(Int(copy)))],
+                 text: "baseline: accessory offering 1024-byte packets and a window of 5 sends to the host, host answering "
+                    + "with the exact copy: \(Report.format(copy / 1e6, digits: 1)) MB/s")
+            emit("accessory to host, 1024-byte offer, host's own receive limits", [("bytesPerSecond", .int(Int(own)))],
+                 text: "the same, host answering with its own receive limits (as an iPhone does): "
+                    + "\(Report.format(own / 1e6, digits: 1)) MB/s (\(Report.format(copy > 0 ? own / copy : 0, digits: 2))×)")
         }
         return .success
     }
