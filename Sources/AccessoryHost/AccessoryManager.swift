@@ -114,6 +114,18 @@ public final class AccessoryManager: Sendable {
         queue.async { self.attachOnQueue(transport) }
     }
 
+    /// The link configuration for one transport: on a serial line, the packets the host
+    /// advertises it can receive are kept short enough to cross the line in about a quarter of a
+    /// second (`baud / 40` bytes, at least 128), so an accessory that sends packets as large as
+    /// the host allows is not retransmitting them before they have arrived.
+    static func link(_ configuration: LinkConfiguration, over transport: any Transport) -> LinkConfiguration {
+        guard let baudRate = (transport as? SerialTransport)?.spec?.baudRate, baudRate > 0 else { return configuration }
+        var adjusted = configuration
+        let fitting = UInt16(clamping: max(128, baudRate / 40))
+        adjusted.parameters.maxPacketLength = min(configuration.parameters.maxPacketLength, fitting)
+        return adjusted
+    }
+
     private func attachOnQueue(_ plain: any Transport) {
         dispatchPrecondition(condition: .onQueue(queue))
         let transport = configuration.transportTap?(plain) ?? plain
@@ -126,7 +138,7 @@ public final class AccessoryManager: Sendable {
             return
         }
         var random = SystemRandomNumberGenerator()
-        var endpoint = IAPEndpoint(device: self.configuration.link, policy: self.configuration.authentication,
+        var endpoint = IAPEndpoint(device: Self.link(self.configuration.link, over: plain), policy: self.configuration.authentication,
                                    sessionBufferLimit: self.configuration.sessionBufferLimit,
                                    initialSequence: UInt8.random(in: 0...255, using: &random), randomSeed: random.next())
         endpoint.answerTimeout = self.configuration.answerTimeout
