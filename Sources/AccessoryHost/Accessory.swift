@@ -33,7 +33,7 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
         self.identity = identity
         self.transportKind = transport.kind
         self.location = transport.description
-        self.usbDevice = (((transport as? TracingTransport)?.base ?? transport) as? USBAccessoryTransport)?.device
+        self.usbDevice = transport.capability(USBDeviceInfo.self)
         self.supportsConfiguredProtocols = supportsConfiguredProtocols
         self.connection = connection
     }

@@ -198,10 +198,7 @@ public final class AccessoryManager: Sendable {
     /// The counters of a USB accessory's bulk pipes (transfers, bytes, stalls, zero-length
     /// packets, slots in device memory…); nil for accessories on other transports.
     public func usbStatistics(of accessory: Accessory) -> USBPipeStatistics? {
-        queue.sync {
-            let transport = accessory.connection.transport
-            return ((transport as? TracingTransport)?.base ?? transport) as? USBAccessoryTransport
-        }?.statistics
+        queue.sync { accessory.connection.transport.capability(USBPipeStatistics.self) }
     }
 
     /// The USB context, once ``startUSB(options:)`` ran.

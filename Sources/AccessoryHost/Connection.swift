@@ -5,6 +5,10 @@ internal import IAPTransport
 
 /// One transport and the device-role endpoint running over it, plus the sessions handed out.
 ///
+/// Every session, on the link or on a native transport, is one ``SessionState`` around a
+/// ``SessionStream``: readers, writers, flushers and stream events are served the same way for
+/// both, by ``service(_:_:)``.
+///
 /// Confinement: every stored `var` is touched on `queue` only (the manager's serial queue, which
 /// also runs the driver), which is what makes the class Sendable.
 final class Connection: @unchecked Sendable {
@@ -16,13 +20,15 @@ final class Connection: @unchecked Sendable {
         var remaining: ArraySlice<UInt8>
         var continuation: CheckedContinuation<Void, any Error>
     }
+    /// One open session, whichever way its bytes travel.
     struct SessionState {
         var session: AccessorySession
+        var stream: any SessionStream
         var readers: [Reader] = []
         var writers: [Writer] = []
         var flushers: [CheckedContinuation<Void, any Error>] = []
         var handler: (queue: DispatchQueue, handler: @Sendable (SessionStreamEvent) -> Void)?
-        /// Bytes the accessory's link acknowledged (kept after the link went down).
+        /// Bytes the accessory acknowledged (kept after the stream ended).
         var acknowledged = 0
         /// Set when the stream ended: nil reason = closed normally.
         var ended: AccessoryError?
@@ -43,25 +49,14 @@ final class Connection: @unchecked Sendable {
     private let onClosed: (_ everIdentified: Bool, String) -> Void
     private var everIdentified = false
 
-    /// A session whose bytes travel raw on a native-transport channel (PROTOCOL.md §4.3).
-    struct NativeSessionState {
-        var session: AccessorySession
-        var channel: any ByteChannel
-        var readers: [Reader] = []
-        var writers: [Writer] = []
-        var flushers: [CheckedContinuation<Void, any Error>] = []
-        var handler: (queue: DispatchQueue, handler: @Sendable (SessionStreamEvent) -> Void)?
-        var delivered = 0
-        var ended: AccessoryError?
-        var isEnded = false
-    }
-
     private(set) var accessory: Accessory?
-    private var sessions: [UInt16: SessionState] = [:]
-    private var nativeSessions: [Int: NativeSessionState] = [:]
+    /// The sessions handed out, by their key (``AccessorySession/key``).
+    private var sessions: [Int: SessionState] = [:]
+    /// The key of each link session, by its EA session id.
+    private var linkKeys: [UInt16: Int] = [:]
+    private var nextKey = 1
     /// Native sessions being opened, by protocol name (one session per protocol).
     private var pendingNativeOpens: Set<String> = []
-    private var nextNativeKey = 1
     private var pendingOpens: [UInt16: (name: String, continuation: CheckedContinuation<AccessorySession, any Error>)] = [:]
     private var downReason: String?
 
@@ -92,7 +87,7 @@ final class Connection: @unchecked Sendable {
     func stop(reason: String) {
         driver.stop()
         down(reason: reason)
-        driver.perform { machine, _ in self.service(&machine) }
+        driver.perform { machine, _ in self.serviceAll(&machine) }
     }
 
     /// The endpoint's count of session bytes moved and copied. Off the queue.
@@ -135,15 +130,15 @@ final class Connection: @unchecked Sendable {
                 logger.debug("unhandled iAP1 command 0x\(String(command, radix: 16)) on lingo 0x\(String(lingo, radix: 16)), answered BadParameter")
             case let .sessionOpened(id, name):
                 if let pending = pendingOpens.removeValue(forKey: id), let accessory {
-                    let session = AccessorySession(protocolString: name, accessory: accessory, route: .link(id), connection: self)
-                    sessions[id] = SessionState(session: session)
+                    let session = add(LinkSessionStream(id: id), protocolString: name, accessory: accessory)
+                    linkKeys[id] = session.key
                     pending.continuation.resume(returning: session)
                 }
             case let .sessionClosed(id, reason):
                 if let pending = pendingOpens.removeValue(forKey: id) {
                     pending.continuation.resume(throwing: AccessoryError.sessionRefused(reason ?? "closed"))
-                } else {
-                    end(id, error: reason.map { AccessoryError.disconnected($0) }, machine: &machine)
+                } else if let key = linkKeys[id] {
+                    end(key, error: reason.map { AccessoryError.disconnected($0) })
                 }
             case let .identificationRejected(rejection):
                 logger.warning("\(rejection)")
@@ -161,79 +156,97 @@ final class Connection: @unchecked Sendable {
                 break
             }
         }
-        service(&machine)
+        serviceAll(&machine)
     }
 
-    /// Serves waiting readers, writers and flushers of every session.
-    private func service(_ machine: inout IAPEndpoint) {
-        for id in sessions.keys {
-            guard var state = sessions[id] else { continue }
-            state.acknowledged = max(state.acknowledged, machine.bytesAcknowledged(id))
-            var readable = machine.bytesAvailable(id) > 0
-            while readable, !state.readers.isEmpty {
-                let reader = state.readers.removeFirst()
-                reader.continuation.resume(returning: machine.read(id, maxBytes: reader.maxBytes))
-                readable = machine.bytesAvailable(id) > 0
+    /// Hands out a new session over `stream`.
+    private func add(_ stream: any SessionStream, protocolString: String, accessory: Accessory) -> AccessorySession {
+        let key = nextKey
+        nextKey += 1
+        let session = AccessorySession(protocolString: protocolString, accessory: accessory, key: key,
+                                       usesNativeTransport: stream.isNative, connection: self)
+        sessions[key] = SessionState(session: session, stream: stream)
+        return session
+    }
+
+    /// Serves every session.
+    private func serviceAll(_ machine: inout IAPEndpoint) {
+        for key in sessions.keys { service(key, &machine) }
+    }
+
+    /// Serves the waiting readers, writers and flushers of one session, and tells its handler
+    /// what it may do next. The state is taken out of the table while it is served and put back,
+    /// so its arrays are mutated in place.
+    private func service(_ key: Int, _ machine: inout IAPEndpoint) {
+        guard var state = sessions.removeValue(forKey: key) else { return }
+        defer { sessions[key] = state }
+        let stream = state.stream
+        state.acknowledged = max(state.acknowledged, stream.acknowledged(&machine))
+        var readable = stream.readable(&machine) > 0
+        while readable, !state.readers.isEmpty {
+            let reader = state.readers.removeFirst()
+            reader.continuation.resume(returning: stream.read(&machine, maxBytes: reader.maxBytes))
+            readable = stream.readable(&machine) > 0
+        }
+        if state.isEnded, !readable {
+            for reader in state.readers { reader.continuation.resume(returning: nil) }
+            state.readers.removeAll()
+        }
+        var wroteAll = true
+        while let first = state.writers.first {
+            guard !state.isEnded else {
+                state.writers.removeFirst().continuation.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
+                continue
             }
-            if state.isEnded, !readable {
-                for reader in state.readers { reader.continuation.resume(returning: nil) }
-                state.readers.removeAll()
+            let taken = stream.write(&machine, first.remaining, now: driver.now)
+            state.writers[0].remaining = first.remaining.dropFirst(taken)
+            if state.writers[0].remaining.isEmpty {
+                state.writers.removeFirst().continuation.resume()
+            } else {
+                wroteAll = false
+                break
             }
-            var wroteAll = true
-            while let first = state.writers.first {
-                guard !state.isEnded else {
-                    state.writers.removeFirst().continuation.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
-                    continue
-                }
-                let taken = (try? machine.write(id, first.remaining, now: driver.now)) ?? 0
-                state.writers[0].remaining = first.remaining.dropFirst(taken)
-                if state.writers[0].remaining.isEmpty {
-                    state.writers.removeFirst().continuation.resume()
+        }
+        let unsent = stream.unsent(&machine)
+        if state.writers.isEmpty, unsent == 0 || state.isEnded {
+            for flusher in state.flushers {
+                if state.isEnded, unsent > 0 {
+                    flusher.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
                 } else {
-                    wroteAll = false
-                    break
+                    flusher.resume()
                 }
             }
-            if state.writers.isEmpty, machine.bytesPending(id) == 0 || state.isEnded {
-                for flusher in state.flushers {
-                    if state.isEnded, machine.bytesPending(id) > 0 {
-                        flusher.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
-                    } else {
-                        flusher.resume()
-                    }
-                }
-                state.flushers.removeAll()
-            }
-            if let handler = state.handler {
-                if readable { handler.queue.async { handler.handler(.hasBytesAvailable) } }
-                if wroteAll, !state.isEnded, machine.spaceAvailable(id) > 0 { handler.queue.async { handler.handler(.hasSpaceAvailable) } }
-            }
-            sessions[id] = state
+            state.flushers.removeAll()
+        }
+        if let handler = state.handler {
+            if readable { handler.queue.async { handler.handler(.hasBytesAvailable) } }
+            if wroteAll, !state.isEnded, stream.hasSpace(&machine) { handler.queue.async { handler.handler(.hasSpaceAvailable) } }
         }
     }
 
-    private func end(_ id: UInt16, error: AccessoryError?, machine: inout IAPEndpoint) {
-        guard var state = sessions[id], !state.isEnded else { return }
-        state.isEnded = true
-        state.ended = error
+    /// Ends a session's stream (bytes already received stay readable); the next service tells
+    /// its readers, writers and flushers.
+    private func end(_ key: Int, error: AccessoryError?) {
+        guard let state = sessions[key], !state.isEnded else { return }
+        sessions[key]!.isEnded = true
+        sessions[key]!.ended = error
         if let handler = state.handler {
             if let error { handler.queue.async { handler.handler(.errorOccurred(error)) } }
             handler.queue.async { handler.handler(.endEncountered) }
         }
-        sessions[id] = state
     }
 
     /// Called from inside the driver's update, which holds the machine: serve it directly.
     private func linkLost(_ reason: String, machine: inout IAPEndpoint) {
         driver.stop()
         down(reason: reason)
-        service(&machine)
+        serviceAll(&machine)
     }
 
     private func transportClosed(_ error: TransportError?) {
         down(reason: error?.description ?? "the transport was closed")
         // Readers may still drain what was received; writers fail.
-        driver.perform { machine, _ in self.service(&machine) }
+        driver.perform { machine, _ in self.serviceAll(&machine) }
     }
 
     private func announceGone(_ reason: String) {
@@ -243,10 +256,9 @@ final class Connection: @unchecked Sendable {
             pending.continuation.resume(throwing: AccessoryError.disconnected(reason))
             pendingOpens[id] = nil
         }
-        for id in sessions.keys { endWithoutMachine(id, error: .disconnected(reason)) }
-        for key in nativeSessions.keys {
-            endNative(key, error: .disconnected(reason))
-            nativeSessions[key]?.channel.close()
+        for (key, state) in sessions where !state.isEnded {
+            end(key, error: .disconnected(reason))
+            state.stream.abandon()
         }
         pendingNativeOpens.removeAll() // their completions see the accessory gone and refuse
         if let gone {
@@ -261,17 +273,6 @@ final class Connection: @unchecked Sendable {
         logger.info("connection closed: \(reason)")
         announceGone(reason)
         onClosed(everIdentified, reason)
-    }
-
-    private func endWithoutMachine(_ id: UInt16, error: AccessoryError) {
-        guard var state = sessions[id], !state.isEnded else { return }
-        state.isEnded = true
-        state.ended = error
-        if let handler = state.handler {
-            handler.queue.async { handler.handler(.errorOccurred(error)) }
-            handler.queue.async { handler.handler(.endEncountered) }
-        }
-        sessions[id] = state
     }
 
     // MARK: Calls from sessions and accessories (hop to the queue first)
@@ -303,21 +304,14 @@ final class Connection: @unchecked Sendable {
         }
     }
 
-    /// The transport's native-transport interfaces, if it has any (USB).
-    private var nativeProvider: (any NativeTransportProvider)? {
-        let base = (transport as? TracingTransport)?.base ?? transport
-        if let memory = base as? MemoryTransport { return memory.nativeTransports }
-        return base as? any NativeTransportProvider
-    }
-
     /// Opens a protocol the accessory binds to a native transport: its channel (for USB, the
     /// FF/F0/01 interface in alternate setting 1), no StartExternalAccessoryProtocolSession.
     private func openNative(accessory: Accessory, protocolString: String,
                             continuation: CheckedContinuation<AccessorySession, any Error>) {
         let inUse = pendingNativeOpens.contains(protocolString)
-            || nativeSessions.values.contains { $0.session.protocolString == protocolString }
+            || sessions.values.contains { $0.stream.isNative && $0.session.protocolString == protocolString }
         guard !inUse else { return continuation.resume(throwing: AccessoryError.protocolInUse(protocolString)) }
-        guard let provider = nativeProvider else {
+        guard let provider = transport.nativeTransports else {
             return continuation.resume(throwing: AccessoryError.sessionRefused(
                 "the accessory carries '\(protocolString)' on a native USB interface of its own, and \(transport.description) has none; connect the accessory by USB to open it"))
         }
@@ -333,10 +327,8 @@ final class Connection: @unchecked Sendable {
                     channel.close()
                     return continuation.resume(throwing: AccessoryError.disconnected(downReason ?? "the accessory reconnected"))
                 }
-                let key = nextNativeKey
-                nextNativeKey += 1
-                let session = AccessorySession(protocolString: protocolString, accessory: accessory, route: .native(key), connection: self)
-                nativeSessions[key] = NativeSessionState(session: session, channel: channel)
+                let session = add(NativeSessionStream(channel: channel), protocolString: protocolString, accessory: accessory)
+                let key = session.key
                 channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(key, event) }
                 logger.info("session '\(protocolString)' open on \(channel.description)")
                 continuation.resume(returning: session)
@@ -345,116 +337,37 @@ final class Connection: @unchecked Sendable {
     }
 
     private func nativeEvent(_ key: Int, _ event: ByteChannelEvent) {
-        switch event {
-        case .readable, .writable: break
-        case let .closed(error):
+        if case let .closed(error) = event {
             // The stream ended under the session: the accessory closed it, or it went away.
-            endNative(key, error: error.map { AccessoryError.disconnected($0.description) })
+            end(key, error: error.map { AccessoryError.disconnected($0.description) })
         }
-        serviceNative(key)
+        withSession(key) { _, _ in }
     }
 
-    private func endNative(_ key: Int, error: AccessoryError?) {
-        guard var state = nativeSessions[key], !state.isEnded else { return }
-        state.isEnded = true
-        state.ended = error
-        state.delivered = max(state.delivered, state.channel.bytesDelivered)
-        if let handler = state.handler {
-            if let error { handler.queue.async { handler.handler(.errorOccurred(error)) } }
-            handler.queue.async { handler.handler(.endEncountered) }
+    /// Runs `body` with the endpoint, then serves the session: what a call changed (a partial
+    /// read or write, a new reader) shows in the next events at once.
+    @discardableResult
+    private func withSession<Result>(_ key: Int, _ body: (inout IAPEndpoint, LinkTime) throws -> Result) rethrows -> Result {
+        try driver.perform { machine, now in
+            let result = try body(&machine, now)
+            service(key, &machine)
+            return result
         }
-        nativeSessions[key] = state
-        serviceNative(key)
     }
 
-    /// Reads up to `maxBytes` from a channel, across its chunks.
-    private static func take(from channel: any ByteChannel, maxBytes: Int) -> [UInt8] {
-        var bytes: [UInt8] = []
-        while bytes.count < maxBytes {
-            let room = maxBytes - bytes.count
-            let took: Int? = channel.withReadableBytes { span in
-                let count = min(room, span.byteCount)
-                span.withUnsafeBytes { bytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
-                return (count, count)
-            }
-            guard let took, took > 0 else { break }
-        }
-        return bytes
-    }
-
-    /// Serves a native session after the current call: a partial non-blocking read or write
-    /// changes what the next event should say (bytes still available, room again), as the
-    /// link's settle does for link sessions.
-    private func serviceNativeSoon(_ key: Int) {
-        queue.async { [weak self] in self?.serviceNative(key) }
-    }
-
-    /// Serves the waiting readers, writers and flushers of a native session.
-    private func serviceNative(_ key: Int) {
-        guard var state = nativeSessions[key] else { return }
-        let channel = state.channel
-        while channel.readableByteCount > 0, !state.readers.isEmpty {
-            let reader = state.readers.removeFirst()
-            reader.continuation.resume(returning: Self.take(from: channel, maxBytes: reader.maxBytes))
-        }
-        let readable = channel.readableByteCount > 0
-        if state.isEnded, !readable {
-            for reader in state.readers { reader.continuation.resume(returning: nil) }
-            state.readers.removeAll()
-        }
-        var wroteAll = true
-        while let first = state.writers.first {
-            guard !state.isEnded else {
-                state.writers.removeFirst().continuation.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
-                continue
-            }
-            let taken = channel.write(first.remaining)
-            state.writers[0].remaining = first.remaining.dropFirst(taken)
-            if state.writers[0].remaining.isEmpty {
-                state.writers.removeFirst().continuation.resume()
-            } else {
-                wroteAll = false
-                break
-            }
-        }
-        if state.writers.isEmpty, channel.unsentByteCount == 0 || state.isEnded {
-            for flusher in state.flushers {
-                if state.isEnded, channel.unsentByteCount > 0 {
-                    flusher.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
-                } else {
-                    flusher.resume()
-                }
-            }
-            state.flushers.removeAll()
-        }
-        if !state.isEnded { state.delivered = max(state.delivered, channel.bytesDelivered) }
-        if let handler = state.handler {
-            if readable { handler.queue.async { handler.handler(.hasBytesAvailable) } }
-            if wroteAll, !state.isEnded, channel.isWritable { handler.queue.async { handler.handler(.hasSpaceAvailable) } }
-        }
-        nativeSessions[key] = state
+    /// Queues a waiter on a session and serves it, or resumes it with `gone` when the session
+    /// is closed.
+    private func enqueue(_ session: AccessorySession, gone: () -> Void, _ add: (inout SessionState) -> Void) {
+        guard sessions[session.key] != nil else { return gone() }
+        add(&sessions[session.key]!)
+        withSession(session.key) { _, _ in }
     }
 
     func write(_ session: AccessorySession, _ bytes: [UInt8]) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             queue.async {
-                let writer = Writer(remaining: bytes[...], continuation: continuation)
-                switch session.route {
-                case let .link(id):
-                    guard var state = self.sessions[id] else {
-                        continuation.resume(throwing: AccessoryError.sessionClosed)
-                        return
-                    }
-                    state.writers.append(writer)
-                    self.sessions[id] = state
-                    self.driver.perform { machine, _ in self.service(&machine) }
-                case let .native(key):
-                    guard self.nativeSessions[key] != nil else {
-                        continuation.resume(throwing: AccessoryError.sessionClosed)
-                        return
-                    }
-                    self.nativeSessions[key]?.writers.append(writer)
-                    self.serviceNative(key)
+                self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
+                    $0.writers.append(Writer(remaining: bytes[...], continuation: continuation))
                 }
             }
         }
@@ -463,23 +376,8 @@ final class Connection: @unchecked Sendable {
     func read(_ session: AccessorySession, maxBytes: Int) async throws -> [UInt8]? {
         try await withCheckedThrowingContinuation { continuation in
             queue.async {
-                let reader = Reader(maxBytes: max(1, maxBytes), continuation: continuation)
-                switch session.route {
-                case let .link(id):
-                    guard var state = self.sessions[id] else {
-                        continuation.resume(returning: nil)
-                        return
-                    }
-                    state.readers.append(reader)
-                    self.sessions[id] = state
-                    self.driver.perform { machine, _ in self.service(&machine) }
-                case let .native(key):
-                    guard self.nativeSessions[key] != nil else {
-                        continuation.resume(returning: nil)
-                        return
-                    }
-                    self.nativeSessions[key]?.readers.append(reader)
-                    self.serviceNative(key)
+                self.enqueue(session, gone: { continuation.resume(returning: nil) }) {
+                    $0.readers.append(Reader(maxBytes: max(1, maxBytes), continuation: continuation))
                 }
             }
         }
@@ -488,139 +386,67 @@ final class Connection: @unchecked Sendable {
     func flush(_ session: AccessorySession) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             queue.async {
-                switch session.route {
-                case let .link(id):
-                    guard var state = self.sessions[id] else {
-                        continuation.resume(throwing: AccessoryError.sessionClosed)
-                        return
-                    }
-                    state.flushers.append(continuation)
-                    self.sessions[id] = state
-                    self.driver.perform { machine, _ in self.service(&machine) }
-                case let .native(key):
-                    guard self.nativeSessions[key] != nil else {
-                        continuation.resume(throwing: AccessoryError.sessionClosed)
-                        return
-                    }
-                    self.nativeSessions[key]?.flushers.append(continuation)
-                    self.serviceNative(key)
+                self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
+                    $0.flushers.append(continuation)
                 }
             }
         }
     }
 
     func readNow(_ session: AccessorySession, maxBytes: Int) -> [UInt8] {
-        switch session.route {
-        case let .link(id):
-            return driver.perform { machine, _ in machine.read(id, maxBytes: maxBytes) }
-        case let .native(key):
-            guard let channel = nativeSessions[key]?.channel else { return [] }
-            defer { serviceNativeSoon(key) }
-            return Self.take(from: channel, maxBytes: max(0, maxBytes))
-        }
+        guard let stream = sessions[session.key]?.stream else { return [] }
+        return withSession(session.key) { machine, _ in stream.read(&machine, maxBytes: max(0, maxBytes)) }
     }
 
     func borrow<Result>(_ session: AccessorySession, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        switch session.route {
-        case let .link(id):
-            return try driver.perform { machine, _ in try machine.borrow(id, body) }
-        case let .native(key):
-            defer { serviceNativeSoon(key) }
-            return try nativeSessions[key]?.channel.withReadableBytes(body)
-        }
+        guard let stream = sessions[session.key]?.stream else { return nil }
+        return try withSession(session.key) { machine, _ in try stream.borrow(&machine, body) }
     }
 
     func writeNow(_ session: AccessorySession, _ bytes: [UInt8]) throws -> Int {
-        switch session.route {
-        case let .link(id):
-            guard let state = sessions[id], !state.isEnded else {
-                throw sessions[id]?.ended ?? AccessoryError.sessionClosed
-            }
-            return driver.perform { machine, now in (try? machine.write(id, bytes, now: now)) ?? 0 }
-        case let .native(key):
-            guard let state = nativeSessions[key], !state.isEnded, state.writers.isEmpty else {
-                if let state = nativeSessions[key], !state.isEnded { return 0 } // earlier writes wait first
-                throw nativeSessions[key]?.ended ?? AccessoryError.sessionClosed
-            }
-            defer { serviceNativeSoon(key) }
-            return state.channel.write(bytes[...])
+        guard let state = sessions[session.key], !state.isEnded else {
+            throw sessions[session.key]?.ended ?? AccessoryError.sessionClosed
         }
+        guard state.writers.isEmpty else { return 0 } // earlier writes go first
+        return withSession(session.key) { machine, now in state.stream.write(&machine, bytes[...], now: now) }
     }
 
     func acknowledged(_ session: AccessorySession) -> Int {
-        switch session.route {
-        case let .link(id):
-            guard var state = sessions[id] else { return 0 }
-            if downReason == nil {
-                state.acknowledged = max(state.acknowledged, driver.perform { machine, _ in machine.bytesAcknowledged(id) })
-                sessions[id] = state
-            }
-            return state.acknowledged
-        case let .native(key):
-            guard var state = nativeSessions[key] else { return 0 }
-            if !state.isEnded { state.delivered = max(state.delivered, state.channel.bytesDelivered) }
-            nativeSessions[key] = state
-            return state.delivered
-        }
+        guard let state = sessions[session.key] else { return 0 }
+        let now = driver.perform { machine, _ in state.stream.acknowledged(&machine) }
+        sessions[session.key]!.acknowledged = max(state.acknowledged, now)
+        return sessions[session.key]!.acknowledged
     }
 
     func bytesAvailable(_ session: AccessorySession) -> Int {
-        switch session.route {
-        case let .link(id): driver.perform { machine, _ in machine.bytesAvailable(id) }
-        case let .native(key): nativeSessions[key]?.channel.readableByteCount ?? 0
-        }
+        guard let stream = sessions[session.key]?.stream else { return 0 }
+        return driver.perform { machine, _ in stream.readable(&machine) }
     }
 
     func spaceAvailable(_ session: AccessorySession) -> Int {
-        switch session.route {
-        case let .link(id): return driver.perform { machine, _ in machine.spaceAvailable(id) }
-        case let .native(key):
-            guard let state = nativeSessions[key], !state.isEnded, state.channel.isWritable else { return 0 }
-            return 1
-        }
+        guard let state = sessions[session.key], !state.isEnded else { return 0 }
+        return driver.perform { machine, _ in state.stream.hasSpace(&machine) } ? 1 : 0
     }
 
     func setEventHandler(_ session: AccessorySession, queue handlerQueue: DispatchQueue,
                          handler: @escaping @Sendable (SessionStreamEvent) -> Void) {
-        switch session.route {
-        case let .link(id):
-            guard var state = sessions[id] else {
-                handlerQueue.async { handler(.endEncountered) }
-                return
-            }
-            state.handler = (handlerQueue, handler)
-            sessions[id] = state
-            handlerQueue.async { handler(.openCompleted) }
-            driver.perform { machine, _ in self.service(&machine) }
-        case let .native(key):
-            guard nativeSessions[key] != nil else {
-                handlerQueue.async { handler(.endEncountered) }
-                return
-            }
-            nativeSessions[key]?.handler = (handlerQueue, handler)
-            handlerQueue.async { handler(.openCompleted) }
-            serviceNative(key)
+        guard sessions[session.key] != nil else {
+            handlerQueue.async { handler(.endEncountered) }
+            return
         }
+        sessions[session.key]!.handler = (handlerQueue, handler)
+        handlerQueue.async { handler(.openCompleted) }
+        withSession(session.key) { _, _ in }
     }
 
     func close(_ session: AccessorySession) {
-        switch session.route {
-        case let .link(id):
-            guard var state = sessions.removeValue(forKey: id) else { return }
-            for reader in state.readers { reader.continuation.resume(returning: nil) }
-            for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
-            for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
-            state.readers.removeAll()
-            if downReason == nil {
-                driver.perform { machine, now in machine.closeSession(id, now: now) }
-            }
-        case let .native(key):
-            guard let state = nativeSessions.removeValue(forKey: key) else { return }
-            for reader in state.readers { reader.continuation.resume(returning: nil) }
-            for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
-            for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
-            state.channel.close()
-            logger.debug("session '\(session.protocolString)' closed on \(state.channel.description)")
-        }
+        guard let state = sessions.removeValue(forKey: session.key) else { return }
+        for reader in state.readers { reader.continuation.resume(returning: nil) }
+        for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
+        for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
+        if let id = state.stream.linkSessionID { linkKeys[id] = nil }
+        let linkUp = downReason == nil
+        driver.perform { machine, now in state.stream.close(&machine, now: now, linkUp: linkUp) }
+        if state.stream.isNative { logger.debug("session '\(session.protocolString)' closed") }
     }
 }

@@ -22,30 +22,20 @@ public final class AccessorySession: Sendable {
     public let protocolString: String
     /// The accessory.
     public let accessory: Accessory
-    let route: Route
+    /// The connection's key for the session.
+    let key: Int
     let connection: Connection
-
-    /// Where the session's bytes travel.
-    enum Route: Hashable {
-        /// Multiplexed on the iAP2 link, under this EA session id.
-        case link(UInt16)
-        /// Raw on a native-transport channel of its own (the connection's key for it).
-        case native(Int)
-    }
-
-    init(protocolString: String, accessory: Accessory, route: Route, connection: Connection) {
-        self.protocolString = protocolString
-        self.accessory = accessory
-        self.route = route
-        self.connection = connection
-    }
-
     /// Whether the session's bytes travel on a native transport (the accessory's USB interface
     /// for this protocol, FF/F0/01, raw) rather than multiplexed on the iAP2 link. The API is the
     /// same either way; only throughput and ``bytesAcknowledged``'s source differ.
-    public var usesNativeTransport: Bool {
-        if case .native = route { return true }
-        return false
+    public let usesNativeTransport: Bool
+
+    init(protocolString: String, accessory: Accessory, key: Int, usesNativeTransport: Bool, connection: Connection) {
+        self.protocolString = protocolString
+        self.accessory = accessory
+        self.key = key
+        self.usesNativeTransport = usesNativeTransport
+        self.connection = connection
     }
 
     /// Writes all of `bytes`, suspending while the accessory (or the link) cannot take more.

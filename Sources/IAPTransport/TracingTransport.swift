@@ -23,6 +23,10 @@ public final class TracingTransport: Transport {
 
     public var description: String { base.description }
     public var kind: TransportKind { base.kind }
+    /// The base transport's native-transport interfaces.
+    public var nativeTransports: (any NativeTransportProvider)? { base.nativeTransports }
+    /// The base transport's capabilities.
+    public func capability<Value>(_ type: Value.Type) -> Value? { base.capability(type) }
 
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
         let observer = self.observer

@@ -88,4 +88,17 @@ public protocol Transport: AnyObject, Sendable {
     func send(_ frame: [UInt8])
     /// Closes the transport; the handler receives `.closed(nil)` unless it already got a close.
     func cancel()
+    /// The accessory's native-transport interfaces reachable through this transport (USB, or
+    /// the in-process simulator's), if any. A wrapper forwards its base's. Nil by default.
+    var nativeTransports: (any NativeTransportProvider)? { get }
+    /// A value of the type asked for that this transport can give, when it has one: what a
+    /// layer above wants to know of a particular kind of wire without knowing the transport's
+    /// class (a USB transport gives its pipe statistics and its device). Nil by default; a
+    /// wrapper forwards its base's.
+    func capability<Value>(_ type: Value.Type) -> Value?
+}
+
+extension Transport {
+    public var nativeTransports: (any NativeTransportProvider)? { nil }
+    public func capability<Value>(_ type: Value.Type) -> Value? { nil }
 }

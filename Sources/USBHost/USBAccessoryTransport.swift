@@ -537,6 +537,16 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
 // MARK: - Native transports
 
 extension USBAccessoryTransport: NativeTransportProvider {
+    /// This transport opens the accessory's native-transport interfaces itself.
+    public var nativeTransports: (any NativeTransportProvider)? { self }
+
+    /// Its ``USBPipeStatistics`` and its ``USBDeviceInfo``. Call on the context's queue.
+    public func capability<Value>(_ type: Value.Type) -> Value? {
+        if type == USBPipeStatistics.self { return statistics as? Value }
+        if type == USBDeviceInfo.self { return device as? Value }
+        return nil
+    }
+
     /// The names of the accessory's native-transport interfaces (their iInterface strings, by
     /// convention the EA protocol each carries), in interface order.
     public var nativeProtocolNames: [String] {
