@@ -74,9 +74,19 @@ public final class AccessoryManager: Sendable {
     public let queue: DispatchQueue
     private let state = Mutex(State())
 
+    /// A task executor on ``queue``. A task that prefers it
+    /// (`withTaskExecutorPreference(manager.taskExecutor) { … }`) has its session calls resume
+    /// without a hop to another thread: the lowest latency for request/response loops. Its code
+    /// runs on the manager's queue between awaits and holds up every accessory's protocol work
+    /// while it runs: keep that short and never block in it.
+    public let taskExecutor: any TaskExecutor
+
     public init(configuration: Configuration = Configuration()) {
         self.configuration = configuration
-        self.queue = DispatchQueue(label: "AccessoryHost.manager")
+        let queue = DispatchQueue(label: "AccessoryHost.manager")
+        self.queue = queue
+        self.taskExecutor = QueueTaskExecutor(queue: queue)
+        QueueMark.mark(queue)
     }
 
     /// The accessories connected now.
@@ -184,7 +194,7 @@ public final class AccessoryManager: Sendable {
             return state.stopped
         }
         let logger = configuration.logger
-        queue.sync {
+        QueueMark.run(on: queue) {
             guard !stopped else { return context.shutdown() }
             do {
                 try context.startMonitoring { [weak self] event in self?.usbEvent(event, context: context) }
@@ -198,7 +208,7 @@ public final class AccessoryManager: Sendable {
     /// The counters of a USB accessory's bulk pipes (transfers, bytes, stalls, zero-length
     /// packets, slots in device memory…); nil for accessories on other transports.
     public func usbStatistics(of accessory: Accessory) -> USBPipeStatistics? {
-        queue.sync { accessory.connection.transport.capability(USBPipeStatistics.self) }
+        QueueMark.run(on: queue) { accessory.connection.transport.capability(USBPipeStatistics.self) }
     }
 
     /// The USB context, once ``startUSB(options:)`` ran.
@@ -233,20 +243,23 @@ public final class AccessoryManager: Sendable {
 
     /// Stops every connection; accessories disconnect, sessions end. USB devices are released
     /// once their transfers are back; with USB running, returns once its libusb context is
-    /// freed (at most 5 s). Do not call it on ``queue``.
+    /// freed (at most 5 s; called on ``queue`` itself, from a task on ``taskExecutor``, it
+    /// cannot wait for that and returns at once).
     public func stop() {
         let (connections, usb) = state.withLock { state -> ([Connection], USBContext?) in
             state.stopped = true
             return (Array(state.connections.values), state.usb)
         }
-        queue.sync {
+        let onQueue = QueueMark.isCurrent(queue)
+        QueueMark.run(on: queue) {
             for connection in connections { connection.stop(reason: "the manager stopped") }
             usb?.shutdown()
         }
         // Return once libusb's context is gone, so that a manager made next does not overlap it;
         // at most 5 s (a transport that had to abandon transfers the kernel never gave back
-        // leaves its context alive on purpose).
-        _ = usb?.waitUntilExited(timeout: .now() + 5)
+        // leaves its context alive on purpose). The teardown runs on the queue: from the queue
+        // itself there is nothing to wait for.
+        if !onQueue { _ = usb?.waitUntilExited(timeout: .now() + 5) }
         state.withLock { state in
             for continuation in state.subscribers.values { continuation.finish() }
             state.subscribers.removeAll()

@@ -75,6 +75,12 @@ final class Connection: @unchecked Sendable {
         self.onDisconnected = onDisconnected
         self.onClosed = onClosed
         self.driver = EndpointDriver(machine: endpoint, transport: transport, queue: queue)
+        QueueMark.mark(queue)
+    }
+
+    /// Runs `body` on the queue from any thread (``QueueMark/run(on:_:)``).
+    func onQueue<Result>(_ body: () throws -> Result) rethrows -> Result {
+        try QueueMark.run(on: queue, body)
     }
 
     /// Starts the link. On the queue.
@@ -92,7 +98,7 @@ final class Connection: @unchecked Sendable {
 
     /// The endpoint's count of session bytes moved and copied. Off the queue.
     func dataPlaneStatistics() -> DataPlaneStatistics {
-        queue.sync { driver.perform { machine, _ in machine.dataPlane } }
+        onQueue { driver.perform { machine, _ in machine.dataPlane } }
     }
 
     /// Whether this connection is still working towards its first identified accessory.
@@ -363,9 +369,14 @@ final class Connection: @unchecked Sendable {
         withSession(session.key) { _, _ in }
     }
 
+    // The async calls queue their waiter and serve it on the caller's thread (`onQueue`): a write
+    // whose bytes all fit, a read of bytes already there, a flush with nothing pending resume
+    // their continuation before the task suspends, so it goes on without a hop to another
+    // thread. Only a wait for the accessory costs a hop back.
+
     func write(_ session: AccessorySession, _ bytes: [UInt8]) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            queue.async {
+            onQueue {
                 self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
                     $0.writers.append(Writer(remaining: bytes[...], continuation: continuation))
                 }
@@ -375,7 +386,7 @@ final class Connection: @unchecked Sendable {
 
     func read(_ session: AccessorySession, maxBytes: Int) async throws -> [UInt8]? {
         try await withCheckedThrowingContinuation { continuation in
-            queue.async {
+            onQueue {
                 self.enqueue(session, gone: { continuation.resume(returning: nil) }) {
                     $0.readers.append(Reader(maxBytes: max(1, maxBytes), continuation: continuation))
                 }
@@ -385,7 +396,7 @@ final class Connection: @unchecked Sendable {
 
     func flush(_ session: AccessorySession) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            queue.async {
+            onQueue {
                 self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
                     $0.flushers.append(continuation)
                 }

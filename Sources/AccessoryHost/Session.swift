@@ -50,13 +50,13 @@ public final class AccessorySession: Sendable {
 
     /// Takes what is readable now without waiting (empty when nothing is).
     public func readAvailable(maxBytes: Int = 1 << 20) -> [UInt8] {
-        connection.queue.sync { connection.readNow(self, maxBytes: maxBytes) }
+        connection.onQueue { connection.readNow(self, maxBytes: maxBytes) }
     }
 
     /// Writes what fits now without waiting; returns how many bytes were taken (0 when full).
     public func writeAvailable(_ bytes: some Collection<UInt8>) throws -> Int {
         let array = Array(bytes)
-        return try connection.queue.sync { try connection.writeNow(self, array) }
+        return try connection.onQueue { try connection.writeNow(self, array) }
     }
 
     /// Lends the next received bytes in place, without copying them, and returns what `body`
@@ -65,7 +65,7 @@ public final class AccessorySession: Sendable {
     ///
     /// - Note: `body` runs on the manager's queue, which owns every connection: keep it short.
     public func withNextChunk<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        try connection.queue.sync { try connection.borrow(self, body) }
+        try connection.onQueue { try connection.borrow(self, body) }
     }
 
     /// Bytes written on this session that the accessory acknowledged receiving (its iAP2 link
@@ -73,12 +73,12 @@ public final class AccessorySession: Sendable {
     /// transfers that carried them completed). When a transfer breaks, this is how much is known
     /// to have arrived; the rest may or may not have. It stays readable after the accessory went
     /// away, until ``close()``.
-    public var bytesAcknowledged: Int { connection.queue.sync { connection.acknowledged(self) } }
+    public var bytesAcknowledged: Int { connection.onQueue { connection.acknowledged(self) } }
 
     /// Whether bytes are readable now.
-    public var hasBytesAvailable: Bool { connection.queue.sync { connection.bytesAvailable(self) > 0 } }
+    public var hasBytesAvailable: Bool { connection.onQueue { connection.bytesAvailable(self) > 0 } }
     /// Whether a write would take bytes now.
-    public var hasSpaceAvailable: Bool { connection.queue.sync { connection.spaceAvailable(self) > 0 } }
+    public var hasSpaceAvailable: Bool { connection.onQueue { connection.spaceAvailable(self) > 0 } }
 
     /// Delivers the stream events to `handler` on `queue`. `openCompleted` comes first (at
     /// once, since the session is open when you get it).

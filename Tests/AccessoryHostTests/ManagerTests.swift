@@ -36,6 +36,33 @@ struct ManagerTests {
         #expect(manager.connectedAccessories.map(\.connectionID) == [accessory.connectionID])
     }
 
+    @Test("a session loop on the manager's task executor echoes, and the synchronous calls work there too")
+    func aLoopOnTheManagersExecutor() async throws {
+        let (manager, echo, accessory) = try await Self.connected()
+        defer { echo.stop() }
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        let received = try await withTaskExecutorPreference(manager.taskExecutor) {
+            // Whatever runs here runs on the manager's queue: calls that take the queue run
+            // inline there, stop() included, instead of waiting for themselves.
+            defer { manager.stop() }
+            var received: [UInt8] = []
+            for round in 0..<50 {
+                let message = [UInt8](repeating: UInt8(round), count: 100)
+                try await session.write(message)
+                var got: [UInt8] = []
+                while got.count < message.count, let chunk = try await session.read() { got += chunk }
+                received += got
+                // Synchronous calls from the manager's queue run inline instead of deadlocking.
+                _ = session.hasBytesAvailable
+                _ = session.readAvailable()
+                _ = accessory.dataPlaneStatistics
+            }
+            return received
+        }
+        #expect(received == (0..<50).flatMap { [UInt8](repeating: UInt8($0), count: 100) })
+        #expect(!accessory.isConnected)
+    }
+
     @Test func filtersMatchWhatTheAccessoryDeclared() async throws {
         let (manager, echo, accessory) = try await Self.connected()
         defer { manager.stop(); echo.stop() }
