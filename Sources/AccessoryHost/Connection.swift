@@ -59,6 +59,11 @@ final class Connection: @unchecked Sendable {
     private var pendingNativeOpens: Set<String> = []
     private var pendingOpens: [UInt16: (name: String, continuation: CheckedContinuation<AccessorySession, any Error>)] = [:]
     private var downReason: String?
+    /// The array the endpoint's events are taken into, kept across updates.
+    private var eventScratch: [EndpointEvent] = []
+    /// The session keys, in the order the sessions were handed out (iterated without holding the
+    /// table, which serving changes).
+    private var sessionKeys: [Int] = []
 
     init(connectionID: Int, makeConnectionID: @escaping () -> Int, transport: any Transport, queue: DispatchQueue,
          supportedProtocols: Set<String>, logger: Logger, endpoint: IAPEndpoint, onConnected: @escaping (Accessory) -> Void,
@@ -107,7 +112,14 @@ final class Connection: @unchecked Sendable {
     // MARK: Events from the endpoint
 
     private func update(_ machine: inout IAPEndpoint, now: LinkTime) {
-        for event in machine.takeEvents() {
+        var events = eventScratch
+        eventScratch = []
+        machine.takeEvents(into: &events)
+        defer {
+            events.removeAll(keepingCapacity: true)
+            eventScratch = events
+        }
+        for event in events {
             switch event {
             case let .identified(identity):
                 guard accessory == nil, downReason == nil else { continue }
@@ -172,12 +184,13 @@ final class Connection: @unchecked Sendable {
         let session = AccessorySession(protocolString: protocolString, accessory: accessory, key: key,
                                        usesNativeTransport: stream.isNative, connection: self)
         sessions[key] = SessionState(session: session, stream: stream)
+        sessionKeys.append(key)
         return session
     }
 
     /// Serves every session.
     private func serviceAll(_ machine: inout IAPEndpoint) {
-        for key in sessions.keys { service(key, &machine) }
+        for key in sessionKeys { service(key, &machine) }
     }
 
     /// Serves the waiting readers, writers and flushers of one session, and tells its handler
@@ -452,6 +465,7 @@ final class Connection: @unchecked Sendable {
 
     func close(_ session: AccessorySession) {
         guard let state = sessions.removeValue(forKey: session.key) else { return }
+        sessionKeys.removeAll { $0 == session.key }
         for reader in state.readers { reader.continuation.resume(returning: nil) }
         for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
         for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }

@@ -61,6 +61,11 @@ public struct SimulatedAccessory: Sendable {
     private var bytesMoved = 0
     private var readingStopped = false
     private var reboot: (at: LinkTime, version: String)?
+    /// Arrays the endpoint's events and frames are taken into, kept across calls.
+    private var eventScratch: [EndpointEvent] = []
+    private var frameScratch: [[UInt8]] = []
+    /// The open sessions' ids in order (kept as they open and close, not sorted per call).
+    private var runtimeIDs: [UInt16] = []
 
     /// Bytes a firmware-update session reads at a time (bounds the answers one read produces).
     static let firmwareReadSize = 256
@@ -135,16 +140,25 @@ public struct SimulatedAccessory: Sendable {
     /// When ``advance(to:)`` must be called next, if anything is scheduled.
     public var nextDeadline: LinkTime? {
         guard isRunning else { return nil }
-        return [endpoint.nextDeadline, outbox.first?.release, reboot?.at].compactMap { $0 }.min()
+        var earliest = endpoint.nextDeadline
+        for candidate in [outbox.first?.release, reboot?.at] {
+            if let candidate, earliest.map({ candidate < $0 }) ?? true { earliest = candidate }
+        }
+        return earliest
     }
 
     /// Frames for the device that are due, oldest first (one link packet or detect each).
     public mutating func takeOutput() -> [[UInt8]] {
         var frames: [[UInt8]] = []
+        takeOutput(into: &frames)
+        return frames
+    }
+
+    /// Appends the frames for the device that are due to `frames`.
+    public mutating func takeOutput(into frames: inout [[UInt8]]) {
         while let next = outbox.first, next.release <= now, let frame = outbox.popFirst()?.frame {
             frames.append(frame)
         }
-        return frames
     }
 
     /// Whether ``takeOutput()`` has frames now.
@@ -152,8 +166,10 @@ public struct SimulatedAccessory: Sendable {
 
     /// Events since the last call.
     public mutating func takeEvents() -> [SimulatorEvent] {
-        defer { events.removeAll(keepingCapacity: true) }
-        return events
+        guard !events.isEmpty else { return [] }
+        var taken: [SimulatorEvent] = []
+        swap(&taken, &events)
+        return taken
     }
 
     // MARK: Native transports
@@ -276,8 +292,15 @@ public struct SimulatedAccessory: Sendable {
     /// Handles the endpoint's events, runs the behaviours until nothing moves, checks the vanish
     /// fault, and passes the endpoint's frames through the output faults.
     private mutating func settle() {
+        var endpointEvents = eventScratch
+        eventScratch = []
+        defer {
+            endpointEvents.removeAll(keepingCapacity: true)
+            eventScratch = endpointEvents
+        }
         for _ in 0..<Self.maxSettleRounds {
-            let endpointEvents = endpoint.takeEvents()
+            endpointEvents.removeAll(keepingCapacity: true)
+            endpoint.takeEvents(into: &endpointEvents)
             for event in endpointEvents { handle(event) }
             let moved = runBehaviours()
             if let limit = profile.faults.vanishAfterBytes, bytesMoved >= limit {
@@ -303,9 +326,11 @@ public struct SimulatedAccessory: Sendable {
         case let .sessionOpened(id, name):
             let spec = profile.protocols.first { $0.name == name }
             runtimes[id] = SessionRuntime(id: id, name: name, spec: spec)
+            if !runtimeIDs.contains(id) { runtimeIDs.append(id); runtimeIDs.sort() }
             events.append(.sessionOpened(sessionID: id, protocolName: name))
         case let .sessionClosed(id, reason):
             guard let runtime = runtimes.removeValue(forKey: id) else { return }
+            runtimeIDs.removeAll { $0 == id }
             events.append(.sessionClosed(sessionID: id, protocolName: runtime.statistics.protocolName, reason: reason,
                                          statistics: snapshot(runtime)))
         case .bytesAvailable, .spaceAvailable:
@@ -316,7 +341,13 @@ public struct SimulatedAccessory: Sendable {
     }
 
     private mutating func takeEndpointOutput() {
-        let frames = endpoint.takeOutput()
+        var frames = frameScratch
+        frameScratch = []
+        endpoint.takeOutput(into: &frames)
+        defer {
+            frames.removeAll(keepingCapacity: true)
+            frameScratch = frames
+        }
         guard isRunning else { return }
         let faults = profile.faults
         let release = now + .milliseconds(faults.delayMs)
@@ -339,7 +370,7 @@ public struct SimulatedAccessory: Sendable {
     /// Runs every session's behaviour; true when any byte moved.
     private mutating func runBehaviours() -> Bool {
         var moved = false
-        for id in runtimes.keys.sorted() {
+        for id in runtimeIDs {
             // Taken out of the dictionary while it runs, so its buffers are not copied.
             guard var runtime = runtimes.removeValue(forKey: id) else { continue }
             moved = runBehaviour(.link(id), &runtime) || moved

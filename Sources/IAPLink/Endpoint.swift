@@ -93,6 +93,8 @@ public enum EndpointError: Error, Hashable, Sendable, CustomStringConvertible {
 public struct IAP2Endpoint: Sendable {
     public private(set) var link: IAP2Link
     private var upper: Upper
+    /// The array the link's events are taken into, kept for the next time.
+    private var linkEventScratch: [LinkEvent] = []
 
     /// How long the device waits for each answer of the accessory during authentication and
     /// identification.
@@ -153,12 +155,24 @@ public struct IAP2Endpoint: Sendable {
         }
     }
 
+    /// Packets to transmit, oldest first.
     public mutating func takeOutput() -> [[UInt8]] { link.takeOutput() }
+    /// Appends the packets to transmit to `frames` (swapping storage when it is empty: a caller
+    /// that empties and passes the same array each time allocates nothing).
+    public mutating func takeOutput(into frames: inout [[UInt8]]) { link.takeOutput(into: &frames) }
+    /// Whether packets are waiting.
     public var hasOutput: Bool { link.hasOutput }
 
+    /// Events since the last call.
     public mutating func takeEvents() -> [EndpointEvent] {
-        defer { upper.events.removeAll(keepingCapacity: true) }
-        return upper.events
+        var taken: [EndpointEvent] = []
+        takeEvents(into: &taken)
+        return taken
+    }
+
+    /// Appends the events since the last call to `taken` (swapping storage when it is empty).
+    public mutating func takeEvents(into taken: inout [EndpointEvent]) {
+        IAP2Link.move(&upper.events, into: &taken)
     }
 
     /// The identity, once identification is accepted.
@@ -170,7 +184,14 @@ public struct IAP2Endpoint: Sendable {
         // Acknowledgements first: ACKs that came with a reset or a failure (in the same batch)
         // still count before the link-down below forgets what was in flight.
         upper.noteAcknowledgements(link)
-        for event in link.takeEvents() {
+        var linkEvents = linkEventScratch
+        linkEventScratch = []
+        link.takeEvents(into: &linkEvents)
+        defer {
+            linkEvents.removeAll(keepingCapacity: true)
+            linkEventScratch = linkEvents
+        }
+        for event in linkEvents {
             upper.events.append(.link(event))
             switch event {
             case let .negotiated(parameters):
@@ -250,7 +271,7 @@ public struct IAP2Endpoint: Sendable {
     /// Queues bytes for a session from a view of them; returns how many were taken. The bytes
     /// are copied once, into the link packets that will carry them.
     public mutating func write(_ sessionID: UInt16, span bytes: RawSpan, now: LinkTime) throws(EndpointError) -> Int {
-        let taken = try upper.write(sessionID, bytes, linkPayload: link.maxPayloadLength)
+        let taken = try upper.write(sessionID, bytes, link: &link)
         settle(now: now)
         return taken
     }
@@ -304,8 +325,8 @@ public struct IAP2Endpoint: Sendable {
     public func sessionState(_ sessionID: UInt16) -> EASessionState? { upper.sessions[sessionID]?.state }
     /// The open (or opening) sessions and their protocol names.
     public var sessions: [(id: UInt16, protocolName: String)] {
-        upper.sessions.filter { $0.value.state == .open || $0.value.state == .opening }
-            .sorted { $0.key < $1.key }.map { ($0.key, $0.value.protocolName) }
+        upper.sessions.entries.filter { $0.state == .open || $0.state == .opening }
+            .sorted { $0.id < $1.id }.map { ($0.id, $0.protocolName) }
     }
     /// Control messages received that nobody handles.
     public var unhandledMessages: Int { upper.unhandledMessages }
@@ -409,6 +430,34 @@ public struct ChunkQueue: Sendable {
     }
 }
 
+/// The EA sessions of an endpoint, in an array searched by id (there are few): a session is
+/// changed in place through ``with(_:_:)``, with no copy of its queues and no allocation (a
+/// dictionary's in-place access allocates for a value this large).
+struct SessionTable: Sendable {
+    private(set) var entries: [Upper.Session] = []
+
+    /// A copy of the session `id`, to read it.
+    subscript(id: UInt16) -> Upper.Session? { entries.first { $0.id == id } }
+
+    func contains(_ id: UInt16) -> Bool { entries.contains { $0.id == id } }
+
+    /// The ids, in order.
+    var ids: [UInt16] { entries.map(\.id).sorted() }
+
+    mutating func insert(_ session: Upper.Session) {
+        remove(session.id)
+        entries.append(session)
+    }
+
+    mutating func remove(_ id: UInt16) { entries.removeAll { $0.id == id } }
+
+    /// Runs `body` on the session `id` in place; nil when there is none.
+    mutating func with<Result>(_ id: UInt16, _ body: (inout Upper.Session) throws -> Result) rethrows -> Result? {
+        guard let index = entries.firstIndex(where: { $0.id == id }) else { return nil }
+        return try body(&entries[index])
+    }
+}
+
 /// Bytes written to one session and not yet handed to the link, already laid out as link packets:
 /// each element is a buffer from ``LinkPacket/framedBuffer(payloadCapacity:)`` holding the
 /// header's headroom, the EA session id and up to one packet's worth of application bytes. The
@@ -425,7 +474,7 @@ struct OutboundQueue: Sendable {
 
     /// Copies up to `limit - byteCount` bytes of `bytes` into packets of at most `chunk`
     /// application bytes each; returns how many were taken.
-    mutating func append(_ bytes: RawSpan, sessionID: UInt16, chunk: Int, limit: Int) -> Int {
+    mutating func append(_ bytes: RawSpan, sessionID: UInt16, chunk: Int, limit: Int, buffers link: inout IAP2Link) -> Int {
         let total = min(max(0, limit - byteCount), bytes.byteCount)
         guard chunk > 0, total > 0 else { return 0 }
         let headroom = LinkPacketHeader.size + EASessionData.headerSize
@@ -449,7 +498,7 @@ struct OutboundQueue: Sendable {
             let remaining = total - taken
             let capacity = EASessionData.headerSize
                 + (remaining >= Self.largeWrite ? chunk : min(chunk, max(remaining, Self.minimumBuffer)))
-            var packet = LinkPacket.framedBuffer(payloadCapacity: capacity)
+            var packet = link.framedBuffer(payloadCapacity: capacity)
             packet.append(UInt8(sessionID >> 8))
             packet.append(UInt8(sessionID & 0xFF))
             packets.append(packet)
@@ -475,6 +524,7 @@ struct OutboundQueue: Sendable {
 /// The control session and the EA router: everything above the link.
 struct Upper: LinkSink, Sendable {
     struct Session: Sendable {
+        var id: UInt16
         var protocolName: String
         var protocolID: UInt8
         var state: EASessionState
@@ -514,7 +564,7 @@ struct Upper: LinkSink, Sendable {
     var acknowledgedSeen: [UInt8: Int] = [:]
     var step: ControlStep = .idle
     var deadline: LinkTime?
-    var sessions: [UInt16: Session] = [:]
+    var sessions = SessionTable()
     var nextSessionID: UInt16 = 1
     var unhandledMessages = 0
     var roundRobin: [UInt16] = []
@@ -547,7 +597,7 @@ struct Upper: LinkSink, Sendable {
     mutating func linkDown() {
         // The link discards what it had in flight: none of it will be acknowledged.
         dataInFlight.removeAll()
-        for id in sessions.keys.sorted() { closeSession(id, reason: "the link went down", notifyPeer: false) }
+        for id in sessions.ids { closeSession(id, reason: "the link went down", notifyPeer: false) }
         controlOut.removeAll()
         step = .idle
         deadline = nil
@@ -603,10 +653,11 @@ struct Upper: LinkSink, Sendable {
             if let retained {
                 // Kept as a view of the array the bytes arrived in: no copy.
                 let base = retained.startIndex
-                sessions[id]!.inbound.append(retained[(base + range.lowerBound)..<(base + range.upperBound)], owned: false)
+                sessions.with(id) { $0.inbound.append(retained[(base + range.lowerBound)..<(base + range.upperBound)], owned: false) }
             } else {
                 dataPlane.bytesCopiedIn += range.count
-                sessions[id]!.inbound.append(payload.extracting(range).withUnsafeBytes { Array($0) }[...], owned: true)
+                let copy = payload.extracting(range).withUnsafeBytes { Array($0) }
+                sessions.with(id) { $0.inbound.append(copy[...], owned: true) }
             }
             if queued == 0 { events.append(.bytesAvailable(sessionID: id)) }
             return true
@@ -688,7 +739,7 @@ struct Upper: LinkSink, Sendable {
             guard let id = try? message.parameter(0)?.uint16(), let session = sessions[id] else { return }
             let status = (try? message.parameter(1)?.uint8()) ?? 0
             if status == 0, session.state == .opening {
-                sessions[id]!.state = .open
+                sessions.with(id) { $0.state = .open }
                 events.append(.sessionOpened(sessionID: id, protocolName: session.protocolName))
                 events.append(.spaceAvailable(sessionID: id))
             } else if status != 0 {
@@ -737,7 +788,7 @@ struct Upper: LinkSink, Sendable {
                 send(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 1)]))
                 return
             }
-            sessions[id] = Session(protocolName: declared.name, protocolID: protocolID, state: .open)
+            sessions.insert(Session(id: id, protocolName: declared.name, protocolID: protocolID, state: .open))
             send(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 0)]))
             events.append(.sessionOpened(sessionID: id, protocolName: declared.name))
         case .stopExternalAccessoryProtocolSession:
@@ -764,13 +815,13 @@ struct Upper: LinkSink, Sendable {
             throw .unsupportedProtocol(protocolName)
         }
         guard eaLinkSessionID != nil else { throw .noExternalAccessoryLinkSession }
-        if sessions.values.contains(where: { $0.protocolName == protocolName && ($0.state == .open || $0.state == .opening) }) {
+        if sessions.entries.contains(where: { $0.protocolName == protocolName && ($0.state == .open || $0.state == .opening) }) {
             throw .protocolInUse(protocolName)
         }
         var id = nextSessionID
-        while id == 0 || sessions[id] != nil { id &+= 1 }
+        while id == 0 || sessions.contains(id) { id &+= 1 }
         nextSessionID = id &+ 1
-        sessions[id] = Session(protocolName: protocolName, protocolID: declared.identifier, state: .opening)
+        sessions.insert(Session(id: id, protocolName: protocolName, protocolID: declared.identifier, state: .opening))
         send(ControlMessage(id: .startExternalAccessoryProtocolSession, parameters: [.uint8(0, declared.identifier), .uint16(1, id)]))
         return id
     }
@@ -783,25 +834,31 @@ struct Upper: LinkSink, Sendable {
         let wasLive = state == .open || state == .opening
         roundRobin.removeAll { $0 == id }
         if notifyPeer {
-            sessions[id] = nil
+            sessions.remove(id)
             if wasLive, role == .device {
                 send(ControlMessage(id: .stopExternalAccessoryProtocolSession, parameters: [.uint16(0, id)]))
             }
         } else {
-            sessions[id]!.state = .closed(reason)
-            sessions[id]!.outbound.removeAll()
+            sessions.with(id) {
+                $0.state = .closed(reason)
+                $0.outbound.removeAll()
+            }
         }
         if wasLive { events.append(.sessionClosed(sessionID: id, reason: reason)) }
     }
 
     /// Copies what fits of `bytes` into the session's outbound packets (the one copy of the
     /// way out); the session is mutated in place.
-    mutating func write(_ id: UInt16, _ bytes: RawSpan, linkPayload: Int) throws(EndpointError) -> Int {
+    mutating func write(_ id: UInt16, _ bytes: RawSpan, link: inout IAP2Link) throws(EndpointError) -> Int {
         guard let state = sessions[id]?.state else { throw .unknownSession(id) }
         guard state == .open else { throw .sessionNotOpen(id) }
-        let chunk = linkPayload - EASessionData.headerSize
-        let taken = sessions[id]!.outbound.append(bytes, sessionID: id, chunk: chunk, limit: bufferLimit)
-        if taken < bytes.byteCount { sessions[id]!.wasFull = true }
+        let chunk = link.maxPayloadLength - EASessionData.headerSize
+        let limit = bufferLimit
+        let taken = sessions.with(id) { session -> Int in
+            let taken = session.outbound.append(bytes, sessionID: id, chunk: chunk, limit: limit, buffers: &link)
+            if taken < bytes.byteCount { session.wasFull = true }
+            return taken
+        } ?? 0
         dataPlane.bytesWritten += taken
         dataPlane.bytesCopiedOut += taken
         if !roundRobin.contains(id) { roundRobin.append(id) }
@@ -809,26 +866,27 @@ struct Upper: LinkSink, Sendable {
     }
 
     mutating func read(_ id: UInt16, maxBytes: Int) -> [UInt8] {
-        guard sessions[id] != nil else { return [] }
-        let (bytes, copied) = sessions[id]!.inbound.take(maxBytes)
+        guard let (bytes, copied) = sessions.with(id, { $0.inbound.take(maxBytes) }) else { return [] }
         dataPlane.bytesRead += bytes.count
         dataPlane.bytesCopiedIn += copied
         return bytes
     }
 
     mutating func readChunk(_ id: UInt16, maxBytes: Int) -> ArraySlice<UInt8> {
-        guard sessions[id] != nil else { return [] }
-        let bytes = sessions[id]!.inbound.takeChunk(maxBytes)
+        guard let bytes = sessions.with(id, { $0.inbound.takeChunk(maxBytes) }) else { return [] }
         dataPlane.bytesRead += bytes.count
         return bytes
     }
 
     mutating func borrow<Result>(_ id: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        guard sessions[id] != nil else { return nil }
-        let before = sessions[id]!.inbound.byteCount
-        let result = try sessions[id]!.inbound.borrowFirst(body)
-        dataPlane.bytesRead += before - sessions[id]!.inbound.byteCount
-        return result
+        var consumed = 0
+        let result = try sessions.with(id) { session -> Result? in
+            let before = session.inbound.byteCount
+            defer { consumed = before - session.inbound.byteCount }
+            return try session.inbound.borrowFirst(body)
+        }
+        dataPlane.bytesRead += consumed
+        return result ?? nil
     }
 
     /// Credits the sessions with the EA packets the link saw acknowledged since the last call.
@@ -838,7 +896,7 @@ struct Upper: LinkSink, Sendable {
         var newly = total - acknowledgedSeen[eaSession, default: 0]
         acknowledgedSeen[eaSession] = total
         while newly > 0, let packet = dataInFlight.popFirst() {
-            sessions[packet.session]?.acknowledged += packet.bytes
+            sessions.with(packet.session) { $0.acknowledged += packet.bytes }
             newly -= 1
         }
     }
@@ -851,8 +909,8 @@ struct Upper: LinkSink, Sendable {
         var idle = 0
         while link.canSend, !roundRobin.isEmpty, idle < roundRobin.count {
             let id = roundRobin.removeFirst()
-            guard sessions[id] != nil else { continue }
-            guard let (packet, dataBytes) = sessions[id]!.outbound.popPacket() else {
+            guard sessions.contains(id) else { continue }
+            guard let (packet, dataBytes) = sessions.with(id, { $0.outbound.popPacket() }) ?? nil else {
                 idle += 1
                 roundRobin.append(id)
                 continue
@@ -862,10 +920,13 @@ struct Upper: LinkSink, Sendable {
             if link.send(sessionID: eaSession, framedPacket: packet, now: now) {
                 dataInFlight.append((id, dataBytes))
             }
-            if sessions[id]!.wasFull, sessions[id]!.outbound.byteCount < bufferLimit {
-                sessions[id]!.wasFull = false
-                events.append(.spaceAvailable(sessionID: id))
-            }
+            let limit = bufferLimit
+            let roomAgain = sessions.with(id) { session -> Bool in
+                guard session.wasFull, session.outbound.byteCount < limit else { return false }
+                session.wasFull = false
+                return true
+            } ?? false
+            if roomAgain { events.append(.spaceAvailable(sessionID: id)) }
             roundRobin.append(id)
         }
     }

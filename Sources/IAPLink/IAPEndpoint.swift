@@ -108,6 +108,17 @@ public struct IAPEndpoint: Sendable {
         defer { pendingOutput.removeAll() }
         return pendingOutput + output
     }
+    /// Appends the packets to send to `frames` (swapping storage when it is empty and nothing
+    /// else is pending: a caller that empties and passes the same array each time allocates
+    /// nothing on the iAP2 path).
+    public mutating func takeOutput(into frames: inout [[UInt8]]) {
+        if !pendingOutput.isEmpty {
+            frames.append(contentsOf: pendingOutput)
+            pendingOutput.removeAll()
+        }
+        if one != nil { frames.append(contentsOf: one!.takeOutput()) } else { two!.takeOutput(into: &frames) }
+    }
+
     /// Whether ``takeOutput()`` has anything.
     public var hasOutput: Bool { !pendingOutput.isEmpty || (one?.hasOutput ?? two!.hasOutput) }
 
@@ -117,6 +128,16 @@ public struct IAPEndpoint: Sendable {
         guard !pendingEvents.isEmpty else { return events }
         defer { pendingEvents.removeAll() }
         return pendingEvents + events
+    }
+
+    /// Appends what happened since the last call to `taken`, in order (swapping storage when it
+    /// is empty and nothing else is pending).
+    public mutating func takeEvents(into taken: inout [EndpointEvent]) {
+        if !pendingEvents.isEmpty {
+            taken.append(contentsOf: pendingEvents)
+            pendingEvents.removeAll()
+        }
+        if one != nil { taken.append(contentsOf: one!.takeEvents()) } else { two!.takeEvents(into: &taken) }
     }
 
     /// The identity, once identified (and authenticated when the accessory asked for it).

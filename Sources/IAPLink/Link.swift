@@ -109,6 +109,11 @@ public struct IAP2Link: Sendable {
     /// Most packets queued beyond the window before ``send(sessionID:payload:now:)`` refuses.
     public var sendQueueLimit = 64
 
+    /// Packets the peer acknowledged, kept to lay later packets out in (``framedBuffer(payloadCapacity:)``).
+    private var spareBuffers: [[UInt8]] = []
+    /// Most buffers kept for reuse: a window's worth and a few more.
+    private static let spareLimit = 40
+
     // Scratch buffers reused across receive calls.
     private var frameScratch: [(ScannedFrame, Bool)] = []
     private var spillScratch: [UInt8] = []
@@ -144,8 +149,27 @@ public struct IAP2Link: Sendable {
 
     /// Packets to transmit, oldest first; each element is one link packet (or detect).
     public mutating func takeOutput() -> [[UInt8]] {
-        defer { outbox.removeAll(keepingCapacity: true) }
-        return outbox
+        var frames: [[UInt8]] = []
+        takeOutput(into: &frames)
+        return frames
+    }
+
+    /// Appends the packets to transmit to `frames`. Given an empty array, it swaps storage with
+    /// it: a caller that empties and passes the same array each time allocates nothing.
+    public mutating func takeOutput(into frames: inout [[UInt8]]) {
+        Self.move(&outbox, into: &frames)
+    }
+
+    /// Moves the elements of `source` to the end of `target`, swapping their storage when
+    /// `target` is empty.
+    static func move<Element>(_ source: inout [Element], into target: inout [Element]) {
+        guard !source.isEmpty else { return }
+        if target.isEmpty {
+            swap(&source, &target)
+        } else {
+            target.append(contentsOf: source)
+            source.removeAll(keepingCapacity: true)
+        }
     }
 
     /// Whether packets are waiting in ``takeOutput()``.
@@ -153,8 +177,14 @@ public struct IAP2Link: Sendable {
 
     /// Events since the last call.
     public mutating func takeEvents() -> [LinkEvent] {
-        defer { events.removeAll(keepingCapacity: true) }
-        return events
+        var taken: [LinkEvent] = []
+        takeEvents(into: &taken)
+        return taken
+    }
+
+    /// Appends the events since the last call to `taken` (swapping storage when it is empty).
+    public mutating func takeEvents(into taken: inout [LinkEvent]) {
+        Self.move(&events, into: &taken)
     }
 
     /// Packets sent and not yet acknowledged.
@@ -196,6 +226,20 @@ public struct IAP2Link: Sendable {
         packet.append(contentsOf: payload)
         statistics.payloadBytesCopiedOut += payload.count
         return send(sessionID: sessionID, framedPacket: packet, now: now)
+    }
+
+    /// An empty buffer to lay a packet out in, as ``LinkPacket/framedBuffer(payloadCapacity:)``
+    /// makes, reusing the storage of a packet the peer acknowledged when one is large enough:
+    /// the steady state allocates no packets.
+    public mutating func framedBuffer(payloadCapacity: Int) -> [UInt8] {
+        let needed = LinkPacketHeader.size + max(0, payloadCapacity) + 1
+        if let index = spareBuffers.firstIndex(where: { $0.capacity >= needed }) {
+            var buffer = spareBuffers.remove(at: index) // the oldest: the likeliest to be free
+            buffer.removeAll(keepingCapacity: true)
+            buffer.append(contentsOf: repeatElement(0, count: LinkPacketHeader.size))
+            return buffer
+        }
+        return LinkPacket.framedBuffer(payloadCapacity: payloadCapacity)
     }
 
     /// Queues a packet whose payload already lies in place: `framedPacket` holds
@@ -609,11 +653,14 @@ public struct IAP2Link: Sendable {
 
     private mutating func pump(now: LinkTime) {
         guard state == .connected, let parameters = peerLimits else { return }
-        while unacked.count < Int(parameters.maxOutstandingPackets), let next = sendQueue.popFirst() {
+        while unacked.count < Int(parameters.maxOutstandingPackets), var next = sendQueue.popFirst() {
             let sequence = nextSequence
             nextSequence &+= 1
             lastSentSequence = sequence
-            var packet = next.packet
+            // Moved out of the queue entry, so the array is uniquely ours and the checksum is
+            // appended in place (a copy would make the array be copied whole).
+            var packet: [UInt8] = []
+            swap(&packet, &next.packet)
             transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
             statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
             unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, sentAt: now, transmissions: 1))
@@ -648,10 +695,16 @@ public struct IAP2Link: Sendable {
 
     private mutating func acknowledge(upTo acknowledgement: UInt8, now: LinkTime) {
         var removed = 0
-        while let first = unacked.first, Int(acknowledgement &- first.sequence) < 128 {
-            unacked.removeFirst()
-            acknowledgedPackets[first.sessionID, default: 0] += 1
+        while let sequence = unacked.first?.sequence, Int(acknowledgement &- sequence) < 128 {
+            var done = unacked.removeFirst()
+            var packet: [UInt8] = []
+            swap(&packet, &done.packet) // the only reference left is ours (unless the peer holds it)
+            acknowledgedPackets[done.sessionID, default: 0] += 1
             removed += 1
+            // Kept for a later packet a writer lays out. It is emptied only when reused: by then
+            // the peer (an in-process one keeps views of what it received until they are read)
+            // has most likely let go of it, and its storage is reused without allocating.
+            if spareBuffers.count < Self.spareLimit { spareBuffers.append(packet) }
         }
         if removed > 0 { pump(now: now) }
     }

@@ -11,9 +11,17 @@ public protocol DrivenMachine: SendableMetatype {
     mutating func advance(to now: LinkTime)
     var nextDeadline: LinkTime? { get }
     mutating func takeOutput() -> [[UInt8]]
+    /// Appends the frames to send to `frames`; the default appends ``takeOutput()``. A machine
+    /// that can hand over its own array (swapping storage with an empty one) spares the driver
+    /// an allocation per turn.
+    mutating func takeOutput(into frames: inout [[UInt8]])
 }
 
 extension DrivenMachine {
+    public mutating func takeOutput(into frames: inout [[UInt8]]) {
+        frames.append(contentsOf: takeOutput())
+    }
+
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         receive(bytes.withUnsafeBytes { Array($0) }, now: now)
     }
@@ -40,6 +48,10 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     private var running = false
     private var update: ((inout Machine, LinkTime) -> Void)?
     private var closed: ((TransportError?) -> Void)?
+    /// The array frames are taken into, kept across turns (no allocation per turn).
+    private var frameScratch: [[UInt8]] = []
+    /// The deadline the timer is set for, so an unchanged one is not set again.
+    private var scheduledDeadline: LinkTime?
 
     /// Creates a driver; nothing happens until ``start(update:closed:)``.
     public init(machine: Machine, transport: any Transport, queue: DispatchQueue) {
@@ -66,6 +78,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         let timer = DispatchSource.makeTimerSource(queue: queue)
         timer.setEventHandler { [weak self] in self?.timerFired() }
         timer.schedule(deadline: .distantFuture)
+        scheduledDeadline = nil
         timer.resume()
         self.timer = timer
         transport.activate(queue: queue) { [weak self] event in self?.handle(event) }
@@ -126,6 +139,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
 
     private func timerFired() {
         guard running else { return }
+        scheduledDeadline = nil // a one-shot timer: whatever comes next must be set again
         machine.advance(to: now)
         settle()
     }
@@ -133,15 +147,30 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     /// Sends the machine's output, lets the owner react (take events, write, read), sends what
     /// that produced, then moves the timer.
     private func settle() {
-        for frame in machine.takeOutput() { transport.send(frame) }
+        sendOutput()
         update?(&machine, now)
-        for frame in machine.takeOutput() { transport.send(frame) }
+        sendOutput()
         reschedule()
+    }
+
+    private func sendOutput() {
+        var frames = frameScratch
+        frameScratch = []
+        machine.takeOutput(into: &frames)
+        for frame in frames { transport.send(frame) }
+        frames.removeAll(keepingCapacity: true)
+        frameScratch = frames
     }
 
     private func reschedule() {
         guard let timer else { return }
-        if let deadline = machine.nextDeadline {
+        let next = machine.nextDeadline
+        // Setting a timer allocates in Dispatch: the timer is moved only when the machine needs
+        // it sooner. A later deadline lets the timer fire early; the fire finds nothing due and
+        // sets it again.
+        if let scheduled = scheduledDeadline, next.map({ $0 >= scheduled }) ?? true { return }
+        scheduledDeadline = next
+        if let deadline = next {
             let delay = max(deadline - now, .zero)
             let (seconds, attoseconds) = delay.components
             let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)

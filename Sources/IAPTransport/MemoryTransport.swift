@@ -14,6 +14,8 @@ public final class MemoryTransport: Transport {
         var queue: DispatchQueue?
         var handler: (@Sendable (TransportEvent) -> Void)?
         var pending: [[UInt8]] = []
+        /// An emptied batch array handed back by the last flush, for the next batch.
+        var spare: [[UInt8]] = []
         var closed = false
         var flushScheduled = false
     }
@@ -84,15 +86,24 @@ public final class MemoryTransport: Transport {
     }
 
     private func flush() {
-        let (frames, handler) = state.withLock { state -> ([[UInt8]], (@Sendable (TransportEvent) -> Void)?) in
+        // The batch is swapped out for the spare array (no allocation), and the emptied batch
+        // becomes the spare again afterwards.
+        var frames: [[UInt8]] = []
+        let handler = state.withLock { state -> (@Sendable (TransportEvent) -> Void)? in
             state.flushScheduled = false
-            defer { state.pending.removeAll(keepingCapacity: true) }
-            return (state.pending, state.closed ? nil : state.handler)
+            swap(&frames, &state.pending)
+            swap(&state.pending, &state.spare)
+            return state.closed ? nil : state.handler
         }
-        guard let handler, !frames.isEmpty else { return }
-        // One hop per batch; each frame is handed over as the array it was sent in (no copy:
-        // the receiver may keep views of it).
-        for frame in frames { handler(.received(frame)) }
+        if let handler {
+            // One hop per batch; each frame is handed over as the array it was sent in (no copy:
+            // the receiver may keep views of it).
+            for frame in frames { handler(.received(frame)) }
+        }
+        frames.removeAll(keepingCapacity: true)
+        state.withLock { state in
+            if state.spare.capacity < frames.capacity { swap(&state.spare, &frames) }
+        }
     }
 
     private func close(error: TransportError?) {

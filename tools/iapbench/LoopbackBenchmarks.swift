@@ -149,6 +149,15 @@ enum LoopbackBenchmarks {
         #if DEBUG
         StandardError.write("warning: this is a debug build; its numbers mean nothing. Use: swift build -c release\n")
         #endif
+        if !overPty, command.flag("echo-only") {
+            let rig = try rig(sessions: 1, overPty: false)
+            let (rate, seconds) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20)
+            emit("echo throughput, 1 session(s)", [("bytesPerSecond", .int(Int(rate)))],
+                 text: "in-process echo, 1 session: \(Report.format(rate / 1e6, digits: 1)) MB/s each way (\(megabytes) MiB in \(Report.format(seconds, digits: 2)) s)")
+            rig.manager.stop()
+            rig.runner.stop()
+            return .success
+        }
         // Baseline from the same run: the two link state machines wired directly.
         let harness = Harness(secondsPerRun: 0.3, runs: 3)
         if let linkBench = try LinkBenchmarks.all().first(where: { $0.name.hasPrefix("link: 64 KiB") }) {

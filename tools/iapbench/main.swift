@@ -38,7 +38,8 @@ let loopbackCommand = CommandSpec(
     name: "loopback",
     abstract: "The whole stack in one process: app write → host → link → memory → simulator echo → back → app read.",
     options: [.flag("json", help: "Print one JSON object per measurement."),
-              .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "256")]
+              .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "256"),
+              .flag("echo-only", help: "Only the one-session echo, without the baseline (what tools/check-allocations.sh counts).")]
 )
 let serialCommand = CommandSpec(
     name: "serial",
