@@ -222,6 +222,18 @@ public struct SimulatedAccessory: Sendable {
         return taken
     }
 
+    /// Feeds bytes the host sent on a native session as a view the accessory keeps (no copy);
+    /// at most ``nativeRoom(_:)`` of them are taken, and the count is returned.
+    @discardableResult
+    public mutating func receiveNative(_ id: UInt16, _ bytes: ArraySlice<UInt8>, now: LinkTime) -> Int {
+        note(now)
+        let taken = min(bytes.count, nativeRoom(id))
+        guard taken > 0 else { return 0 }
+        nativeBuffers[id]?.inbound.append(bytes.prefix(taken), owned: false)
+        settle()
+        return taken
+    }
+
     /// Whether the session has bytes for the host.
     public func hasNativeOutput(_ id: UInt16) -> Bool { !(nativeBuffers[id]?.outbound.isEmpty ?? true) }
 

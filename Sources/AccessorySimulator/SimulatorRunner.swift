@@ -160,12 +160,9 @@ public final class SimulatorRunner: @unchecked Sendable {
             while moved {
                 moved = false
                 while machine.nativeRoom(id) > 0, channel.readableByteCount > 0 {
-                    let room = machine.nativeRoom(id)
-                    let taken = channel.withReadableBytes { span -> (consumed: Int, result: Int) in
-                        let count = min(room, span.byteCount)
-                        let taken = span.withUnsafeBytes { machine.receiveNative(id, UnsafeRawBufferPointer(rebasing: $0[0..<count]), now: now) }
-                        return (taken, taken)
-                    } ?? 0
+                    // Taken as a view of the channel's buffer where it has one (in process).
+                    let chunk = channel.readChunk(maxBytes: machine.nativeRoom(id))
+                    let taken = machine.receiveNative(id, chunk, now: now)
                     guard taken > 0 else { break }
                     moved = true
                 }

@@ -35,6 +35,11 @@ public protocol ByteChannel: AnyObject, Sendable {
     /// Lends the oldest readable bytes in place to `body`, which says how many it consumed (the
     /// rest stays readable); nil when nothing is readable. The view is valid only inside `body`.
     func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result?
+    /// Takes up to `maxBytes` of the oldest readable bytes as an array slice the caller keeps
+    /// (empty when nothing is readable). The default copies them out of
+    /// ``withReadableBytes(_:)``; a channel that holds its bytes in arrays hands out a view of
+    /// them instead.
+    func readChunk(maxBytes: Int) -> ArraySlice<UInt8>
     /// Bytes readable now.
     var readableByteCount: Int { get }
     /// Takes as many of `bytes` as fit now and returns how many (0 when full, or closed).
@@ -47,6 +52,15 @@ public protocol ByteChannel: AnyObject, Sendable {
     var bytesDelivered: Int { get }
     /// Ends the stream. The handler then gets `.closed(nil)` unless it already got a close.
     func close()
+}
+
+extension ByteChannel {
+    public func readChunk(maxBytes: Int) -> ArraySlice<UInt8> {
+        withReadableBytes { span in
+            let count = min(max(0, maxBytes), span.byteCount)
+            return (count, span.extracting(0..<count).withUnsafeBytes { Array($0) }[...])
+        } ?? []
+    }
 }
 
 /// A transport whose accessory also has native-transport interfaces (USB): opens the one that
@@ -137,6 +151,15 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
         let (consumed, result) = try chunk.withUnsafeBytes { try body(RawSpan(_unsafeBytes: $0)) }
         consume(min(max(0, consumed), chunk.count))
         return result
+    }
+
+    /// Hands out a view of the bytes the peer's write copied (no copy here).
+    public func readChunk(maxBytes: Int) -> ArraySlice<UInt8> {
+        let chunk = shared.state.withLock { state -> ArraySlice<UInt8> in
+            state.sides[side].chunks.first.map { $0.prefix(max(0, maxBytes)) } ?? []
+        }
+        consume(chunk.count)
+        return chunk
     }
 
     private func consume(_ count: Int) {
