@@ -59,22 +59,12 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     let queue: DispatchQueue
     private let setupQueue: DispatchQueue
     private let interface: UInt8
-    private let inEndpoint: UInt8
-    private let outEndpoint: UInt8
-    private let outPacketSize: Int
     private let options: USBOptions
     private let contextMarker: UInt
-
-    private let inRing: ByteRing
-    private let outRing: ByteRing
-    private var inTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
-    private var outTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
-    private var inSubmitted: [Bool]
-    private var outSubmitted: [Bool]
-    private var outDone: [Bool]
+    /// The bulk pair's transfers and rings (the engine both bulk pipes share).
+    private let pipe: BulkPipe
     private var waiting: [[UInt8]] = []
     private var waitingHead = 0
-
     private enum State { case idle, running, closing(TransportError?), closed }
     private var state = State.idle
     private var handler: (@Sendable (TransportEvent) -> Void)?
@@ -83,10 +73,8 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     private var outHalted = false
     private var setupCallsInFlight = 0
     private var retryScheduled = false
-    private var unsubmittedIn: Int?
     private var consecutiveErrors = 0
     private var outTimeout: UInt32
-    private var explicitZeroLengthPackets = false
     private var keepAlive: Unmanaged<USBAccessoryTransport>?
     private var closeDeadline: DispatchWorkItem?
     private var closeScheduled = false
@@ -100,7 +88,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     private var deviceWentAway = false
 
     /// Counters since activation.
-    public private(set) var statistics = USBPipeStatistics()
+    public var statistics: USBPipeStatistics { pipe.statistics }
 
     init(device: USBDeviceInfo, backend: any USBBackend, handle: OpaquePointer, location: IAPInterfaceLocation, options: USBOptions,
          queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String, onFinished: @escaping () -> Void) {
@@ -114,43 +102,23 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         self.options = options
         self.description = description
         interface = location.interface.number
-        inEndpoint = location.bulkIn.address
-        outEndpoint = location.bulkOut.address
-        outPacketSize = max(1, location.bulkOut.packetSize)
         outTimeout = options.outTimeoutMilliseconds
         nativeInterfaces = location.nativeInterfaces
         let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
-        let inTransferSize = options.inTransferSize ?? USBOptions.splitInTransferSize
-        inRing = ByteRing(slotCount: options.inTransfers, slotCapacity: inTransferSize, allocator: allocator)
-        statistics.inTransferSize = inTransferSize
-        outRing = ByteRing(slotCount: options.outTransfers, slotCapacity: options.outTransferSize, allocator: allocator)
-        inSubmitted = Array(repeating: false, count: options.inTransfers)
-        outSubmitted = Array(repeating: false, count: options.outTransfers)
-        outDone = Array(repeating: false, count: options.outTransfers)
-        statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount
-        statistics.heapSlots = inRing.slotCount + outRing.slotCount - statistics.deviceMemorySlots
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        for _ in 0..<options.inTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: inEndpoint, user: me); inTransfers.append(transfer) } }
-        for _ in 0..<options.outTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: outEndpoint, user: me); outTransfers.append(transfer) } }
-    }
-
-    private func prepare(_ transfer: UnsafeMutablePointer<libusb_transfer>, endpoint: UInt8, user: UnsafeMutableRawPointer) {
-        transfer.pointee.dev_handle = handle
-        transfer.pointee.endpoint = endpoint
-        transfer.pointee.type = UInt8(LIBUSB_TRANSFER_TYPE_BULK.rawValue)
-        transfer.pointee.user_data = user
-        transfer.pointee.callback = usbTransferCompleted
+        pipe = BulkPipe(backend: backend, handle: handle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
+                        outPacketSize: location.bulkOut.packetSize,
+                        inCount: options.inTransfers, inSlotSize: options.inTransferSize ?? USBOptions.splitInTransferSize,
+                        outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator, description: description)
+        pipe.onCompletion = { [unowned self] completion in self.completed(completion) }
     }
 
     deinit {
         // Dropped without ever being activated (an open nobody used): give everything back.
         // Once activated, the teardown does this and `keepAlive` holds the transport until then.
         guard case .idle = state else { return }
-        inRing.releaseMemory()
-        outRing.releaseMemory()
+        pipe.releaseResources()
         _ = backend.releaseInterface(handle, interface)
         backend.close(handle)
-        for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
         if let onFinished {
             let carried = Unchecked(value: onFinished) // runs on the context's queue, where it was made
             queue.async { carried.value() }
@@ -166,7 +134,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
             self.handlerQueue = handlerQueue === queue ? nil : handlerQueue
             keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until teardown ends
             state = .running
-            guard inTransfers.count == options.inTransfers, outTransfers.count == options.outTransfers else {
+            guard pipe.isComplete else {
                 fail(TransportError("cannot allocate libusb transfers for \(description)"))
                 return
             }
@@ -209,62 +177,30 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
 
     private func refillIn() {
         guard case .running = state, !inHalted, !retryScheduled else { return }
-        // A slot whose submit failed stays reserved and goes first, so transfers reach the
-        // kernel in ring order (the order their data arrives in).
-        while let index = unsubmittedIn ?? inRing.reserve() {
-            let transfer = inTransfers[index]
-            let slot = inRing.writableBytes(of: index)
-            transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
-            transfer.pointee.length = Int32(slot.count)
-            transfer.pointee.timeout = 0
-            transfer.pointee.flags = 0
-            let status = backend.submit(transfer)
-            guard status == 0 else {
-                unsubmittedIn = index
-                submitFailed(status, what: "cannot queue a bulk IN transfer")
-                return
-            }
-            unsubmittedIn = nil
-            inSubmitted[index] = true
-        }
+        // A slot whose submit failed stays reserved in the engine and goes first next time.
+        if let status = pipe.refillIn() { submitFailed(status, what: "cannot queue a bulk IN transfer") }
     }
 
-    fileprivate func completed(_ transfer: UnsafeMutablePointer<libusb_transfer>) {
-        let status = transfer.pointee.status
-        let actual = max(0, Int(transfer.pointee.actual_length))
-        if let index = inTransfers.firstIndex(of: transfer) {
-            inCompleted(index, status: status, actual: actual)
-        } else if let index = outTransfers.firstIndex(of: transfer) {
-            outCompleted(index, status: status, actual: actual)
+    private func completed(_ completion: BulkPipe.Completion) {
+        switch completion {
+        case let .received(_, status): inCompleted(status: status)
+        case let .sent(_, actual, status): outCompleted(status: status, actual: actual)
         }
     }
 
     private enum Outcome { case fine, halted, gone, failed }
 
-    private func inCompleted(_ index: Int, status: libusb_transfer_status, actual: Int) {
-        inSubmitted[index] = false
-        var length = 0
+    private func inCompleted(status: libusb_transfer_status) {
         var outcome = Outcome.fine
         switch status {
-        case LIBUSB_TRANSFER_COMPLETED:
-            length = actual
-            statistics.inTransfers += 1
-            statistics.bytesIn += actual
-            if actual == 0 { statistics.zeroLengthIn += 1 }
-            consecutiveErrors = 0
-        case LIBUSB_TRANSFER_OVERFLOW:
-            // The device sent more than the slot holds: the excess is lost. The scanner resyncs
-            // and the link retransmits what was lost.
-            length = min(actual, inRing.slotCapacity)
-            statistics.overflows += 1
+        case LIBUSB_TRANSFER_COMPLETED: consecutiveErrors = 0
+        // OVERFLOW: the device sent more than the slot holds; the excess is lost. The scanner
+        // resyncs and the link retransmits what was lost.
+        case LIBUSB_TRANSFER_OVERFLOW, LIBUSB_TRANSFER_CANCELLED: break
         case LIBUSB_TRANSFER_STALL: outcome = .halted
         case LIBUSB_TRANSFER_NO_DEVICE: outcome = .gone
-        case LIBUSB_TRANSFER_CANCELLED: break
-        default: // TIMED_OUT (IN transfers have none), ERROR: keep what arrived, retry
-            length = actual
-            outcome = .failed
+        default: outcome = .failed // ERROR: what arrived is kept; retry
         }
-        inRing.commit(index, length: length)
         deliver()
         switch outcome {
         case .fine: break
@@ -274,7 +210,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         }
         switch state {
         case .running:
-            if inHalted { clearHaltWhenIdle(inEndpoint) } else { refillIn() }
+            if inHalted { clearHaltWhenIdle(pipe.inEndpoint) } else { refillIn() }
         case .closing: finishIfDrained()
         case .idle, .closed: break
         }
@@ -282,6 +218,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
 
     /// Hands every committed byte to the handler in place, then frees the slots.
     private func deliver() {
+        let inRing = pipe.inRing
         while let view = inRing.peek() {
             if case .running = state, let handler {
                 if let handlerQueue {
@@ -303,13 +240,13 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
             return
         }
         guard case .running = state else { return }
-        guard frame.count <= outRing.slotCapacity else {
-            fail(TransportError("a frame of \(frame.count) bytes exceeds the \(outRing.slotCapacity)-byte OUT slots of \(description)"))
+        guard frame.count <= pipe.outRing.slotCapacity else {
+            fail(TransportError("a frame of \(frame.count) bytes exceeds the \(pipe.outRing.slotCapacity)-byte OUT slots of \(description)"))
             return
         }
         if waitingHead < waiting.count || outHalted || retryScheduled || !submitOut(frame) {
             waiting.append(frame)
-            statistics.queuedFrames += 1
+            pipe.statistics.queuedFrames += 1
             if waiting.count - waitingHead > options.maxQueuedFrames {
                 fail(TransportError("\(description): \(options.maxQueuedFrames) frames waiting for the OUT pipe; the accessory stopped reading",
                                     advice: "unplug and replug the accessory"))
@@ -319,50 +256,28 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
 
     /// Copies `frame` into a free OUT slot and submits it; false when no slot is free.
     private func submitOut(_ frame: [UInt8]) -> Bool {
-        guard let index = outRing.reserve() else { return false }
-        let slot = outRing.writableBytes(of: index)
-        frame.withUnsafeBytes { slot.copyMemory(from: $0) }
-        outRing.commit(index, length: frame.count)
-        let transfer = outTransfers[index]
-        transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
-        transfer.pointee.length = Int32(frame.count)
-        transfer.pointee.timeout = outTimeout
-        let needsZeroLengthPacket = !frame.isEmpty && frame.count % outPacketSize == 0
-        transfer.pointee.flags = needsZeroLengthPacket && !explicitZeroLengthPackets ? UInt8(LIBUSB_TRANSFER_ADD_ZERO_PACKET.rawValue) : 0
-        var status = backend.submit(transfer)
-        if status == LIBUSB_ERROR_NOT_SUPPORTED.rawValue, needsZeroLengthPacket, !explicitZeroLengthPackets {
-            // This kernel cannot add the ZLP itself: send it as a transfer of its own, as usbmuxd does.
-            explicitZeroLengthPackets = true
-            transfer.pointee.flags = 0
-            status = backend.submit(transfer)
-        }
-        guard status == 0 else {
-            outDone[index] = true
-            releaseFinishedOutSlots()
+        switch frame.withUnsafeBytes({ pipe.submitOut($0, timeout: outTimeout) }) {
+        case .full:
+            return false
+        case let .failed(status):
             submitFailed(status, what: "cannot queue a bulk OUT transfer")
             return true // the frame is dropped (the link retransmits it); not queued again
+        case let .submitted(zeroLengthPacketToSend):
+            // This kernel cannot add the zero-length packet itself: it goes as a transfer of its
+            // own (as usbmuxd does), ending the frame for the accessory.
+            if zeroLengthPacketToSend, !submitOut([]) { waiting.insert([], at: waitingHead) }
+            return true
         }
-        outSubmitted[index] = true
-        if needsZeroLengthPacket {
-            statistics.zeroLengthOut += 1
-            if explicitZeroLengthPackets, !submitOut([]) { waiting.insert([], at: waitingHead) }
-        }
-        return true
     }
 
-    private func outCompleted(_ index: Int, status: libusb_transfer_status, actual: Int) {
-        outSubmitted[index] = false
-        outDone[index] = true
-        releaseFinishedOutSlots()
+    private func outCompleted(status: libusb_transfer_status, actual: Int) {
         switch status {
         case LIBUSB_TRANSFER_COMPLETED:
-            statistics.outTransfers += 1
-            statistics.bytesOut += actual
             outTimeout = options.outTimeoutMilliseconds
             consecutiveErrors = 0
         case LIBUSB_TRANSFER_TIMED_OUT:
             // The frame is lost (the link retransmits it); the next ones get longer.
-            statistics.timeouts += 1
+            pipe.statistics.timeouts += 1
             outTimeout = min(outTimeout * 2, options.maxOutTimeoutMilliseconds)
         case LIBUSB_TRANSFER_STALL: outHalted = true
         case LIBUSB_TRANSFER_NO_DEVICE: deviceGone()
@@ -371,17 +286,9 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         }
         switch state {
         case .running:
-            if outHalted { clearHaltWhenIdle(outEndpoint) } else { drainWaiting() }
+            if outHalted { clearHaltWhenIdle(pipe.outEndpoint) } else { drainWaiting() }
         case .closing: finishIfDrained()
         case .idle, .closed: break
-        }
-    }
-
-    /// OUT completions arrive in order on one endpoint; a failed submit can finish a slot early.
-    private func releaseFinishedOutSlots() {
-        while let front = outRing.frontSlot, outDone[front] {
-            outDone[front] = false
-            outRing.releaseFront()
         }
     }
 
@@ -408,7 +315,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     }
 
     private func transferError() {
-        statistics.errors += 1
+        pipe.statistics.errors += 1
         consecutiveErrors += 1
         if consecutiveErrors >= options.maxConsecutiveErrors {
             fail(TransportError("\(description): \(consecutiveErrors) transfer errors in a row",
@@ -439,11 +346,9 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// it is a control transfer the kernel waits for), then resumes the pipe.
     private func clearHaltWhenIdle(_ endpoint: UInt8) {
         let isIn = endpoint & 0x80 != 0
-        guard !(isIn ? inSubmitted : outSubmitted).contains(true) else { return }
+        guard isIn ? pipe.inIdle : pipe.outIdle else { return }
         setupCallsInFlight += 1
-        setupQueue.async { [self] in
-            let status = backend.clearHalt(handle, endpoint: endpoint)
-            queue.async { [self] in
+        pipe.clearHalt(endpoint, setupQueue: setupQueue, queue: queue) { [self] status in
                 setupCallsInFlight -= 1
                 guard case .running = state else { return finishIfDrained() }
                 if status != 0, status != LIBUSB_ERROR_NOT_FOUND.rawValue {
@@ -451,7 +356,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
                     return fail(TransportError("cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)) of \(description): \(errorName(status))",
                                                advice: "unplug and replug the accessory"))
                 }
-                statistics.stalls += 1
+                pipe.statistics.stalls += 1
                 if isIn {
                     inHalted = false
                     refillIn()
@@ -459,7 +364,6 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
                     outHalted = false
                     drainWaiting()
                 }
-            }
         }
     }
 
@@ -474,9 +378,8 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         state = .closing(error)
         waiting.removeAll()
         waitingHead = 0
-        for pipe in nativePipes.values { pipe.parentClosing(error, deviceGone: deviceWentAway) }
-        for (index, transfer) in inTransfers.enumerated() where inSubmitted[index] { _ = backend.cancel(transfer) }
-        for (index, transfer) in outTransfers.enumerated() where outSubmitted[index] { _ = backend.cancel(transfer) }
+        for native in nativePipes.values { native.parentClosing(error, deviceGone: deviceWentAway) }
+        pipe.cancelAll()
         let deadline = DispatchWorkItem { [self] in abandonInFlight() }
         closeDeadline = deadline
         queue.asyncAfter(deadline: .now() + .milliseconds(options.teardownTimeoutMilliseconds), execute: deadline)
@@ -491,19 +394,14 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// from a transfer callback inside `libusb_handle_events`, and `libusb_close` there
     /// deadlocks on libusb's own lock (found on the real kernel in the USB rig).
     private func finishIfDrained() {
-        guard case let .closing(error) = state, !inSubmitted.contains(true), !outSubmitted.contains(true),
-              setupCallsInFlight == 0, nativePipes.isEmpty, !closeScheduled else { return }
+        guard case let .closing(error) = state, pipe.isIdle, setupCallsInFlight == 0, nativePipes.isEmpty, !closeScheduled else { return }
         closeScheduled = true
         closeDeadline?.cancel()
         closeDeadline = nil
         queue.async { [self] in
-            inRing.releaseMemory()
-            outRing.releaseMemory()
+            pipe.releaseResources()
             _ = backend.releaseInterface(handle, interface)
             backend.close(handle)
-            for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
-            inTransfers = []
-            outTransfers = []
             report(error)
         }
     }
@@ -512,7 +410,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// (and the device handle) rather than free memory libusb may still write to.
     private func abandonInFlight() {
         guard case let .closing(error) = state else { return }
-        statistics.abandonedTransfers = inSubmitted.count { $0 } + outSubmitted.count { $0 } + setupCallsInFlight + nativePipes.count
+        pipe.statistics.abandonedTransfers = pipe.transfersInFlight + setupCallsInFlight + nativePipes.count
         onFinished = nil // the context must keep libusb running: the kernel still owns these
         report(error ?? TransportError("\(description): transfers did not finish within \(options.teardownTimeoutMilliseconds) ms of closing"))
     }
@@ -638,7 +536,7 @@ extension USBAccessoryTransport: NativeTransportProvider {
                 let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
                 let pipe = USBNativePipe(
                     backend: backend, handle: handle, location: target, options: pipeOptions,
-                    inTransferSize: statistics.inTransferSize, queue: queue, setupQueue: setupQueue, contextMarker: contextMarker,
+                    inTransferSize: pipe.statistics.inTransferSize, queue: queue, setupQueue: setupQueue, contextMarker: contextMarker,
                     description: "\(device.location) interface \(number) ('\(protocolName)')", allocator: allocator,
                     onFinished: { [weak self] pipe in
                         guard let self else { return }
@@ -658,13 +556,6 @@ extension USBAccessoryTransport: NativeTransportProvider {
 
     /// The native pipes open now (tests).
     var openNativePipes: [USBNativePipe] { nativePipes.values.sorted { $0.interfaceNumber < $1.interfaceNumber } }
-}
-
-/// Where a transfer's completion enters Swift: runs inside libusb_handle_events, on the
-/// context's event queue. `user_data` is the transport, kept alive until its teardown ends.
-private func usbTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
-    guard let transfer, let user = transfer.pointee.user_data else { return }
-    Unmanaged<USBAccessoryTransport>.fromOpaque(user).takeUnretainedValue().completed(transfer)
 }
 
 /// Ring slot memory from usbfs (`libusb_dev_mem_alloc`): transfers then need no bounce buffer in

@@ -38,16 +38,9 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     private let queue: DispatchQueue
     private let setupQueue: DispatchQueue
     private let contextMarker: UInt
-    private let inEndpoint: UInt8
-    private let outEndpoint: UInt8
     private let outPacketSize: Int
-    private let inRing: ByteRing
-    private let outRing: ByteRing
-    private var inTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
-    private var outTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
-    private var inSubmitted: [Bool]
-    private var outSubmitted: [Bool]
-    private var outDone: [Bool]
+    /// The bulk pair's transfers and rings (the engine both bulk pipes share).
+    private let pipe: BulkPipe
 
     private enum State { case running, closing(TransportError?), closed }
     private var state = State.running
@@ -61,7 +54,6 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     private var inHalted = false
     private var setupCallsInFlight = 0
     private var closeScheduled = false
-    private var zeroLengthFlagUnsupported = false
     /// Whether closing selects alternate setting 0 (not when the device is gone).
     private var resetsAlternateSetting = true
     /// What was readable when the pipe closed (the ring's memory is given back then).
@@ -73,7 +65,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     private var onFinished: ((USBNativePipe) -> Void)?
 
     /// Counters since the pipe opened.
-    public private(set) var statistics = USBPipeStatistics()
+    public var statistics: USBPipeStatistics { pipe.statistics }
 
     init(backend: any USBBackend, handle: OpaquePointer, location: NativeInterfaceLocation, options: USBOptions,
          inTransferSize: Int, queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String,
@@ -86,35 +78,17 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         self.description = description
         self.onFinished = onFinished
         interfaceNumber = location.number
-        inEndpoint = location.bulkIn.address
-        outEndpoint = location.bulkOut.address
         outPacketSize = max(1, location.bulkOut.packetSize)
         // Twice the iAP2 pipe's IN transfers: a slot stays with the reader until it is consumed
         // (zero copy), so while the reader works on some the device still has others to fill.
-        let inCount = Self.inTransferCount(options)
-        inRing = ByteRing(slotCount: inCount, slotCapacity: inTransferSize, allocator: allocator)
-        outRing = ByteRing(slotCount: options.outTransfers, slotCapacity: options.outTransferSize, allocator: allocator)
-        inSubmitted = Array(repeating: false, count: inCount)
-        outSubmitted = Array(repeating: false, count: options.outTransfers)
-        outDone = Array(repeating: false, count: options.outTransfers)
-        statistics.inTransferSize = inTransferSize
-        statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount
-        statistics.heapSlots = inRing.slotCount + outRing.slotCount - statistics.deviceMemorySlots
-        let me = Unmanaged.passUnretained(self).toOpaque()
-        for _ in 0..<inCount { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: inEndpoint, user: me); inTransfers.append(transfer) } }
-        for _ in 0..<options.outTransfers { if let transfer = backend.allocateTransfer() { prepare(transfer, endpoint: outEndpoint, user: me); outTransfers.append(transfer) } }
-        keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until the teardown ends
-        if inTransfers.count != inCount || outTransfers.count != options.outTransfers {
+        pipe = BulkPipe(backend: backend, handle: handle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
+                        outPacketSize: location.bulkOut.packetSize, inCount: Self.inTransferCount(options), inSlotSize: inTransferSize,
+                        outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator, description: description)
+        pipe.onCompletion = { [unowned self] completion in self.completed(completion) }
+        keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to the engine until the teardown ends
+        if !pipe.isComplete {
             beginClosing(TransportError("cannot allocate libusb transfers for \(description)"))
         }
-    }
-
-    private func prepare(_ transfer: UnsafeMutablePointer<libusb_transfer>, endpoint: UInt8, user: UnsafeMutableRawPointer) {
-        transfer.pointee.dev_handle = handle
-        transfer.pointee.endpoint = endpoint
-        transfer.pointee.type = UInt8(LIBUSB_TRANSFER_TYPE_BULK.rawValue)
-        transfer.pointee.user_data = user
-        transfer.pointee.callback = nativeTransferCompleted
     }
 
     private func onQueue(_ body: @escaping () -> Void) {
@@ -173,6 +147,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
             leftoverHead += min(max(0, consumed), view.count)
             return result
         }
+        let inRing = pipe.inRing
         var consumed = 0
         let result = try inRing.withReadableBytes { span -> (consumed: Int, result: Result) in
             let outcome = try body(span)
@@ -197,7 +172,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
 
     public var isWritable: Bool {
         guard case .running = state else { return false }
-        return outRing.freeSlots > 0
+        return pipe.outRing.freeSlots > 0
     }
 
     public var unsentByteCount: Int { unsent }
@@ -207,43 +182,36 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     public func write(_ bytes: ArraySlice<UInt8>) -> Int {
         dispatchPrecondition(condition: .onQueue(queue))
         guard case .running = state, !bytes.isEmpty else { return 0 }
+        let slotCapacity = pipe.outRing.slotCapacity
         var taken = 0
-        while taken < bytes.count, let index = outRing.reserve() {
+        while taken < bytes.count {
             // Within a write that goes on past this slot, a full transfer is one byte short of the
             // slot (65535 of 65536): it ends with a short packet, so a long stream needs no
             // zero-length packet after every transfer. A write that fits is sent whole (with a
             // zero-length packet when its length is a multiple of the packet size).
-            var count = min(outRing.slotCapacity, bytes.count - taken)
-            if count == outRing.slotCapacity, count % outPacketSize == 0, bytes.count - taken > count { count -= 1 }
+            var count = min(slotCapacity, bytes.count - taken)
+            if count == slotCapacity, count % outPacketSize == 0, bytes.count - taken > count { count -= 1 }
             let start = bytes.startIndex + taken
-            let slot = outRing.writableBytes(of: index)
-            bytes[start..<(start + count)].withUnsafeBytes { slot.copyMemory(from: $0) }
-            outRing.commit(index, length: count)
-            let transfer = outTransfers[index]
-            transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
-            transfer.pointee.length = Int32(count)
-            transfer.pointee.timeout = 0 // a device that does not read holds the stream off
-            let zeroLength = count % outPacketSize == 0 && !zeroLengthFlagUnsupported
-            transfer.pointee.flags = zeroLength ? UInt8(LIBUSB_TRANSFER_ADD_ZERO_PACKET.rawValue) : 0
-            var status = backend.submit(transfer)
-            if status == LIBUSB_ERROR_NOT_SUPPORTED.rawValue, zeroLength {
-                zeroLengthFlagUnsupported = true
-                transfer.pointee.flags = 0
-                status = backend.submit(transfer)
-            }
-            guard status == 0 else {
-                outDone[index] = true
-                releaseFinishedOutSlots()
-                fail(status == LIBUSB_ERROR_NO_DEVICE.rawValue ? gone : TransportError("cannot queue a bulk OUT transfer on \(description): \(errorName(status))",
-                                                                                     advice: "close the session and open it again"))
+            // OUT transfers have no timeout: a device that does not read holds the stream off.
+            let result = bytes[start..<(start + count)].withUnsafeBytes { pipe.submitOut($0, timeout: 0) }
+            switch result {
+            case .full:
+                wantsWritable = true
                 return taken
+            case let .failed(status):
+                if status == LIBUSB_ERROR_NO_DEVICE.rawValue {
+                    fail(gone, deviceGone: true)
+                } else {
+                    fail(TransportError("cannot queue a bulk OUT transfer on \(description): \(errorName(status))",
+                                        advice: "close the session and open it again"))
+                }
+                return taken
+            case .submitted:
+                // Where the kernel cannot add a zero-length packet, a raw stream goes without.
+                taken += count
+                unsent += count
             }
-            if zeroLength { statistics.zeroLengthOut += 1 }
-            outSubmitted[index] = true
-            taken += count
-            unsent += count
         }
-        if taken < bytes.count { wantsWritable = true }
         return taken
     }
 
@@ -268,68 +236,44 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
 
     private func refillIn() {
         guard case .running = state, activated, !inHalted else { return }
-        while let index = inRing.reserve() {
-            let transfer = inTransfers[index]
-            let slot = inRing.writableBytes(of: index)
-            transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
-            transfer.pointee.length = Int32(slot.count)
-            transfer.pointee.timeout = 0
-            transfer.pointee.flags = 0
-            let status = backend.submit(transfer)
-            guard status == 0 else {
-                inRing.commit(index, length: 0)
-                _ = inRing.peek()
-                fail(status == LIBUSB_ERROR_NO_DEVICE.rawValue ? gone : TransportError("cannot queue a bulk IN transfer on \(description): \(errorName(status))",
-                                                                                     advice: "close the session and open it again"))
-                return
-            }
-            inSubmitted[index] = true
+        guard let status = pipe.refillIn() else { return }
+        if status == LIBUSB_ERROR_NO_DEVICE.rawValue {
+            fail(gone, deviceGone: true)
+        } else {
+            fail(TransportError("cannot queue a bulk IN transfer on \(description): \(errorName(status))",
+                                advice: "close the session and open it again"))
         }
     }
 
-    fileprivate func completed(_ transfer: UnsafeMutablePointer<libusb_transfer>) {
-        let status = transfer.pointee.status
-        let actual = max(0, Int(transfer.pointee.actual_length))
-        if let index = inTransfers.firstIndex(of: transfer) {
-            inCompleted(index, status: status, actual: actual)
-        } else if let index = outTransfers.firstIndex(of: transfer) {
-            outCompleted(index, status: status, actual: actual)
+    private func completed(_ completion: BulkPipe.Completion) {
+        switch completion {
+        case let .received(length, status): inCompleted(length: length, status: status)
+        case let .sent(length, actual, status): outCompleted(length: length, actual: actual, status: status)
         }
     }
 
-    private func inCompleted(_ index: Int, status: libusb_transfer_status, actual: Int) {
-        inSubmitted[index] = false
-        var length = 0
-        var failure: TransportError?
+    private func inCompleted(length: Int, status: libusb_transfer_status) {
+        var failure: (error: TransportError, deviceGone: Bool)?
         switch status {
-        case LIBUSB_TRANSFER_COMPLETED:
-            length = actual
-            statistics.inTransfers += 1
-            statistics.bytesIn += actual
-            if actual == 0 { statistics.zeroLengthIn += 1 }
+        case LIBUSB_TRANSFER_COMPLETED, LIBUSB_TRANSFER_CANCELLED:
+            break
         case LIBUSB_TRANSFER_OVERFLOW:
-            length = min(actual, inRing.slotCapacity)
-            statistics.overflows += 1
-            failure = TransportError("\(description): the accessory sent more than a \(inRing.slotCapacity)-byte transfer holds, and the rest was lost",
-                                     advice: "close the session and open it again; the accessory's firmware sends packets larger than its endpoint declares")
+            let capacity = pipe.inRing.slotCapacity
+            failure = (TransportError("\(description): the accessory sent more than a \(capacity)-byte transfer holds, and the rest was lost",
+                                      advice: "close the session and open it again; the accessory's firmware sends packets larger than its endpoint declares"), false)
         case LIBUSB_TRANSFER_STALL:
             inHalted = true
         case LIBUSB_TRANSFER_NO_DEVICE:
-            failure = gone
-        case LIBUSB_TRANSFER_CANCELLED:
-            length = actual // what the device had sent before the cancel is still the stream's
-            statistics.bytesIn += actual
+            failure = (gone, true)
         default:
-            length = actual
-            statistics.errors += 1
-            failure = TransportError("\(description): a bulk IN transfer failed (\(transferStatusName(status)))",
-                                     advice: "close the session and open it again; if it keeps happening, try another cable or port")
+            pipe.statistics.errors += 1
+            failure = (TransportError("\(description): a bulk IN transfer failed (\(transferStatusName(status)))",
+                                      advice: "close the session and open it again; if it keeps happening, try another cable or port"), false)
         }
-        inRing.commit(index, length: length)
         readable += length
-        _ = inRing.peek() // an empty slot goes straight back
+        _ = pipe.inRing.peek() // an empty slot goes straight back
         if length > 0, case .running = state { emit(.readable) }
-        if let failure { fail(failure) }
+        if let failure { fail(failure.error, deviceGone: failure.deviceGone) }
         switch state {
         case .running:
             if inHalted { clearInHaltWhenIdle() } else { refillIn() }
@@ -338,35 +282,28 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         }
     }
 
-    private func outCompleted(_ index: Int, status: libusb_transfer_status, actual: Int) {
-        outSubmitted[index] = false
-        outDone[index] = true
-        let length = outRing.length(of: index)
+    private func outCompleted(length: Int, actual: Int, status: libusb_transfer_status) {
         switch status {
         case LIBUSB_TRANSFER_COMPLETED:
-            statistics.outTransfers += 1
-            statistics.bytesOut += actual
             delivered += actual
             unsent -= length
         case LIBUSB_TRANSFER_CANCELLED:
             delivered += actual // part of it may have gone out before the cancel
-            statistics.bytesOut += actual
         case LIBUSB_TRANSFER_NO_DEVICE:
             delivered += actual
-            fail(gone)
+            fail(gone, deviceGone: true)
         case LIBUSB_TRANSFER_STALL:
-            statistics.stalls += 1
+            pipe.statistics.stalls += 1
             fail(TransportError("\(description): the accessory stalled a bulk OUT transfer after taking \(delivered) bytes; what followed was not delivered",
                                 advice: "close the session and open it again, and resume from the bytes delivered"))
         default:
-            statistics.errors += 1
+            pipe.statistics.errors += 1
             fail(TransportError("\(description): a bulk OUT transfer failed (\(transferStatusName(status))) after \(delivered) bytes were delivered",
                                 advice: "close the session and open it again, and resume from the bytes delivered"))
         }
-        releaseFinishedOutSlots()
         switch state {
         case .running:
-            if wantsWritable, outRing.freeSlots > 0 {
+            if wantsWritable, pipe.outRing.freeSlots > 0 {
                 wantsWritable = false
                 emit(.writable)
             } else if unsent == 0, status == LIBUSB_TRANSFER_COMPLETED {
@@ -377,48 +314,39 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         }
     }
 
-    private func releaseFinishedOutSlots() {
-        while let front = outRing.frontSlot, outDone[front] {
-            outDone[front] = false
-            outRing.releaseFront()
-        }
-    }
-
     /// Clears an IN stall once no IN transfer is in flight (a control transfer: on the setup
     /// queue), then resumes. Nothing was lost: a stalled IN transfer carried nothing.
     private func clearInHaltWhenIdle() {
-        guard !inSubmitted.contains(true) else { return }
+        guard pipe.inIdle else { return }
         setupCallsInFlight += 1
-        let endpoint = inEndpoint
-        setupQueue.async { [self] in
-            let status = backend.clearHalt(handle, endpoint: endpoint)
-            queue.async { [self] in
-                setupCallsInFlight -= 1
-                guard case .running = state else { return finishIfDrained() }
-                guard status == 0 || status == LIBUSB_ERROR_NOT_FOUND.rawValue else {
-                    return fail(status == LIBUSB_ERROR_NO_DEVICE.rawValue ? gone
-                        : TransportError("\(description): cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)): \(errorName(status))",
-                                         advice: "unplug and replug the accessory"))
-                }
-                statistics.stalls += 1
-                inHalted = false
-                refillIn()
+        let endpoint = pipe.inEndpoint
+        pipe.clearHalt(endpoint, setupQueue: setupQueue, queue: queue) { [self] status in
+            setupCallsInFlight -= 1
+            guard case .running = state else { return finishIfDrained() }
+            guard status == 0 || status == LIBUSB_ERROR_NOT_FOUND.rawValue else {
+                if status == LIBUSB_ERROR_NO_DEVICE.rawValue { return fail(gone, deviceGone: true) }
+                return fail(TransportError("\(description): cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)): \(errorName(status))",
+                                           advice: "unplug and replug the accessory"))
             }
+            pipe.statistics.stalls += 1
+            inHalted = false
+            refillIn()
         }
     }
 
     // MARK: Teardown
 
-    private func fail(_ error: TransportError) {
+    /// Ends the stream with `error`. `deviceGone`: the accessory was disconnected, so there is
+    /// no alternate setting to select on the way out.
+    private func fail(_ error: TransportError, deviceGone: Bool = false) {
         guard case .running = state else { return }
-        if error == gone { resetsAlternateSetting = false }
+        if deviceGone { resetsAlternateSetting = false }
         beginClosing(error)
     }
 
     private func beginClosing(_ error: TransportError?) {
         state = .closing(error)
-        for (index, transfer) in inTransfers.enumerated() where inSubmitted[index] { _ = backend.cancel(transfer) }
-        for (index, transfer) in outTransfers.enumerated() where outSubmitted[index] { _ = backend.cancel(transfer) }
+        pipe.cancelAll()
         finishIfDrained()
     }
 
@@ -427,21 +355,17 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     /// the interface and reports the close. Runs after the current libusb call returns (this is
     /// usually reached from inside a transfer callback).
     private func finishIfDrained() {
-        guard case let .closing(error) = state, !inSubmitted.contains(true), !outSubmitted.contains(true),
-              setupCallsInFlight == 0, !closeScheduled else { return }
+        guard case let .closing(error) = state, pipe.isIdle, setupCallsInFlight == 0, !closeScheduled else { return }
         closeScheduled = true
         queue.async { [self] in
+            let inRing = pipe.inRing
             while let view = inRing.peek() {
                 leftover.append(contentsOf: view)
                 inRing.consume(view.count)
             }
             drained = true
             readable = 0
-            inRing.releaseMemory()
-            outRing.releaseMemory()
-            for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
-            inTransfers = []
-            outTransfers = []
+            pipe.releaseResources()
             guard resetsAlternateSetting else { return released(error) }
             setupQueue.async { [self] in
                 _ = backend.setInterfaceAltSetting(handle, interface: interfaceNumber, alternateSetting: 0)
@@ -464,13 +388,6 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         keepAlive?.release()
         keepAlive = nil
     }
-}
-
-/// Where a native pipe's transfer completion enters Swift (inside libusb_handle_events, on the
-/// event queue). `user_data` is the pipe, kept alive until its teardown ends.
-private func nativeTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
-    guard let transfer, let user = transfer.pointee.user_data else { return }
-    Unmanaged<USBNativePipe>.fromOpaque(user).takeUnretainedValue().completed(transfer)
 }
 
 /// libusb's name for a transfer status, for messages.

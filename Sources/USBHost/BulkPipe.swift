@@ -1,0 +1,275 @@
+internal import ByteRing
+internal import CLibUSB
+internal import Dispatch
+
+/// The bulk-pipe engine: one bulk IN / bulk OUT endpoint pair of a claimed interface, with its
+/// libusb transfers over the slots of two ``ByteRing``s. Both users of a bulk pair, the iAP2
+/// transport (``USBAccessoryTransport``) and the native-transport pipes (``USBNativePipe``), run
+/// their transfers through it; what differs between them (when an IN slot goes back to the
+/// kernel, the OUT timeout, what an error or a stall means) is theirs to decide, told by the
+/// ``Completion`` of every transfer.
+///
+/// Who may touch a transfer, and when (libusb's rules, kept in this one place):
+/// - a transfer is submitted only while its slot is reserved in its ring and nothing else owns
+///   it (`submitted` false); libusb owns it from a successful submit until its callback;
+/// - the callback runs inside `libusb_handle_events`, on the context's event queue: it records
+///   the outcome, updates the rings and hands the ``Completion`` to the owner; the owner must not
+///   close the device handle from there (libusb's lock is held: close after the call returns);
+/// - ``cancelAll()`` asks libusb to give every submitted transfer back; ``isIdle`` says when it
+///   has; only then may ``releaseResources()`` free the slots (device memory first, while the
+///   handle is open) and the transfers. Transfers the kernel never gives back are leaked, never
+///   freed (libusb may still write to them).
+///
+/// Confined to the context's event queue, like its owner. Not an owner of the device handle or
+/// the interface: the user claims and releases those.
+final class BulkPipe: @unchecked Sendable {
+    // Sendability: every stored var is touched on the context's event queue only; the one call
+    // made elsewhere (clearing a halt, on the setup queue) uses only the backend and the handle,
+    // which libusb allows from any thread.
+    /// What a transfer's end says, after the rings were updated.
+    enum Completion {
+        /// An IN transfer ended: `length` bytes were committed to its slot (0 for none). The
+        /// status says how it ended; for an overflow the bytes beyond the slot were lost.
+        case received(length: Int, status: libusb_transfer_status)
+        /// An OUT transfer of `length` bytes ended, `actual` of them taken by the device.
+        case sent(length: Int, actual: Int, status: libusb_transfer_status)
+    }
+
+    /// What became of an OUT submit.
+    enum SubmitResult: Equatable {
+        /// Submitted. `zeroLengthPacketToSend`: the transfer needed a zero-length packet after
+        /// it and this kernel cannot add one itself: the caller sends it, as an empty transfer of
+        /// its own (as usbmuxd does), if its stream needs one.
+        case submitted(zeroLengthPacketToSend: Bool)
+        /// No free slot: every OUT transfer is in flight.
+        case full
+        /// libusb refused the transfer (the status); its slot is given back.
+        case failed(Int32)
+    }
+
+    let description: String
+    let inEndpoint: UInt8
+    let outEndpoint: UInt8
+    let inRing: ByteRing
+    let outRing: ByteRing
+    /// Transfer counters (the owners add what they judge: errors, stalls, timeouts…).
+    var statistics = USBPipeStatistics()
+    /// Whether every transfer could be allocated.
+    let isComplete: Bool
+    /// Told the end of every transfer, on the event queue.
+    var onCompletion: ((Completion) -> Void)?
+
+    private let backend: any USBBackend
+    private let handle: OpaquePointer
+    private let outPacketSize: Int
+    private var inTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
+    private var outTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
+    private var inSubmitted: [Bool]
+    private var outSubmitted: [Bool]
+    private var outDone: [Bool]
+    /// An IN slot reserved whose submit failed: it goes first next time, so transfers reach the
+    /// kernel in ring order (the order their data arrives in).
+    private var unsubmittedIn: Int?
+    /// This kernel refused LIBUSB_TRANSFER_ADD_ZERO_PACKET.
+    private(set) var zeroLengthFlagUnsupported = false
+
+    /// - Parameters:
+    ///   - inCount, inSlotSize, outCount, outSlotSize: the transfers each way and their slots.
+    ///   - allocator: usbfs device memory for the slots (zero copy in the kernel), or nil.
+    init(backend: any USBBackend, handle: OpaquePointer, inEndpoint: UInt8, outEndpoint: UInt8, outPacketSize: Int,
+         inCount: Int, inSlotSize: Int, outCount: Int, outSlotSize: Int, allocator: (any SlotAllocator)?, description: String) {
+        self.backend = backend
+        self.handle = handle
+        self.inEndpoint = inEndpoint
+        self.outEndpoint = outEndpoint
+        self.outPacketSize = max(1, outPacketSize)
+        self.description = description
+        inRing = ByteRing(slotCount: inCount, slotCapacity: inSlotSize, allocator: allocator)
+        outRing = ByteRing(slotCount: outCount, slotCapacity: outSlotSize, allocator: allocator)
+        inSubmitted = Array(repeating: false, count: inCount)
+        outSubmitted = Array(repeating: false, count: outCount)
+        outDone = Array(repeating: false, count: outCount)
+        statistics.inTransferSize = inSlotSize
+        statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount
+        statistics.heapSlots = inRing.slotCount + outRing.slotCount - statistics.deviceMemorySlots
+        var complete = true
+        for _ in 0..<inCount {
+            guard let transfer = backend.allocateTransfer() else { complete = false; break }
+            inTransfers.append(transfer)
+        }
+        for _ in 0..<outCount {
+            guard let transfer = backend.allocateTransfer() else { complete = false; break }
+            outTransfers.append(transfer)
+        }
+        isComplete = complete
+        // libusb holds an unretained pointer to the engine: its owner keeps it alive until the
+        // teardown has ended (``isIdle``).
+        let me = Unmanaged.passUnretained(self).toOpaque()
+        for transfer in inTransfers { prepare(transfer, endpoint: inEndpoint, user: me) }
+        for transfer in outTransfers { prepare(transfer, endpoint: outEndpoint, user: me) }
+    }
+
+    private func prepare(_ transfer: UnsafeMutablePointer<libusb_transfer>, endpoint: UInt8, user: UnsafeMutableRawPointer) {
+        transfer.pointee.dev_handle = handle
+        transfer.pointee.endpoint = endpoint
+        transfer.pointee.type = UInt8(LIBUSB_TRANSFER_TYPE_BULK.rawValue)
+        transfer.pointee.user_data = user
+        transfer.pointee.callback = bulkTransferCompleted
+    }
+
+    // MARK: IN
+
+    /// Submits an IN transfer over every free IN slot. Returns the status of a submit libusb
+    /// refused (that slot stays reserved and goes first next time), or nil.
+    func refillIn() -> Int32? {
+        while let index = unsubmittedIn ?? inRing.reserve() {
+            let transfer = inTransfers[index]
+            let slot = inRing.writableBytes(of: index)
+            transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
+            transfer.pointee.length = Int32(slot.count)
+            transfer.pointee.timeout = 0
+            transfer.pointee.flags = 0
+            let status = backend.submit(transfer)
+            guard status == 0 else {
+                unsubmittedIn = index
+                return status
+            }
+            unsubmittedIn = nil
+            inSubmitted[index] = true
+        }
+        return nil
+    }
+
+    /// Whether no IN transfer is in flight (a stall on IN may be cleared then).
+    var inIdle: Bool { !inSubmitted.contains(true) }
+    /// Whether no OUT transfer is in flight.
+    var outIdle: Bool { !outSubmitted.contains(true) }
+    /// Whether libusb holds no transfer of this pipe.
+    var isIdle: Bool { inIdle && outIdle }
+    /// Transfers libusb still holds.
+    var transfersInFlight: Int { inSubmitted.count { $0 } + outSubmitted.count { $0 } }
+
+    // MARK: OUT
+
+    /// Copies `bytes` into a free OUT slot (the one copy of the way out on USB) and submits them
+    /// as one transfer, with a zero-length packet after it when its length is a multiple of
+    /// wMaxPacketSize (see ``SubmitResult/submitted(zeroLengthPacketToSend:)`` where the kernel
+    /// cannot add it).
+    func submitOut(_ bytes: UnsafeRawBufferPointer, timeout: UInt32) -> SubmitResult {
+        guard let index = outRing.reserve() else { return .full }
+        let slot = outRing.writableBytes(of: index)
+        if bytes.count > 0 { slot.copyMemory(from: bytes) }
+        outRing.commit(index, length: bytes.count)
+        let transfer = outTransfers[index]
+        transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
+        transfer.pointee.length = Int32(bytes.count)
+        transfer.pointee.timeout = timeout
+        let needsZeroLengthPacket = bytes.count > 0 && bytes.count % outPacketSize == 0
+        transfer.pointee.flags = needsZeroLengthPacket && !zeroLengthFlagUnsupported ? UInt8(LIBUSB_TRANSFER_ADD_ZERO_PACKET.rawValue) : 0
+        var status = backend.submit(transfer)
+        if status == LIBUSB_ERROR_NOT_SUPPORTED.rawValue, needsZeroLengthPacket, !zeroLengthFlagUnsupported {
+            zeroLengthFlagUnsupported = true
+            transfer.pointee.flags = 0
+            status = backend.submit(transfer)
+        }
+        guard status == 0 else {
+            outDone[index] = true
+            releaseFinishedOutSlots()
+            return .failed(status)
+        }
+        outSubmitted[index] = true
+        if needsZeroLengthPacket { statistics.zeroLengthOut += 1 }
+        return .submitted(zeroLengthPacketToSend: needsZeroLengthPacket && zeroLengthFlagUnsupported)
+    }
+
+    /// OUT completions arrive in order on one endpoint; a failed submit can finish a slot early.
+    private func releaseFinishedOutSlots() {
+        while let front = outRing.frontSlot, outDone[front] {
+            outDone[front] = false
+            outRing.releaseFront()
+        }
+    }
+
+    // MARK: Completions
+
+    fileprivate func completed(_ transfer: UnsafeMutablePointer<libusb_transfer>) {
+        let status = transfer.pointee.status
+        let actual = max(0, Int(transfer.pointee.actual_length))
+        if let index = inTransfers.firstIndex(of: transfer) {
+            inSubmitted[index] = false
+            var length = 0
+            switch status {
+            case LIBUSB_TRANSFER_COMPLETED:
+                length = actual
+                statistics.inTransfers += 1
+                statistics.bytesIn += actual
+                if actual == 0 { statistics.zeroLengthIn += 1 }
+            case LIBUSB_TRANSFER_OVERFLOW:
+                length = min(actual, inRing.slotCapacity)
+                statistics.overflows += 1
+            case LIBUSB_TRANSFER_STALL, LIBUSB_TRANSFER_NO_DEVICE:
+                break
+            case LIBUSB_TRANSFER_CANCELLED:
+                length = actual // what the device sent before the cancel is still the stream's
+                statistics.bytesIn += actual
+            default: // ERROR (IN transfers have no timeout): keep what arrived
+                length = actual
+            }
+            inRing.commit(index, length: length)
+            onCompletion?(.received(length: length, status: status))
+        } else if let index = outTransfers.firstIndex(of: transfer) {
+            outSubmitted[index] = false
+            outDone[index] = true
+            let length = outRing.length(of: index)
+            switch status {
+            case LIBUSB_TRANSFER_COMPLETED:
+                statistics.outTransfers += 1
+                statistics.bytesOut += actual
+            case LIBUSB_TRANSFER_CANCELLED, LIBUSB_TRANSFER_NO_DEVICE:
+                statistics.bytesOut += actual // part of it may have gone out first
+            default:
+                break
+            }
+            releaseFinishedOutSlots()
+            onCompletion?(.sent(length: length, actual: actual, status: status))
+        }
+    }
+
+    // MARK: Stalls and teardown
+
+    /// Clears a halt on `endpoint` on the setup queue (a control transfer the kernel waits for)
+    /// and reports the status on `queue`. Call it once no transfer of that direction is in
+    /// flight.
+    func clearHalt(_ endpoint: UInt8, setupQueue: DispatchQueue, queue: DispatchQueue, completion: @escaping (Int32) -> Void) {
+        let carried = Unchecked(value: completion)
+        setupQueue.async { [self] in
+            let status = backend.clearHalt(handle, endpoint: endpoint)
+            queue.async { carried.value(status) }
+        }
+    }
+
+    /// Asks libusb to give back every transfer it holds; their completions follow (cancelled).
+    func cancelAll() {
+        for (index, transfer) in inTransfers.enumerated() where inSubmitted[index] { _ = backend.cancel(transfer) }
+        for (index, transfer) in outTransfers.enumerated() where outSubmitted[index] { _ = backend.cancel(transfer) }
+    }
+
+    /// Frees the slots (device memory first: the handle must still be open) and the transfers.
+    /// Only once ``isIdle``.
+    func releaseResources() {
+        precondition(isIdle, "the kernel still holds transfers of \(description)")
+        inRing.releaseMemory()
+        outRing.releaseMemory()
+        for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
+        inTransfers = []
+        outTransfers = []
+    }
+}
+
+/// Where a bulk transfer's completion enters Swift: inside libusb_handle_events, on the
+/// context's event queue. `user_data` is the engine, kept alive by its owner until the teardown
+/// ends.
+private func bulkTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
+    guard let transfer, let user = transfer.pointee.user_data else { return }
+    Unmanaged<BulkPipe>.fromOpaque(user).takeUnretainedValue().completed(transfer)
+}
