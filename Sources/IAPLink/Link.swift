@@ -222,7 +222,7 @@ public struct IAP2Link: Sendable {
     @discardableResult
     public mutating func send(sessionID: UInt8, payload: [UInt8], now: LinkTime) -> Bool {
         guard canSend, !payload.isEmpty, payload.count <= maxPayloadLength else { return false }
-        var packet = LinkPacket.framedBuffer(payloadCapacity: payload.count)
+        var packet = framedBuffer(payloadCapacity: payload.count)
         packet.append(contentsOf: payload)
         statistics.payloadBytesCopiedOut += payload.count
         return send(sessionID: sessionID, framedPacket: packet, now: now)
