@@ -32,7 +32,9 @@ public final class AccessoryManager: Sendable {
         public var link: LinkConfiguration
         /// How long the host waits for each answer during authentication and identification.
         public var answerTimeout: Duration
-        /// Most bytes buffered per session and direction.
+        /// Most bytes buffered per session and direction. The host advertises packets no larger
+        /// than this (plus framing), so an accessory that keeps to that never makes a session
+        /// hold more; one that sends larger packets anyway gets at most one packet more.
         public var sessionBufferLimit: Int
         /// Decides on the accessory's authentication.
         public var authentication: any AuthenticationPolicy

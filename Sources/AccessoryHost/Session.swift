@@ -63,7 +63,9 @@ public final class AccessorySession: Sendable {
     /// returns; nil when nothing is readable now. `body` gets a view of the bytes (valid only
     /// inside it) and says how many it consumed; the rest stays readable.
     ///
-    /// - Note: `body` runs on the manager's queue, which owns every connection: keep it short.
+    /// - Note: `body` runs on the manager's queue, which owns every connection: keep it short,
+    ///   and do not call the session (or another one) from inside it: that stops the process with
+    ///   a message saying so.
     public func withNextChunk<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         try connection.onQueue { try connection.borrow(self, body) }
     }
@@ -88,7 +90,7 @@ public final class AccessorySession: Sendable {
 
     /// Closes the session: the accessory is told; pending reads end and pending writes fail.
     public func close() {
-        connection.queue.async { self.connection.close(self) }
+        connection.onQueue { connection.close(self) }
     }
 
     /// Waits until every written byte was handed to the link (for example before closing).

@@ -106,6 +106,11 @@ public struct IAP2Endpoint: Sendable {
     /// Creates the device side.
     public init(device configuration: LinkConfiguration = .device, policy: any AuthenticationPolicy = AcceptingAuthentication(),
                 sessionBufferLimit: Int = 1 << 20, initialSequence: UInt8, randomSeed: UInt64) {
+        // The packets this side says it takes fit a session's buffer whole, so the buffer's
+        // limit holds for a peer that keeps to what it was told.
+        var configuration = configuration
+        let fitting = UInt16(clamping: max(128, sessionBufferLimit + LinkPacketHeader.overhead + EASessionData.headerSize))
+        configuration.parameters.maxPacketLength = min(configuration.parameters.maxPacketLength, fitting)
         link = IAP2Link(role: .device, configuration: configuration, initialSequence: initialSequence)
         upper = Upper(role: .device, identity: nil, policy: policy, bufferLimit: sessionBufferLimit, seed: randomSeed)
     }
@@ -645,8 +650,9 @@ struct Upper: LinkSink, Sendable {
                 return true
             }
             guard let queued = sessions[id]?.inbound.byteCount, sessions[id]?.state == .open else { return true } // unknown: dropped
-            // Back-pressure; a packet larger than the whole buffer is still taken into an empty
-            // one (the peer may send packets up to our advertised receive limit).
+            // Back-pressure. A packet larger than the whole buffer (a peer that sends more than
+            // it was told it may) is still taken into an empty one rather than refused for ever:
+            // a session then holds at most its limit plus one packet.
             if queued > 0, queued + range.count > bufferLimit { return false }
             guard !range.isEmpty else { return true }
             dataPlane.bytesReceived += range.count

@@ -233,8 +233,14 @@ public struct IAP2Link: Sendable {
     /// the steady state allocates no packets.
     public mutating func framedBuffer(payloadCapacity: Int) -> [UInt8] {
         let needed = LinkPacketHeader.size + max(0, payloadCapacity) + 1
-        if let index = spareBuffers.firstIndex(where: { $0.capacity >= needed }) {
-            var buffer = spareBuffers.remove(at: index) // the oldest: the likeliest to be free
+        // The smallest that fits (a short packet does not take a 64 KiB buffer), the oldest of
+        // those (the likeliest to be free of the peer's views).
+        var best: Int?
+        for index in spareBuffers.indices where spareBuffers[index].capacity >= needed {
+            if best.map({ spareBuffers[index].capacity < spareBuffers[$0].capacity }) ?? true { best = index }
+        }
+        if let index = best {
+            var buffer = spareBuffers.remove(at: index)
             buffer.removeAll(keepingCapacity: true)
             buffer.append(contentsOf: repeatElement(0, count: LinkPacketHeader.size))
             return buffer
@@ -300,13 +306,21 @@ public struct IAP2Link: Sendable {
                 // and it was copied again above, out of the scanner's reused buffer. The sink may
                 // keep views of the spill (a later receive then starts a new one).
                 if case .iap2 = frame.kind { statistics.payloadBytesCopiedIn += 2 * frame.payload.count }
-                handle(frame, in: spill.span.bytes, backing: spill, now: now, sink: &sink)
+                handle(frame, in: spill.span.bytes, backing: spill.count > 0 ? spill : nil, now: now, sink: &sink)
             } else {
                 handle(frame, in: bytes, backing: backing, now: now, sink: &sink)
             }
         }
         frameScratch = frames
         spillScratch = spill
+    }
+
+    /// A view of `range` of `backing` for the sink to keep, when it is a good part of the
+    /// array's storage: a short payload in a large buffer is copied instead, so what a session
+    /// holds in memory stays within a small multiple of the bytes it counts.
+    static func keepable(_ range: Range<Int>, in backing: [UInt8]?) -> ArraySlice<UInt8>? {
+        guard let backing, range.count * 4 >= backing.capacity else { return nil }
+        return backing[range]
     }
 
     /// Hands over the bytes of a partial frame not yet complete (see
@@ -352,7 +366,16 @@ public struct IAP2Link: Sendable {
     public mutating func reset(now: LinkTime) {
         transmitControl([.rst], payload: [])
         clearData()
+        startNegotiating()
+    }
+
+    /// Device role: a new negotiation begins; nothing of the last one's offers carries over (an
+    /// exact-copy fallback then applies to that negotiation alone).
+    private mutating func startNegotiating() {
         rounds = 0
+        lastOffer = nil
+        lastPeerOffer = nil
+        echoOffers = false
         setState(.negotiating)
     }
 
@@ -394,7 +417,7 @@ public struct IAP2Link: Sendable {
             }
         case let .iap2(header):
             statistics.packetsReceived += 1
-            handle(header, payload: bytes.extracting(frame.payload), retained: backing?[frame.payload], now: now, sink: &sink)
+            handle(header, payload: bytes.extracting(frame.payload), retained: Self.keepable(frame.payload, in: backing), now: now, sink: &sink)
         }
     }
 
@@ -406,8 +429,7 @@ public struct IAP2Link: Sendable {
             outbox.append(IAP2Detect.bytes)
             if state != .negotiating {
                 clearData()
-                rounds = 0
-                setState(.negotiating)
+                startNegotiating()
             }
         case .accessory:
             if state == .connected {
@@ -465,8 +487,11 @@ public struct IAP2Link: Sendable {
             return
         }
         if header.payloadLength > 0 {
-            if let parameters = receiveLimits, header.packetLength > Int(parameters.maxPacketLength) {
-                events.append(.protocolViolation("received a \(header.packetLength)-byte packet; \(parameters.maxPacketLength) was agreed"))
+            // Judged by what this side can take (its configuration): a SYN that crossed our
+            // answer may have left the peer with our larger first offer.
+            let limit = Int(configuration.parameters.maxPacketLength)
+            if header.packetLength > limit {
+                events.append(.protocolViolation("received a \(header.packetLength)-byte packet; this side takes at most \(limit)"))
             }
             receiveData(header, payload: payload, retained: retained, now: now, sink: &sink)
         }
@@ -484,11 +509,7 @@ public struct IAP2Link: Sendable {
         }
         if state == .connected || state == .sleeping || state == .detecting {
             clearData()
-            rounds = 0
-            lastPeerOffer = nil
-            lastOffer = nil
-            echoOffers = false
-            setState(.negotiating)
+            startNegotiating()
         }
         // A repeated SYN (our SYN|ACK was lost) is answered again without counting a round.
         if offer != lastPeerOffer {

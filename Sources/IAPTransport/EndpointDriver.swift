@@ -50,6 +50,8 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     private var closed: ((TransportError?) -> Void)?
     /// The array frames are taken into, kept across turns (no allocation per turn).
     private var frameScratch: [[UInt8]] = []
+    /// Set while ``perform(_:)`` lends the machine out.
+    private var performing = false
     /// The deadline the timer is set for, so an unchanged one is not set again.
     private var scheduledDeadline: LinkTime?
 
@@ -91,6 +93,9 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     @discardableResult
     public func perform<Result>(_ body: (inout Machine, LinkTime) throws -> Result) rethrows -> Result {
         dispatchPrecondition(condition: .onQueue(queue))
+        precondition(!performing, "a call into the endpoint from inside another (for example, a session call from inside withNextChunk's body): finish the first call, then make the second")
+        performing = true
+        defer { performing = false }
         let result = try body(&machine, now)
         if running { settle() }
         return result

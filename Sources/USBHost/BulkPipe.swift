@@ -52,7 +52,8 @@ final class BulkPipe: @unchecked Sendable {
     let outEndpoint: UInt8
     let inRing: ByteRing
     let outRing: ByteRing
-    /// Transfer counters (the owners add what they judge: errors, stalls, timeouts…).
+    /// Transfer counters (the owners add what they judge: errors, stalls, timeouts, and a
+    /// zero-length packet sent as a transfer of its own…).
     var statistics = USBPipeStatistics()
     /// Whether every transfer could be allocated.
     let isComplete: Bool
@@ -178,7 +179,7 @@ final class BulkPipe: @unchecked Sendable {
             return .failed(status)
         }
         outSubmitted[index] = true
-        if needsZeroLengthPacket { statistics.zeroLengthOut += 1 }
+        if needsZeroLengthPacket, !zeroLengthFlagUnsupported { statistics.zeroLengthOut += 1 }
         return .submitted(zeroLengthPacketToSend: needsZeroLengthPacket && zeroLengthFlagUnsupported)
     }
 

@@ -64,6 +64,8 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// The bulk pair's transfers and rings (the engine both bulk pipes share).
     private let pipe: BulkPipe
     private var waiting: [[UInt8]] = []
+    /// A zero-length packet the kernel could not add to a frame is owed, before any other frame.
+    private var zeroLengthPacketOwed = false
     private var waitingHead = 0
     private enum State { case idle, running, closing(TransportError?), closed }
     private var state = State.idle
@@ -244,7 +246,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
             fail(TransportError("a frame of \(frame.count) bytes exceeds the \(pipe.outRing.slotCapacity)-byte OUT slots of \(description)"))
             return
         }
-        if waitingHead < waiting.count || outHalted || retryScheduled || !submitOut(frame) {
+        if waitingHead < waiting.count || zeroLengthPacketOwed || outHalted || retryScheduled || !submitOut(frame) {
             waiting.append(frame)
             pipe.statistics.queuedFrames += 1
             if waiting.count - waitingHead > options.maxQueuedFrames {
@@ -264,8 +266,29 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
             return true // the frame is dropped (the link retransmits it); not queued again
         case let .submitted(zeroLengthPacketToSend):
             // This kernel cannot add the zero-length packet itself: it goes as a transfer of its
-            // own (as usbmuxd does), ending the frame for the accessory.
-            if zeroLengthPacketToSend, !submitOut([]) { waiting.insert([], at: waitingHead) }
+            // own (as usbmuxd does), ending the frame for the accessory; when no slot is free it
+            // is owed, and goes before the next frame.
+            if zeroLengthPacketToSend { sendOwedZeroLengthPacket(owed: true) }
+            return true
+        }
+    }
+
+    /// Sends the zero-length packet that ends the last frame; false (and still owed) when no OUT
+    /// slot is free.
+    @discardableResult
+    private func sendOwedZeroLengthPacket(owed: Bool) -> Bool {
+        zeroLengthPacketOwed = zeroLengthPacketOwed || owed
+        guard zeroLengthPacketOwed else { return true }
+        switch pipe.submitOut(UnsafeRawBufferPointer(start: nil, count: 0), timeout: outTimeout) {
+        case .full:
+            return false
+        case let .failed(status):
+            zeroLengthPacketOwed = false
+            submitFailed(status, what: "cannot queue a zero-length packet")
+            return true
+        case .submitted:
+            zeroLengthPacketOwed = false
+            pipe.statistics.zeroLengthOut += 1
             return true
         }
     }
@@ -293,7 +316,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     }
 
     private func drainWaiting() {
-        while case .running = state, !outHalted, !retryScheduled, waitingHead < waiting.count {
+        while case .running = state, !outHalted, !retryScheduled, sendOwedZeroLengthPacket(owed: false), waitingHead < waiting.count {
             guard submitOut(waiting[waitingHead]) else { break }
             waitingHead += 1
         }
@@ -378,6 +401,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         state = .closing(error)
         waiting.removeAll()
         waitingHead = 0
+        zeroLengthPacketOwed = false
         for native in nativePipes.values { native.parentClosing(error, deviceGone: deviceWentAway) }
         pipe.cancelAll()
         let deadline = DispatchWorkItem { [self] in abandonInFlight() }
@@ -412,6 +436,9 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         guard case let .closing(error) = state else { return }
         pipe.statistics.abandonedTransfers = pipe.transfersInFlight + setupCallsInFlight + nativePipes.count
         onFinished = nil // the context must keep libusb running: the kernel still owns these
+        // The kernel may still complete them, into the engine: it is leaked on purpose, deaf.
+        pipe.onCompletion = nil
+        _ = Unmanaged.passRetained(pipe)
         report(error ?? TransportError("\(description): transfers did not finish within \(options.teardownTimeoutMilliseconds) ms of closing"))
     }
 

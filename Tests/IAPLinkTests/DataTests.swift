@@ -461,6 +461,18 @@ struct ReceiveLimitTests {
         #expect(toDevice > 200)
     }
 
+    @Test("after a reset the device answers with its own limits again (no fallback carried over)")
+    func aResetNegotiatesAfresh() throws {
+        var pair = Pair(device: .device, accessory: Self.goggles, seed: 14, bufferLimit: 1 << 20)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        #expect(pair.accessory.link.peerLimits?.maxPacketLength == 65_535)
+        pair.device.resetLink(now: pair.now)
+        #expect(pair.run { $0.device.link.state == .connected && $0.accessory.link.state == .connected })
+        #expect(pair.accessory.link.peerLimits?.maxPacketLength == 65_535)
+        #expect(pair.device.link.peerLimits?.maxPacketLength == 1_024)
+    }
+
     @Test("a host configured like BOYA's echoes the offer")
     func theExactCopyByConfiguration() throws {
         var device = LinkConfiguration.device
