@@ -60,7 +60,7 @@ final class Connection: @unchecked Sendable {
     private var pendingOpens: [UInt16: (name: String, continuation: CheckedContinuation<AccessorySession, any Error>)] = [:]
     private var downReason: String?
     /// The array the endpoint's events are taken into, kept across updates.
-    private var eventScratch: [EndpointEvent] = []
+    private var eventScratch = ReusableArray<EndpointEvent>()
     /// The session keys, in the order the sessions were handed out (iterated without holding the
     /// table, which serving changes).
     private var sessionKeys: [Int] = []
@@ -112,13 +112,9 @@ final class Connection: @unchecked Sendable {
     // MARK: Events from the endpoint
 
     private func update(_ machine: inout IAPEndpoint, now: LinkTime) {
-        var events = eventScratch
-        eventScratch = []
+        var events = eventScratch.take()
         machine.takeEvents(into: &events)
-        defer {
-            events.removeAll(keepingCapacity: true)
-            eventScratch = events
-        }
+        defer { eventScratch.putBack(&events) }
         for event in events {
             switch event {
             case let .identified(identity):

@@ -62,8 +62,8 @@ public struct SimulatedAccessory: Sendable {
     private var readingStopped = false
     private var reboot: (at: LinkTime, version: String)?
     /// Arrays the endpoint's events and frames are taken into, kept across calls.
-    private var eventScratch: [EndpointEvent] = []
-    private var frameScratch: [[UInt8]] = []
+    private var eventScratch = ReusableArray<EndpointEvent>()
+    private var frameScratch = ReusableArray<[UInt8]>()
     /// The open sessions' ids in order (kept as they open and close, not sorted per call).
     private var runtimeIDs: [UInt16] = []
 
@@ -304,12 +304,8 @@ public struct SimulatedAccessory: Sendable {
     /// Handles the endpoint's events, runs the behaviours until nothing moves, checks the vanish
     /// fault, and passes the endpoint's frames through the output faults.
     private mutating func settle() {
-        var endpointEvents = eventScratch
-        eventScratch = []
-        defer {
-            endpointEvents.removeAll(keepingCapacity: true)
-            eventScratch = endpointEvents
-        }
+        var endpointEvents = eventScratch.take()
+        defer { eventScratch.putBack(&endpointEvents) }
         for _ in 0..<Self.maxSettleRounds {
             endpointEvents.removeAll(keepingCapacity: true)
             endpoint.takeEvents(into: &endpointEvents)
@@ -353,13 +349,9 @@ public struct SimulatedAccessory: Sendable {
     }
 
     private mutating func takeEndpointOutput() {
-        var frames = frameScratch
-        frameScratch = []
+        var frames = frameScratch.take()
         endpoint.takeOutput(into: &frames)
-        defer {
-            frames.removeAll(keepingCapacity: true)
-            frameScratch = frames
-        }
+        defer { frameScratch.putBack(&frames) }
         guard isRunning else { return }
         let faults = profile.faults
         let release = now + .milliseconds(faults.delayMs)

@@ -94,7 +94,7 @@ public struct IAP2Endpoint: Sendable {
     public private(set) var link: IAP2Link
     private var upper: Upper
     /// The array the link's events are taken into, kept for the next time.
-    private var linkEventScratch: [LinkEvent] = []
+    private var linkEventScratch = ReusableArray<LinkEvent>()
 
     /// How long the device waits for each answer of the accessory during authentication and
     /// identification.
@@ -189,13 +189,9 @@ public struct IAP2Endpoint: Sendable {
         // Acknowledgements first: ACKs that came with a reset or a failure (in the same batch)
         // still count before the link-down below forgets what was in flight.
         upper.noteAcknowledgements(link)
-        var linkEvents = linkEventScratch
-        linkEventScratch = []
+        var linkEvents = linkEventScratch.take()
         link.takeEvents(into: &linkEvents)
-        defer {
-            linkEvents.removeAll(keepingCapacity: true)
-            linkEventScratch = linkEvents
-        }
+        defer { linkEventScratch.putBack(&linkEvents) }
         for event in linkEvents {
             upper.events.append(.link(event))
             switch event {

@@ -60,3 +60,29 @@ public struct FIFO<Element> {
 }
 
 extension FIFO: Sendable where Element: Sendable {}
+
+/// An array kept across turns so that filling and draining it each turn allocates nothing:
+/// ``take()`` hands it out empty (with the storage of last time) and ``putBack(_:)`` empties it
+/// and keeps its storage for the next turn.
+public struct ReusableArray<Element> {
+    private var storage: [Element] = []
+
+    /// An empty array, with no storage yet.
+    public init() {}
+
+    /// The array, empty, with the storage it had.
+    public mutating func take() -> [Element] {
+        var array: [Element] = []
+        swap(&array, &storage)
+        return array
+    }
+
+    /// Gives the array back: it is emptied (in place, so its storage is kept) and taken over;
+    /// `array` is left empty.
+    public mutating func putBack(_ array: inout [Element]) {
+        array.removeAll(keepingCapacity: true)
+        swap(&array, &storage)
+    }
+}
+
+extension ReusableArray: Sendable where Element: Sendable {}

@@ -49,7 +49,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     private var update: ((inout Machine, LinkTime) -> Void)?
     private var closed: ((TransportError?) -> Void)?
     /// The array frames are taken into, kept across turns (no allocation per turn).
-    private var frameScratch: [[UInt8]] = []
+    private var frameScratch = ReusableArray<[UInt8]>()
     /// Set while ``perform(_:)`` lends the machine out.
     private var performing = false
     /// The deadline the timer is set for, so an unchanged one is not set again.
@@ -159,12 +159,10 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     }
 
     private func sendOutput() {
-        var frames = frameScratch
-        frameScratch = []
+        var frames = frameScratch.take()
         machine.takeOutput(into: &frames)
         for frame in frames { transport.send(frame) }
-        frames.removeAll(keepingCapacity: true)
-        frameScratch = frames
+        frameScratch.putBack(&frames)
     }
 
     private func reschedule() {
