@@ -131,7 +131,7 @@ public final class AccessoryManager: Sendable {
     /// second (`baud / 40` bytes, at least 128), so an accessory that sends packets as large as
     /// the host allows is not retransmitting them before they have arrived.
     static func link(_ configuration: LinkConfiguration, over transport: any Transport) -> LinkConfiguration {
-        guard let baudRate = (transport as? SerialTransport)?.spec?.baudRate, baudRate > 0 else { return configuration }
+        guard let baudRate = transport.capability(SerialPortSpec.self)?.baudRate, baudRate > 0 else { return configuration }
         var adjusted = configuration
         let fitting = UInt16(clamping: max(128, baudRate / 40))
         adjusted.parameters.maxPacketLength = min(configuration.parameters.maxPacketLength, fitting)

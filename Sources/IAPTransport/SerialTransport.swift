@@ -32,6 +32,11 @@ public final class SerialTransport: Transport {
     /// The port this transport opened, or `nil` when it wraps a descriptor opened elsewhere.
     public let spec: SerialPortSpec?
 
+    /// Its ``SerialPortSpec`` (path and baud rate), when it opened the port itself.
+    public func capability<Value>(_ type: Value.Type) -> Value? {
+        type == SerialPortSpec.self ? spec as? Value : nil
+    }
+
     /// Everything the watcher thread and the queue share; it outlives this object while the
     /// watcher runs.
     private let core: SerialCore
