@@ -50,7 +50,8 @@ let package = Package(
         // The public API: AccessoryManager, Accessory, AccessorySession.
         .target(name: "AccessoryHost", dependencies: ["USBHost", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
-        .target(name: "IAPInspect", dependencies: ["IAPWire"], swiftSettings: strict),
+        // Strings from frames are escaped for people with AccessoryLogging's `escapedForTerminal`.
+        .target(name: "IAPInspect", dependencies: ["IAPWire", "AccessoryLogging"], swiftSettings: strict),
         // A small logger in the shape of swift-log's (levels, metadata, handlers): the library
         // logs through it without depending on anything of the command line.
         .target(name: "AccessoryLogging", swiftSettings: strict),

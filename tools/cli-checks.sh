@@ -61,6 +61,40 @@ if [ -z "$acknowledged" ] || [ "$acknowledged" -lt 200000 ] || [ "$acknowledged"
 fi
 contains "send's message" err "the accessory acknowledged $acknowledged of 1000000 bytes"
 
+# An accessory whose strings are terminal escapes (retitle, clear, colour, a forged line, a C1
+# CSI, a right-to-left override): human output shows them escaped, JSON keeps them exact.
+cat > "$work/hostile.json" <<'JSON'
+{ "identity": { "name": "Evil\u001b]0;pwned\u0007\u001b[2J\u001b[31m\nfake line", "model": "M\u009b2J",
+                "manufacturer": "Acme\u202eevil", "serialNumber": "S\\1", "firmwareVersion": "1.0\r",
+                "hardwareVersion": "Zürich 東京" },
+  "protocols": [ { "name": "com.example.echo\u001b[2J", "behaviour": "echo" } ] }
+JSON
+hostile=(--no-usb "--simulate=$work/hostile.json")
+no_controls() { # no_controls NAME FILE: no ESC, BEL, CR, C1 CSI or override reached the file, no forged line
+    if LC_ALL=C grep -q $'\x1b\\|\x07\\|\r\\|\xc2\x9b\\|\xe2\x80\xae\\|^fake line' "$work/$2"; then
+        echo "cli-checks: FAILED $1: $2 holds raw controls: $(od -c "$work/$2" | head -8)" >&2
+        failures=$((failures + 1))
+    fi
+}
+check "list shows a hostile accessory escaped" 0 "$iapctl" "${hostile[@]}" list
+no_controls "list" out
+contains "list escapes" out 'Evil\u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}[31m\nfake line  Acme\u{202e}evil M\u{9b}2J  serial S\\1  firmware 1.0\r'
+contains "list escapes protocols" out 'protocols: com.example.echo\u{1b}[2J'
+check "info shows a hostile accessory escaped" 0 "$iapctl" "${hostile[@]}" info
+no_controls "info" out
+contains "info escapes" out 'name:              Evil\u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}[31m\nfake line'
+contains "info keeps printable text" out 'hardware revision: Zürich 東京'
+check "watch shows a hostile accessory escaped" 0 "$iapctl" "${hostile[@]}" watch --count 1
+no_controls "watch" out
+check "an error quoting a hostile accessory" 69 "$iapctl" "${hostile[@]}" open com.example.absent
+no_controls "error" err
+contains "error escapes" err 'connected: 1 Evil\u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}[31m\nfake line [com.example.echo\u{1b}[2J]'
+check "log and trace of a hostile accessory" 0 "$iapctl" "${hostile[@]}" -vv --trace list
+no_controls "log and trace" err
+contains "trace escapes" err '[0] Name: "Evil\u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}[31m\nfake line"'
+check "list --json keeps hostile strings exact" 0 "$iapctl" "${hostile[@]}" list --json
+contains "list --json exact" out '"name":"Evil\u001b]0;pwned\u0007\u001b[2J\u001b[31m\nfake line","manufacturer":"Acme\u202eevil","modelNumber":"M\u009b2J","serialNumber":"S\\1","firmwareRevision":"1.0\r","hardwareRevision":"Zürich 東京"'
+
 # open --socket: a client echoes 1 MiB through the session. Python starts iapctl and reads its
 # announcement line from the pipe, then connects.
 socket=$work/echo.sock

@@ -62,6 +62,9 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     /// docs/ARCHITECTURE.md). Do not call it from the manager's queue.
     public var dataPlaneStatistics: DataPlaneStatistics { connection.dataPlaneStatistics() }
 
+    /// The accessory in one line: id, name, maker, model, serial, firmware and where it is. The
+    /// accessory's strings are quoted exactly: escape the line (`escapedForTerminal` of
+    /// AccessoryLogging) before showing it on a terminal.
     public var description: String {
         "\(connectionID): \(name) (\(manufacturer) \(modelNumber), serial \(serialNumber), firmware \(firmwareRevision)) on \(location)"
     }

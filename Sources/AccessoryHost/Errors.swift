@@ -11,6 +11,9 @@ public enum AccessoryError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The accessory did not confirm the session.
     case sessionRefused(String)
 
+    /// The error in a sentence. It quotes the accessory's strings (its protocols, a reason it
+    /// gave) exactly, as data: escape it (`escapedForTerminal` of AccessoryLogging) before
+    /// showing it on a terminal; `CommandLineTool` and the stderr log handler do.
     public var description: String {
         switch self {
         case let .unsupportedProtocol(name, available):

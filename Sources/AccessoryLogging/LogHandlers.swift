@@ -21,11 +21,14 @@ public struct StderrLogHandler: LogHandler {
         _ = FileDescriptorWriter.writeAll(Self.line(for: record), to: fileDescriptor)
     }
 
-    /// The line written for `record`, newline included. Metadata values that are empty or hold
-    /// spaces, quotes, `=` or control characters are quoted with backslash escapes.
+    /// The line written for `record`, newline included. The message is escaped for a terminal
+    /// (``Swift/StringProtocol/escapedForTerminal``: a message that quotes an accessory's text
+    /// stays one line and sends the terminal no controls). Metadata values that are empty or hold
+    /// spaces, quotes, `=`, backslashes or anything else that needs escaping are quoted, with the
+    /// same escapes and `\"` for a quote.
     public static func line(for record: LogRecord) -> String {
         var text = WallClock.iso8601(record.timestamp)
-        text += " \(record.level) \(record.label): \(record.message)"
+        text += " \(record.level) \(record.label): \(record.message.escapedForTerminal)"
         for key in record.metadata.keys.sorted() {
             text += " \(key)=\(quoted(record.metadata[key] ?? ""))"
         }
@@ -35,24 +38,15 @@ public struct StderrLogHandler: LogHandler {
 
     static func quoted(_ value: String) -> String {
         let needsQuotes = value.isEmpty || value.unicodeScalars.contains { scalar in
-            scalar == " " || scalar == "\"" || scalar == "=" || scalar == "\\" || scalar.value < 0x20
-                || scalar.value == 0x7F
+            scalar == " " || scalar == "\"" || scalar == "=" || TerminalText.needsEscape(scalar)
         }
         guard needsQuotes else { return value }
         var result = "\""
         for scalar in value.unicodeScalars {
-            switch scalar {
-            case "\"": result += "\\\""
-            case "\\": result += "\\\\"
-            case "\n": result += "\\n"
-            case "\r": result += "\\r"
-            case "\t": result += "\\t"
-            default:
-                if scalar.value < 0x20 || scalar.value == 0x7F {
-                    result += "\\u{" + String(scalar.value, radix: 16) + "}"
-                } else {
-                    result.unicodeScalars.append(scalar)
-                }
+            if scalar == "\"" {
+                result += "\\\""
+            } else {
+                TerminalText.append(scalar, to: &result)
             }
         }
         return result + "\""

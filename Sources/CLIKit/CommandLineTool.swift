@@ -1,3 +1,4 @@
+internal import AccessoryLogging
 internal import Glibc
 
 /// Runs a tool's body for a parsed command line and turns every outcome into output and an
@@ -12,6 +13,10 @@ internal import Glibc
 /// | ``ExitCodeProviding`` error thrown by the body | | `error: <description>` | its ``ExitCodeProviding/exitCode`` |
 /// | any other error thrown by the body | | `error: <description>` | 1 |
 /// | body returns | | | what it returned |
+///
+/// Messages and descriptions are escaped for the terminal (`escapedForTerminal` of
+/// AccessoryLogging): an error that quotes an accessory's name stays on its one line and sends
+/// the terminal no controls. Code that builds an error message should not escape it again.
 public enum CommandLineTool {
     /// Parses `arguments` against `spec`, runs `body` when a command is selected, writes what
     /// the outcome calls for (see the table on ``CommandLineTool``) and exits the process.
@@ -38,7 +43,7 @@ public enum CommandLineTool {
         do {
             outcome = try spec.parse(arguments)
         } catch {
-            return (.usage, "", "error: \(error)\n")
+            return (.usage, "", usageMessage(error))
         }
         switch outcome {
         case .help(let text):
@@ -49,14 +54,22 @@ public enum CommandLineTool {
             do {
                 return (try body(parsed), "", "")
             } catch let error as UsageError {
-                return (.usage, "", "error: \(error)\n")
+                return (.usage, "", usageMessage(error))
             } catch let code as ExitCode {
                 return (code, "", "")
             } catch let error as any ExitCodeProviding {
-                return (error.exitCode, "", "error: \(error)\n")
+                return (error.exitCode, "", "error: \(String(describing: error).escapedForTerminal)\n")
             } catch {
-                return (.failure, "", "error: \(error)\n")
+                return (.failure, "", "error: \(String(describing: error).escapedForTerminal)\n")
             }
         }
+    }
+
+    /// A usage error as printed: its message escaped for the terminal (it may quote what was
+    /// typed), then the usage line and the pointer to help.
+    static func usageMessage(_ error: UsageError) -> String {
+        var escaped = error
+        escaped.message = error.message.escapedForTerminal
+        return "error: \(escaped)\n"
     }
 }

@@ -1,6 +1,11 @@
+internal import AccessoryLogging
 public import IAPWire
 
 /// One frame (or run of dropped bytes) described for a person and for a program.
+///
+/// The summary and details are for a person: strings the frame carries (an accessory's name,
+/// its protocol strings) appear in them escaped for a terminal (`escapedForTerminal` of
+/// AccessoryLogging). The JSON keeps them exact.
 public struct FrameReport: Sendable {
     /// One-line summary, e.g. `iAP2 ACK seq=0x41 ack=0x01 sid=1 (control) 16 bytes`.
     public var summary: String
@@ -250,13 +255,13 @@ public struct FrameInspector: Sendable {
     }
 
     /// A parameter's value as text, read as `type`; a value that does not fit its type is shown
-    /// as bytes with the reason.
+    /// as bytes with the reason. Strings are escaped for a terminal (`escapedForTerminal`).
     static func value(_ parameter: Parameter, as type: ParameterType) -> String {
         do {
             switch type {
             case .flag:
                 return parameter.isFlag ? "(flag)" : "(flag with \(parameter.data.count) unexpected bytes: \(HexInput.format(parameter.data)))"
-            case .utf8: return "\"" + (try parameter.string()) + "\""
+            case .utf8: return "\"" + (try parameter.string()).escapedForTerminal + "\""
             case .uint8: let v = try parameter.uint8(); return "\(v) (0x\(hex(v)))"
             case .uint16: let v = try parameter.uint16(); return "\(v) (0x\(hex16(v)))"
             case .uint32: return String(try parameter.uint32())
@@ -436,7 +441,9 @@ enum IAP1Details {
     static func describe(_ token: FIDToken) -> String {
         let name = "token \(hex(token.type)):\(hex(token.subtype)) \(IAP1Catalogue.tokenName(token.kind))"
         let d = token.data
-        func text(_ bytes: ArraySlice<UInt8>) -> String { "\"" + String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self) + "\"" }
+        func text(_ bytes: ArraySlice<UInt8>) -> String {
+            "\"" + String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self).escapedForTerminal + "\""
+        }
         switch token.kind {
         case FIDToken.identify where d.count >= 1 && d.count >= 1 + Int(d[0]) + 8:
             let count = Int(d[0])

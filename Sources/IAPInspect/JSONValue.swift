@@ -1,3 +1,5 @@
+internal import AccessoryLogging
+
 /// A JSON value whose objects keep their keys in the order they were built, so that output
 /// reads the same every time (`kind` first, details last).
 public indirect enum JSONValue: Hashable, Sendable {
@@ -30,7 +32,8 @@ public indirect enum JSONValue: Hashable, Sendable {
         return pairs.first { $0.0 == key }?.1
     }
 
-    /// Compact JSON text on one line.
+    /// Compact JSON text on one line. Strings are kept exact; controls, DEL, C1 controls and
+    /// bidirectional overrides in them are written as `\u` escapes, so the line is safe to show.
     public func serialized() -> String {
         var out = ""
         write(to: &out)
@@ -72,9 +75,12 @@ public indirect enum JSONValue: Hashable, Sendable {
             case "\r": out += "\\r"
             case "\t": out += "\\t"
             default:
-                if scalar.value < 0x20 {
+                // Controls must be escaped; DEL, C1 controls and bidirectional overrides are
+                // escaped too, so JSON shown on a terminal cannot act on it. The string is the same.
+                if TerminalText.needsEscape(scalar) {
                     let digits = Array("0123456789abcdef")
-                    out += "\\u00" + String(digits[Int(scalar.value >> 4)]) + String(digits[Int(scalar.value & 0xF)])
+                    out += "\\u"
+                    for shift in stride(from: 12, through: 0, by: -4) { out.append(digits[Int(scalar.value >> UInt32(shift)) & 0xF]) }
                 } else {
                     out.unicodeScalars.append(scalar)
                 }

@@ -10,6 +10,11 @@ private struct NoPermission: ExitCodeProviding, CustomStringConvertible {
     var description: String { "cannot open /dev/bus/usb/001/004" }
 }
 
+private struct NoAccessory: ExitCodeProviding, CustomStringConvertible {
+    var description: String
+    var exitCode: ExitCode { .unavailable }
+}
+
 @Suite("CommandLineTool.evaluate")
 struct CommandLineToolTests {
     @Test func helpGoesToStdoutWithStatusZero() {
@@ -98,6 +103,21 @@ struct CommandLineToolTests {
 
                 """
         )
+    }
+
+    @Test func errorsThatQuoteAnAccessoryStayOnTheirLine() {
+        // A description quoting an accessory's name: it must not clear the screen or forge a line.
+        let hostile = "Evil\u{1B}[2J\nerror: fake"
+        let thrown = CommandLineTool.evaluate(sampleTool, arguments: ["probe"]) { _ in
+            throw NoAccessory(description: "no accessory matching '\(hostile)'")
+        }
+        #expect(thrown.stderr == #"error: no accessory matching 'Evil\u{1b}[2J\nerror: fake'"# + "\n")
+        #expect(!thrown.stderr.unicodeScalars.contains("\u{1B}"))
+        // A usage error keeps its own three lines; only the message is escaped.
+        let usage = CommandLineTool.evaluate(sampleTool, arguments: ["probe"]) { command in
+            throw UsageError("no accessory named '\(hostile)'", usage: "iapctl probe", commandPath: command.path)
+        }
+        #expect(usage.stderr == #"error: no accessory named 'Evil\u{1b}[2J\nerror: fake'"# + "\nUSAGE: iapctl probe\nSee 'iapctl probe --help'.\n")
     }
 
     @Test func sysexitsValues() {

@@ -73,6 +73,7 @@ struct JSONValueTests {
             ("list", .array([.int(1), .string("a\"b\\c\n\u{01}é")])),
         ])
         #expect(value.serialized() == #"{"kind":"iap2","n":-3,"ok":true,"none":null,"list":[1,"a\"b\\c\n\u0001é"]}"#)
+        #expect(JSONValue.string("\u{7F}\u{9B}\u{202E}\u{2028}é").serialized() == #""\u007f\u009b\u202e\u2028é""#)
         #expect(value["n"] == .int(-3))
         #expect(value["missing"] == nil)
     }
@@ -206,6 +207,34 @@ struct FrameReportTests {
         let packet = try IAP1Packet(lingo: 0, command: 0x39, payload: [2, 0x40, 0x00, 0x02, 0x01]).encoded()
         let result = CaptureDecoder.decode(packet, transactionIDs: .off)
         #expect(result.reports.first?.details.first?.hasPrefix("malformed token list: ") == true)
+    }
+
+    @Test func accessoryStringsAreEscapedForPeopleAndExactInJSON() throws {
+        // A name that would retitle the terminal, clear it and forge a line; a protocol name
+        // with a right-to-left override.
+        let name = "Evil\u{1B}]0;pwned\u{07}\u{1B}[2J\nfake line"
+        let message = ControlMessage(id: .identificationInformation, parameters: [
+            .string(0, name), .group(10, [.uint8(0, 1), .string(1, "com.acme\u{202E}lmth"), .uint8(2, 0)]),
+        ])
+        let packet = try LinkPacket.encode(control: .ack, sequence: 1, acknowledgement: 0, sessionID: 1, payload: try message.encoded())
+        let tokens = try FIDToken.encodeList([FIDToken(type: 0, subtype: 2, data: [0x01] + Array("AV\u{9B}2J\r".utf8) + [0])])
+        let iap1 = try IAP1Packet(lingo: 0, command: 0x39, payload: tokens).encoded()
+        let result = CaptureDecoder.decode(packet + iap1, transactionIDs: .off)
+        #expect(result.isClean)
+        let text = result.reports.map { $0.text() }.joined(separator: "\n")
+        #expect(text.contains(#"[0] Name: "Evil\u{1b}]0;pwned\u{7}\u{1b}[2J\nfake line""#))
+        #expect(text.contains(#"[1] ExternalAccessoryProtocolName: "com.acme\u{202e}lmth""#))
+        #expect(text.contains(#"AccessoryInfoToken: name "AV\u{9b}2J\r""#))
+        #expect(!text.unicodeScalars.contains { $0 == "\u{1B}" || $0 == "\u{9B}" || $0 == "\u{202E}" || $0 == "\r" })
+        #expect(text.split(separator: "\n").allSatisfy { !$0.hasPrefix("fake") })
+        // The JSON keeps the exact string; its encoder escapes the controls.
+        guard case let .array(messages) = try #require(result.reports.first?.json["messages"]),
+              case let .array(parameters) = try #require(messages.first?["parameters"]) else {
+            Issue.record("no parameters in the JSON report")
+            return
+        }
+        #expect(parameters.first?["value"] == .string(name))
+        #expect(result.reports[0].json.serialized().contains(#""value":"Evil\u001b]0;pwned\u0007\u001b[2J\nfake line""#))
     }
 
     @Test func garbageBetweenFrames() {

@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryLogging
 import CLIKit
 import Dispatch
 import Glibc
@@ -49,26 +50,28 @@ enum InfoCommand {
             StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
             return .success
         }
-        var out = "connection \(accessory.connectionID) on \(accessory.location) (\(accessory.transportKind.rawValue))\n"
+        // Every string the accessory chose is escaped: it must not act on the terminal.
+        var out = "connection \(accessory.connectionID) on \(accessory.location.escapedForTerminal) (\(accessory.transportKind.rawValue))\n"
         out += "  protocol:          \(accessory.protocolVersion.rawValue)\n"
-        out += "  name:              \(identity.name)\n"
-        out += "  manufacturer:      \(identity.manufacturer)\n"
-        out += "  model:             \(identity.modelIdentifier)\n"
-        out += "  serial number:     \(identity.serialNumber)\n"
-        out += "  firmware revision: \(identity.firmwareVersion)\n"
-        out += "  hardware revision: \(identity.hardwareVersion)\n"
-        out += "  languages:         \(identity.currentLanguage) (supports \(identity.supportedLanguages.joined(separator: ", ")))\n"
+        out += "  name:              \(identity.name.escapedForTerminal)\n"
+        out += "  manufacturer:      \(identity.manufacturer.escapedForTerminal)\n"
+        out += "  model:             \(identity.modelIdentifier.escapedForTerminal)\n"
+        out += "  serial number:     \(identity.serialNumber.escapedForTerminal)\n"
+        out += "  firmware revision: \(identity.firmwareVersion.escapedForTerminal)\n"
+        out += "  hardware revision: \(identity.hardwareVersion.escapedForTerminal)\n"
+        out += "  languages:         \(identity.currentLanguage.escapedForTerminal) "
+            + "(supports \(identity.supportedLanguages.map(\.escapedForTerminal).joined(separator: ", ")))\n"
         out += "  current drawn:     up to \(identity.maximumCurrentDrawnFromDevice) mA\n"
         out += "  protocols:\n"
         for item in identity.protocols {
             let transport = item.nativeTransportComponentIdentifier.map { component in
                 "native transport (component \(component)" + (nativeInterface(of: item.name, on: accessory).map { ", USB interface \($0)" } ?? "") + ")"
             } ?? (accessory.protocolVersion == .iap1 ? "iAP1 data sessions" : "on the iAP2 link")
-            out += "    \(item.name)  (id \(item.identifier), \(transport))\n"
+            out += "    \(item.name.escapedForTerminal)  (id \(item.identifier), \(transport))\n"
         }
         out += "  transport components:\n"
         for component in identity.transportComponents {
-            out += "    \(component.kindName) \(component.identifier) \"\(component.name)\"\(component.supportsIAP2 ? ", iAP2" : "")\n"
+            out += "    \(component.kindName) \(component.identifier) \"\(component.name.escapedForTerminal)\"\(component.supportsIAP2 ? ", iAP2" : "")\n"
         }
         StandardOutput.write(out)
         return .success
@@ -97,15 +100,16 @@ enum WatchCommand {
             switch event {
             case let .connected(accessory):
                 line = json ? JSONValue.object([("event", .string("connected")), ("accessory", IapctlJSON.accessory(accessory))]).serialized()
-                    : "connected     \(accessory.connectionID)  \(accessory.name) (\(accessory.serialNumber)) on \(accessory.location)"
+                    : "connected     \(accessory.connectionID)  \(accessory.name.escapedForTerminal) "
+                        + "(\(accessory.serialNumber.escapedForTerminal)) on \(accessory.location.escapedForTerminal)"
             case let .disconnected(accessory, reason):
                 line = json ? JSONValue.object([("event", .string("disconnected")), ("connectionID", .int(accessory.connectionID)),
                                                 ("reason", .string(reason))]).serialized()
-                    : "disconnected  \(accessory.connectionID)  \(accessory.name): \(reason)"
+                    : "disconnected  \(accessory.connectionID)  \(accessory.name.escapedForTerminal): \(reason.escapedForTerminal)"
             case let .failed(location, reason):
                 line = json ? JSONValue.object([("event", .string("failed")), ("location", .string(location)),
                                                 ("reason", .string(reason))]).serialized()
-                    : "failed        \(location): \(reason)"
+                    : "failed        \(location.escapedForTerminal): \(reason.escapedForTerminal)"
             }
             StandardOutput.write(line + "\n")
             let count = seen.withLock { value -> Int in
@@ -125,12 +129,15 @@ enum IapctlJSON {
     static func accessory(_ accessory: Accessory) -> JSONValue { json(accessory) }
 }
 
-/// An accessory as `iapctl list` prints it: a line, then its protocols.
+/// An accessory as `iapctl list` prints it: a line, then its protocols. The accessory's strings
+/// are escaped for the terminal.
 func listLine(_ accessory: Accessory) -> String {
-    var out = "\(accessory.connectionID)  \(accessory.name)  \(accessory.manufacturer) \(accessory.modelNumber)  "
-    out += "serial \(accessory.serialNumber)  firmware \(accessory.firmwareRevision)  on \(accessory.location)"
+    var out = "\(accessory.connectionID)  \(accessory.name.escapedForTerminal)  "
+        + "\(accessory.manufacturer.escapedForTerminal) \(accessory.modelNumber.escapedForTerminal)  "
+    out += "serial \(accessory.serialNumber.escapedForTerminal)  firmware \(accessory.firmwareRevision.escapedForTerminal)  "
+        + "on \(accessory.location.escapedForTerminal)"
     out += accessory.protocolVersion == .iap1 ? "  (iAP1)\n" : "\n"
-    out += "    protocols: \(accessory.protocolStrings.joined(separator: ", "))"
+    out += "    protocols: \(accessory.protocolStrings.map(\.escapedForTerminal).joined(separator: ", "))"
     out += accessory.supportsConfiguredProtocols ? "\n" : "  (none of the supported protocols)\n"
     return out
 }

@@ -92,7 +92,7 @@ final class HostContext: Sendable {
     /// Prints the failures to standard error; true when there were any.
     func reportFailures() -> Bool {
         let all = failures.entries.withLock { $0 }
-        for failure in all { StandardError.write("iapctl: \(failure)\n") }
+        for failure in all { StandardError.write("iapctl: \(failure.escapedForTerminal)\n") }
         return !all.isEmpty
     }
 

@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryLogging
 import AccessorySimulator
 import CLIKit
 import Dispatch
@@ -291,7 +292,7 @@ enum SendCommand {
             if let verified { fields.append(("verified", .bool(verified))) }
             StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
         } else {
-            var line = "sent \(data.count) bytes to \(accessory.name) (\(protocolString)) in \(formatSeconds(seconds)) s, \(formatRate(rate))"
+            var line = "sent \(data.count) bytes to \(accessory.name.escapedForTerminal) (\(protocolString.escapedForTerminal)) in \(formatSeconds(seconds)) s, \(formatRate(rate))"
             if let verified { line += verified ? "; the echo matches byte for byte" : "; THE ECHO DIFFERS" }
             StandardOutput.write(line + "\n")
         }
@@ -356,7 +357,7 @@ enum SimulateCommand {
         runner.start(events: eventPrinter(command))
         if let pty {
             StandardOutput.write(pty.slavePath + "\n")
-            StandardError.write("simulating '\(profile.identity().name)' on \(pty.slavePath); connect with: iapctl --serial \(pty.slavePath) list\n"
+            StandardError.write("simulating '\(profile.identity().name.escapedForTerminal)' on \(pty.slavePath); connect with: iapctl --serial \(pty.slavePath) list\n"
                 + "press Ctrl-C to stop\n")
         }
         let interrupt = Interrupt()
@@ -413,7 +414,7 @@ enum SimulateCommand {
             throw gadgetFailure(error)
         }
         StandardOutput.write("usb gadget \(configuration.usbID) on \(udc)\n")
-        StandardError.write("simulating '\(profile.identity().name)' as USB device \(configuration.usbID) on \(udc); "
+        StandardError.write("simulating '\(profile.identity().name.escapedForTerminal)' as USB device \(configuration.usbID) on \(udc); "
             + "connect with: iapctl list\npress Ctrl-C to stop\n")
         interrupt.wait()
         try? gadget.unbind()
@@ -443,7 +444,7 @@ enum SimulateCommand {
             guard verbose else { return }
             switch event {
             case .endpoint: break
-            default: StandardError.write("simulator: \(event)\n")
+            default: StandardError.write("simulator: \(String(describing: event).escapedForTerminal)\n")
             }
         }
     }

@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryLogging
 import CLIKit
 import Dispatch
 import IAPInspect
@@ -41,7 +42,7 @@ enum WaitCommand {
             if json {
                 StandardOutput.write(JSONValue.object([("gone", .bool(true)), ("filter", .string(filter.description))]).serialized() + "\n")
             } else {
-                StandardOutput.write("no accessory matches \(filter)\n")
+                StandardOutput.write("no accessory matches \(String(describing: filter).escapedForTerminal)\n")
             }
             return .success
         }
