@@ -77,36 +77,80 @@ public struct FrameInspector: Sendable {
         }
     }
 
-    /// Describes bytes a scanner dropped. When `stream` holds the whole input, a candidate whose
-    /// checksum failed is decoded as far as it goes so a person sees which field is wrong.
+    /// The most bytes from a drop's first byte on that ``inspect(_:following:isEndOfStream:)``
+    /// reads: the longest frame a candidate can claim (an iAP1 packet in the large form).
+    public static let dropLookahead = IAP1Packet.maxEncodedLength
+
+    /// Describes bytes a scanner dropped. When `stream` holds the input (from its first byte), a
+    /// candidate whose checksum failed is decoded as far as it goes so a person sees which field
+    /// is wrong; only the ``dropLookahead`` bytes from the drop on are looked at.
     public func inspect(_ drop: ScanDrop, stream: [UInt8]? = nil) -> FrameReport {
-        var fields: [(String, JSONValue)] = [
+        guard let stream, drop.streamOffset < stream.count else { return report(drop, details: [], fields: []) }
+        let end = min(stream.count, drop.streamOffset + Self.dropLookahead)
+        // A view of the bytes concerned, never a copy of the rest of the stream.
+        let following = stream.span.bytes.extracting(drop.streamOffset..<end)
+        return inspect(drop, following: following, isEndOfStream: true)
+            ?? report(drop, details: [], fields: [])
+    }
+
+    /// Describes bytes a scanner dropped, from the stream as far as it is known: `following`
+    /// starts at the drop's first byte (``ScanDrop/streamOffset``) and holds what came after it
+    /// so far. A candidate whose checksum failed is decoded as far as it goes so a person sees
+    /// which field is wrong; at most ``dropLookahead`` bytes are read.
+    ///
+    /// - Returns: the report, or nil when more of the stream could change it (`following` is
+    ///   shorter than the preview, or ends inside the candidate) and `isEndOfStream` is false:
+    ///   ask again when more bytes have come.
+    public func inspect(_ drop: ScanDrop, following bytes: RawSpan, isEndOfStream: Bool) -> FrameReport? {
+        let shownCount = Self.previewCount(of: drop, limit: previewLimit)
+        if !isEndOfStream, bytes.byteCount < shownCount { return nil }
+        var fields: [(String, JSONValue)] = []
+        var details: [String] = []
+        if let error = Self.diagnosis(of: drop.reason, in: bytes) {
+            if !isEndOfStream, bytes.byteCount < Self.dropLookahead, case .truncated = error { return nil }
+            details.append(error.description)
+            fields.append(("error", .string(error.description)))
+        }
+        let shown = bytes.extracting(0..<min(shownCount, bytes.byteCount))
+        details.append("bytes: " + HexInput.format(copy(shown)) + (shown.byteCount < drop.byteCount ? " …" : ""))
+        return report(drop, details: details, fields: fields)
+    }
+
+    /// How many bytes from its first the report of `drop` shows: the run itself up to `limit`,
+    /// or 16 for a single byte (so a person sees the candidate it started).
+    static func previewCount(of drop: ScanDrop, limit: Int) -> Int {
+        min(drop.byteCount == 1 ? 16 : drop.byteCount, limit)
+    }
+
+    /// Whether the report of a drop for `reason` decodes the candidate (and so may need the
+    /// bytes after the preview); garbage and unexpected iAP1 show their bytes only.
+    static func decodesCandidate(_ reason: ScanDropReason) -> Bool {
+        switch reason {
+        case .badHeaderChecksum, .badPayloadChecksum, .invalidLength, .frameTooLong, .badIAP1Checksum: return true
+        case .garbage, .unexpectedIAP1: return false
+        }
+    }
+
+    /// Why the candidate at the start of `bytes` failed, decoded as a receiver would.
+    private static func diagnosis(of reason: ScanDropReason, in bytes: RawSpan) -> WireError? {
+        switch reason {
+        case .badHeaderChecksum, .badPayloadChecksum, .invalidLength, .frameTooLong:
+            if bytes.byteCount > 1, bytes.byte(at: 0) == 0xFF, bytes.byte(at: 1) == 0x5A {
+                return failure { () throws(WireError) in _ = try LinkPacket.decode(bytes) }
+            }
+            return failure { () throws(WireError) in _ = try IAP1Framing.decode(bytes) }
+        case .badIAP1Checksum:
+            return failure { () throws(WireError) in _ = try IAP1Framing.decode(bytes) }
+        case .garbage, .unexpectedIAP1:
+            return nil
+        }
+    }
+
+    private func report(_ drop: ScanDrop, details: [String], fields extra: [(String, JSONValue)]) -> FrameReport {
+        let fields: [(String, JSONValue)] = [
             ("kind", .string("dropped")), ("offset", .int(drop.streamOffset)), ("length", .int(drop.byteCount)),
             ("reason", .string(drop.reason.description)),
-        ]
-        var details: [String] = []
-        if let stream, drop.streamOffset < stream.count {
-            let tail = Array(stream[drop.streamOffset...])
-            let error: WireError?
-            switch drop.reason {
-            case .badHeaderChecksum, .badPayloadChecksum, .invalidLength, .frameTooLong:
-                if tail.first == 0xFF, tail.count > 1, tail[1] == 0x5A {
-                    error = Self.failure { () throws(WireError) in _ = try LinkPacket.decode(tail.span.bytes) }
-                } else {
-                    error = Self.failure { () throws(WireError) in _ = try IAP1Framing.decode(tail.span.bytes) }
-                }
-            case .badIAP1Checksum:
-                error = Self.failure { () throws(WireError) in _ = try IAP1Framing.decode(tail.span.bytes) }
-            case .garbage, .unexpectedIAP1:
-                error = nil
-            }
-            if let error {
-                details.append(error.description)
-                fields.append(("error", .string(error.description)))
-            }
-            let shown = tail.prefix(min(drop.byteCount == 1 ? 16 : drop.byteCount, previewLimit))
-            details.append("bytes: " + HexInput.format(shown) + (shown.count < drop.byteCount ? " …" : ""))
-        }
+        ] + extra
         let summary = "dropped \(drop.byteCount) byte\(drop.byteCount == 1 ? "" : "s"): \(drop.reason)"
         return FrameReport(summary: summary, details: details, json: .object(fields), isValid: false)
     }
