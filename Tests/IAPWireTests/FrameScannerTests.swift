@@ -130,6 +130,26 @@ struct FrameScannerTests {
         }
     }
 
+    /// Garbage full of candidates that claim the longest frames, fed in pieces: the scanner never
+    /// holds more than one frame, and every byte is accounted for after every piece.
+    @Test func garbageWithLyingLengthsHoldsAtMostOneFrame() {
+        var generator = SeededGenerator(seed: 16)
+        var liar: [UInt8] = [0xFF, 0x5A, 0xFF, 0xFF, 0x40, 0x05, 0x06, 0x01]
+        liar.append(Checksum.of(liar))
+        var scanner = FrameScanner()
+        var delivered = 0
+        var dropped = 0
+        for turn in 0..<40 {
+            var piece = (0..<10_000).map { _ in UInt8.random(in: 0...255, using: &generator) }
+            let lie: [UInt8] = turn % 2 == 0 ? liar : [0x55, 0x00, 0xFF, 0xFF]
+            piece.replaceSubrange(37..<(37 + lie.count), with: lie)
+            scanner.scan(piece, onFrame: { frame, _ in delivered += frame.range.count }, onDrop: { dropped += $0.byteCount })
+            #expect(scanner.pendingByteCount <= scanner.maxFrameLength)
+            #expect(delivered + dropped + scanner.pendingByteCount == (turn + 1) * piece.count)
+        }
+        #expect(dropped > 300_000)
+    }
+
     @Test func lengthsBeyondTheLimitAreDroppedAtOnce() {
         var header: [UInt8] = [0xFF, 0x5A, 0x10, 0x00, 0x40, 0x05, 0x06, 0x01]
         header.append(Checksum.of(header))
