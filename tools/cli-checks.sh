@@ -95,6 +95,39 @@ contains "trace escapes" err '[0] Name: "Evil\u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}[
 check "list --json keeps hostile strings exact" 0 "$iapctl" "${hostile[@]}" list --json
 contains "list --json exact" out '"name":"Evil\u001b]0;pwned\u0007\u001b[2J\u001b[31m\nfake line","manufacturer":"Acme\u202eevil","modelNumber":"M\u009b2J","serialNumber":"S\\1","firmwareRevision":"1.0\r","hardwareRevision":"Zürich 東京"'
 
+# decode streams: a frame written to a pipe that stays open is printed before the input ends;
+# a mistake in hex comes after the frames before it; JSON is one object per line.
+if python3 - "$iapctl" 2> "$work/decode.err" <<'PY'
+import select, subprocess, sys
+decoder = subprocess.Popen([sys.argv[1], "decode", "--format", "raw"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+decoder.stdin.write(bytes.fromhex("FF550200EE10"))
+decoder.stdin.flush()
+ready, _, _ = select.select([decoder.stdout], [], [], 20)
+if not ready:
+    decoder.kill()
+    sys.exit("decode printed nothing while its input stayed open")
+first = decoder.stdout.readline()
+if not first.startswith(b"#1 detect"):
+    sys.exit(f"decode's first line: {first!r}")
+decoder.stdin.write(bytes.fromhex("FF5A0009400140001D"))
+decoder.stdin.close()
+rest = decoder.stdout.read()
+if decoder.wait(timeout=20) != 0 or b"2 frames, 0 bytes dropped" not in rest:
+    sys.exit(f"decode ended with {decoder.returncode}: {rest!r}")
+PY
+then
+    echo "cli-checks: ok decode prints frames as they come"
+else
+    echo "cli-checks: FAILED decode prints frames as they come: $(cat "$work/decode.err")" >&2
+    failures=$((failures + 1))
+fi
+printf 'FF 5A 00 09 40 01 40 00 1D\nFF 5A zz\n' > "$work/mistake.hex"
+check "decode stops at a mistake in hex" 65 "$iapctl" decode "$work/mistake.hex"
+contains "decode shows the frames before a mistake" out '#1 iAP2 ACK seq=0x01 ack=0x40'
+contains "decode names the mistake" err 'mistake.hex, line 2, column 7: '"'"'z'"'"' is not a hex digit'
+check "decode --json" 0 "$iapctl" decode --json "$here/samples/dji-syn.hex"
+contains "decode --json is one object per line" out '{"kind":"iap2","offset":0,"length":23,"control":"SYN"'
+
 # open --socket: a client echoes 1 MiB through the session. Python starts iapctl and reads its
 # announcement line from the pipe, then connects.
 socket=$work/echo.sock

@@ -9,53 +9,64 @@ struct InputError: Error, ExitCodeProviding, CustomStringConvertible {
 }
 
 enum DecodeCommand {
+    /// How many bytes are read at a time: the input is decoded piece by piece, never held whole.
+    static let pieceSize = 1 << 16
+
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let path = command.positional("input") ?? "-"
-        let data: [UInt8]
-        do {
-            data = try FileInput.readAll(path: path)
-        } catch {
-            throw InputError(description: "cannot read \(path == "-" ? "standard input" : "'\(path)'"): \(error)", exitCode: .noInput)
-        }
-        let bytes: [UInt8]
-        switch command.value("format") ?? "auto" {
-        case "raw":
-            bytes = data
-        case "hex":
-            bytes = try parseHex(data, path: path)
-        default:
-            bytes = HexInput.looksLikeText(data) ? try parseHex(data, path: path) : data
-        }
+        let name = path == "-" ? "standard input" : path
         let kinds = try parseKinds(command.value("kinds") ?? "iap2,iap1,detect", command: command)
         let mode = TransactionIDMode(rawValue: command.value("transaction-ids") ?? "auto") ?? .auto
-        let json = command.flag("json")
-        let result = CaptureDecoder.decode(bytes, kinds: kinds, transactionIDs: mode)
-        var out = ""
-        for (index, report) in result.reports.enumerated() {
-            if json {
-                out += report.json.serialized() + "\n"
+        var output = ReportOutput(json: command.flag("json"))
+        let input: ChunkedInput
+        do {
+            input = try ChunkedInput(path: path)
+        } catch {
+            throw InputError(description: "cannot read \(path == "-" ? name : "'\(path)'"): \(error)", exitCode: .noInput)
+        }
+        var format = command.value("format") ?? "auto"
+        var decoder = CaptureDecoder(kinds: kinds, transactionIDs: mode)
+        var hex = HexInput.Parser()
+        var piece = [UInt8](repeating: 0, count: pieceSize)
+        var parsed: [UInt8] = []
+        while true {
+            let count: Int
+            do {
+                count = try input.read(into: &piece)
+            } catch {
+                try output.flush()
+                throw InputError(description: "cannot read \(path == "-" ? name : "'\(path)'"): \(error)", exitCode: .noInput)
+            }
+            if count == 0 { break }
+            // The first piece decides: hex text, or raw bytes.
+            if format == "auto" { format = HexInput.looksLikeText(Array(piece[0..<count]), isPrefix: true) ? "hex" : "raw" }
+            if format == "raw" {
+                try decoder.feed(piece.span.bytes.extracting(0..<count)) { try output.write($0) }
             } else {
-                out += "#\(index + 1) " + report.text() + "\n"
+                parsed.removeAll(keepingCapacity: true)
+                var failure: HexInput.ParseError?
+                do { try hex.parse(piece.span.bytes.extracting(0..<count), into: &parsed) } catch { failure = error }
+                // What came before a mistake is decoded and shown, then the mistake.
+                try decoder.feed(parsed.span.bytes) { try output.write($0) }
+                if let failure {
+                    try output.flush()
+                    throw InputError(description: "\(name), \(failure)", exitCode: .dataError)
+                }
+            }
+            try output.flush()
+        }
+        if format == "hex" {
+            do {
+                try hex.finish()
+            } catch {
+                try output.flush()
+                throw InputError(description: "\(name), \(error)", exitCode: .dataError)
             }
         }
-        if !json {
-            out += "\(result.frames) frame\(result.frames == 1 ? "" : "s"), \(result.droppedBytes) byte\(result.droppedBytes == 1 ? "" : "s") dropped"
-            out += result.incompleteBytes > 0 ? ", \(result.incompleteBytes) bytes of an incomplete frame at the end\n" : "\n"
-        }
-        StandardOutput.write(out)
-        return result.isClean ? .success : .dataError
-    }
-
-    static func parseHex(_ data: [UInt8], path: String) throws -> [UInt8] {
-        guard let text = String(validating: data, as: UTF8.self) else {
-            throw InputError(description: "\(path == "-" ? "standard input" : path) is not text; use --format raw for binary input",
-                             exitCode: .dataError)
-        }
-        do {
-            return try HexInput.parse(text)
-        } catch {
-            throw InputError(description: "\(path == "-" ? "standard input" : path), \(error)", exitCode: .dataError)
-        }
+        try decoder.finish { try output.write($0) }
+        try output.summarize(decoder.statistics)
+        try output.flush()
+        return decoder.isClean ? .success : .dataError
     }
 
     static func parseKinds(_ text: String, command: ParsedCommand) throws -> FrameKinds {
@@ -72,5 +83,42 @@ enum DecodeCommand {
             }
         }
         return kinds
+    }
+}
+
+/// The reports as `iapctl decode` prints them: numbered text with a summary line, or one JSON
+/// object per line. They go out in writes of about 64 KiB, and after each piece of input, so the
+/// output keeps up with the input and nothing piles up.
+struct ReportOutput {
+    let json: Bool
+    private var text = ""
+    private var count = 0
+
+    init(json: Bool) {
+        self.json = json
+    }
+
+    mutating func write(_ report: FrameReport) throws {
+        count += 1
+        text += json ? report.json.serialized() : "#\(count) " + report.text()
+        text += "\n"
+        if text.utf8.count >= DecodeCommand.pieceSize { try flush() }
+    }
+
+    /// The closing line of the text output: frames, dropped bytes and an incomplete tail.
+    mutating func summarize(_ statistics: CaptureDecoder.Statistics) throws {
+        guard !json else { return }
+        let frames = statistics.frames, dropped = statistics.droppedBytes
+        text += "\(frames) frame\(frames == 1 ? "" : "s"), \(dropped) byte\(dropped == 1 ? "" : "s") dropped"
+        text += statistics.incompleteBytes > 0 ? ", \(statistics.incompleteBytes) bytes of an incomplete frame at the end\n" : "\n"
+    }
+
+    mutating func flush() throws {
+        guard !text.isEmpty else { return }
+        defer { text.removeAll(keepingCapacity: true) }
+        guard StandardOutput.write(text) else {
+            throw ToolError(description: "cannot write the decoded frames: standard output refused them (closed, or the disk is full)",
+                            exitCode: .ioError)
+        }
     }
 }

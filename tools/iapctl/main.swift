@@ -13,11 +13,16 @@ let decodeCommand = CommandSpec(
         frame it finds: iAP2 link packets with their control messages or EA data, iAP1 packets \
         with lingo and command names, the iAP2 detect sequence, and any bytes that had to be \
         dropped, with the reason. Hex text may use spaces, newlines, commas, colons, '0x' \
-        prefixes and '#' comments. Exit status: 0 when every byte belonged to a valid frame, \
-        65 when bytes were dropped or the input ended inside a frame.
+        prefixes and '#' comments; with the default --format auto, the first block read (up to \
+        64 KiB) decides between hex text and raw bytes. The input is read in 64 KiB blocks and \
+        each frame is printed as soon as it is decoded, so a capture of any size, or a pipe that \
+        stays open, shows its frames at once in bounded memory; a mistake in hex text stops the \
+        decoding there, after the frames before it. Exit status: 0 when every byte belonged to a \
+        valid frame, 65 when bytes were dropped, the input ended inside a frame or the hex text \
+        has a mistake.
         """,
     options: [
-        .flag("json", help: "Print one JSON object per frame, one per line."),
+        .flag("json", help: "Print one JSON object per frame, one per line (JSON Lines), as they are decoded."),
         .value("format", valueName: "format", help: "How the input is written.", defaultValue: "auto", allowedValues: ["auto", "hex", "raw"]),
         .value("transaction-ids", valueName: "mode", help: "Whether iAP1 packets carry transaction ids (auto: after StartIDPS).",
                defaultValue: "auto", allowedValues: ["auto", "on", "off"]),
