@@ -70,7 +70,8 @@ public enum HexInput {
         /// error.
         public mutating func finish() throws(ParseError) {
             if characterLength > 0 {
-                throw ParseError(line: line, column: column + 1, reason: "the text ends inside a UTF-8 character")
+                throw ParseError(line: line, column: column + 1,
+                                 reason: "the text ends inside a UTF-8 character; it is cut short, or binary (use --format raw)")
             }
             var none: [UInt8] = []
             _ = try resolveDeferred(next: nil, into: &none)

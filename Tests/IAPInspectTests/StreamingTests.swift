@@ -204,7 +204,8 @@ struct HexPiecesTests {
         #expect(output == [0xAB, 0xCD])
         var cut = HexInput.Parser()
         try? cut.parse(cutShort.span.bytes, into: &output)
-        #expect(throws: HexInput.ParseError(line: 1, column: 4, reason: "the text ends inside a UTF-8 character")) { try cut.finish() }
+        let reason = "the text ends inside a UTF-8 character; it is cut short, or binary (use --format raw)"
+        #expect(throws: HexInput.ParseError(line: 1, column: 4, reason: reason)) { try cut.finish() }
     }
 
     @Test func aLongLineHoldsNothing() throws {

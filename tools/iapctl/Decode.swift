@@ -117,7 +117,7 @@ struct ReportOutput {
         guard !text.isEmpty else { return }
         defer { text.removeAll(keepingCapacity: true) }
         guard StandardOutput.write(text) else {
-            throw ToolError(description: "cannot write the decoded frames: standard output refused them (closed, or the disk is full)",
+            throw ToolError(description: "cannot write the decoded frames: standard output refused them; check that it is open and its disk has room",
                             exitCode: .ioError)
         }
     }
