@@ -98,8 +98,9 @@ public struct CaptureDecoder: Sendable {
     public var isClean: Bool { statistics.droppedBytes == 0 && statistics.incompleteBytes == 0 }
 
     /// Decodes the next piece of the stream, handing each report that is decided to `emit`.
+    /// When `emit` throws, the error ends the decoding: feed this decoder no more.
     public mutating func feed(_ piece: RawSpan, emit: (FrameReport) throws -> Void) rethrows {
-        precondition(!ended, "CaptureDecoder.feed after finish")
+        precondition(!ended, "CaptureDecoder.feed after finish: make a new decoder for a new stream")
         guard piece.byteCount > 0 else { return }
         compact()
         piece.withUnsafeBytes { window.append(contentsOf: $0) }
