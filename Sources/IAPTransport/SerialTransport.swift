@@ -1,5 +1,6 @@
 public import Dispatch
 internal import Glibc
+internal import SystemCalls
 internal import Synchronization
 
 /// iAP2 over a serial line: a UART, a USB-serial adapter (`/dev/ttyUSB*`, `/dev/ttyACM*`), or
@@ -53,8 +54,11 @@ public final class SerialTransport: Transport {
     ///   (`EIO`), or name a serial device instead of a file that is not a terminal (`ENOTTY`).
     public convenience init(spec: SerialPortSpec) throws(TransportError) {
         let path = spec.path
-        let descriptor = open(path, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC)
-        guard descriptor >= 0 else { throw Self.openError(path: path, errno: errno) }
+        let descriptor: Int32
+        switch SystemCall.open(path, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC) {
+        case .success(let opened): descriptor = opened
+        case .failure(let error): throw Self.openError(path: path, errno: error.code)
+        }
         do throws(TransportError) {
             try Self.configureTerminal(descriptor, name: path, speed: spec.speed, baudRate: spec.baudRate)
             if tcflush(descriptor, TCIFLUSH) != 0 {
@@ -156,6 +160,7 @@ public final class SerialTransport: Transport {
             if code == ENOTTY || code == EINVAL {
                 throw TransportError(
                     "\(name) is not a terminal, so not a serial port",
+                    kind: .unsupported,
                     errno: code,
                     advice: "name the adapter's serial device instead, e.g. /dev/ttyUSB0 (ls /dev/ttyUSB* /dev/ttyACM* lists them)"
                 )
@@ -205,6 +210,7 @@ public final class SerialTransport: Transport {
         let rate = baudRate.map(String.init) ?? "the requested rate"
         return TransportError(
             "\(name) does not accept baud rate \(rate)",
+            kind: .unsupported,
             errno: code,
             advice: "try a lower rate, e.g. \(name):\(SerialPortSpec.defaultBaudRate); the accessory must use the same one"
         )
@@ -215,18 +221,23 @@ public final class SerialTransport: Transport {
         case ENOENT:
             TransportError(
                 "cannot open \(path): no such device",
+                kind: .notFound,
                 errno: code,
                 advice: "is the adapter plugged in? ls /dev/ttyUSB* /dev/ttyACM* lists the serial adapters"
             )
         case EACCES, EPERM:
             TransportError(
                 "cannot open \(path): permission denied",
+                kind: .permission,
                 errno: code,
-                advice: "add your user to the dialout group: sudo usermod -aG dialout $USER, then log in again"
+                advice: path.hasPrefix("/dev/pts/")
+                    ? "a pseudo-terminal belongs to the user who made it; run as that user (ls -l \(path) shows who)"
+                    : "add your user to the group of the device (ls -l \(path); dialout for serial adapters): sudo usermod -aG dialout $USER, then log in again"
             )
         case EBUSY:
             TransportError(
                 "cannot open \(path): the device is busy",
+                kind: .busy,
                 errno: code,
                 advice: "another program has it open (fuser -v \(path) shows which); close it and try again"
             )
@@ -239,6 +250,7 @@ public final class SerialTransport: Transport {
         case ENXIO, ENODEV:
             TransportError(
                 "cannot open \(path): no hardware behind this device node",
+                kind: .notFound,
                 errno: code,
                 advice: "pick the port the adapter really is on (ls /dev/ttyUSB* /dev/ttyACM*, or dmesg | grep tty)"
             )
@@ -254,6 +266,7 @@ public final class SerialTransport: Transport {
     static func hangUpError(name: String, errno code: Int32?) -> TransportError {
         TransportError(
             "\(name) hung up",
+            kind: .hungUp,
             errno: code,
             advice: "the adapter was unplugged or the other end of the pseudo-terminal closed; reconnect it and open the port again"
         )
@@ -395,10 +408,9 @@ private final class SerialCore: Sendable {
             }
             guard let plan else { break }
             var watched = [plan, pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
-            let ready = watched.withUnsafeMutableBufferPointer { poll($0.baseAddress, nfds_t($0.count), -1) }
-            if ready < 0 {
-                let code = errno
-                if code == EINTR || code == EAGAIN { continue }
+            if case .failure(let error) = SystemCall.poll(&watched) {
+                if error.kind == .wouldBlock { continue }
+                let code = error.code
                 state.withLock { state in
                     state.close(reason: TransportError(
                         "cannot watch \(name): \(systemErrorText(code))",
@@ -458,7 +470,6 @@ private final class SerialCore: Sendable {
 
     private enum ReadStep {
         case delivered
-        case again
         case stop
     }
 
@@ -470,14 +481,12 @@ private final class SerialCore: Sendable {
             let (step, bytes, handler) = state.withLock { state -> (ReadStep, [UInt8], (@Sendable (TransportEvent) -> Void)?) in
                 guard state.phase == .active else { return (.stop, [], nil) }
                 let descriptor = state.descriptor
-                let count = state.readBuffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
-                if count > 0 {
+                let result = state.readBuffer.withUnsafeMutableBytes { SystemCall.read(descriptor, into: $0) }
+                if case .success(let count) = result, count > 0 {
                     return (.delivered, Array(state.readBuffer[..<count]), state.handler)
                 }
-                let code = count == 0 ? nil : errno
+                let code: Int32? = if case .failure(let error) = result { error.code } else { nil }
                 switch code {
-                case EINTR?:
-                    return (.again, [], nil)
                 case EAGAIN?, EWOULDBLOCK?:
                     if state.hangUpSeen {
                         // poll(2) said hang-up or error, yet there is nothing to read: the
@@ -500,7 +509,6 @@ private final class SerialCore: Sendable {
             }
             switch step {
             case .delivered: handler?(.received(bytes))
-            case .again: continue
             case .stop: return
             }
         }
@@ -642,22 +650,21 @@ private struct WriteResult {
 private func writeAvailableBytes(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer) -> WriteResult {
     var written = 0
     while written < bytes.count {
-        let count = write(descriptor, bytes.baseAddress.map { $0 + written }, bytes.count - written)
-        if count > 0 {
+        switch SystemCall.write(descriptor, UnsafeRawBufferPointer(rebasing: bytes[written...])) {
+        case .success(0):
+            return WriteResult(written: written, errorCode: nil)
+        case .success(let count):
             written += count
-            continue
+        case .failure(let error) where error.kind == .wouldBlock:
+            return WriteResult(written: written, errorCode: nil)
+        case .failure(let error):
+            return WriteResult(written: written, errorCode: error.code)
         }
-        if count == 0 { break }
-        let code = errno
-        if code == EINTR { continue }
-        if code == EAGAIN || code == EWOULDBLOCK { break }
-        return WriteResult(written: written, errorCode: code)
     }
     return WriteResult(written: written, errorCode: nil)
 }
 
-/// `strerror(3)` text for an errno value.
+/// `strerror(3)` text with the errno's name, e.g. "No such file or directory (ENOENT)".
 func systemErrorText(_ code: Int32) -> String {
-    guard let text = strerror(code) else { return "error \(code)" }
-    return String(cString: text)
+    SystemError(code).description
 }

@@ -362,7 +362,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
 
     private func deviceGone() {
         deviceWentAway = true
-        fail(TransportError("\(description) was disconnected"))
+        fail(TransportError("\(description) was disconnected", kind: .hungUp))
     }
 
     /// Clears a stalled endpoint once none of its transfers is in flight (on the setup queue:

@@ -55,7 +55,14 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
 
     /// The same failure as a ``TransportError`` (what the manager reports).
     public var transportError: TransportError {
-        TransportError(message, advice: advice)
+        let mapped: TransportError.Kind = switch kind {
+        case .access: .permission
+        case .busy: .busy
+        case .noDevice: .hungUp
+        case .timeout: .timedOut
+        default: .failed
+        }
+        return TransportError(message, kind: mapped, advice: advice)
     }
 
     /// The advice for a device node this user may not open.

@@ -232,7 +232,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
 
     // MARK: Transfers
 
-    private var gone: TransportError { TransportError("\(description): the accessory was disconnected") }
+    private var gone: TransportError { TransportError("\(description): the accessory was disconnected", kind: .hungUp) }
 
     private func refillIn() {
         guard case .running = state, activated, !inHalted else { return }

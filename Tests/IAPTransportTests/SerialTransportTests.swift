@@ -234,7 +234,7 @@ struct SerialTransportTests {
         #expect(log.eventsAfterClose == 0)
         let error = try #require(log.closes.first.flatMap { $0 })
         #expect(error.errno == EIO)
-        #expect(error.message.contains("hung up"))
+        #expect(error.kind == .hungUp)
         #expect(error.advice?.contains("reconnect") == true)
         #expect(slave.recorder.snapshot.closes.count == 1)
     }
@@ -254,7 +254,7 @@ struct SerialTransportTests {
         let log = writer.recorder.snapshot
         #expect(log.closes.count == 1)
         #expect(log.eventsAfterClose == 0)
-        #expect(log.closes.first.flatMap { $0 }?.message.contains("hung up") == true)
+        #expect(log.closes.first.flatMap { $0 }?.kind == .hungUp)
         #expect(writer.pendingOutputBytes == 0)
     }
 
@@ -272,7 +272,7 @@ struct SerialTransportTests {
         #expect(log.closes.count == 1)
         #expect(log.eventsAfterClose == 0)
         let error = try #require(log.closes.first.flatMap { $0 })
-        #expect(error.message.contains("hung up"))
+        #expect(error.kind == .hungUp)
         #expect(master.recorder.snapshot.closes.count == 1)
         #expect(master.recorder.snapshot.closes.first.flatMap { $0 } == nil)
     }
@@ -334,7 +334,7 @@ struct SerialTransportTests {
         let pty = try PseudoTerminal()
         let first = try pty.makeMasterTransport()
         let error = #expect(throws: TransportError.self) { _ = try pty.makeMasterTransport() }
-        #expect(error?.message.contains("already belongs") == true)
+        #expect(error?.kind == .busy)
         #expect(first.description.contains(pty.slavePath))
         first.cancel()
     }
@@ -364,7 +364,7 @@ struct SerialTransportTests {
         let log = near.recorder.snapshot
         #expect(log.closes.count == 1)
         #expect(log.eventsAfterClose == 0)
-        #expect(log.closes.first.flatMap { $0 }?.message.contains("hung up") == true)
+        #expect(log.closes.first.flatMap { $0 }?.kind == .hungUp)
         #expect(far.recorder.snapshot.closes.count == 1)
     }
 
@@ -381,6 +381,7 @@ struct SerialTransportTests {
             _ = try SerialTransport(spec: SerialPortSpec(parsing: "/dev/does-not-exist"))
         }
         #expect(error?.errno == ENOENT)
+        #expect(error?.kind == .notFound)
         #expect(error?.message.contains("/dev/does-not-exist") == true)
         #expect(error?.advice?.contains("is the adapter plugged in?") == true)
         #expect(error?.advice?.contains("ls /dev/ttyUSB* /dev/ttyACM*") == true)
@@ -400,7 +401,7 @@ struct SerialTransportTests {
             _ = try SerialTransport(spec: SerialPortSpec(parsing: path))
         }
         #expect(error?.errno == ENOTTY)
-        #expect(error?.message.contains("not a terminal") == true)
+        #expect(error?.kind == .unsupported)
         #expect(error?.message.contains(path) == true)
         #expect(error?.advice?.contains("/dev/ttyUSB0") == true)
         // Other suites open descriptors in parallel, so count over many failed opens: a leak

@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryGadget
 import AccessorySimulator
 import CLIKit
 import Dispatch

@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryGadget
 import AccessorySimulator
 import CLIKit
 import Dispatch
@@ -6,6 +7,7 @@ import Glibc
 import IAPInspect
 import IAPTransport
 import Synchronization
+import SystemCalls
 import USBHost
 
 /// Writes all of `bytes` to a file descriptor, retrying on EINTR and partial writes. Sockets
@@ -13,13 +15,12 @@ import USBHost
 func writeFully(_ fd: Int32, _ bytes: [UInt8], isSocket: Bool = false) -> Bool {
     var offset = 0
     while offset < bytes.count {
-        let written = bytes[offset...].withUnsafeBytes { buffer in
-            isSocket ? Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL)) : Glibc.write(fd, buffer.baseAddress, buffer.count)
+        let result = bytes[offset...].withUnsafeBytes { buffer in
+            SystemCall.retrying {
+                isSocket ? Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL)) : Glibc.write(fd, buffer.baseAddress, buffer.count)
+            }
         }
-        if written < 0 {
-            if errno == EINTR { continue }
-            return false
-        }
+        guard case .success(let written) = result, written > 0 else { return false }
         offset += written
     }
     return true
@@ -100,9 +101,8 @@ enum OpenCommand {
         // Input → accessory, with back-pressure: the next read waits for the write.
         var buffer = [UInt8](repeating: 0, count: 64 * 1_024)
         while true {
-            let count = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress, $0.count) }
-            if count < 0, errno == EINTR { continue }
-            if count <= 0 { break }
+            let result = buffer.withUnsafeMutableBytes { SystemCall.read(input, into: $0) }
+            guard case .success(let count) = result, count > 0 else { break }
             let chunk = Array(buffer[0..<count])
             do { try blockingAwait { try await stream.write(chunk) } } catch {
                 stream.close()
@@ -186,10 +186,13 @@ final class UnixListener {
     /// `stillWanted` turns false (checked twice a second: the accessory went away).
     func acceptOne(while stillWanted: () -> Bool) throws -> Int32 {
         while true {
-            var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-            let ready = poll(&poller, 1, 500)
-            if ready < 0, errno != EINTR {
-                throw ToolError(description: "waiting for a client on '\(path)' failed: \(String(cString: strerror(errno)))", exitCode: .ioError)
+            var poller = [pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)]
+            let ready: Int32
+            switch SystemCall.poll(&poller, timeout: 500, retry: { false }) {
+            case .success(let count): ready = count
+            case .failure(let error) where error.kind == .interrupted: ready = 0
+            case .failure(let error):
+                throw ToolError(description: "waiting for a client on '\(path)' failed: \(error)", exitCode: .ioError)
             }
             if ready <= 0 {
                 guard stillWanted() else {
@@ -197,13 +200,15 @@ final class UnixListener {
                 }
                 continue
             }
-            let client = accept(descriptor, nil, nil)
-            if client >= 0 {
+            switch SystemCall.retrying({ accept(descriptor, nil, nil) }) {
+            case .success(let client):
                 _ = fcntl(client, F_SETFD, FD_CLOEXEC)
                 return client
+            case .failure(let error) where error.kind == .wouldBlock || error.code == ECONNABORTED:
+                continue
+            case .failure(let error):
+                throw ToolError(description: "accepting a client on '\(path)' failed: \(error)", exitCode: .ioError)
             }
-            if errno == EINTR || errno == EAGAIN || errno == ECONNABORTED { continue }
-            throw ToolError(description: "accepting a client on '\(path)' failed: \(String(cString: strerror(errno)))", exitCode: .ioError)
         }
     }
 
