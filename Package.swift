@@ -22,6 +22,7 @@ let package = Package(
         .library(name: "AccessoryLogging", targets: ["AccessoryLogging"]),
         .library(name: "ByteRing", targets: ["ByteRing"]),
         .library(name: "USBHost", targets: ["USBHost"]),
+        .library(name: "USBTransport", targets: ["USBTransport"]),
         .library(name: "AccessorySimulator", targets: ["AccessorySimulator"]),
         .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
@@ -38,7 +39,10 @@ let package = Package(
         .target(name: "ByteRing", swiftSettings: strict),
         // Swift over libusb: the Dispatch event loop, descriptors and matching, bulk pipes over
         // ring slots, hotplug, and USB as a Transport.
-        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing", "IAPTransport"], swiftSettings: strict),
+        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing"], swiftSettings: strict),
+        // The adapter between USBHost (which knows nothing of iAP) and IAPTransport: the iAP2
+        // interface classes, Transport over the USB pipe, ByteChannel over a native pipe.
+        .target(name: "USBTransport", dependencies: ["USBHost", "IAPTransport"], swiftSettings: strict),
         // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
         .target(name: "IAPWire", swiftSettings: strict),
         // The iAP2 link, control session and EA session router as deterministic state machines
@@ -57,7 +61,7 @@ let package = Package(
         // endpoint threads and signal handling.
         .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["USBHost", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging"], swiftSettings: strict),
+        .target(name: "AccessoryHost", dependencies: ["USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         .target(name: "IAPInspect", dependencies: ["IAPWire"], swiftSettings: strict),
         // A small logger in the shape of swift-log's (levels, metadata, handlers): the library
@@ -67,14 +71,14 @@ let package = Package(
         .target(name: "CLIKit", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         .executableTarget(
             name: "iapctl",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit",
+            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit",
                            "AccessoryLogging", "CLibUSB", "SystemCalls"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),
@@ -93,8 +97,8 @@ let package = Package(
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["ByteRing"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
-        .testTarget(name: "USBRigTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "IAPLink"], swiftSettings: strict),
-        .testTarget(name: "USBHostTests", dependencies: ["USBHost", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink"], swiftSettings: strict),
+        .testTarget(name: "USBRigTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPLink"], swiftSettings: strict),
+        .testTarget(name: "USBHostTests", dependencies: ["USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )

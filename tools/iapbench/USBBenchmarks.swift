@@ -7,6 +7,7 @@ import IAPInspect
 import IAPTransport
 import Synchronization
 import USBHost
+import USBTransport
 
 /// `iapbench usb`: EA sessions through the whole stack over a real USB device (the simulator as
 /// a FunctionFS gadget on a device controller of this machine, e.g. dummy_hcd in the rig),
@@ -290,7 +291,7 @@ enum USBBenchmarks {
         try bind()
 
         let queue = DispatchQueue(label: "iapbench.usb")
-        let context = try USBContext(queue: queue, options: options)
+        let context = try USBContext(queue: queue, function: .iAP2, options: options)
         defer {
             step("shutting the USB context down")
             queue.sync { context.shutdown() }
