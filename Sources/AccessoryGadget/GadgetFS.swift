@@ -358,9 +358,10 @@ public final class GadgetFSDevice: Sendable {
         var buffer = [UInt8](repeating: 0, count: eventSize * 5)
         while !stopping {
             let count: Int
-            switch buffer.withUnsafeMutableBytes({ SystemCall.read(ep0, into: $0) }) {
+            // A signal wakes this thread to stop: an interrupted read goes back to the check.
+            switch buffer.withUnsafeMutableBytes({ SystemCall.read(ep0, into: $0, retry: { !stopping }) }) {
             case .success(let read): count = read
-            case .failure(let error) where error.code == EIDRM || error.kind == .wouldBlock: continue
+            case .failure(let error) where error.code == EIDRM || error.kind == .wouldBlock || error.kind == .interrupted: continue
             case .failure(let error):
                 note("reading ep0 failed: \(error)")
                 return
