@@ -10,6 +10,8 @@ public enum AccessoryError: Error, Hashable, Sendable, CustomStringConvertible {
     case sessionClosed
     /// The accessory did not confirm the session.
     case sessionRefused(String)
+    /// A step did not finish in the time allowed; the message names the step.
+    case timedOut(String)
 
     public var description: String {
         switch self {
@@ -23,6 +25,8 @@ public enum AccessoryError: Error, Hashable, Sendable, CustomStringConvertible {
             return "the session is closed"
         case let .sessionRefused(reason):
             return "the accessory refused the session: \(reason)"
+        case let .timedOut(step):
+            return "\(step); check that the accessory is running and answering (iapctl --trace shows its traffic), then try again"
         }
     }
 }

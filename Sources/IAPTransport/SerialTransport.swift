@@ -20,8 +20,9 @@ internal import Synchronization
 /// Unsent output is discarded on close. Releasing a transport without ``cancel()`` closes the
 /// descriptor too, but delivers nothing.
 ///
-/// Each active transport has one watcher thread blocked in `poll(2)` on the descriptor and a
-/// wake-up pipe; it only says when to read or write. (Dispatch read and write sources are not
+/// One thread of the process, the serial poller, waits in `poll(2)` for every active transport
+/// (no thread per port: a thousand accessories cost one thread); it only says when to read or
+/// write, and each transport reads on its own queue. (Dispatch read and write sources are not
 /// used: on Linux, a hang-up makes libdispatch free its record of the descriptor on the
 /// handler's thread while its event thread is still using it, and the process crashes in
 /// `_dispatch_event_merge_fd`, which hang-up tests hit every few runs.)
@@ -263,6 +264,19 @@ public final class SerialTransport: Transport {
         }
     }
 
+    /// Most bytes kept waiting for the line: four full windows of 64 KiB packets. Only a peer
+    /// that stopped reading (or a line far slower than what the link sends) fills it; the
+    /// transport then closes with ``TransportError/Kind/stalled`` rather than grow.
+    public static let outputLimit = 8 << 20
+
+    static func stalledError(name: String, waiting: Int) -> TransportError {
+        TransportError(
+            "\(name) stopped taking data: \(waiting) bytes were waiting to be written",
+            kind: .stalled,
+            advice: "the accessory is not reading its input (hung, or flow control holding the line); reset it and connect again"
+        )
+    }
+
     static func hangUpError(name: String, errno code: Int32?) -> TransportError {
         TransportError(
             "\(name) hung up",
@@ -294,10 +308,10 @@ public final class SerialTransport: Transport {
 
 // MARK: - Core
 
-/// The shared part of a ``SerialTransport``: state behind a lock, the watcher loop and the
-/// read pass. The user's handler is never called with the lock held, so it may call back into
+/// The shared part of a ``SerialTransport``: state behind a lock, what the poller waits for,
+/// and the read pass. The user's handler is never called with the lock held, so it may call back into
 /// the transport.
-private final class SerialCore: Sendable {
+final class SerialCore: Sendable {
     /// Bytes read per `read(2)` at most.
     static let readBufferSize = 64 * 1024
 
@@ -314,7 +328,7 @@ private final class SerialCore: Sendable {
     }
 
     func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
-        enum Outcome { case ignored, alreadyClosed, watch(wakeReader: Int32) }
+        enum Outcome { case ignored, alreadyClosed, finish, watch }
         let outcome = state.withLock { state -> Outcome in
             guard !state.activated else { return .ignored }
             state.activated = true
@@ -322,37 +336,33 @@ private final class SerialCore: Sendable {
             state.phase = .active
             state.queue = queue
             state.handler = handler
-            guard let (reader, writer) = makeWakePipe() else {
-                let code = errno
+            guard SerialPoller.shared.isAvailable else {
+                let code = SerialPoller.shared.setupError
                 state.close(reason: TransportError(
                     "cannot watch \(name): \(systemErrorText(code))",
                     errno: code,
                     advice: "too many open files; close some (or raise ulimit -n) and open the port again"
                 ), deliver: true)
                 // Nothing watches the descriptor, so nothing else finishes the close.
-                return .watch(wakeReader: -1)
+                return .finish
             }
-            state.wakeReader = reader
-            state.wakeWriter = writer
             state.readInterest = true
             state.readBuffer = [UInt8](repeating: 0, count: Self.readBufferSize)
             if state.outputStart < state.output.count {
                 state.flushOutput(name: name)
             }
-            return .watch(wakeReader: reader)
+            return .watch
         }
         switch outcome {
         case .ignored:
             return
         case .alreadyClosed:
             queue.async { handler(.closed(nil)) }
-        case .watch(let wakeReader) where wakeReader < 0:
+        case .finish:
             finish()
-        case .watch(let wakeReader):
-            // A thread of its own: the loop blocks in poll(2) until the transport closes.
-            DispatchQueue(label: "SerialTransport watcher: \(name)").async { [self] in
-                watch(wakeReader: wakeReader)
-            }
+        case .watch:
+            // Watched by the one poller thread every serial transport shares.
+            SerialPoller.shared.add(self)
         }
     }
 
@@ -369,7 +379,13 @@ private final class SerialCore: Sendable {
                 break
             }
             guard state.outputStart == state.output.count else {
-                // Earlier output is still waiting; the watcher writes this after it.
+                // Earlier output is still waiting; the watcher writes this after it, unless the
+                // peer has stopped reading for so long that the backlog passed the bound.
+                let waiting = state.output.count - state.outputStart
+                guard waiting + frame.count <= SerialTransport.outputLimit else {
+                    state.close(reason: SerialTransport.stalledError(name: name, waiting: waiting), deliver: true)
+                    return
+                }
                 state.output.append(contentsOf: frame)
                 return
             }
@@ -389,49 +405,33 @@ private final class SerialCore: Sendable {
         state.withLock { $0.close(reason: reason, deliver: deliver) }
     }
 
-    // MARK: Watcher thread
+    // MARK: Watched by the poller
 
-    /// Polls the descriptor for what the state wants (readable unless a read pass is under
-    /// way, writable while output is pending) and the wake-up pipe, until the transport closes.
-    private func watch(wakeReader: Int32) {
-        var drain = [UInt8](repeating: 0, count: 64)
-        while true {
-            let plan = state.withLock { state -> pollfd? in
-                guard state.phase == .active else { return nil }
-                var events: Int16 = 0
-                if state.readInterest { events |= Int16(POLLIN) }
-                if state.outputStart < state.output.count { events |= Int16(POLLOUT) }
-                // After a hang-up poll(2) reports POLLHUP whatever was asked: ignore the
-                // descriptor until the read pass under way sees the hang-up and closes.
-                let watched = events != 0 && !state.hangUpSeen
-                return pollfd(fd: watched ? state.descriptor : -1, events: events, revents: 0)
-            }
-            guard let plan else { break }
-            var watched = [plan, pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
-            if case .failure(let error) = SystemCall.poll(&watched) {
-                if error.kind == .wouldBlock { continue }
-                let code = error.code
-                state.withLock { state in
-                    state.close(reason: TransportError(
-                        "cannot watch \(name): \(systemErrorText(code))",
-                        errno: code,
-                        advice: "open the port again"
-                    ), deliver: true)
-                }
-                break
-            }
-            if watched[1].revents != 0 {
-                while drain.withUnsafeMutableBytes({ read(wakeReader, $0.baseAddress, $0.count) }) > 0 {}
-            }
-            let revents = Int32(watched[0].revents)
-            if revents != 0 {
-                handle(revents)
-            }
+    /// What the poller should wait for now: readable unless a read pass is under way, writable
+    /// while output is pending. Nil once the transport closed (the poller then drops it and
+    /// calls ``finish()``).
+    func pollPlan() -> pollfd? {
+        state.withLock { state -> pollfd? in
+            guard state.phase == .active else { return nil }
+            var events: Int16 = 0
+            if state.readInterest { events |= Int16(POLLIN) }
+            if state.outputStart < state.output.count { events |= Int16(POLLOUT) }
+            // After a hang-up poll(2) reports POLLHUP whatever was asked: ignore the
+            // descriptor until the read pass under way sees the hang-up and closes.
+            let watched = events != 0 && !state.hangUpSeen
+            return pollfd(fd: watched ? state.descriptor : -1, events: events, revents: 0)
         }
-        finish()
     }
 
-    private func handle(_ revents: Int32) {
+    /// The poller could not wait at all: close with why.
+    func pollFailed(_ error: SystemError) {
+        state.withLock { state in
+            state.close(reason: TransportError("cannot watch \(name): \(error)", errno: error.code, advice: "open the port again"),
+                        deliver: true)
+        }
+    }
+
+    func handle(_ revents: Int32) {
         let readPass = state.withLock { state -> DispatchQueue? in
             guard state.phase == .active else { return nil }
             if revents & POLLNVAL != 0 {
@@ -455,8 +455,8 @@ private final class SerialCore: Sendable {
         readPass?.async { [self] in readAvailable() }
     }
 
-    /// Closes the descriptors once the watcher stopped polling them, then delivers the close.
-    private func finish() {
+    /// Closes the descriptor once the poller stopped polling it, then delivers the close.
+    func finish() {
         let (queue, handler, reason) = state.withLock { state in
             state.releaseDescriptors()
             defer { state.handler = nil }
@@ -539,7 +539,7 @@ package func makeWakePipe() -> (Int32, Int32)? {
 
 // MARK: - State
 
-private enum Phase {
+enum Phase {
     /// Open, not yet activated: output is queued.
     case idle
     /// Being watched.
@@ -548,7 +548,7 @@ private enum Phase {
     case closed
 }
 
-private struct State {
+struct State {
     var phase = Phase.idle
     /// Whether activate(queue:handler:) was called (it takes effect once).
     var activated = false
@@ -556,9 +556,6 @@ private struct State {
     let ownsDescriptor: Bool
     var queue: DispatchQueue?
     var handler: (@Sendable (TransportEvent) -> Void)?
-    /// The wake-up pipe: writing a byte makes the watcher look at the state again.
-    var wakeReader: Int32 = -1
-    var wakeWriter: Int32 = -1
     /// Whether the watcher should wait for readability (false while a read pass is scheduled).
     var readInterest = false
     /// poll(2) reported a hang-up or an error condition.
@@ -577,12 +574,9 @@ private struct State {
         self.ownsDescriptor = ownsDescriptor
     }
 
-    /// Makes the watcher look at the state again.
+    /// Makes the poller look at the state again.
     func wake() {
-        guard wakeWriter >= 0 else { return }
-        var byte: UInt8 = 1
-        // A full pipe already holds a wake-up, so a failed write loses nothing.
-        _ = write(wakeWriter, &byte, 1)
+        SerialPoller.shared.wake()
     }
 
     /// Writes pending output until the kernel stops taking it.
@@ -628,14 +622,10 @@ private struct State {
         }
     }
 
-    /// Closes the descriptor (when owned) and the wake-up pipe.
+    /// Closes the descriptor (when owned).
     mutating func releaseDescriptors() {
         if ownsDescriptor, descriptor >= 0 { _ = Glibc.close(descriptor) }
         descriptor = -1
-        if wakeReader >= 0 { _ = Glibc.close(wakeReader) }
-        if wakeWriter >= 0 { _ = Glibc.close(wakeWriter) }
-        wakeReader = -1
-        wakeWriter = -1
     }
 }
 
@@ -667,4 +657,97 @@ private func writeAvailableBytes(_ descriptor: Int32, _ bytes: UnsafeRawBufferPo
 /// `strerror(3)` text with the errno's name, e.g. "No such file or directory (ENOENT)".
 func systemErrorText(_ code: Int32) -> String {
     SystemError(code).description
+}
+
+// MARK: - The poller
+
+/// One thread that waits in `poll(2)` for every active serial transport of the process, so an
+/// accessory costs no thread of its own (a thread per port once exhausted Dispatch's pool at 255
+/// ports). It wakes through a pipe whenever a transport's interest changes (output queued, a read
+/// pass finished, a close), rebuilds its list, and hands each ready descriptor to its transport,
+/// which reads on its own queue. Started on the first activation; it runs for the life of the
+/// process, parked in `poll(2)` when there is nothing to do.
+final class SerialPoller: Sendable {
+    static let shared = SerialPoller()
+
+    private let members = Mutex<[SerialCore]>([])
+    private let wakeReader: Int32
+    private let wakeWriter: Int32
+    /// The errno of a failed setup (no pipe), else 0.
+    let setupError: Int32
+    private let started = Mutex(false)
+
+    private init() {
+        if let (reader, writer) = makeWakePipe() {
+            (wakeReader, wakeWriter, setupError) = (reader, writer, 0)
+        } else {
+            (wakeReader, wakeWriter, setupError) = (-1, -1, errno)
+        }
+    }
+
+    /// Whether the poller can run (its wake-up pipe exists).
+    var isAvailable: Bool { wakeWriter >= 0 }
+
+    /// Starts watching `core` (its state is already active).
+    func add(_ core: SerialCore) {
+        members.withLock { $0.append(core) }
+        let start = started.withLock { started -> Bool in
+            defer { started = true }
+            return !started
+        }
+        if start {
+            DispatchQueue(label: "SerialTransport poller").async { [self] in run() }
+        } else {
+            wake()
+        }
+    }
+
+    /// Makes the poller look at every transport again.
+    func wake() {
+        guard wakeWriter >= 0 else { return }
+        var byte: UInt8 = 1
+        // A full pipe already holds a wake-up, so a failed write loses nothing.
+        _ = write(wakeWriter, &byte, 1)
+    }
+
+    private func run() {
+        var drain = [UInt8](repeating: 0, count: 256)
+        var watched: [pollfd] = []
+        var polled: [SerialCore] = []
+        while true {
+            let current = members.withLock { $0 }
+            watched.removeAll(keepingCapacity: true)
+            polled.removeAll(keepingCapacity: true)
+            watched.append(pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0))
+            var finished: Set<ObjectIdentifier> = []
+            for core in current {
+                if let plan = core.pollPlan() {
+                    watched.append(plan)
+                    polled.append(core)
+                } else {
+                    finished.insert(ObjectIdentifier(core))
+                }
+            }
+            if !finished.isEmpty {
+                let gone = members.withLock { members -> [SerialCore] in
+                    let gone = members.filter { finished.contains(ObjectIdentifier($0)) }
+                    members.removeAll { finished.contains(ObjectIdentifier($0)) }
+                    return gone
+                }
+                for core in gone { core.finish() }
+            }
+            if case .failure(let error) = SystemCall.poll(&watched) {
+                if error.kind == .wouldBlock { continue }
+                // Cannot happen with valid arguments; fail the transports rather than spin.
+                for core in polled { core.pollFailed(error) }
+                continue
+            }
+            if watched[0].revents != 0 {
+                while drain.withUnsafeMutableBytes({ read(wakeReader, $0.baseAddress, $0.count) }) > 0 {}
+            }
+            for (index, core) in polled.enumerated() where watched[index + 1].revents != 0 {
+                core.handle(Int32(watched[index + 1].revents))
+            }
+        }
+    }
 }

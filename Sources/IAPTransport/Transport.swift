@@ -65,8 +65,10 @@ public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible
         case busy
         /// The device cannot do what was asked (a baud rate, a descriptor that is not a tty).
         case unsupported
-        /// The peer stopped taking data or answering within the time allowed.
+        /// The peer did not answer within the time allowed.
         case timedOut
+        /// The peer stopped taking data: more waited to be written than the transport keeps.
+        case stalled
         /// Anything else: see the message.
         case failed
     }

@@ -239,6 +239,49 @@ struct SerialTransportTests {
         #expect(slave.recorder.snapshot.closes.count == 1)
     }
 
+    /// 300 pseudo-terminals with a transport on each side, all active at once: one poller
+    /// thread watches them all (a watcher per port used to park a Dispatch worker each, and the
+    /// pool ran out near 255 ports).
+    @Test func threeHundredPortsAtOnceAllCarryTheirBytes() throws {
+        var pairs: [(PseudoTerminal, master: Endpoint, slave: Endpoint)] = []
+        for _ in 0..<300 { pairs.append(try makePair(keepSlaveOpen: false)) }
+        for (_, master, slave) in pairs {
+            master.activate()
+            slave.activate()
+        }
+        for (index, pair) in pairs.enumerated() {
+            pair.slave.send([[UInt8(index & 0xFF), UInt8(index >> 8), 0x7E]])
+        }
+        for (index, pair) in pairs.enumerated() {
+            #expect(pair.master.recorder.wait { $0.bytes.count >= 3 }, "port \(index) got nothing")
+            #expect(pair.master.recorder.snapshot.bytes == [UInt8(index & 0xFF), UInt8(index >> 8), 0x7E])
+        }
+        for (_, master, slave) in pairs {
+            slave.cancel()
+            master.cancel()
+        }
+        for (_, master, slave) in pairs {
+            #expect(master.recorder.wait { !$0.closes.isEmpty })
+            #expect(slave.recorder.wait { !$0.closes.isEmpty })
+        }
+    }
+
+    @Test func aPeerThatStopsReadingClosesTheTransportAtTheOutputBoundInsteadOfGrowing() throws {
+        let (_, writer, reader) = try makePair()
+        writer.activate()
+        _ = reader // never activated: nothing reads the other side
+        let frame = [UInt8](repeating: 0x5A, count: 64 * 1024)
+        let frames = SerialTransport.outputLimit / frame.count + 64
+        writer.send(Array(repeating: frame, count: frames))
+        #expect(writer.recorder.wait { !$0.closes.isEmpty })
+        #expect(writer.pendingOutputBytes <= SerialTransport.outputLimit)
+        let error = try #require(writer.recorder.snapshot.closes.first.flatMap { $0 })
+        #expect(error.kind == .stalled)
+        #expect(error.advice != nil)
+        writer.cancel()
+        reader.cancel()
+    }
+
     @Test func aHangUpWithOutputStillQueuedClosesOnceAndDropsTheOutput() throws {
         let (_, writer, reader) = try makePair(keepSlaveOpen: false)
         writer.activate()

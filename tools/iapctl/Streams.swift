@@ -226,6 +226,9 @@ final class UnixListener {
     deinit { close() }
 }
 
+/// How long `send` waits for the accessory's acknowledged count to move before it gives up.
+let sendProgressTimeout: Duration = .seconds(10)
+
 enum SendCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let protocolString = command.positional("protocol") ?? ""
@@ -255,6 +258,27 @@ enum SendCommand {
         } : nil
         var sent = 0
         var lastDraw = ContinuousClock.now
+        // Progress watchdog: an accessory that keeps the link alive (bare ACKs) but acknowledges
+        // none of the data would hold the transfer forever. No new acknowledgement for
+        // `sendProgressTimeout` while bytes are outstanding ends the session, and the send fails.
+        let stalled = Mutex(false)
+        let watchdog = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "iapctl.send.watchdog"))
+        let progressState = Mutex((acknowledged: 0, since: ContinuousClock.now))
+        let total = data.count
+        watchdog.schedule(deadline: .now() + 1, repeating: 1)
+        watchdog.setEventHandler {
+            let acknowledged = stream.bytesAcknowledged
+            let giveUp = progressState.withLock { state -> Bool in
+                if acknowledged != state.acknowledged || acknowledged >= total {
+                    state = (acknowledged, .now)
+                    return false
+                }
+                return ContinuousClock.now - state.since >= sendProgressTimeout
+            }
+            if giveUp, stalled.withLock({ stalled in defer { stalled = true }; return !stalled }) { stream.close() }
+        }
+        watchdog.resume()
+        defer { watchdog.cancel() }
         do {
             while sent < data.count {
                 let end = min(data.count, sent + chunkSize)
@@ -267,16 +291,21 @@ enum SendCommand {
                 }
             }
             try blockingAwait { try await stream.flush() }
+            // Success means acknowledged by the accessory, not handed to the link.
+            try blockingAwait { try await stream.drain() }
         } catch {
             if progress { StandardError.write("\n") }
             // Nothing is resent: the script decides, knowing what is sure to have arrived.
             let acknowledged = stream.bytesAcknowledged
+            let reason = stalled.withLock { $0 }
+                ? "the accessory acknowledged nothing for \(sendProgressTimeout) (the link is alive, the data does not move)"
+                : "\(error)"
             let summary = "transfer broke: the accessory acknowledged \(acknowledged) of \(data.count) bytes "
-                + "(\(sent) had been written to the session; nothing was resent): \(error)"
+                + "(\(sent) had been written to the session; nothing was resent): \(reason)"
             if json {
                 StandardOutput.write(JSONValue.object([("ok", .bool(false)), ("bytesAcknowledged", .int(acknowledged)),
                                                        ("bytesHanded", .int(sent)), ("bytes", .int(data.count)),
-                                                       ("error", .string("\(error)"))]).serialized() + "\n")
+                                                       ("error", .string(reason))]).serialized() + "\n")
             }
             throw ToolError(description: summary, exitCode: .ioError)
         }
