@@ -22,6 +22,9 @@ let package = Package(
         .library(name: "AccessoryLogging", targets: ["AccessoryLogging"]),
         .library(name: "ByteRing", targets: ["ByteRing"]),
         .library(name: "USBHost", targets: ["USBHost"]),
+        .library(name: "USBTransport", targets: ["USBTransport"]),
+        .library(name: "AccessorySimulator", targets: ["AccessorySimulator"]),
+        .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
     ],
@@ -36,7 +39,10 @@ let package = Package(
         .target(name: "ByteRing", swiftSettings: strict),
         // Swift over libusb: the Dispatch event loop, descriptors and matching, bulk pipes over
         // ring slots, hotplug, and USB as a Transport.
-        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing", "IAPTransport"], swiftSettings: strict),
+        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing"], swiftSettings: strict),
+        // The adapter between USBHost (which knows nothing of iAP) and IAPTransport: the iAP2
+        // interface classes, Transport over the USB pipe, ByteChannel over a native pipe.
+        .target(name: "USBTransport", dependencies: ["USBHost", "IAPTransport"], swiftSettings: strict),
         // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
         .target(name: "IAPWire", swiftSettings: strict),
         // The iAP2 link, control session and EA session router as deterministic state machines
@@ -44,29 +50,36 @@ let package = Package(
         .target(name: "IAPLink", dependencies: ["IAPWire"], swiftSettings: strict),
         // Transports (in-memory, serial, pseudo-terminal) and the Dispatch driver that runs an
         // endpoint over one.
-        .target(name: "IAPTransport", dependencies: ["IAPLink", "IAPWire"], swiftSettings: strict),
-        // A virtual accessory on the same IAPLink, in the accessory role: profiles, behaviours.
+        .target(name: "IAPTransport", dependencies: ["IAPLink", "IAPWire", "SystemCalls"], swiftSettings: strict),
+        // read/write/poll/open that retry EINTR and return typed errors: the one place the serial,
+        // pty and gadget code makes its system calls.
+        .target(name: "SystemCalls", swiftSettings: strict),
+        // A virtual accessory on the same IAPLink, in the accessory role: profiles, behaviours,
+        // the runner. Only the accessory role: how it reaches a host over USB is AccessoryGadget.
         .target(name: "AccessorySimulator", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
+        // The simulator as a USB device: configfs gadgets, FunctionFS and GadgetFS, their
+        // endpoint threads and signal handling.
+        .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["USBHost", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging"], swiftSettings: strict),
+        .target(name: "AccessoryHost", dependencies: ["USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         // Strings from frames are escaped for people with AccessoryLogging's `escapedForTerminal`.
         .target(name: "IAPInspect", dependencies: ["IAPWire", "AccessoryLogging"], swiftSettings: strict),
         // A small logger in the shape of swift-log's (levels, metadata, handlers): the library
         // logs through it without depending on anything of the command line.
-        .target(name: "AccessoryLogging", swiftSettings: strict),
+        .target(name: "AccessoryLogging", dependencies: ["SystemCalls"], swiftSettings: strict),
         // Small command-line utilities: argument parsing, help, usage errors, terminal output.
         .target(name: "CLIKit", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         .executableTarget(
             name: "iapctl",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "USBHost", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit",
-                           "AccessoryLogging", "CLibUSB"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit",
+                           "AccessoryLogging", "CLibUSB", "SystemCalls"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "USBHost", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),
@@ -74,6 +87,8 @@ let package = Package(
         .testTarget(name: "IAPLinkTests", dependencies: ["IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPTransportTests", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "AccessoryGadgetTests", dependencies: ["AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "SystemCallsTests", dependencies: ["SystemCalls"], swiftSettings: strict),
         .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "AccessorySimulator", "IAPTransport", "IAPLink", "IAPWire", "USBHost"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
@@ -83,8 +98,8 @@ let package = Package(
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["ByteRing"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
-        .testTarget(name: "USBRigTests", dependencies: ["AccessoryHost", "AccessorySimulator", "USBHost", "IAPLink"], swiftSettings: strict),
-        .testTarget(name: "USBHostTests", dependencies: ["USBHost", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "IAPLink"], swiftSettings: strict),
+        .testTarget(name: "USBRigTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPLink"], swiftSettings: strict),
+        .testTarget(name: "USBHostTests", dependencies: ["USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -4,6 +4,7 @@ public import IAPLink
 public import IAPTransport
 internal import Synchronization
 public import USBHost
+internal import USBTransport
 
 /// Something that happened to the set of connected accessories.
 public enum AccessoryEvent: Sendable {
@@ -185,7 +186,7 @@ public final class AccessoryManager: Sendable {
     /// - Throws: ``USBHost/USBError`` of kind `.unavailable` when the machine has no USB (no
     ///   usbfs); other transports keep working.
     public func startUSB(options: USBOptions = USBOptions()) throws(USBError) {
-        startUSB(context: try USBContext(queue: queue, options: options))
+        startUSB(context: try USBContext(queue: queue, function: .iAP2, options: options))
     }
 
     /// Starts USB discovery on `context`, which must run on ``queue``.
@@ -220,7 +221,7 @@ public final class AccessoryManager: Sendable {
         let logger = configuration.logger
         switch event {
         case let .arrived(device):
-            guard device.iapInterface != nil else {
+            guard device.function != nil else {
                 logger.trace("USB: \(device) has no iAP interface")
                 return
             }
@@ -231,14 +232,14 @@ public final class AccessoryManager: Sendable {
                 state.withLock { $0.usbOpening -= 1 }
                 switch result {
                 case let .success(transport):
-                    attachOnQueue(transport)
+                    attachOnQueue(USBIAPTransport(transport))
                 case let .failure(error):
                     logger.error("USB: \(error)")
                     publish(.failed(location: "usb \(device.location) \(device.descriptor.idString)", reason: error.description))
                 }
             }
         case let .left(device):
-            guard device.iapInterface != nil else { return }
+            guard device.function != nil else { return }
             logger.info("USB: \(device) unplugged")
         }
     }

@@ -27,6 +27,10 @@ final class Connection: @unchecked Sendable {
         var readers: [Reader] = []
         var writers: [Writer] = []
         var flushers: [CheckedContinuation<Void, any Error>] = []
+        /// Waiting for the accessory to acknowledge `target` bytes.
+        var drainers: [(target: Int, continuation: CheckedContinuation<Void, any Error>)] = []
+        /// Bytes the session took from the application so far.
+        var written = 0
         var handler: (queue: DispatchQueue, handler: @Sendable (SessionStreamEvent) -> Void)?
         /// Bytes the accessory acknowledged (kept after the stream ended).
         var acknowledged = 0
@@ -148,6 +152,12 @@ final class Connection: @unchecked Sendable {
                     linkKeys[id] = session.key
                     pending.continuation.resume(returning: session)
                 }
+            case let .sessionOpenTimedOut(id, name, after):
+                if let pending = pendingOpens.removeValue(forKey: id) {
+                    logger.warning("'\(name)': the accessory did not answer the session's opening within \(after)")
+                    pending.continuation.resume(throwing: AccessoryError.timedOut(
+                        "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(after)"))
+                }
             case let .sessionClosed(id, reason):
                 if let pending = pendingOpens.removeValue(forKey: id) {
                     pending.continuation.resume(throwing: AccessoryError.sessionRefused(reason ?? "closed"))
@@ -214,6 +224,7 @@ final class Connection: @unchecked Sendable {
                 continue
             }
             let taken = stream.write(&machine, first.remaining, now: driver.now)
+            state.written += taken
             state.writers[0].remaining = first.remaining.dropFirst(taken)
             if state.writers[0].remaining.isEmpty {
                 state.writers.removeFirst().continuation.resume()
@@ -232,6 +243,20 @@ final class Connection: @unchecked Sendable {
                 }
             }
             state.flushers.removeAll()
+        }
+        if !state.drainers.isEmpty {
+            let acknowledged = state.acknowledged
+            let ended = state.isEnded
+            state.drainers.removeAll { drainer in
+                if acknowledged >= drainer.target {
+                    drainer.continuation.resume()
+                } else if ended {
+                    drainer.continuation.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
+                } else {
+                    return false
+                }
+                return true
+            }
         }
         if let handler = state.handler {
             if readable { handler.queue.async { handler.handler(.hasBytesAvailable) } }
@@ -413,6 +438,16 @@ final class Connection: @unchecked Sendable {
         }
     }
 
+    func drain(_ session: AccessorySession) async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            onQueue {
+                self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
+                    $0.drainers.append((target: $0.written, continuation: continuation))
+                }
+            }
+        }
+    }
+
     func readNow(_ session: AccessorySession, maxBytes: Int) -> [UInt8] {
         guard let stream = sessions[session.key]?.stream else { return [] }
         return withSession(session.key) { machine, _ in stream.read(&machine, maxBytes: max(0, maxBytes)) }
@@ -428,7 +463,11 @@ final class Connection: @unchecked Sendable {
             throw sessions[session.key]?.ended ?? AccessoryError.sessionClosed
         }
         guard state.writers.isEmpty else { return 0 } // earlier writes go first
-        return withSession(session.key) { machine, now in state.stream.write(&machine, bytes[...], now: now) }
+        return withSession(session.key) { machine, now in
+            let taken = state.stream.write(&machine, bytes[...], now: now)
+            sessions[session.key]?.written += taken
+            return taken
+        }
     }
 
     func acknowledged(_ session: AccessorySession) -> Int {
@@ -465,6 +504,7 @@ final class Connection: @unchecked Sendable {
         for reader in state.readers { reader.continuation.resume(returning: nil) }
         for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
         for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
+        for drainer in state.drainers { drainer.continuation.resume(throwing: AccessoryError.sessionClosed) }
         if let id = state.stream.linkSessionID { linkKeys[id] = nil }
         let linkUp = downReason == nil
         driver.perform { machine, now in state.stream.close(&machine, now: now, linkUp: linkUp) }

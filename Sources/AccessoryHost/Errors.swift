@@ -10,6 +10,8 @@ public enum AccessoryError: Error, Hashable, Sendable, CustomStringConvertible {
     case sessionClosed
     /// The accessory did not confirm the session.
     case sessionRefused(String)
+    /// A step did not finish in the time allowed; the message names the step.
+    case timedOut(String)
 
     /// The error in a sentence. It quotes the accessory's strings (its protocols, a reason it
     /// gave) exactly, as data: escape it (`escapedForTerminal` of AccessoryLogging) before
@@ -26,6 +28,8 @@ public enum AccessoryError: Error, Hashable, Sendable, CustomStringConvertible {
             return "the session is closed"
         case let .sessionRefused(reason):
             return "the accessory refused the session: \(reason)"
+        case let .timedOut(step):
+            return "\(step); check that the accessory is running and answering (iapctl --trace shows its traffic), then try again"
         }
     }
 }

@@ -94,7 +94,21 @@ public final class AccessorySession: Sendable {
     }
 
     /// Waits until every written byte was handed to the link (for example before closing).
+    /// Handed is not arrived: ``drain()`` waits for the accessory's acknowledgement.
     public func flush() async throws {
         try await connection.flush(self)
+    }
+
+    /// Waits until the accessory acknowledged every byte written so far (by writes that have
+    /// returned), as ``bytesAcknowledged`` counts it: what a transfer that must be sure of
+    /// delivery waits for before it reports success.
+    ///
+    /// It waits as long as the accessory takes; bound it (for example with a task that closes
+    /// the session when ``bytesAcknowledged`` stops moving, as `iapctl send` does).
+    ///
+    /// - Throws: the session's end (``AccessoryError``) when it ends before the bytes were
+    ///   acknowledged.
+    public func drain() async throws {
+        try await connection.drain(self)
     }
 }

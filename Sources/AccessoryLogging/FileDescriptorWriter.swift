@@ -1,4 +1,4 @@
-internal import Glibc
+internal import SystemCalls
 
 /// Writes whole strings to file descriptors.
 public enum FileDescriptorWriter {
@@ -7,20 +7,8 @@ public enum FileDescriptorWriter {
     /// write or `EINTR`. Returns `false` on any other error.
     public static func writeAll(_ text: String, to fd: Int32) -> Bool {
         var text = text
-        return text.withUTF8 { buffer -> Bool in
-            guard var pointer = buffer.baseAddress else { return true }
-            var remaining = buffer.count
-            while remaining > 0 {
-                let written = Glibc.write(fd, pointer, remaining)
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    return false
-                }
-                if written == 0 { return false }
-                pointer += written
-                remaining -= written
-            }
-            return true
+        return text.withUTF8 { buffer in
+            (try? SystemCall.writeAll(fd, UnsafeRawBufferPointer(buffer)).get()) != nil
         }
     }
 }

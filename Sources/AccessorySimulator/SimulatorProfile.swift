@@ -27,6 +27,10 @@ import IAPWire
 /// optional. Unknown fields are refused,
 /// so a misspelt field is reported instead of silently ignored.
 public struct SimulatorProfile: Codable, Sendable, Equatable {
+    /// Most protocols a profile may mark native: the native-transport interfaces a simulated USB
+    /// accessory has endpoint numbers for (two bulk endpoints each, beside the iAP2 pair).
+    public static let maxNativeTransports = 6
+
     /// The strings the accessory declares in IdentificationInformation.
     public struct Identity: Codable, Sendable, Equatable {
         /// The accessory's name (what EAAccessory.name shows).
@@ -432,8 +436,8 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         if iap1 != nil, let index = protocols.firstIndex(where: { $0.name.utf8.count > 200 }) {
             throw fail("protocols[\(index)].name", "is longer than the 200 bytes an iAP1 EAProtocolToken carries; shorten it")
         }
-        if native > FunctionFSDescriptors.maxNativeTransports {
-            throw fail("protocols", "marks \(native) protocols native; a simulated USB accessory has room for \(FunctionFSDescriptors.maxNativeTransports) native-transport interfaces, so mark fewer")
+        if native > SimulatorProfile.maxNativeTransports {
+            throw fail("protocols", "marks \(native) protocols native; a simulated USB accessory has room for \(SimulatorProfile.maxNativeTransports) native-transport interfaces, so mark fewer")
         }
         let overrides: [(String, Int?, LinkParameters.Field)] = [
             ("maxPacketLength", link.maxPacketLength, .maxPacketLength),

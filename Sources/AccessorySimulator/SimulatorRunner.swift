@@ -13,8 +13,8 @@ extension SimulatedAccessory: DrivenMachine {}
 ///   `AccessoryManager.attach`), so a reboot looks to the host like an unplug and a replug.
 /// - ``Attachment/transport(_:)``: a wire that stays, such as the master side of a
 ///   pseudo-terminal; a reboot restarts the accessory behind it (it sends the detect again).
-///   Over a ``GadgetTransport`` the accessory also starts over each time a host configures the
-///   USB function (a plug, a bus reset, the UDC bound again), as a real accessory starts its link
+///   Over a ``HostReconnectingWire`` (the USB gadget of `AccessoryGadget`) the accessory also
+///   starts over each time a host configures the USB function (a plug, a bus reset, the UDC bound again), as a real accessory starts its link
 ///   over on every new USB connection: the new host hears a detect at once, instead of a link
 ///   that is still busy with the old host's session (which it would ignore until that link
 ///   gave up).
@@ -33,8 +33,8 @@ public final class SimulatorRunner: @unchecked Sendable {
     private var driver: EndpointDriver<SimulatedAccessory>?
     private var handler: (@Sendable (SimulatorEvent) -> Void)?
     private var generation: UInt8 = 1
-    /// The gadget's connection as last seen (gadget attachments only).
-    private var hostConnection: GadgetConnection?
+    /// The wire's host connection as last seen (``HostReconnectingWire`` attachments only).
+    private var hostConnection: HostConnectionState?
     /// How many times a new USB host connection restarted the accessory.
     private var restartsForHost = 0
     /// The accessory's ends of the open native-transport sessions, by native session id.
@@ -95,10 +95,10 @@ public final class SimulatorRunner: @unchecked Sendable {
                 return
             }
             transport = wire
-            if let gadget = wire as? GadgetTransport {
-                hostConnection = gadget.connection
-                gadget.onConnectionChange { [weak self] connection in
-                    // On the gadget's ep0 thread: hop to the runner's queue, in order.
+            if let gadget = wire as? any HostReconnectingWire {
+                hostConnection = gadget.hostConnection
+                gadget.onHostConnectionChange { [weak self] connection in
+                    // On the wire's own thread: hop to the runner's queue, in order.
                     guard let self else { return }
                     self.queue.async { self.gadgetConnectionChanged(to: connection) }
                 }
@@ -212,17 +212,17 @@ public final class SimulatorRunner: @unchecked Sendable {
 
     /// A host configured the function anew (not a resume from suspend): start the accessory
     /// over behind the same transport, so it sends the detect now.
-    private func gadgetConnectionChanged(to connection: GadgetConnection) {
+    private func gadgetConnectionChanged(to connection: HostConnectionState) {
         let before = hostConnection
         hostConnection = connection
-        guard connection == .enabled, before != .suspended, before != .enabled,
+        guard connection == .configured, before != .suspended, before != .configured,
               let driver, let machine = makeMachine() else { return }
         restartsForHost += 1
         driver.replaceMachine(machine)
     }
 
-    /// How many times the accessory started over for a new USB host connection (test hook).
-    var hostConnectionRestarts: Int { queue.sync { restartsForHost } }
+    /// How many times the accessory started over for a new USB host connection.
+    public var hostConnectionRestarts: Int { queue.sync { restartsForHost } }
 
     private func reboot() {
         if case .memory = attachment {
@@ -231,6 +231,27 @@ public final class SimulatorRunner: @unchecked Sendable {
         }
         launch()
     }
+}
+
+/// Where a wire's host stands, for a wire whose host can come and go under it.
+public enum HostConnectionState: Sendable, Hashable {
+    /// No host, or a host that has not configured the device (or reset it).
+    case absent
+    /// A host configured the device: the wire carries data.
+    case configured
+    /// The bus is suspended; the host that configured the device is still there.
+    case suspended
+}
+
+/// A wire whose host can come and go under it, as a USB gadget's does (a plug, a bus reset, the
+/// device controller bound again). A ``SimulatorRunner`` over one starts the accessory over each
+/// time a new host configures it, as a real accessory restarts its link on every USB connection.
+public protocol HostReconnectingWire: Transport {
+    /// The host connection now.
+    var hostConnection: HostConnectionState { get }
+    /// Calls `handler` with every change of ``hostConnection``, on the wire's own thread: it must
+    /// return quickly and must not wait for the queue the wire was activated on.
+    func onHostConnectionChange(_ handler: @escaping @Sendable (HostConnectionState) -> Void)
 }
 
 /// The native-transport interfaces of an in-process simulated accessory, as the host side of its

@@ -19,6 +19,9 @@ public enum ControlFailure: Hashable, Sendable, CustomStringConvertible {
     case identificationRejected([UInt16])
     /// The device said authentication failed (accessory role sees this).
     case authenticationRefusedByDevice
+    /// The peer made this side queue more control replies than ``IAP2Endpoint/controlQueueLimit``
+    /// without acknowledging them (a flood of requests on a link that does not move).
+    case overwhelmed(queued: Int)
 
     public var description: String {
         switch self {
@@ -26,6 +29,8 @@ public enum ControlFailure: Hashable, Sendable, CustomStringConvertible {
         case let .authenticationFailed(why): return "authentication failed: \(why)"
         case let .identificationRejected(ids): return "identification rejected (parameters \(ids.map(String.init).joined(separator: ", ")))"
         case .authenticationRefusedByDevice: return "the device refused the accessory's authentication"
+        case let .overwhelmed(queued):
+            return "the accessory sent requests faster than it acknowledged the \(queued) replies waiting for it; disconnected to bound memory"
         }
     }
 }
@@ -46,6 +51,9 @@ public enum EndpointEvent: Hashable, Sendable {
     case malformedMessage(String)
     case sessionOpened(sessionID: UInt16, protocolName: String)
     case sessionClosed(sessionID: UInt16, reason: String?)
+    /// Device: the accessory did not answer StartExternalAccessoryProtocolSession within
+    /// ``IAP2Endpoint/answerTimeout``; the session is closed (and the accessory told so).
+    case sessionOpenTimedOut(sessionID: UInt16, protocolName: String, after: Duration)
     /// New bytes are readable on a session.
     case bytesAvailable(sessionID: UInt16)
     /// A session that was full can take writes again.
@@ -96,8 +104,14 @@ public struct IAP2Endpoint: Sendable {
     /// The array the link's events are taken into, kept for the next time.
     private var linkEventScratch = ReusableArray<LinkEvent>()
 
+    /// Most control messages this side keeps queued for the peer. Only a peer that keeps asking
+    /// (StartPowerUpdates, identification…) while acknowledging nothing gets near it; past it the
+    /// connection fails with ``ControlFailure/overwhelmed(queued:)``.
+    public static let controlQueueLimit = 256
+
     /// How long the device waits for each answer of the accessory during authentication and
-    /// identification.
+    /// identification, and for the answer to StartExternalAccessoryProtocolSession (then
+    /// ``EndpointEvent/sessionOpenTimedOut(sessionID:protocolName:after:)``).
     public var answerTimeout: Duration {
         get { upper.answerTimeout }
         set { upper.answerTimeout = newValue }
@@ -154,7 +168,7 @@ public struct IAP2Endpoint: Sendable {
     }
 
     public var nextDeadline: LinkTime? {
-        switch (link.nextDeadline, upper.deadline) {
+        switch (link.nextDeadline, upper.nextDeadline) {
         case let (a?, b?): return min(a, b)
         case let (a, b): return a ?? b
         }
@@ -251,6 +265,7 @@ public struct IAP2Endpoint: Sendable {
     /// - Returns: the new EA session id; ``EndpointEvent/sessionOpened(sessionID:protocolName:)``
     ///   follows when the accessory confirms.
     public mutating func openSession(protocolName: String, now: LinkTime) throws(EndpointError) -> UInt16 {
+        upper.now = now
         let id = try upper.openSession(protocolName: protocolName)
         settle(now: now)
         return id
@@ -534,6 +549,8 @@ struct Upper: LinkSink, Sendable {
         var wasFull = false
         /// Bytes of this session the peer's link acknowledged.
         var acknowledged = 0
+        /// Device: when an opening session is given up on if the accessory has not answered.
+        var openDeadline: LinkTime?
     }
 
     enum ControlStep: Sendable {
@@ -556,6 +573,8 @@ struct Upper: LinkSink, Sendable {
 
     var events: [EndpointEvent] = []
     var controlOut = FIFO<[UInt8]>()
+    /// Set once the control queue overflowed: nothing more is queued on this connection.
+    var overwhelmed = false
     var controlSessionID: UInt8?
     var eaLinkSessionID: UInt8?
     /// What each EA data packet handed to the link and not yet acknowledged carries, in the order
@@ -605,7 +624,24 @@ struct Upper: LinkSink, Sendable {
         if role == .device { identified = false }
     }
 
+    /// The sooner of the control step's deadline and the opening sessions' ones.
+    var nextDeadline: LinkTime? {
+        var soonest = deadline
+        for session in sessions.entries where session.state == .opening {
+            if let open = session.openDeadline, soonest.map({ open < $0 }) ?? true { soonest = open }
+        }
+        return soonest
+    }
+
     mutating func advance(to now: LinkTime) {
+        for session in sessions.entries where session.state == .opening {
+            guard let open = session.openDeadline, open <= now else { continue }
+            let name = session.protocolName
+            // Said first, so that the owner tells the opener it timed out (not that it was refused).
+            events.append(.sessionOpenTimedOut(sessionID: session.id, protocolName: name, after: answerTimeout))
+            closeSession(session.id, reason: "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(answerTimeout)",
+                         notifyPeer: true)
+        }
         guard let deadline, deadline <= now else { return }
         self.deadline = nil
         let what: String
@@ -670,6 +706,16 @@ struct Upper: LinkSink, Sendable {
     // MARK: Control messages
 
     mutating func send(_ message: ControlMessage) {
+        guard !overwhelmed else { return }
+        guard controlOut.count < IAP2Endpoint.controlQueueLimit else {
+            // Replies pile up only when the peer keeps asking and does not acknowledge: bound
+            // them, and end the connection rather than grow.
+            overwhelmed = true
+            let queued = controlOut.count
+            controlOut.removeAll()
+            fail(.overwhelmed(queued: queued))
+            return
+        }
         if let bytes = try? message.encoded() { controlOut.append(bytes) }
     }
 
@@ -823,7 +869,8 @@ struct Upper: LinkSink, Sendable {
         var id = nextSessionID
         while id == 0 || sessions.contains(id) { id &+= 1 }
         nextSessionID = id &+ 1
-        sessions.insert(Session(id: id, protocolName: protocolName, protocolID: declared.identifier, state: .opening))
+        sessions.insert(Session(id: id, protocolName: protocolName, protocolID: declared.identifier, state: .opening,
+                                openDeadline: now + answerTimeout))
         send(ControlMessage(id: .startExternalAccessoryProtocolSession, parameters: [.uint8(0, declared.identifier), .uint16(1, id)]))
         return id
     }

@@ -5,6 +5,9 @@ public struct LinkStatistics: Hashable, Sendable {
     public var packetsSent = 0
     public var packetsReceived = 0
     public var retransmissions = 0
+    /// Packets an EAK named that were not sent again because they had just been (a repeated
+    /// EAK, or a flood of them).
+    public var eakRetransmissionsSkipped = 0
     public var duplicatesReceived = 0
     public var outOfOrderReceived = 0
     public var outsideWindowReceived = 0
@@ -84,6 +87,9 @@ public struct IAP2Link: Sendable {
         var packet: [UInt8]
         var sentAt: LinkTime
         var transmissions: Int
+        /// Retransmissions by timer since the peer was last heard from: the link fails when one
+        /// packet's count passes the negotiated maximum.
+        var silentRetransmissions = 0
     }
     /// A received packet parked until it can be delivered in order: a view of the array it
     /// arrived in when there was one (no copy), else a copy.
@@ -99,10 +105,11 @@ public struct IAP2Link: Sendable {
     private var held: [UInt8: Held] = [:]
     private var pendingAcks = 0
     private var ackDeadline: LinkTime?
-    /// Retransmission timeouts since the peer was last heard from; the link fails past the
-    /// negotiated maximum. Any packet from the peer resets it: a peer that answers but cannot
-    /// take data yet (receiver flow control) is alive, and waiting for it is back-pressure.
-    private var silentTimeouts = 0
+    /// Whether the peer was heard from since the packets in flight were last retransmitted by
+    /// timer: any packet from it resets every packet's ``InFlight/silentRetransmissions``. A peer
+    /// that answers but cannot take data yet (receiver flow control) is alive, and waiting for it
+    /// is back-pressure; a silent one is given up on after the negotiated number of rounds.
+    private var heardFromPeer = false
     /// The peer's next in-order packet was refused by the sink; until it is taken, later
     /// packets are neither held nor reported with EAK (that would only make the peer resend).
     private var refusing = false
@@ -347,15 +354,17 @@ public struct IAP2Link: Sendable {
         }
         guard state == .connected, let parameters = negotiated else { return }
         let timeout = Duration.milliseconds(Int(parameters.retransmissionTimeout))
-        var expired = false
+        if heardFromPeer {
+            heardFromPeer = false
+            for index in unacked.indices { unacked[index].silentRetransmissions = 0 }
+        }
+        // Counted per packet, so a window of packets whose timers fire at different moments is
+        // one round, not one round per packet.
         for index in unacked.indices where unacked[index].sentAt + timeout <= now {
-            if !expired {
-                expired = true
-                silentTimeouts += 1
-                if silentTimeouts > Int(parameters.maxRetransmissions) {
-                    fail(.maxRetransmissionsExceeded(sequence: unacked[index].sequence, count: unacked[index].transmissions))
-                    return
-                }
+            unacked[index].silentRetransmissions += 1
+            if unacked[index].silentRetransmissions > Int(parameters.maxRetransmissions) {
+                fail(.maxRetransmissionsExceeded(sequence: unacked[index].sequence, count: unacked[index].transmissions))
+                return
             }
             retransmit(at: index, now: now)
         }
@@ -475,14 +484,23 @@ public struct IAP2Link: Sendable {
             linkUp(offer, peer: echo(of: peer), own: offer)
         }
         guard state == .connected else { return }
-        silentTimeouts = 0
+        heardFromPeer = true
         if control.contains(.ack) { acknowledge(upTo: header.acknowledgement, now: now) }
         if control.contains(.eak) {
             statistics.eaksReceived += 1
             let listed = payload.withUnsafeBytes { Array($0) }
             let missing = ExtendedAcknowledgement.missing(after: header.acknowledgement, received: listed)
+            // A packet is sent again for an EAK once, then not before half a retransmission
+            // timeout has passed: an EAK that repeats (or a flood of them) would otherwise queue
+            // the same window again and again faster than the line carries it.
+            let spacing = Duration.milliseconds(Int(negotiated?.retransmissionTimeout ?? 0)) / 2
             for sequence in missing {
-                if let index = unacked.firstIndex(where: { $0.sequence == sequence }) { retransmit(at: index, now: now) }
+                guard let index = unacked.firstIndex(where: { $0.sequence == sequence }) else { continue }
+                if unacked[index].transmissions == 1 || unacked[index].sentAt + spacing <= now {
+                    retransmit(at: index, now: now)
+                } else {
+                    statistics.eakRetransmissionsSkipped += 1
+                }
             }
             return
         }
@@ -842,7 +860,7 @@ public struct IAP2Link: Sendable {
     }
 
     private mutating func clearData() {
-        silentTimeouts = 0
+        heardFromPeer = false
         refusing = false
         unacked.removeAll(keepingCapacity: true)
         sendQueue.removeAll()

@@ -90,6 +90,7 @@ public final class PseudoTerminal: Sendable {
             guard descriptors.ownsMaster else {
                 throw TransportError(
                     "the master side of \(slavePath) already belongs to a transport",
+                    kind: .busy,
                     advice: "keep the first transport, or create a new PseudoTerminal"
                 )
             }

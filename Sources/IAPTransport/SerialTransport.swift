@@ -1,5 +1,6 @@
 public import Dispatch
 internal import Glibc
+internal import SystemCalls
 internal import Synchronization
 
 /// iAP2 over a serial line: a UART, a USB-serial adapter (`/dev/ttyUSB*`, `/dev/ttyACM*`), or
@@ -19,8 +20,9 @@ internal import Synchronization
 /// Unsent output is discarded on close. Releasing a transport without ``cancel()`` closes the
 /// descriptor too, but delivers nothing.
 ///
-/// Each active transport has one watcher thread blocked in `poll(2)` on the descriptor and a
-/// wake-up pipe; it only says when to read or write. (Dispatch read and write sources are not
+/// One thread of the process, the serial poller, waits in `poll(2)` for every active transport
+/// (no thread per port: a thousand accessories cost one thread); it only says when to read or
+/// write, and each transport reads on its own queue. (Dispatch read and write sources are not
 /// used: on Linux, a hang-up makes libdispatch free its record of the descriptor on the
 /// handler's thread while its event thread is still using it, and the process crashes in
 /// `_dispatch_event_merge_fd`, which hang-up tests hit every few runs.)
@@ -53,8 +55,11 @@ public final class SerialTransport: Transport {
     ///   (`EIO`), or name a serial device instead of a file that is not a terminal (`ENOTTY`).
     public convenience init(spec: SerialPortSpec) throws(TransportError) {
         let path = spec.path
-        let descriptor = open(path, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC)
-        guard descriptor >= 0 else { throw Self.openError(path: path, errno: errno) }
+        let descriptor: Int32
+        switch SystemCall.open(path, O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC) {
+        case .success(let opened): descriptor = opened
+        case .failure(let error): throw Self.openError(path: path, errno: error.code)
+        }
         do throws(TransportError) {
             try Self.configureTerminal(descriptor, name: path, speed: spec.speed, baudRate: spec.baudRate)
             if tcflush(descriptor, TCIFLUSH) != 0 {
@@ -156,6 +161,7 @@ public final class SerialTransport: Transport {
             if code == ENOTTY || code == EINVAL {
                 throw TransportError(
                     "\(name) is not a terminal, so not a serial port",
+                    kind: .unsupported,
                     errno: code,
                     advice: "name the adapter's serial device instead, e.g. /dev/ttyUSB0 (ls /dev/ttyUSB* /dev/ttyACM* lists them)"
                 )
@@ -205,6 +211,7 @@ public final class SerialTransport: Transport {
         let rate = baudRate.map(String.init) ?? "the requested rate"
         return TransportError(
             "\(name) does not accept baud rate \(rate)",
+            kind: .unsupported,
             errno: code,
             advice: "try a lower rate, e.g. \(name):\(SerialPortSpec.defaultBaudRate); the accessory must use the same one"
         )
@@ -215,18 +222,23 @@ public final class SerialTransport: Transport {
         case ENOENT:
             TransportError(
                 "cannot open \(path): no such device",
+                kind: .notFound,
                 errno: code,
                 advice: "is the adapter plugged in? ls /dev/ttyUSB* /dev/ttyACM* lists the serial adapters"
             )
         case EACCES, EPERM:
             TransportError(
                 "cannot open \(path): permission denied",
+                kind: .permission,
                 errno: code,
-                advice: "add your user to the dialout group: sudo usermod -aG dialout $USER, then log in again"
+                advice: path.hasPrefix("/dev/pts/")
+                    ? "a pseudo-terminal belongs to the user who made it; run as that user (ls -l \(path) shows who)"
+                    : "add your user to the group of the device (ls -l \(path); dialout for serial adapters): sudo usermod -aG dialout $USER, then log in again"
             )
         case EBUSY:
             TransportError(
                 "cannot open \(path): the device is busy",
+                kind: .busy,
                 errno: code,
                 advice: "another program has it open (fuser -v \(path) shows which); close it and try again"
             )
@@ -239,6 +251,7 @@ public final class SerialTransport: Transport {
         case ENXIO, ENODEV:
             TransportError(
                 "cannot open \(path): no hardware behind this device node",
+                kind: .notFound,
                 errno: code,
                 advice: "pick the port the adapter really is on (ls /dev/ttyUSB* /dev/ttyACM*, or dmesg | grep tty)"
             )
@@ -251,9 +264,23 @@ public final class SerialTransport: Transport {
         }
     }
 
+    /// Most bytes kept waiting for the line: four full windows of 64 KiB packets. Only a peer
+    /// that stopped reading (or a line far slower than what the link sends) fills it; the
+    /// transport then closes with ``TransportError/Kind/stalled`` rather than grow.
+    public static let outputLimit = 8 << 20
+
+    static func stalledError(name: String, waiting: Int) -> TransportError {
+        TransportError(
+            "\(name) stopped taking data: \(waiting) bytes were waiting to be written",
+            kind: .stalled,
+            advice: "the accessory is not reading its input (hung, or flow control holding the line); reset it and connect again"
+        )
+    }
+
     static func hangUpError(name: String, errno code: Int32?) -> TransportError {
         TransportError(
             "\(name) hung up",
+            kind: .hungUp,
             errno: code,
             advice: "the adapter was unplugged or the other end of the pseudo-terminal closed; reconnect it and open the port again"
         )
@@ -281,10 +308,10 @@ public final class SerialTransport: Transport {
 
 // MARK: - Core
 
-/// The shared part of a ``SerialTransport``: state behind a lock, the watcher loop and the
-/// read pass. The user's handler is never called with the lock held, so it may call back into
+/// The shared part of a ``SerialTransport``: state behind a lock, what the poller waits for,
+/// and the read pass. The user's handler is never called with the lock held, so it may call back into
 /// the transport.
-private final class SerialCore: Sendable {
+final class SerialCore: Sendable {
     /// Bytes read per `read(2)` at most.
     static let readBufferSize = 64 * 1024
 
@@ -301,7 +328,7 @@ private final class SerialCore: Sendable {
     }
 
     func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
-        enum Outcome { case ignored, alreadyClosed, watch(wakeReader: Int32) }
+        enum Outcome { case ignored, alreadyClosed, finish, watch }
         let outcome = state.withLock { state -> Outcome in
             guard !state.activated else { return .ignored }
             state.activated = true
@@ -309,37 +336,33 @@ private final class SerialCore: Sendable {
             state.phase = .active
             state.queue = queue
             state.handler = handler
-            guard let (reader, writer) = makeWakePipe() else {
-                let code = errno
+            guard SerialPoller.shared.isAvailable else {
+                let code = SerialPoller.shared.setupError
                 state.close(reason: TransportError(
                     "cannot watch \(name): \(systemErrorText(code))",
                     errno: code,
                     advice: "too many open files; close some (or raise ulimit -n) and open the port again"
                 ), deliver: true)
                 // Nothing watches the descriptor, so nothing else finishes the close.
-                return .watch(wakeReader: -1)
+                return .finish
             }
-            state.wakeReader = reader
-            state.wakeWriter = writer
             state.readInterest = true
             state.readBuffer = [UInt8](repeating: 0, count: Self.readBufferSize)
             if state.outputStart < state.output.count {
                 state.flushOutput(name: name)
             }
-            return .watch(wakeReader: reader)
+            return .watch
         }
         switch outcome {
         case .ignored:
             return
         case .alreadyClosed:
             queue.async { handler(.closed(nil)) }
-        case .watch(let wakeReader) where wakeReader < 0:
+        case .finish:
             finish()
-        case .watch(let wakeReader):
-            // A thread of its own: the loop blocks in poll(2) until the transport closes.
-            DispatchQueue(label: "SerialTransport watcher: \(name)").async { [self] in
-                watch(wakeReader: wakeReader)
-            }
+        case .watch:
+            // Watched by the one poller thread every serial transport shares.
+            SerialPoller.shared.add(self)
         }
     }
 
@@ -356,7 +379,13 @@ private final class SerialCore: Sendable {
                 break
             }
             guard state.outputStart == state.output.count else {
-                // Earlier output is still waiting; the watcher writes this after it.
+                // Earlier output is still waiting; the watcher writes this after it, unless the
+                // peer has stopped reading for so long that the backlog passed the bound.
+                let waiting = state.output.count - state.outputStart
+                guard waiting + frame.count <= SerialTransport.outputLimit else {
+                    state.close(reason: SerialTransport.stalledError(name: name, waiting: waiting), deliver: true)
+                    return
+                }
                 state.output.append(contentsOf: frame)
                 return
             }
@@ -376,50 +405,33 @@ private final class SerialCore: Sendable {
         state.withLock { $0.close(reason: reason, deliver: deliver) }
     }
 
-    // MARK: Watcher thread
+    // MARK: Watched by the poller
 
-    /// Polls the descriptor for what the state wants (readable unless a read pass is under
-    /// way, writable while output is pending) and the wake-up pipe, until the transport closes.
-    private func watch(wakeReader: Int32) {
-        var drain = [UInt8](repeating: 0, count: 64)
-        while true {
-            let plan = state.withLock { state -> pollfd? in
-                guard state.phase == .active else { return nil }
-                var events: Int16 = 0
-                if state.readInterest { events |= Int16(POLLIN) }
-                if state.outputStart < state.output.count { events |= Int16(POLLOUT) }
-                // After a hang-up poll(2) reports POLLHUP whatever was asked: ignore the
-                // descriptor until the read pass under way sees the hang-up and closes.
-                let watched = events != 0 && !state.hangUpSeen
-                return pollfd(fd: watched ? state.descriptor : -1, events: events, revents: 0)
-            }
-            guard let plan else { break }
-            var watched = [plan, pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
-            let ready = watched.withUnsafeMutableBufferPointer { poll($0.baseAddress, nfds_t($0.count), -1) }
-            if ready < 0 {
-                let code = errno
-                if code == EINTR || code == EAGAIN { continue }
-                state.withLock { state in
-                    state.close(reason: TransportError(
-                        "cannot watch \(name): \(systemErrorText(code))",
-                        errno: code,
-                        advice: "open the port again"
-                    ), deliver: true)
-                }
-                break
-            }
-            if watched[1].revents != 0 {
-                while drain.withUnsafeMutableBytes({ read(wakeReader, $0.baseAddress, $0.count) }) > 0 {}
-            }
-            let revents = Int32(watched[0].revents)
-            if revents != 0 {
-                handle(revents)
-            }
+    /// What the poller should wait for now: readable unless a read pass is under way, writable
+    /// while output is pending. Nil once the transport closed (the poller then drops it and
+    /// calls ``finish()``).
+    func pollPlan() -> pollfd? {
+        state.withLock { state -> pollfd? in
+            guard state.phase == .active else { return nil }
+            var events: Int16 = 0
+            if state.readInterest { events |= Int16(POLLIN) }
+            if state.outputStart < state.output.count { events |= Int16(POLLOUT) }
+            // After a hang-up poll(2) reports POLLHUP whatever was asked: ignore the
+            // descriptor until the read pass under way sees the hang-up and closes.
+            let watched = events != 0 && !state.hangUpSeen
+            return pollfd(fd: watched ? state.descriptor : -1, events: events, revents: 0)
         }
-        finish()
     }
 
-    private func handle(_ revents: Int32) {
+    /// The poller could not wait at all: close with why.
+    func pollFailed(_ error: SystemError) {
+        state.withLock { state in
+            state.close(reason: TransportError("cannot watch \(name): \(error)", errno: error.code, advice: "open the port again"),
+                        deliver: true)
+        }
+    }
+
+    func handle(_ revents: Int32) {
         let readPass = state.withLock { state -> DispatchQueue? in
             guard state.phase == .active else { return nil }
             if revents & POLLNVAL != 0 {
@@ -443,8 +455,8 @@ private final class SerialCore: Sendable {
         readPass?.async { [self] in readAvailable() }
     }
 
-    /// Closes the descriptors once the watcher stopped polling them, then delivers the close.
-    private func finish() {
+    /// Closes the descriptor once the poller stopped polling it, then delivers the close.
+    func finish() {
         let (queue, handler, reason) = state.withLock { state in
             state.releaseDescriptors()
             defer { state.handler = nil }
@@ -458,7 +470,6 @@ private final class SerialCore: Sendable {
 
     private enum ReadStep {
         case delivered
-        case again
         case stop
     }
 
@@ -470,14 +481,12 @@ private final class SerialCore: Sendable {
             let (step, bytes, handler) = state.withLock { state -> (ReadStep, [UInt8], (@Sendable (TransportEvent) -> Void)?) in
                 guard state.phase == .active else { return (.stop, [], nil) }
                 let descriptor = state.descriptor
-                let count = state.readBuffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
-                if count > 0 {
+                let result = state.readBuffer.withUnsafeMutableBytes { SystemCall.read(descriptor, into: $0) }
+                if case .success(let count) = result, count > 0 {
                     return (.delivered, Array(state.readBuffer[..<count]), state.handler)
                 }
-                let code = count == 0 ? nil : errno
+                let code: Int32? = if case .failure(let error) = result { error.code } else { nil }
                 switch code {
-                case EINTR?:
-                    return (.again, [], nil)
                 case EAGAIN?, EWOULDBLOCK?:
                     if state.hangUpSeen {
                         // poll(2) said hang-up or error, yet there is nothing to read: the
@@ -500,7 +509,6 @@ private final class SerialCore: Sendable {
             }
             switch step {
             case .delivered: handler?(.received(bytes))
-            case .again: continue
             case .stop: return
             }
         }
@@ -531,7 +539,7 @@ package func makeWakePipe() -> (Int32, Int32)? {
 
 // MARK: - State
 
-private enum Phase {
+enum Phase {
     /// Open, not yet activated: output is queued.
     case idle
     /// Being watched.
@@ -540,7 +548,7 @@ private enum Phase {
     case closed
 }
 
-private struct State {
+struct State {
     var phase = Phase.idle
     /// Whether activate(queue:handler:) was called (it takes effect once).
     var activated = false
@@ -548,9 +556,6 @@ private struct State {
     let ownsDescriptor: Bool
     var queue: DispatchQueue?
     var handler: (@Sendable (TransportEvent) -> Void)?
-    /// The wake-up pipe: writing a byte makes the watcher look at the state again.
-    var wakeReader: Int32 = -1
-    var wakeWriter: Int32 = -1
     /// Whether the watcher should wait for readability (false while a read pass is scheduled).
     var readInterest = false
     /// poll(2) reported a hang-up or an error condition.
@@ -569,12 +574,9 @@ private struct State {
         self.ownsDescriptor = ownsDescriptor
     }
 
-    /// Makes the watcher look at the state again.
+    /// Makes the poller look at the state again.
     func wake() {
-        guard wakeWriter >= 0 else { return }
-        var byte: UInt8 = 1
-        // A full pipe already holds a wake-up, so a failed write loses nothing.
-        _ = write(wakeWriter, &byte, 1)
+        SerialPoller.shared.wake()
     }
 
     /// Writes pending output until the kernel stops taking it.
@@ -620,14 +622,10 @@ private struct State {
         }
     }
 
-    /// Closes the descriptor (when owned) and the wake-up pipe.
+    /// Closes the descriptor (when owned).
     mutating func releaseDescriptors() {
         if ownsDescriptor, descriptor >= 0 { _ = Glibc.close(descriptor) }
         descriptor = -1
-        if wakeReader >= 0 { _ = Glibc.close(wakeReader) }
-        if wakeWriter >= 0 { _ = Glibc.close(wakeWriter) }
-        wakeReader = -1
-        wakeWriter = -1
     }
 }
 
@@ -642,22 +640,114 @@ private struct WriteResult {
 private func writeAvailableBytes(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer) -> WriteResult {
     var written = 0
     while written < bytes.count {
-        let count = write(descriptor, bytes.baseAddress.map { $0 + written }, bytes.count - written)
-        if count > 0 {
+        switch SystemCall.write(descriptor, UnsafeRawBufferPointer(rebasing: bytes[written...])) {
+        case .success(0):
+            return WriteResult(written: written, errorCode: nil)
+        case .success(let count):
             written += count
-            continue
+        case .failure(let error) where error.kind == .wouldBlock:
+            return WriteResult(written: written, errorCode: nil)
+        case .failure(let error):
+            return WriteResult(written: written, errorCode: error.code)
         }
-        if count == 0 { break }
-        let code = errno
-        if code == EINTR { continue }
-        if code == EAGAIN || code == EWOULDBLOCK { break }
-        return WriteResult(written: written, errorCode: code)
     }
     return WriteResult(written: written, errorCode: nil)
 }
 
-/// `strerror(3)` text for an errno value.
+/// `strerror(3)` text with the errno's name, e.g. "No such file or directory (ENOENT)".
 func systemErrorText(_ code: Int32) -> String {
-    guard let text = strerror(code) else { return "error \(code)" }
-    return String(cString: text)
+    SystemError(code).description
+}
+
+// MARK: - The poller
+
+/// One thread that waits in `poll(2)` for every active serial transport of the process, so an
+/// accessory costs no thread of its own (a thread per port once exhausted Dispatch's pool at 255
+/// ports). It wakes through a pipe whenever a transport's interest changes (output queued, a read
+/// pass finished, a close), rebuilds its list, and hands each ready descriptor to its transport,
+/// which reads on its own queue. Started on the first activation; it runs for the life of the
+/// process, parked in `poll(2)` when there is nothing to do.
+final class SerialPoller: Sendable {
+    static let shared = SerialPoller()
+
+    private let members = Mutex<[SerialCore]>([])
+    private let wakeReader: Int32
+    private let wakeWriter: Int32
+    /// The errno of a failed setup (no pipe), else 0.
+    let setupError: Int32
+    private let started = Mutex(false)
+
+    private init() {
+        if let (reader, writer) = makeWakePipe() {
+            (wakeReader, wakeWriter, setupError) = (reader, writer, 0)
+        } else {
+            (wakeReader, wakeWriter, setupError) = (-1, -1, errno)
+        }
+    }
+
+    /// Whether the poller can run (its wake-up pipe exists).
+    var isAvailable: Bool { wakeWriter >= 0 }
+
+    /// Starts watching `core` (its state is already active).
+    func add(_ core: SerialCore) {
+        members.withLock { $0.append(core) }
+        let start = started.withLock { started -> Bool in
+            defer { started = true }
+            return !started
+        }
+        if start {
+            DispatchQueue(label: "SerialTransport poller").async { [self] in run() }
+        } else {
+            wake()
+        }
+    }
+
+    /// Makes the poller look at every transport again.
+    func wake() {
+        guard wakeWriter >= 0 else { return }
+        var byte: UInt8 = 1
+        // A full pipe already holds a wake-up, so a failed write loses nothing.
+        _ = write(wakeWriter, &byte, 1)
+    }
+
+    private func run() {
+        var drain = [UInt8](repeating: 0, count: 256)
+        var watched: [pollfd] = []
+        var polled: [SerialCore] = []
+        while true {
+            let current = members.withLock { $0 }
+            watched.removeAll(keepingCapacity: true)
+            polled.removeAll(keepingCapacity: true)
+            watched.append(pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0))
+            var finished: Set<ObjectIdentifier> = []
+            for core in current {
+                if let plan = core.pollPlan() {
+                    watched.append(plan)
+                    polled.append(core)
+                } else {
+                    finished.insert(ObjectIdentifier(core))
+                }
+            }
+            if !finished.isEmpty {
+                let gone = members.withLock { members -> [SerialCore] in
+                    let gone = members.filter { finished.contains(ObjectIdentifier($0)) }
+                    members.removeAll { finished.contains(ObjectIdentifier($0)) }
+                    return gone
+                }
+                for core in gone { core.finish() }
+            }
+            if case .failure(let error) = SystemCall.poll(&watched) {
+                if error.kind == .wouldBlock { continue }
+                // Cannot happen with valid arguments; fail the transports rather than spin.
+                for core in polled { core.pollFailed(error) }
+                continue
+            }
+            if watched[0].revents != 0 {
+                while drain.withUnsafeMutableBytes({ read(wakeReader, $0.baseAddress, $0.count) }) > 0 {}
+            }
+            for (index, core) in polled.enumerated() where watched[index + 1].revents != 0 {
+                core.handle(Int32(watched[index + 1].revents))
+            }
+        }
+    }
 }

@@ -48,20 +48,49 @@ public struct BorrowedBytes: @unchecked Sendable {
 }
 
 /// Why a transport failed, with what a person can do about it.
+///
+/// Decide on ``kind`` (and ``errno``), never on the message: the message is for people and may
+/// change.
 public struct TransportError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What a caller can decide on without reading the message.
+    public enum Kind: String, Sendable, Hashable {
+        /// The wire went away: an adapter unplugged, a pseudo-terminal's other end closed, a USB
+        /// device disconnected.
+        case hungUp
+        /// The device or file does not exist.
+        case notFound
+        /// Not allowed (file permissions, a missing group, root needed).
+        case permission
+        /// Someone else holds it (another program, another transport, another session).
+        case busy
+        /// The device cannot do what was asked (a baud rate, a descriptor that is not a tty).
+        case unsupported
+        /// The peer did not answer within the time allowed.
+        case timedOut
+        /// The peer stopped taking data: more waited to be written than the transport keeps.
+        case stalled
+        /// Anything else: see the message.
+        case failed
+    }
+
     /// What failed, e.g. "cannot open /dev/ttyUSB0".
     public var message: String
+    /// What kind of failure it is.
+    public var kind: Kind
     /// The errno, when the failure came from a system call.
     public var errno: Int32?
     /// What to do next, e.g. "add your user to the dialout group".
     public var advice: String?
 
-    public init(_ message: String, errno: Int32? = nil, advice: String? = nil) {
+    /// An error saying `message`; `kind` defaults to ``Kind/failed``.
+    public init(_ message: String, kind: Kind = .failed, errno: Int32? = nil, advice: String? = nil) {
         self.message = message
+        self.kind = kind
         self.errno = errno
         self.advice = advice
     }
 
+    /// The message, then the advice after a semicolon.
     public var description: String {
         advice.map { "\(message); \($0)" } ?? message
     }

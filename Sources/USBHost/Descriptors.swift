@@ -1,5 +1,5 @@
 // USB descriptors as values, parsed from the bytes a device sends (USB 2.0 §9.6), and the rule
-// that finds an iAP interface. Pure Swift with no imports, so the fuzzer can build it alone.
+// that finds a function's interfaces by class. Pure Swift with no imports, so the fuzzer can build it alone.
 
 /// Why descriptor bytes could not be parsed.
 public struct USBDescriptorError: Error, Hashable, Sendable, CustomStringConvertible {
@@ -61,10 +61,10 @@ public struct USBInterfaceDescriptor: Hashable, Sendable {
         self.endpoints = endpoints
     }
 
-    /// The iAP2 interface of an accessory in USB host mode: vendor class FF, subclass F0, protocol 00.
-    public var isIAP: Bool { interfaceClass == 0xFF && interfaceSubclass == 0xF0 && interfaceProtocol == 0x00 }
-    /// An EA native-transport interface: FF/F0/01.
-    public var isNativeTransport: Bool { interfaceClass == 0xFF && interfaceSubclass == 0xF0 && interfaceProtocol == 0x01 }
+    /// Its class, subclass and protocol.
+    public var classTriple: USBInterfaceClass {
+        USBInterfaceClass(interfaceClass, interfaceSubclass, interfaceProtocol)
+    }
     /// The first bulk IN endpoint.
     public var bulkIn: USBEndpointDescriptor? { endpoints.first { $0.isBulk && $0.isIn } }
     /// The first bulk OUT endpoint.
@@ -206,49 +206,96 @@ public struct USBID: Hashable, Sendable, CustomStringConvertible {
     public var description: String { USBDeviceDescriptor.hex4(vendorID) + ":" + USBDeviceDescriptor.hex4(productID) }
 }
 
-/// Where an accessory's iAP2 interface is, as the matching rule found it.
-public struct IAPInterfaceLocation: Hashable, Sendable {
+/// An interface's class, subclass and protocol: what a function is recognised by.
+public struct USBInterfaceClass: Hashable, Sendable, CustomStringConvertible {
+    /// bInterfaceClass.
+    public var classCode: UInt8
+    /// bInterfaceSubClass.
+    public var subclass: UInt8
+    /// bInterfaceProtocol.
+    public var protocolCode: UInt8
+
+    /// The triple `classCode/subclass/protocolCode`.
+    public init(_ classCode: UInt8, _ subclass: UInt8, _ protocolCode: UInt8) {
+        self.classCode = classCode
+        self.subclass = subclass
+        self.protocolCode = protocolCode
+    }
+
+    /// `FF/F0/00` in upper-case hex.
+    public var description: String {
+        [classCode, subclass, protocolCode].map { USBInterfaceClass.hex2($0) }.joined(separator: "/")
+    }
+
+    private static func hex2(_ value: UInt8) -> String {
+        let digits = String(value, radix: 16, uppercase: true)
+        return digits.count == 1 ? "0" + digits : digits
+    }
+}
+
+/// What a host looks for on a device: a main interface of one class with a bulk pair, and
+/// companion interfaces of another class in the same configuration, each opened by selecting an
+/// alternate setting that has a bulk pair. The host's protocol layer says which classes (the
+/// `USBTransport` module gives the iAP2 ones); this layer only matches them.
+public struct USBFunctionMatch: Hashable, Sendable {
+    /// The class of the interface the function runs over.
+    public var main: USBInterfaceClass
+    /// The class of the companion interfaces, if the function has any.
+    public var companion: USBInterfaceClass?
+
+    /// Matches `main` with a bulk pair, and `companion` interfaces beside it.
+    public init(main: USBInterfaceClass, companion: USBInterfaceClass? = nil) {
+        self.main = main
+        self.companion = companion
+    }
+}
+
+/// Where a device's function is, as a ``USBFunctionMatch`` found it.
+public struct USBFunctionLocation: Hashable, Sendable {
     /// The configuration that has the interface.
     public var configurationValue: UInt8
     /// Whether that configuration has to be selected first (it is not the active one).
     public var needsConfigurationChange: Bool
-    /// The FF/F0/00 interface (alternate setting 0 unless only another one has the endpoints).
+    /// The main interface (alternate setting 0 unless only another one has the endpoints).
     public var interface: USBInterfaceDescriptor
+    /// Its bulk IN endpoint.
     public var bulkIn: USBEndpointDescriptor
+    /// Its bulk OUT endpoint.
     public var bulkOut: USBEndpointDescriptor
-    /// The EA native-transport interfaces (FF/F0/01) of the same configuration, every alternate setting.
-    public var nativeTransport: [USBInterfaceDescriptor]
+    /// The companion interfaces of the same configuration, every alternate setting.
+    public var companions: [USBInterfaceDescriptor]
 
-    /// The native-transport interfaces that can carry data: for each FF/F0/01 interface number,
-    /// the alternate setting that has a bulk IN and a bulk OUT endpoint (normally 1; alternate
-    /// setting 0 has none and means "closed"), in interface order.
+    /// The companion interfaces that can carry data: for each interface number, the alternate
+    /// setting that has a bulk IN and a bulk OUT endpoint (normally 1; alternate setting 0 has
+    /// none and means "closed"), in interface order.
     public var nativeInterfaces: [NativeInterfaceLocation] {
         var found: [NativeInterfaceLocation] = []
-        for number in Set(nativeTransport.map(\.number)).sorted() {
-            let settings = nativeTransport.filter { $0.number == number && $0.alternateSetting != 0 }
+        for number in Set(companions.map(\.number)).sorted() {
+            let settings = companions.filter { $0.number == number && $0.alternateSetting != 0 }
                 .sorted { $0.alternateSetting < $1.alternateSetting }
             guard let open = settings.first(where: { $0.bulkIn != nil && $0.bulkOut != nil }),
                   let bulkIn = open.bulkIn, let bulkOut = open.bulkOut else { continue }
-            let name = nativeTransport.first { $0.number == number && $0.nameIndex != 0 }?.nameIndex ?? open.nameIndex
+            let name = companions.first { $0.number == number && $0.nameIndex != 0 }?.nameIndex ?? open.nameIndex
             found.append(NativeInterfaceLocation(number: number, alternateSetting: open.alternateSetting, nameIndex: name,
                                                  bulkIn: bulkIn, bulkOut: bulkOut))
         }
         return found
     }
 
-    /// Finds the iAP2 interface: an FF/F0/00 interface with a bulk IN and a bulk OUT endpoint, in
-    /// the active configuration if it has one, else in the first configuration that does (which
-    /// the host then selects, as usbmuxd does for its interface). Nil when no configuration has
-    /// one: the device is not an accessory in USB host mode.
-    public static func find(in configurations: [USBConfigurationDescriptor], activeConfiguration: UInt8?) -> IAPInterfaceLocation? {
-        func candidate(_ configuration: USBConfigurationDescriptor) -> IAPInterfaceLocation? {
-            for interface in configuration.interfaces where interface.isIAP {
+    /// Finds the function: an interface of `match.main`'s class with a bulk IN and a bulk OUT
+    /// endpoint, in the active configuration if it has one, else in the first configuration that
+    /// does (which the host then selects, as usbmuxd does for its interface). Nil when no
+    /// configuration has one.
+    public static func find(_ match: USBFunctionMatch, in configurations: [USBConfigurationDescriptor],
+                            activeConfiguration: UInt8?) -> USBFunctionLocation? {
+        func candidate(_ configuration: USBConfigurationDescriptor) -> USBFunctionLocation? {
+            for interface in configuration.interfaces where interface.classTriple == match.main {
                 guard let bulkIn = interface.bulkIn, let bulkOut = interface.bulkOut else { continue }
-                return IAPInterfaceLocation(
+                return USBFunctionLocation(
                     configurationValue: configuration.value,
                     needsConfigurationChange: configuration.value != activeConfiguration,
                     interface: interface, bulkIn: bulkIn, bulkOut: bulkOut,
-                    nativeTransport: configuration.interfaces.filter(\.isNativeTransport))
+                    companions: configuration.interfaces.filter { match.companion != nil && $0.classTriple == match.companion })
             }
             return nil
         }
@@ -260,9 +307,9 @@ public struct IAPInterfaceLocation: Hashable, Sendable {
     }
 }
 
-/// An EA native-transport interface (FF/F0/01, PROTOCOL.md §4.3): selecting
-/// ``alternateSetting`` (normally 1) opens the protocol's session and gives it the bulk pair;
-/// alternate setting 0, which has no endpoints, closes it.
+/// A companion interface that carries data once opened (iAP's EA native transport, PROTOCOL.md
+/// §4.3): selecting ``alternateSetting`` (normally 1) opens the protocol's session and gives it
+/// the bulk pair; alternate setting 0, which has no endpoints, closes it.
 public struct NativeInterfaceLocation: Hashable, Sendable {
     /// bInterfaceNumber.
     public var number: UInt8

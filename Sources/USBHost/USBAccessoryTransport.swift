@@ -1,7 +1,6 @@
 internal import ByteRing
 internal import CLibUSB
 public import Dispatch
-public import IAPTransport
 
 /// Counters of one USB accessory's bulk pipes, for `iapctl` and the tests.
 public struct USBPipeStatistics: Sendable, Hashable {
@@ -35,11 +34,12 @@ public struct USBPipeStatistics: Sendable, Hashable {
     public var abandonedTransfers = 0
 }
 
-/// The iAP2 bulk interface of one USB accessory as a ``Transport``.
+/// The main bulk interface of one USB function (an accessory's iAP2 interface) as a pipe of
+/// frames out and bytes in; the `USBTransport` module makes it a `Transport`.
 ///
 /// IN: ``USBOptions/inTransfers`` bulk IN transfers are always queued, each over a slot of a
 /// ``ByteRing``; a completion publishes its slot and the bytes are handed to the event handler
-/// in place (``TransportEvent/borrowed(_:)``), then the slot is resubmitted. OUT: one link packet
+/// in place (``Event/borrowed(_:)``), then the slot is resubmitted. OUT: one link packet
 /// per transfer, copied into a ring slot, with a zero-length packet when its length is a
 /// multiple of wMaxPacketSize; frames wait in order when every slot is in flight. A stall is
 /// cleared and the pipe resumes; OUT timeouts back off; a vanished device ends the transport
@@ -47,9 +47,21 @@ public struct USBPipeStatistics: Sendable, Hashable {
 /// back, then frees the slots, releases the interface and closes the device.
 ///
 /// Confined to the context's event queue (every method runs there).
-public final class USBAccessoryTransport: Transport, @unchecked Sendable {
+public final class USBAccessoryTransport: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only.
-    public let kind: TransportKind = .usb
+
+    /// Something that happened on the bulk pair.
+    public enum Event: Sendable {
+        /// Bytes arrived, lent in place from the IN slot for the handler call only (when the
+        /// handler runs on the context's queue).
+        case borrowed(USBBorrowedBytes)
+        /// Bytes arrived, copied (when the handler runs on another queue).
+        case received([UInt8])
+        /// The pipe closed: `nil` when asked to, otherwise why. No event follows.
+        case closed(USBError?)
+    }
+
+    /// What a person reads, e.g. `usb 1-1.2 2ca3:1002`.
     public let description: String
     /// The device this transport talks to.
     public let device: USBDeviceInfo
@@ -67,9 +79,9 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// A zero-length packet the kernel could not add to a frame is owed, before any other frame.
     private var zeroLengthPacketOwed = false
     private var waitingHead = 0
-    private enum State { case idle, running, closing(TransportError?), closed }
+    private enum State { case idle, running, closing(USBError?), closed }
     private var state = State.idle
-    private var handler: (@Sendable (TransportEvent) -> Void)?
+    private var handler: (@Sendable (Event) -> Void)?
     private var handlerQueue: DispatchQueue?
     private var inHalted = false
     private var outHalted = false
@@ -92,7 +104,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
     /// Counters since activation.
     public var statistics: USBPipeStatistics { pipe.statistics }
 
-    init(device: USBDeviceInfo, backend: any USBBackend, handle: OpaquePointer, location: IAPInterfaceLocation, options: USBOptions,
+    init(device: USBDeviceInfo, backend: any USBBackend, handle: OpaquePointer, location: USBFunctionLocation, options: USBOptions,
          queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String, onFinished: @escaping () -> Void) {
         self.contextMarker = contextMarker
         self.onFinished = onFinished
@@ -127,9 +139,11 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         }
     }
 
-    // MARK: Transport
+    // MARK: Pipe
 
-    public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+    /// Starts delivering events to `handler` on `queue` and queues the IN transfers; frames sent
+    /// before go out now.
+    public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (Event) -> Void) {
         onQueue { [self] in
             guard case .idle = state else { return }
             self.handler = handler
@@ -137,7 +151,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
             keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until teardown ends
             state = .running
             guard pipe.isComplete else {
-                fail(TransportError("cannot allocate libusb transfers for \(description)"))
+                fail(usbFailure("cannot allocate libusb transfers for \(description)"))
                 return
             }
             refillIn()
@@ -162,6 +176,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         onQueue { [self] in enqueue(frame) }
     }
 
+    /// Cancels what is in flight and closes the device; the handler then gets `.closed(nil)`.
     public func cancel() {
         queue.async { [self] in
             switch state {
@@ -227,7 +242,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
                     let copy = Array(view)
                     handlerQueue.async { handler(.received(copy)) }
                 } else {
-                    handler(.borrowed(BorrowedBytes(view)))
+                    handler(.borrowed(USBBorrowedBytes(view)))
                 }
             }
             inRing.consume(view.count)
@@ -243,14 +258,14 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         }
         guard case .running = state else { return }
         guard frame.count <= pipe.outRing.slotCapacity else {
-            fail(TransportError("a frame of \(frame.count) bytes exceeds the \(pipe.outRing.slotCapacity)-byte OUT slots of \(description)"))
+            fail(usbFailure("a frame of \(frame.count) bytes exceeds the \(pipe.outRing.slotCapacity)-byte OUT slots of \(description)"))
             return
         }
         if waitingHead < waiting.count || zeroLengthPacketOwed || outHalted || retryScheduled || !submitOut(frame) {
             waiting.append(frame)
             pipe.statistics.queuedFrames += 1
             if waiting.count - waitingHead > options.maxQueuedFrames {
-                fail(TransportError("\(description): \(options.maxQueuedFrames) frames waiting for the OUT pipe; the accessory stopped reading",
+                fail(usbFailure("\(description): \(options.maxQueuedFrames) frames waiting for the OUT pipe; the accessory stopped reading",
                                     advice: "unplug and replug the accessory"))
             }
         }
@@ -341,7 +356,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         pipe.statistics.errors += 1
         consecutiveErrors += 1
         if consecutiveErrors >= options.maxConsecutiveErrors {
-            fail(TransportError("\(description): \(consecutiveErrors) transfer errors in a row",
+            fail(usbFailure("\(description): \(consecutiveErrors) transfer errors in a row",
                                 advice: "unplug and replug the accessory; if it keeps happening, try another cable or port"))
         } else {
             scheduleRetry()
@@ -362,7 +377,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
 
     private func deviceGone() {
         deviceWentAway = true
-        fail(TransportError("\(description) was disconnected"))
+        fail(usbFailure("\(description) was disconnected", kind: .noDevice))
     }
 
     /// Clears a stalled endpoint once none of its transfers is in flight (on the setup queue:
@@ -376,7 +391,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
                 guard case .running = state else { return finishIfDrained() }
                 if status != 0, status != LIBUSB_ERROR_NOT_FOUND.rawValue {
                     if status == LIBUSB_ERROR_NO_DEVICE.rawValue { return deviceGone() }
-                    return fail(TransportError("cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)) of \(description): \(errorName(status))",
+                    return fail(usbFailure("cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)) of \(description): \(errorName(status))",
                                                advice: "unplug and replug the accessory"))
                 }
                 pipe.statistics.stalls += 1
@@ -392,12 +407,12 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
 
     // MARK: Teardown
 
-    private func fail(_ error: TransportError) {
+    private func fail(_ error: USBError) {
         guard case .running = state else { return }
         beginClosing(error)
     }
 
-    private func beginClosing(_ error: TransportError?) {
+    private func beginClosing(_ error: USBError?) {
         state = .closing(error)
         waiting.removeAll()
         waitingHead = 0
@@ -439,10 +454,10 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
         // The kernel may still complete them, into the engine: it is leaked on purpose, deaf.
         pipe.onCompletion = nil
         _ = Unmanaged.passRetained(pipe)
-        report(error ?? TransportError("\(description): transfers did not finish within \(options.teardownTimeoutMilliseconds) ms of closing"))
+        report(error ?? usbFailure("\(description): transfers did not finish within \(options.teardownTimeoutMilliseconds) ms of closing"))
     }
 
-    private func report(_ error: TransportError?) {
+    private func report(_ error: USBError?) {
         state = .closed
         let handler = self.handler
         self.handler = nil
@@ -461,17 +476,7 @@ public final class USBAccessoryTransport: Transport, @unchecked Sendable {
 
 // MARK: - Native transports
 
-extension USBAccessoryTransport: NativeTransportProvider {
-    /// This transport opens the accessory's native-transport interfaces itself.
-    public var nativeTransports: (any NativeTransportProvider)? { self }
-
-    /// Its ``USBPipeStatistics`` and its ``USBDeviceInfo``. Call on the context's queue.
-    public func capability<Value>(_ type: Value.Type) -> Value? {
-        if type == USBPipeStatistics.self { return statistics as? Value }
-        if type == USBDeviceInfo.self { return device as? Value }
-        return nil
-    }
-
+extension USBAccessoryTransport {
     /// The names of the accessory's native-transport interfaces (their iInterface strings, by
     /// convention the EA protocol each carries), in interface order.
     public var nativeProtocolNames: [String] {
@@ -486,9 +491,9 @@ extension USBAccessoryTransport: NativeTransportProvider {
     /// Fails, saying what to do, when the configuration has no such interface, when it is
     /// already open, when another program holds it, or when the accessory refuses the
     /// alternate setting.
-    public func openNativeChannel(for protocolName: String, queue replyQueue: DispatchQueue,
-                                  completion: @escaping @Sendable (Result<any ByteChannel, TransportError>) -> Void) {
-        let reply: @Sendable (Result<any ByteChannel, TransportError>) -> Void = { [queue] result in
+    public func openNativePipe(for protocolName: String, queue replyQueue: DispatchQueue,
+                               completion: @escaping @Sendable (Result<USBNativePipe, USBError>) -> Void) {
+        let reply: @Sendable (Result<USBNativePipe, USBError>) -> Void = { [queue] result in
             if replyQueue === queue { completion(result) } else { replyQueue.async { completion(result) } }
         }
         queue.async { [self] in openNative(protocolName, reply: reply) }
@@ -496,21 +501,21 @@ extension USBAccessoryTransport: NativeTransportProvider {
 
     /// The interface for `protocolName`: by name, else the only one.
     static func nativeInterface(for protocolName: String, among interfaces: [NativeInterfaceLocation],
-                                names: [UInt8: String], device: String) -> Result<NativeInterfaceLocation, TransportError> {
+                                names: [UInt8: String], device: String) -> Result<NativeInterfaceLocation, USBError> {
         if let named = interfaces.first(where: { names[$0.number] == protocolName }) { return .success(named) }
         if interfaces.count == 1, let only = interfaces.first { return .success(only) }
         if interfaces.isEmpty {
-            return .failure(TransportError("\(device) declares '\(protocolName)' on a native transport but has no native-transport interface (FF/F0/01 with a bulk pair) in its configuration",
+            return .failure(usbFailure("\(device) declares '\(protocolName)' on a native transport but has no native-transport interface (FF/F0/01 with a bulk pair) in its configuration",
                                            advice: "the accessory's descriptors and its identification disagree; ask its maker, or use a protocol it carries on the iAP2 link"))
         }
         let listed = interfaces.map { "\($0.number) (\(names[$0.number].map { "'\($0)'" } ?? "unnamed"))" }.joined(separator: ", ")
-        return .failure(TransportError("\(device) has \(interfaces.count) native-transport interfaces, \(listed), and none is named '\(protocolName)'",
+        return .failure(usbFailure("\(device) has \(interfaces.count) native-transport interfaces, \(listed), and none is named '\(protocolName)'",
                                        advice: "the accessory should name each native interface after its protocol (iInterface)"))
     }
 
-    private func openNative(_ protocolName: String, reply: @escaping @Sendable (Result<any ByteChannel, TransportError>) -> Void) {
+    private func openNative(_ protocolName: String, reply: @escaping @Sendable (Result<USBNativePipe, USBError>) -> Void) {
         guard case .running = state else {
-            return reply(.failure(TransportError("\(description) is closed")))
+            return reply(.failure(usbFailure("\(description) is closed")))
         }
         let target: NativeInterfaceLocation
         switch Self.nativeInterface(for: protocolName, among: nativeInterfaces, names: device.nativeInterfaceNames, device: description) {
@@ -525,7 +530,7 @@ extension USBAccessoryTransport: NativeTransportProvider {
             return
         }
         guard nativePipes[number] == nil, !nativeOpening.contains(number) else {
-            return reply(.failure(TransportError("native-transport interface \(number) of \(description) already carries an open session",
+            return reply(.failure(usbFailure("native-transport interface \(number) of \(description) already carries an open session",
                                                  advice: "close that session first")))
         }
         let claimed = backend.claimInterface(handle, number)
@@ -533,7 +538,7 @@ extension USBAccessoryTransport: NativeTransportProvider {
             let advice = claimed == LIBUSB_ERROR_BUSY.rawValue
                 ? "another program holds it; stop it (find it with: fuser -v \(device.devicePath)) and try again"
                 : "unplug and replug the accessory"
-            return reply(.failure(TransportError("cannot claim native-transport interface \(number) of \(description): \(errorName(claimed))", advice: advice)))
+            return reply(.failure(usbFailure("cannot claim native-transport interface \(number) of \(description): \(errorName(claimed))", advice: advice)))
         }
         nativeOpening.insert(number)
         setupCallsInFlight += 1
@@ -545,7 +550,7 @@ extension USBAccessoryTransport: NativeTransportProvider {
                 guard case .running = state else {
                     _ = backend.releaseInterface(handle, number)
                     finishIfDrained()
-                    return reply(.failure(TransportError("\(description) closed while '\(protocolName)' was opening")))
+                    return reply(.failure(usbFailure("\(description) closed while '\(protocolName)' was opening")))
                 }
                 guard status == 0 else {
                     _ = backend.releaseInterface(handle, number)
@@ -555,7 +560,7 @@ extension USBAccessoryTransport: NativeTransportProvider {
                     let advice = status == LIBUSB_ERROR_PIPE.rawValue || status == LIBUSB_ERROR_OTHER.rawValue
                         ? "the accessory refused (stalled) SET_INTERFACE for the alternate setting. A Linux FunctionFS gadget cannot accept any alternate setting but 0 on kernels without FunctionFS's get_alt callback (added upstream in December 2023; Debian 12's 6.1 lacks it)"
                         : "unplug and replug the accessory"
-                    return reply(.failure(TransportError("cannot select alternate setting \(target.alternateSetting) of native-transport interface \(number) of \(description): \(errorName(status))",
+                    return reply(.failure(usbFailure("cannot select alternate setting \(target.alternateSetting) of native-transport interface \(number) of \(description): \(errorName(status))",
                                                          advice: advice)))
                 }
                 var pipeOptions = options
@@ -574,7 +579,7 @@ extension USBAccessoryTransport: NativeTransportProvider {
                 // Tracked even when it failed to start: its teardown still uses the handle.
                 nativePipes[number] = pipe
                 guard pipe.isOpen else {
-                    return reply(.failure(TransportError("cannot allocate libusb transfers for \(pipe.description)")))
+                    return reply(.failure(usbFailure("cannot allocate libusb transfers for \(pipe.description)")))
                 }
                 reply(.success(pipe))
             }

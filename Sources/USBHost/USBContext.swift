@@ -52,8 +52,8 @@ public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
     public var descriptor: USBDeviceDescriptor
     public var configurations: [USBConfigurationDescriptor]
     public var activeConfiguration: UInt8?
-    /// Where the iAP2 interface is, nil for other devices.
-    public var iapInterface: IAPInterfaceLocation?
+    /// Where the function the context looks for is, nil for other devices.
+    public var function: USBFunctionLocation?
     /// The strings read at open (nil until then, or when the device has none).
     public var manufacturer: String?
     public var product: String?
@@ -111,6 +111,8 @@ public final class USBContext: @unchecked Sendable {
 
     public let queue: DispatchQueue
     public let options: USBOptions
+    /// The interfaces that make a device one this context opens.
+    public let function: USBFunctionMatch
     let backend: any USBBackend
     let setupQueue = DispatchQueue(label: "USBHost.setup")
     private var known: [DeviceKey: (OpaquePointer, USBDeviceInfo)] = [:]
@@ -127,14 +129,17 @@ public final class USBContext: @unchecked Sendable {
     /// Starts libusb and its event loop on `queue`.
     ///
     /// - Throws: ``USBError`` of kind ``USBError/Kind/unavailable`` on a machine without USB.
-    public convenience init(queue: DispatchQueue, options: USBOptions = USBOptions()) throws(USBError) {
+    /// - Parameters:
+    ///   - function: the interfaces that make a device one this context opens.
+    public convenience init(queue: DispatchQueue, function: USBFunctionMatch, options: USBOptions = USBOptions()) throws(USBError) {
         let backend = try LibUSBBackend(queue: queue)
-        self.init(backend: backend, queue: queue, options: options)
+        self.init(backend: backend, queue: queue, function: function, options: options)
     }
 
-    init(backend: any USBBackend, queue: DispatchQueue, options: USBOptions) {
+    init(backend: any USBBackend, queue: DispatchQueue, function: USBFunctionMatch, options: USBOptions) {
         self.backend = backend
         self.queue = queue
+        self.function = function
         self.options = options
         marker = UInt(bitPattern: ObjectIdentifier(backend).hashValue)
         queue.setSpecific(key: Self.queueKey, value: marker)
@@ -151,13 +156,13 @@ public final class USBContext: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         let snapshots = try backend.listDevices().get()
         defer { for snapshot in snapshots { backend.releaseDevice(snapshot.device) } }
-        return snapshots.map(Self.info)
+        return snapshots.map { info($0) }
     }
 
-    static func info(_ snapshot: DeviceSnapshot) -> USBDeviceInfo {
+    func info(_ snapshot: DeviceSnapshot) -> USBDeviceInfo {
         USBDeviceInfo(bus: snapshot.bus, address: snapshot.address, portPath: snapshot.portPath, descriptor: snapshot.descriptor,
                       configurations: snapshot.configurations, activeConfiguration: snapshot.activeConfiguration,
-                      iapInterface: IAPInterfaceLocation.find(in: snapshot.configurations, activeConfiguration: snapshot.activeConfiguration))
+                      function: USBFunctionLocation.find(function, in: snapshot.configurations, activeConfiguration: snapshot.activeConfiguration))
     }
 
     /// Reports every device present now, then arrivals and departures, to `handler` on
@@ -189,7 +194,7 @@ public final class USBContext: @unchecked Sendable {
     private func hotplug(_ change: HotplugChange) {
         switch change {
         case let .arrived(snapshot):
-            let info = Self.info(snapshot)
+            let info = info(snapshot)
             if let previous = known.updateValue((snapshot.device, info), forKey: info.key) { backend.releaseDevice(previous.0) }
             monitor?(.arrived(info))
         case let .left(device):
@@ -205,7 +210,7 @@ public final class USBContext: @unchecked Sendable {
         guard !shutDown, case let .success(snapshots) = backend.listDevices() else { return }
         var seen = Set<DeviceKey>()
         for snapshot in snapshots {
-            let info = Self.info(snapshot)
+            let info = info(snapshot)
             seen.insert(info.key)
             if known[info.key] == nil {
                 known[info.key] = (snapshot.device, info)
@@ -227,8 +232,8 @@ public final class USBContext: @unchecked Sendable {
     /// activated). `completion` runs on ``queue``.
     public func open(_ device: USBDeviceInfo, completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
         dispatchPrecondition(condition: .onQueue(queue))
-        guard let location = device.iapInterface else {
-            return completion(.failure(USBError(.notAnAccessory, "\(device) has no iAP interface (class FF, subclass F0, protocol 00)")))
+        guard let location = device.function else {
+            return completion(.failure(USBError(.notAnAccessory, "\(device) has no interface of class \(function.main) with a bulk pair")))
         }
         guard let pointer = known[device.key]?.0 ?? findDevice(device.key) else {
             return completion(.failure(USBError(.noDevice, "\(device) is no longer connected")))
@@ -275,7 +280,7 @@ public final class USBContext: @unchecked Sendable {
         return found
     }
 
-    private func configure(_ device: USBDeviceInfo, handle: OpaquePointer, location: IAPInterfaceLocation,
+    private func configure(_ device: USBDeviceInfo, handle: OpaquePointer, location: USBFunctionLocation,
                            completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
         guard location.needsConfigurationChange else { return claim(device, handle: handle, location: location, completion: completion) }
         let backend = self.backend
@@ -296,7 +301,7 @@ public final class USBContext: @unchecked Sendable {
         }
     }
 
-    private func claim(_ device: USBDeviceInfo, handle: OpaquePointer, location: IAPInterfaceLocation,
+    private func claim(_ device: USBDeviceInfo, handle: OpaquePointer, location: USBFunctionLocation,
                        completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
         let number = location.interface.number
         if backend.kernelDriverActive(handle, interface: number) == 1 {

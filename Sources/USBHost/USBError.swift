@@ -1,5 +1,4 @@
 internal import CLibUSB
-public import IAPTransport
 
 /// A USB failure, with what a person can do about it.
 public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
@@ -53,11 +52,6 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
 
     public var description: String { advice.map { "\(message); \($0)" } ?? message }
 
-    /// The same failure as a ``TransportError`` (what the manager reports).
-    public var transportError: TransportError {
-        TransportError(message, advice: advice)
-    }
-
     /// The advice for a device node this user may not open.
     static func accessAdvice(devicePath: String) -> String {
         "no permission to open \(devicePath): install the udev rule (sudo install -m 644 rules.d/70-mfi-accessory.rules "
@@ -65,4 +59,31 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
             + "then unplug and replug the accessory; without a desktop seat use rules.d/71-mfi-accessory-plugdev.rules "
             + "and join the plugdev group"
     }
+}
+
+/// A failure of a pipe or a device, named in words (kind ``USBError/Kind/io`` unless said).
+func usbFailure(_ message: String, kind: USBError.Kind = .io, advice: String? = nil) -> USBError {
+    USBError(kind, message, advice: advice)
+}
+
+/// Bytes lent from a USB IN slot for the duration of one handler call, on the context's queue.
+/// Read them in place with ``withUnsafeBytes(_:)`` or take a copy with ``copied()``; never keep
+/// the pointer.
+public struct USBBorrowedBytes: @unchecked Sendable {
+    // Sendability: handed to one handler call on the context's queue and not kept; the slot is
+    // not touched until that call returns.
+    private let bytes: UnsafeRawBufferPointer
+
+    init(_ bytes: UnsafeRawBufferPointer) { self.bytes = bytes }
+
+    /// The number of bytes.
+    public var count: Int { bytes.count }
+
+    /// Runs `body` with the bytes in place; the pointer is valid only inside `body`.
+    public func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
+        try body(bytes)
+    }
+
+    /// A copy of the bytes.
+    public func copied() -> [UInt8] { Array(bytes) }
 }

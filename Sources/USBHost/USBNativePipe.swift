@@ -1,12 +1,11 @@
 internal import ByteRing
 internal import CLibUSB
 public import Dispatch
-public import IAPTransport
 
-/// One EA native-transport interface of a USB accessory (FF/F0/01, PROTOCOL.md §4.3) as a
-/// ``ByteChannel``: the raw bytes of one protocol's session, with no iAP2 framing.
+/// One companion interface of a USB function opened by its alternate setting (iAP's EA native
+/// transport, FF/F0/01, PROTOCOL.md §4.3): a stream of raw bytes over its bulk pair.
 ///
-/// ``USBAccessoryTransport/openNativeChannel(for:queue:completion:)`` makes it: the interface is
+/// ``USBAccessoryTransport/openNativePipe(for:queue:completion:)`` makes it: the interface is
 /// claimed and its data alternate setting (1) selected before the pipe exists. Closing cancels
 /// what is in flight, selects alternate setting 0 (which ends the session for the accessory)
 /// and releases the interface. The device handle belongs to the iAP2 transport, which closes it
@@ -27,8 +26,20 @@ public import IAPTransport
 ///
 /// Confined to the USB context's event queue: call ``withReadableBytes(_:)``, ``write(_:)`` and
 /// the counters there (the manager's queue, for `AccessoryManager`).
-public final class USBNativePipe: ByteChannel, @unchecked Sendable {
+public final class USBNativePipe: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only.
+
+    /// Something that happened on the pipe, delivered on the queue given to ``activate(queue:handler:)``.
+    public enum Event: Sendable, Hashable {
+        /// Bytes can be read (``readableByteCount`` went up from 0).
+        case readable
+        /// ``write(_:)`` takes bytes again after it took fewer than offered.
+        case writable
+        /// The pipe ended: `nil` when asked to, otherwise why. No event follows.
+        case closed(USBError?)
+    }
+
+    /// What a person reads: the device, the interface and its name.
     public let description: String
     /// The interface this pipe owns.
     public let interfaceNumber: UInt8
@@ -42,9 +53,9 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     /// The bulk pair's transfers and rings (the engine both bulk pipes share).
     private let pipe: BulkPipe
 
-    private enum State { case running, closing(TransportError?), closed }
+    private enum State { case running, closing(USBError?), closed }
     private var state = State.running
-    private var handler: (@Sendable (ByteChannelEvent) -> Void)?
+    private var handler: (@Sendable (Event) -> Void)?
     private var handlerQueue: DispatchQueue?
     private var activated = false
     private var readable = 0
@@ -87,7 +98,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         pipe.onCompletion = { [unowned self] completion in self.completed(completion) }
         keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to the engine until the teardown ends
         if !pipe.isComplete {
-            beginClosing(TransportError("cannot allocate libusb transfers for \(description)"))
+            beginClosing(usbFailure("cannot allocate libusb transfers for \(description)"))
         }
     }
 
@@ -100,7 +111,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         }
     }
 
-    private func emit(_ event: ByteChannelEvent) {
+    private func emit(_ event: Event) {
         guard let handler else { return }
         if let handlerQueue {
             handlerQueue.async { handler(event) }
@@ -109,9 +120,10 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         }
     }
 
-    // MARK: ByteChannel
+    // MARK: Stream
 
-    public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
+    /// Starts delivering events to `handler` on `queue`; IN transfers start now.
+    public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (Event) -> Void) {
         onQueue { [self] in
             guard !activated else { return }
             activated = true
@@ -130,7 +142,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         }
     }
 
-    private var closedError: TransportError?
+    private var closedError: USBError?
 
     /// Whether the pipe still runs (not closing or closed).
     var isOpen: Bool {
@@ -202,7 +214,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
                 if status == LIBUSB_ERROR_NO_DEVICE.rawValue {
                     fail(gone, deviceGone: true)
                 } else {
-                    fail(TransportError("cannot queue a bulk OUT transfer on \(description): \(errorName(status))",
+                    fail(usbFailure("cannot queue a bulk OUT transfer on \(description): \(errorName(status))",
                                         advice: "close the session and open it again"))
                 }
                 return taken
@@ -224,15 +236,15 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
 
     /// The iAP2 transport is closing (the device went away, or the host closed it): end the
     /// stream with `error`.
-    func parentClosing(_ error: TransportError?, deviceGone: Bool) {
+    func parentClosing(_ error: USBError?, deviceGone: Bool) {
         if deviceGone { resetsAlternateSetting = false }
         guard case .running = state else { return }
-        beginClosing(error ?? TransportError("\(description): the accessory's iAP2 interface was closed"))
+        beginClosing(error ?? usbFailure("\(description): the accessory's main interface was closed"))
     }
 
     // MARK: Transfers
 
-    private var gone: TransportError { TransportError("\(description): the accessory was disconnected") }
+    private var gone: USBError { usbFailure("\(description): the accessory was disconnected", kind: .noDevice) }
 
     private func refillIn() {
         guard case .running = state, activated, !inHalted else { return }
@@ -240,7 +252,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         if status == LIBUSB_ERROR_NO_DEVICE.rawValue {
             fail(gone, deviceGone: true)
         } else {
-            fail(TransportError("cannot queue a bulk IN transfer on \(description): \(errorName(status))",
+            fail(usbFailure("cannot queue a bulk IN transfer on \(description): \(errorName(status))",
                                 advice: "close the session and open it again"))
         }
     }
@@ -253,13 +265,13 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
     }
 
     private func inCompleted(length: Int, status: libusb_transfer_status) {
-        var failure: (error: TransportError, deviceGone: Bool)?
+        var failure: (error: USBError, deviceGone: Bool)?
         switch status {
         case LIBUSB_TRANSFER_COMPLETED, LIBUSB_TRANSFER_CANCELLED:
             break
         case LIBUSB_TRANSFER_OVERFLOW:
             let capacity = pipe.inRing.slotCapacity
-            failure = (TransportError("\(description): the accessory sent more than a \(capacity)-byte transfer holds, and the rest was lost",
+            failure = (usbFailure("\(description): the accessory sent more than a \(capacity)-byte transfer holds, and the rest was lost",
                                       advice: "close the session and open it again; the accessory's firmware sends packets larger than its endpoint declares"), false)
         case LIBUSB_TRANSFER_STALL:
             inHalted = true
@@ -267,7 +279,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
             failure = (gone, true)
         default:
             pipe.statistics.errors += 1
-            failure = (TransportError("\(description): a bulk IN transfer failed (\(transferStatusName(status)))",
+            failure = (usbFailure("\(description): a bulk IN transfer failed (\(transferStatusName(status)))",
                                       advice: "close the session and open it again; if it keeps happening, try another cable or port"), false)
         }
         readable += length
@@ -294,11 +306,11 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
             fail(gone, deviceGone: true)
         case LIBUSB_TRANSFER_STALL:
             pipe.statistics.stalls += 1
-            fail(TransportError("\(description): the accessory stalled a bulk OUT transfer after taking \(delivered) bytes; what followed was not delivered",
+            fail(usbFailure("\(description): the accessory stalled a bulk OUT transfer after taking \(delivered) bytes; what followed was not delivered",
                                 advice: "close the session and open it again, and resume from the bytes delivered"))
         default:
             pipe.statistics.errors += 1
-            fail(TransportError("\(description): a bulk OUT transfer failed (\(transferStatusName(status))) after \(delivered) bytes were delivered",
+            fail(usbFailure("\(description): a bulk OUT transfer failed (\(transferStatusName(status))) after \(delivered) bytes were delivered",
                                 advice: "close the session and open it again, and resume from the bytes delivered"))
         }
         switch state {
@@ -325,7 +337,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
             guard case .running = state else { return finishIfDrained() }
             guard status == 0 || status == LIBUSB_ERROR_NOT_FOUND.rawValue else {
                 if status == LIBUSB_ERROR_NO_DEVICE.rawValue { return fail(gone, deviceGone: true) }
-                return fail(TransportError("\(description): cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)): \(errorName(status))",
+                return fail(usbFailure("\(description): cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)): \(errorName(status))",
                                            advice: "unplug and replug the accessory"))
             }
             pipe.statistics.stalls += 1
@@ -338,13 +350,13 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
 
     /// Ends the stream with `error`. `deviceGone`: the accessory was disconnected, so there is
     /// no alternate setting to select on the way out.
-    private func fail(_ error: TransportError, deviceGone: Bool = false) {
+    private func fail(_ error: USBError, deviceGone: Bool = false) {
         guard case .running = state else { return }
         if deviceGone { resetsAlternateSetting = false }
         beginClosing(error)
     }
 
-    private func beginClosing(_ error: TransportError?) {
+    private func beginClosing(_ error: USBError?) {
         state = .closing(error)
         pipe.cancelAll()
         finishIfDrained()
@@ -374,7 +386,7 @@ public final class USBNativePipe: ByteChannel, @unchecked Sendable {
         }
     }
 
-    private func released(_ error: TransportError?) {
+    private func released(_ error: USBError?) {
         _ = backend.releaseInterface(handle, interfaceNumber)
         state = .closed
         closedError = error

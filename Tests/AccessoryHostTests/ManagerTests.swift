@@ -153,6 +153,30 @@ struct ManagerTests {
         #expect(session.bytesAcknowledged == payload.count, "still known after the accessory went away")
     }
 
+    @Test func drainWaitsForTheAccessorysAcknowledgementAndFailsWhenTheSessionEndsFirst() async throws {
+        let (manager, echo, accessory) = try await Self.connected()
+        defer { manager.stop() }
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        let payload = testPattern(200_000)
+        let reader = Task {
+            var received = 0
+            while received < payload.count, let chunk = try await session.read() { received += chunk.count }
+        }
+        try await session.write(payload)
+        try await session.drain()
+        #expect(session.bytesAcknowledged == payload.count)
+        try await reader.value
+        // Nothing outstanding: returns at once.
+        try await session.drain()
+        // The accessory vanishes with bytes unacknowledged: drain throws instead of waiting.
+        echo.stop()
+        let wroteLate = (try? await session.write([1, 2, 3])) != nil
+        if wroteLate {
+            await #expect(throws: (any Error).self) { try await session.drain() }
+        }
+        #expect(session.bytesAcknowledged == payload.count)
+    }
+
     @Test(arguments: Wire.allCases)
     func oneSessionPerProtocolAndOnlyDeclaredProtocols(wire: Wire) async throws {
         let (manager, echo, accessory) = try await Self.connected(wire: wire)

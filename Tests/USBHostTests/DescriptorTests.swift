@@ -1,5 +1,6 @@
 import Testing
 @testable import USBHost
+import USBTransport
 
 @Suite struct DescriptorTests {
     @Test func usbIDsParseAsLsusbWritesThem() {
@@ -18,21 +19,21 @@ import Testing
         #expect(config.maxPower == 1)
         #expect(config.interfaces.count == 3)
         let iap = config.interfaces[0]
-        #expect(iap.isIAP && !iap.isNativeTransport)
+        #expect(iap.classTriple == .iAP2 && iap.classTriple != .iAPNativeTransport)
         #expect(iap.nameIndex == 5)
         #expect(iap.bulkIn == USBEndpointDescriptor(address: 0x81, attributes: 2, maxPacketSize: 512))
         #expect(iap.bulkOut == USBEndpointDescriptor(address: 0x01, attributes: 2, maxPacketSize: 512))
-        #expect(config.interfaces[1].isNativeTransport && config.interfaces[1].endpoints.isEmpty)
+        #expect(config.interfaces[1].classTriple == .iAPNativeTransport && config.interfaces[1].endpoints.isEmpty)
         #expect(config.interfaces[2].alternateSetting == 1 && config.interfaces[2].bulkIn?.address == 0x82)
         #expect(config.interfaces[2].bulkOut?.packetSize == 512)
     }
 
     @Test func theIAPInterfaceIsFoundInTheActiveConfiguration() throws {
         let config = try USBConfigurationDescriptor(parsing: djiConfiguration)
-        let found = try #require(IAPInterfaceLocation.find(in: [config], activeConfiguration: 1))
+        let found = try #require(USBFunctionLocation.find(.iAP2, in: [config], activeConfiguration: 1))
         #expect(found.configurationValue == 1 && !found.needsConfigurationChange)
         #expect(found.interface.number == 0 && found.bulkIn.address == 0x81 && found.bulkOut.address == 0x01)
-        #expect(found.nativeTransport.map(\.alternateSetting) == [0, 1])
+        #expect(found.companions.map(\.alternateSetting) == [0, 1])
     }
 
     @Test func anotherConfigurationIsSelectedWhenTheActiveOneHasNoIAPInterface() throws {
@@ -45,11 +46,11 @@ import Testing
         ])
         var second = try USBConfigurationDescriptor(parsing: djiConfiguration)
         second.value = 2
-        let found = try #require(IAPInterfaceLocation.find(in: [usbmux, second], activeConfiguration: 1))
+        let found = try #require(USBFunctionLocation.find(.iAP2, in: [usbmux, second], activeConfiguration: 1))
         #expect(found.configurationValue == 2 && found.needsConfigurationChange)
-        #expect(IAPInterfaceLocation.find(in: [usbmux], activeConfiguration: 1) == nil)
+        #expect(USBFunctionLocation.find(.iAP2, in: [usbmux], activeConfiguration: 1) == nil)
         // Unconfigured devices (no active configuration) need one selected too.
-        #expect(IAPInterfaceLocation.find(in: [second], activeConfiguration: nil)?.needsConfigurationChange == true)
+        #expect(USBFunctionLocation.find(.iAP2, in: [second], activeConfiguration: nil)?.needsConfigurationChange == true)
     }
 
     @Test func anIAPInterfaceWithoutABulkPairIsNotUsed() {
@@ -57,7 +58,7 @@ import Testing
             USBInterfaceDescriptor(number: 0, interfaceClass: 0xFF, interfaceSubclass: 0xF0, interfaceProtocol: 0x00,
                                    endpoints: [.init(address: 0x83, attributes: 3, maxPacketSize: 8), .init(address: 0x01, attributes: 2, maxPacketSize: 64)]),
         ])
-        #expect(IAPInterfaceLocation.find(in: [interruptOnly], activeConfiguration: 1) == nil)
+        #expect(USBFunctionLocation.find(.iAP2, in: [interruptOnly], activeConfiguration: 1) == nil)
     }
 
     @Test func malformedConfigurationsAreRefusedWithTheReason() {

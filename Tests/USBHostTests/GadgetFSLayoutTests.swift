@@ -1,7 +1,9 @@
-@testable import AccessorySimulator
+@testable import AccessoryGadget
+import AccessorySimulator
 import IAPTransport
 import Testing
 import USBHost
+import USBTransport
 
 /// The descriptors the GadgetFS gadget writes, read back with the host's own parser: what the
 /// host will find is what the simulator serves.
@@ -20,7 +22,7 @@ struct GadgetFSLayoutTests {
             #expect(Int(bytes[2]) | Int(bytes[3]) << 8 == bytes.count)
             let configuration = try USBConfigurationDescriptor(parsing: bytes)
             #expect(configuration.value == 1)
-            let location = try #require(IAPInterfaceLocation.find(in: [configuration], activeConfiguration: 1))
+            let location = try #require(USBFunctionLocation.find(.iAP2, in: [configuration], activeConfiguration: 1))
             #expect(location.interface.number == 0)
             #expect(location.bulkIn.address == 0x81 && location.bulkOut.address == 0x02)
             #expect(Int(location.bulkIn.maxPacketSize) == packet)
@@ -31,7 +33,7 @@ struct GadgetFSLayoutTests {
             #expect(natives.map(\.bulkOut.address) == [0x07, 0x0C])
             #expect(natives.map(\.nameIndex) == [5, 6])
             // Alternate setting 0 of each native interface has no endpoints ("closed").
-            #expect(location.nativeTransport.filter { $0.alternateSetting == 0 }.allSatisfy { $0.bulkIn == nil && $0.bulkOut == nil })
+            #expect(location.companions.filter { $0.alternateSetting == 0 }.allSatisfy { $0.bulkIn == nil && $0.bulkOut == nil })
         }
     }
 

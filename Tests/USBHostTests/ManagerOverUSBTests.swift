@@ -5,6 +5,7 @@ import IAPTransport
 import Synchronization
 import Testing
 @testable import USBHost
+import USBTransport
 
 /// The whole host stack over the USB layer's real code (pipes, ring, open, teardown), with the
 /// fake libusb wired to the simulated accessory: what `iapctl` does with a real accessory.
@@ -17,7 +18,7 @@ import Testing
         let runner = try SimulatorRunner(profile: profile, attachment: .transport(accessorySide))
         manager.queue.sync { fake.connect(wire: hostSide) }
         runner.start()
-        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, options: USBOptions()))
+        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBOptions()))
 
         let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(20)))
         #expect(accessory.name == "Multi Sensor")
@@ -83,7 +84,7 @@ import Testing
         let runner = try SimulatorRunner(profile: profile, attachment: .transport(accessorySide))
         manager.queue.sync { fake.connect(wire: hostSide) }
         runner.start()
-        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, options: USBOptions()))
+        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBOptions()))
         defer {
             manager.stop()
             runner.stop()

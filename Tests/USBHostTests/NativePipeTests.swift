@@ -7,6 +7,7 @@ import IAPTransport
 import Synchronization
 import Testing
 @testable import USBHost
+import USBTransport
 
 /// An accessory with the iAP2 interface and two native-transport interfaces, named after the
 /// protocols they carry: 1 ("com.example.native.echo", bulk 0x82/0x02) and 2
@@ -64,7 +65,7 @@ struct NativePipeTests {
                 fake.connect(wire: hostSide)
             }
             runner.start()
-            manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, options: USBOptions()))
+            manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBOptions()))
         }
 
         /// Stops everything and waits until the USB layer shut libusb down: native pipes finish
@@ -221,7 +222,7 @@ struct NativePipeTests {
     @Test("which native interface carries a protocol: by name, else the only one; otherwise a clear error")
     func interfaceChoice() throws {
         let configuration = try USBConfigurationDescriptor(parsing: nativeConfiguration)
-        let location = try #require(IAPInterfaceLocation.find(in: [configuration], activeConfiguration: 1))
+        let location = try #require(USBFunctionLocation.find(.iAP2, in: [configuration], activeConfiguration: 1))
         let interfaces = location.nativeInterfaces
         #expect(interfaces.map(\.number) == [1, 2])
         #expect(interfaces.map(\.alternateSetting) == [1, 1])
@@ -244,8 +245,7 @@ struct NativePipeTests {
 
 /// The USB transport under an accessory (event queue).
 func usbTransport(_ rig: NativePipeTests.Rig, _ accessory: Accessory) -> USBAccessoryTransport? {
-    let transport = accessory.connection.transport
-    return ((transport as? TracingTransport)?.base ?? transport) as? USBAccessoryTransport
+    accessory.connection.transport.capability(USBAccessoryTransport.self)
 }
 
 enum NativeTransportEcho {

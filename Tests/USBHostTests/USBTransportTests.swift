@@ -4,6 +4,7 @@ import IAPTransport
 import Synchronization
 import Testing
 @testable import USBHost
+import USBTransport
 
 /// What a transport handed to its owner.
 final class EventLog: @unchecked Sendable {
@@ -37,20 +38,20 @@ struct Harness {
     let queue = DispatchQueue(label: "test.usb")
     let fake: FakeBackend
     let context: USBContext
-    let transport: USBAccessoryTransport
+    let transport: USBIAPTransport
     let events = EventLog()
 
     init(options: USBOptions = USBOptions(), configure: (FakeBackend) -> Void = { _ in }) throws {
         fake = FakeBackend(queue: queue)
         configure(fake)
-        context = USBContext(backend: fake, queue: queue, options: options)
+        context = USBContext(backend: fake, queue: queue, function: .iAP2, options: options)
         transport = try Harness.open(context)
         let (transport, events, queue) = (self.transport, self.events, self.queue)
         queue.sync { transport.activate(queue: queue, handler: events.handler) }
         queue.sync {} // activation hops once
     }
 
-    static func open(_ context: USBContext) throws -> USBAccessoryTransport {
+    static func open(_ context: USBContext) throws -> USBIAPTransport {
         let result = Mutex<Result<USBAccessoryTransport, USBError>?>(nil)
         let done = DispatchSemaphore(value: 0)
         context.queue.sync {
@@ -61,7 +62,7 @@ struct Harness {
             }
         }
         guard done.wait(timeout: .now() + 10) == .success else { throw USBError(.io, "open did not finish") }
-        return try result.withLock { $0! }.get()
+        return USBIAPTransport(try result.withLock { $0! }.get())
     }
 
     /// Runs `body` on the event queue (where libusb would call back).
@@ -80,7 +81,7 @@ struct Harness {
         let queue = DispatchQueue(label: "test.usb.open")
         let fake = FakeBackend(queue: queue)
         configure(fake)
-        let context = USBContext(backend: fake, queue: queue, options: options)
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: options)
         do {
             _ = try Harness.open(context)
             return nil
@@ -95,7 +96,7 @@ struct Harness {
     @Test func openingReadsTheStringsAndClaimsOnlyTheIAPInterface() throws {
         let harness = try Harness()
         #expect(harness.transport.description == "usb 1-1.2 2ca3:1002 Goggles 3 (serial GG3-0042)")
-        #expect(harness.transport.device.manufacturer == "DJI")
+        #expect(harness.transport.pipe.device.manufacturer == "DJI")
         #expect(harness.fake.log == ["open", "claim 0"])
         #expect(harness.transport.kind == .usb)
     }
@@ -111,7 +112,7 @@ struct Harness {
             harness.fake.pending.filter { $0.pointee.endpoint & 0x80 != 0 }.map { Int($0.pointee.length) }
         }
         #expect(lengths == Array(repeating: expected, count: USBOptions().inTransfers))
-        #expect(harness.onQueue { harness.transport.statistics.inTransferSize } == expected)
+        #expect(harness.onQueue { harness.transport.pipe.statistics.inTransferSize } == expected)
     }
 
     @Test func permissionDeniedNamesTheUdevRule() throws {
@@ -133,7 +134,7 @@ struct Harness {
         let queue = DispatchQueue(label: "test.usb.detach")
         let fake = FakeBackend(queue: queue)
         fake.state.withLock { $0.kernelDriver = "usbfs-hog" }
-        let context = USBContext(backend: fake, queue: queue, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
         _ = try Harness.open(context)
         queue.sync {} // the queue lets go of the open's closures, and with them the transport
         #expect(Array(fake.log.prefix(3)) == ["open", "detach 0", "claim 0"])
@@ -153,7 +154,7 @@ struct Harness {
         let queue = DispatchQueue(label: "test.usb.config")
         let fake = FakeBackend(queue: queue)
         fake.state.withLock { $0.devices[0].activeConfiguration = nil }
-        _ = try Harness.open(USBContext(backend: fake, queue: queue, options: USBOptions()))
+        _ = try Harness.open(USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions()))
         // (The fake asserts that SET_CONFIGURATION is not called on the event queue.)
         #expect(Array(fake.log.prefix(3)) == ["open", "set configuration 1", "claim 0"])
 
@@ -168,10 +169,10 @@ struct Harness {
         let queue = DispatchQueue(label: "test.usb.other")
         let fake = FakeBackend(queue: queue)
         fake.state.withLock { $0.devices[0].configurations = [USBConfigurationDescriptor(value: 1, interfaces: [])] }
-        let context = USBContext(backend: fake, queue: queue, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
         let error = try #require(openError { $0.state.withLock { $0.devices[0].configurations = [USBConfigurationDescriptor(value: 1, interfaces: [])] } })
         #expect(error.kind == .notAnAccessory)
-        #expect(queue.sync { try? context.devices() }?.first?.iapInterface == nil)
+        #expect(queue.sync { try? context.devices() }?.first?.function == nil)
     }
 }
 
@@ -187,8 +188,8 @@ struct Harness {
             #expect(entry?.borrowedFrom == buffer.map { UInt(bitPattern: $0) }, "the reader sees the transfer's own buffer: no copy")
             #expect(harness.fake.isDeviceMemory(UnsafeRawPointer(buffer!)))
         }
-        #expect(harness.transport.statistics.deviceMemorySlots == 12)
-        #expect(harness.transport.statistics.heapSlots == 0)
+        #expect(harness.transport.pipe.statistics.deviceMemorySlots == 12)
+        #expect(harness.transport.pipe.statistics.heapSlots == 0)
     }
 
     @Test func withoutDeviceMemoryTheSlotsComeFromTheHeap() throws {
@@ -198,7 +199,7 @@ struct Harness {
             #expect(!harness.fake.isDeviceMemory(UnsafeRawPointer(buffer!)))
             #expect(harness.events.entries.last?.borrowedFrom == buffer.map { UInt(bitPattern: $0) })
         }
-        #expect(harness.transport.statistics.heapSlots == 12)
+        #expect(harness.transport.pipe.statistics.heapSlots == 12)
     }
 
     @Test func shortReadsZeroLengthPacketsAndOverflowsInOrder() throws {
@@ -215,7 +216,7 @@ struct Harness {
             #expect(harness.events.bytes == expected)
             #expect(harness.fake.pendingTransfers(in: true).count == 4)
         }
-        let stats = harness.transport.statistics
+        let stats = harness.transport.pipe.statistics
         #expect(stats.zeroLengthIn == 1) // round 0
         #expect(stats.overflows == 1)
         #expect(stats.inTransfers == 40)
@@ -234,7 +235,7 @@ struct Harness {
             harness.fake.completeIn([7])
         }
         #expect(harness.events.bytes == [7])
-        #expect(harness.transport.statistics.stalls == 1)
+        #expect(harness.transport.pipe.statistics.stalls == 1)
         #expect(harness.events.closes.isEmpty)
     }
 
@@ -257,14 +258,14 @@ struct Harness {
             #expect(second?.bytes == [UInt8](repeating: 2, count: 1_024))
             #expect(second?.flags == UInt8(LIBUSB_TRANSFER_ADD_ZERO_PACKET.rawValue))
         }
-        #expect(harness.transport.statistics.zeroLengthOut == 1)
-        #expect(harness.transport.statistics.outTransfers == 2)
+        #expect(harness.transport.pipe.statistics.zeroLengthOut == 1)
+        #expect(harness.transport.pipe.statistics.outTransfers == 2)
     }
 
     @Test func aFrameSentRightAfterActivationOrBeforeItGoesOut() throws {
         let queue = DispatchQueue(label: "test.usb.early")
         let fake = FakeBackend(queue: queue)
-        let context = USBContext(backend: fake, queue: queue, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
         let transport = try Harness.open(context)
         let events = EventLog()
         queue.sync {
@@ -297,7 +298,7 @@ struct Harness {
             while let out = harness.fake.completeOut() { order.append(out.bytes[0]) }
             #expect(order == Array(0..<20))
         }
-        #expect(harness.transport.statistics.queuedFrames == 12)
+        #expect(harness.transport.pipe.statistics.queuedFrames == 12)
     }
 
     @Test func outTimeoutsBackOffAndRecover() throws {
@@ -312,7 +313,7 @@ struct Harness {
             harness.transport.send([4])
             #expect(harness.fake.completeOut()?.timeout == 2_000)
         }
-        #expect(harness.transport.statistics.timeouts == 2)
+        #expect(harness.transport.pipe.statistics.timeouts == 2)
         #expect(harness.events.closes.isEmpty)
     }
 
@@ -405,7 +406,7 @@ struct Harness {
         let harness = try Harness(options: options) { $0.state.withLock { $0.completeCancelled = false } }
         harness.transport.cancel()
         #expect(harness.events.waitForClose())
-        #expect(harness.transport.statistics.abandonedTransfers == 4)
+        #expect(harness.transport.pipe.statistics.abandonedTransfers == 4)
         harness.fake.state.withLock { state in
             #expect(state.openHandles == 1, "the handle stays open while libusb owns transfers")
             #expect(state.transfersLive == 12)
@@ -428,12 +429,12 @@ struct Harness {
     @Test func hotplugReportsPresentDevicesThenArrivalsAndDepartures() throws {
         let queue = DispatchQueue(label: "test.usb.hotplug")
         let fake = FakeBackend(queue: queue)
-        let context = USBContext(backend: fake, queue: queue, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
         let seen = Mutex<[String]>([])
         try queue.sync {
             try context.startMonitoring { event in
                 switch event {
-                case let .arrived(device): seen.withLock { $0.append("+\(device.location) \(device.iapInterface != nil)") }
+                case let .arrived(device): seen.withLock { $0.append("+\(device.location) \(device.function != nil)") }
                 case let .left(device): seen.withLock { $0.append("-\(device.location)") }
                 }
             }
@@ -455,7 +456,7 @@ struct Harness {
         fake.state.withLock { $0.hotplugSupported = false }
         var options = USBOptions()
         options.pollInterval = .seconds(3_600) // the test polls by hand
-        let context = USBContext(backend: fake, queue: queue, options: options)
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: options)
         let seen = Mutex<[String]>([])
         try queue.sync {
             try context.startMonitoring { event in

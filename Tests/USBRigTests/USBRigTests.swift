@@ -4,6 +4,7 @@
 // elsewhere they are skipped.
 
 import AccessoryHost
+import AccessoryGadget
 import AccessorySimulator
 import Dispatch
 import Glibc

@@ -20,12 +20,14 @@ flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6)
 # ld.gold warns about every ASan helper symbol; those lines carry no information.
 quiet() { grep -v "Cannot export local symbol '__asan" || true; }
 
-echo "fuzz: building IAPWire, IAPLink, AccessoryLogging and IAPInspect with coverage instrumentation"
+echo "fuzz: building IAPWire, IAPLink, SystemCalls, AccessoryLogging and IAPInspect with coverage instrumentation"
 swiftc "${flags[@]}" -module-name IAPWire -emit-module -emit-module-path "$bin/IAPWire.swiftmodule" \
     -wmo -c -o "$bin/IAPWire.o" Sources/IAPWire/*.swift 2>&1 | quiet
 swiftc "${flags[@]}" -module-name IAPLink -I "$bin" -emit-module -emit-module-path "$bin/IAPLink.swiftmodule" \
     -wmo -c -o "$bin/IAPLink.o" Sources/IAPLink/*.swift 2>&1 | quiet
-swiftc "${flags[@]}" -module-name AccessoryLogging -emit-module -emit-module-path "$bin/AccessoryLogging.swiftmodule" \
+swiftc "${flags[@]}" -module-name SystemCalls -emit-module -emit-module-path "$bin/SystemCalls.swiftmodule" \
+    -wmo -c -o "$bin/SystemCalls.o" Sources/SystemCalls/*.swift 2>&1 | quiet
+swiftc "${flags[@]}" -module-name AccessoryLogging -I "$bin" -emit-module -emit-module-path "$bin/AccessoryLogging.swiftmodule" \
     -wmo -c -o "$bin/AccessoryLogging.o" Sources/AccessoryLogging/*.swift 2>&1 | quiet
 swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module-path "$bin/IAPInspect.swiftmodule" \
     -wmo -c -o "$bin/IAPInspect.o" Sources/IAPInspect/*.swift 2>&1 | quiet
@@ -38,7 +40,7 @@ for target in "${targets[@]}"; do
     [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors)" >&2; exit 64; }
     files=()
     for f in $file; do files+=("tools/fuzz/$f"); done
-    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
+    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
     [ -x "$bin/$target" ] || { echo "fuzz: building $target failed" >&2; exit 1; }
     corpus=$out/$target/corpus
     rm -f "$out/$target"/crash-* "$out/$target"/leak-* "$out/$target"/timeout-* "$out/$target"/oom-*

@@ -1,11 +1,14 @@
 import AccessoryHost
+import AccessoryGadget
 import AccessorySimulator
 import CLIKit
 import Dispatch
 import IAPInspect
+import IAPLink
 import IAPTransport
 import Synchronization
 import USBHost
+import USBTransport
 
 /// `iapbench usb`: EA sessions through the whole stack over a real USB device (the simulator as
 /// a FunctionFS gadget on a device controller of this machine, e.g. dummy_hcd in the rig),
@@ -61,12 +64,14 @@ enum USBBenchmarks {
         var nativeRates: [Double] = []
         var gadgetFSCeilings: [Double] = []
         var nativeUnavailable: String?
+        var lastCopies: USBCopies?
         for round in 1...rounds {
             step("round \(round) of \(rounds)")
             ceilings.append(try rawEcho(profile: profile, udc: udc, bytes: megabytes << 20))
             for sessions in [1, 3] {
-                sessionRates[sessions, default: []].append(
-                    try sessionEcho(profile: profile, udc: udc, sessions: sessions, bytes: megabytes << 20))
+                let (rate, copies) = try sessionEcho(profile: profile, udc: udc, sessions: sessions, bytes: megabytes << 20)
+                sessionRates[sessions, default: []].append(rate)
+                if sessions == 1 { lastCopies = copies }
             }
             if native, nativeUnavailable == nil {
                 // The native interface needs a GadgetFS gadget; its own ceiling goes beside it.
@@ -88,6 +93,19 @@ enum USBBenchmarks {
             let ratios = zip(rates, ceilings).map { $0 / $1 }
             emit("EA echo over iAP2, \(sessions) session\(sessions == 1 ? "" : "s") (total)", rates, ratios: ratios,
                  extra: sessions > 1 ? ", \(Report.format(median(rates) / Double(sessions) / 1e6, digits: 1)) MB/s per session" : "")
+        }
+        if let copies = lastCopies {
+            let (out, into) = (copies.outPerByte, copies.inPerByte)
+            if json {
+                StandardOutput.write(JSONValue.object([("name", .string("host copies per payload byte, EA over iAP2, 1 session")),
+                                                       ("out", .string(Report.format(out, digits: 2))),
+                                                       ("in", .string(Report.format(into, digits: 2)))]).serialized() + "\n")
+            } else {
+                StandardOutput.write("  host copies per payload byte (last round, 1 session): out \(Report.format(out, digits: 2)) "
+                    + "(\(Report.format(copies.endpoint.copiesPerByteOut, digits: 2)) into link packets by the endpoint, "
+                    + "\(Report.format(out - copies.endpoint.copiesPerByteOut, digits: 2)) of frame bytes into OUT slots), "
+                    + "in \(Report.format(into, digits: 2)) (the link's copy out of the lent IN slot and read(); counted by the layers)\n")
+            }
         }
         if native {
             let name = "EA echo on a native transport, 1 session"
@@ -289,7 +307,7 @@ enum USBBenchmarks {
         try bind()
 
         let queue = DispatchQueue(label: "iapbench.usb")
-        let context = try USBContext(queue: queue, options: options)
+        let context = try USBContext(queue: queue, function: .iAP2, options: options)
         defer {
             step("shutting the USB context down")
             queue.sync { context.shutdown() }
@@ -390,19 +408,34 @@ enum USBBenchmarks {
     }
 
     /// EA echo sessions through AccessoryManager over the same gadget running the simulator.
-    static func sessionEcho(profile: SimulatorProfile, udc: String, sessions: Int, bytes: Int) throws -> Double {
+    static func sessionEcho(profile: SimulatorProfile, udc: String, sessions: Int, bytes: Int) throws -> (rate: Double, copies: USBCopies) {
         try withAccessory(profile: profile, udc: udc) { rig, gadget in
+            let before = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory))
             let rate = try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
-            if verbose, let host = rig.manager.usbStatistics(of: rig.accessory) {
+            let after = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory))
+            if verbose, let host = after.1 {
                 step("host pipes \(host); gadget \(gadget.transport.statistics)")
             }
-            return rate
+            let endpoint = after.0 - before.0
+            return (rate, USBCopies(endpoint: endpoint, slotBytesOut: (after.1?.bytesOut ?? 0) - (before.1?.bytesOut ?? 0)))
         }
     }
 
     static func seconds(_ duration: Duration) -> Double {
         Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
+}
+
+/// The host's copies of session bytes over USB: the endpoint's count (into link packets out; out
+/// of the lent IN slot and into the reader's buffer in) plus the frame bytes the USB transport
+/// copied into its OUT slots (link headers included, so slightly over the payload's share).
+struct USBCopies {
+    var endpoint: DataPlaneStatistics
+    var slotBytesOut: Int
+    var outPerByte: Double {
+        endpoint.bytesWritten == 0 ? 0 : Double(endpoint.bytesCopiedOut + slotBytesOut) / Double(endpoint.bytesWritten)
+    }
+    var inPerByte: Double { endpoint.copiesPerByteIn }
 }
 
 /// What the raw echo has moved, for the progress lines.

@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryGadget
 import AccessoryLogging
 import AccessorySimulator
 import CLIKit
@@ -7,6 +8,7 @@ import Glibc
 import IAPInspect
 import IAPTransport
 import Synchronization
+import SystemCalls
 import USBHost
 
 /// Writes all of `bytes` to a file descriptor, retrying on EINTR and partial writes. Sockets
@@ -14,13 +16,12 @@ import USBHost
 func writeFully(_ fd: Int32, _ bytes: [UInt8], isSocket: Bool = false) -> Bool {
     var offset = 0
     while offset < bytes.count {
-        let written = bytes[offset...].withUnsafeBytes { buffer in
-            isSocket ? Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL)) : Glibc.write(fd, buffer.baseAddress, buffer.count)
+        let result = bytes[offset...].withUnsafeBytes { buffer in
+            SystemCall.retrying {
+                isSocket ? Glibc.send(fd, buffer.baseAddress, buffer.count, Int32(MSG_NOSIGNAL)) : Glibc.write(fd, buffer.baseAddress, buffer.count)
+            }
         }
-        if written < 0 {
-            if errno == EINTR { continue }
-            return false
-        }
+        guard case .success(let written) = result, written > 0 else { return false }
         offset += written
     }
     return true
@@ -101,9 +102,8 @@ enum OpenCommand {
         // Input → accessory, with back-pressure: the next read waits for the write.
         var buffer = [UInt8](repeating: 0, count: 64 * 1_024)
         while true {
-            let count = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress, $0.count) }
-            if count < 0, errno == EINTR { continue }
-            if count <= 0 { break }
+            let result = buffer.withUnsafeMutableBytes { SystemCall.read(input, into: $0) }
+            guard case .success(let count) = result, count > 0 else { break }
             let chunk = Array(buffer[0..<count])
             do { try blockingAwait { try await stream.write(chunk) } } catch {
                 stream.close()
@@ -187,10 +187,13 @@ final class UnixListener {
     /// `stillWanted` turns false (checked twice a second: the accessory went away).
     func acceptOne(while stillWanted: () -> Bool) throws -> Int32 {
         while true {
-            var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-            let ready = poll(&poller, 1, 500)
-            if ready < 0, errno != EINTR {
-                throw ToolError(description: "waiting for a client on '\(path)' failed: \(String(cString: strerror(errno)))", exitCode: .ioError)
+            var poller = [pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)]
+            let ready: Int32
+            switch SystemCall.poll(&poller, timeout: 500, retry: { false }) {
+            case .success(let count): ready = count
+            case .failure(let error) where error.kind == .interrupted: ready = 0
+            case .failure(let error):
+                throw ToolError(description: "waiting for a client on '\(path)' failed: \(error)", exitCode: .ioError)
             }
             if ready <= 0 {
                 guard stillWanted() else {
@@ -198,13 +201,15 @@ final class UnixListener {
                 }
                 continue
             }
-            let client = accept(descriptor, nil, nil)
-            if client >= 0 {
+            switch SystemCall.retrying({ accept(descriptor, nil, nil) }) {
+            case .success(let client):
                 _ = fcntl(client, F_SETFD, FD_CLOEXEC)
                 return client
+            case .failure(let error) where error.kind == .wouldBlock || error.code == ECONNABORTED:
+                continue
+            case .failure(let error):
+                throw ToolError(description: "accepting a client on '\(path)' failed: \(error)", exitCode: .ioError)
             }
-            if errno == EINTR || errno == EAGAIN || errno == ECONNABORTED { continue }
-            throw ToolError(description: "accepting a client on '\(path)' failed: \(String(cString: strerror(errno)))", exitCode: .ioError)
         }
     }
 
@@ -221,6 +226,9 @@ final class UnixListener {
 
     deinit { close() }
 }
+
+/// How long `send` waits for the accessory's acknowledged count to move before it gives up.
+let sendProgressTimeout: Duration = .seconds(10)
 
 enum SendCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
@@ -251,6 +259,27 @@ enum SendCommand {
         } : nil
         var sent = 0
         var lastDraw = ContinuousClock.now
+        // Progress watchdog: an accessory that keeps the link alive (bare ACKs) but acknowledges
+        // none of the data would hold the transfer forever. No new acknowledgement for
+        // `sendProgressTimeout` while bytes are outstanding ends the session, and the send fails.
+        let stalled = Mutex(false)
+        let watchdog = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "iapctl.send.watchdog"))
+        let progressState = Mutex((acknowledged: 0, since: ContinuousClock.now))
+        let total = data.count
+        watchdog.schedule(deadline: .now() + 1, repeating: 1)
+        watchdog.setEventHandler {
+            let acknowledged = stream.bytesAcknowledged
+            let giveUp = progressState.withLock { state -> Bool in
+                if acknowledged != state.acknowledged || acknowledged >= total {
+                    state = (acknowledged, .now)
+                    return false
+                }
+                return ContinuousClock.now - state.since >= sendProgressTimeout
+            }
+            if giveUp, stalled.withLock({ stalled in defer { stalled = true }; return !stalled }) { stream.close() }
+        }
+        watchdog.resume()
+        defer { watchdog.cancel() }
         do {
             while sent < data.count {
                 let end = min(data.count, sent + chunkSize)
@@ -263,16 +292,21 @@ enum SendCommand {
                 }
             }
             try blockingAwait { try await stream.flush() }
+            // Success means acknowledged by the accessory, not handed to the link.
+            try blockingAwait { try await stream.drain() }
         } catch {
             if progress { StandardError.write("\n") }
             // Nothing is resent: the script decides, knowing what is sure to have arrived.
             let acknowledged = stream.bytesAcknowledged
+            let reason = stalled.withLock { $0 }
+                ? "the accessory acknowledged nothing for \(sendProgressTimeout) (the link is alive, the data does not move)"
+                : "\(error)"
             let summary = "transfer broke: the accessory acknowledged \(acknowledged) of \(data.count) bytes "
-                + "(\(sent) had been written to the session; nothing was resent): \(error)"
+                + "(\(sent) had been written to the session; nothing was resent): \(reason)"
             if json {
                 StandardOutput.write(JSONValue.object([("ok", .bool(false)), ("bytesAcknowledged", .int(acknowledged)),
                                                        ("bytesHanded", .int(sent)), ("bytes", .int(data.count)),
-                                                       ("error", .string("\(error)"))]).serialized() + "\n")
+                                                       ("error", .string(reason))]).serialized() + "\n")
             }
             throw ToolError(description: summary, exitCode: .ioError)
         }

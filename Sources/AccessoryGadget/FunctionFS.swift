@@ -1,3 +1,5 @@
+internal import AccessorySimulator
+
 // The blobs a FunctionFS function reads from its `ep0` before it can be bound, and the events it
 // writes back. Pure values: no I/O here (``GadgetTransport`` writes and reads them).
 //
@@ -76,7 +78,7 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     /// The iAP2 interface's name ("the string matters" to Apple devices).
     public static let iAPInterfaceName = "iAP Interface"
     /// The most native-transport interfaces this layout numbers (endpoint numbers 3…14).
-    public static let maxNativeTransports = 6
+    public static let maxNativeTransports = SimulatorProfile.maxNativeTransports
 
     /// `USB_DT_INTERFACE`.
     static let interfaceDescriptorType: UInt8 = 0x04

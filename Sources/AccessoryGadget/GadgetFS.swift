@@ -2,6 +2,7 @@ public import Dispatch
 import Glibc
 public import IAPTransport
 import Synchronization
+import SystemCalls
 
 /// The USB descriptors of a simulated accessory on GadgetFS: the iAP2 interface (FF/F0/00, a
 /// bulk pair) and one native-transport interface per native protocol (FF/F0/01: alternate
@@ -356,11 +357,13 @@ public final class GadgetFSDevice: Sendable {
         let eventSize = 12
         var buffer = [UInt8](repeating: 0, count: eventSize * 5)
         while !stopping {
-            let count = buffer.withUnsafeMutableBytes { read(ep0, $0.baseAddress, $0.count) }
-            if count < 0 {
-                let code = errno
-                if code == EINTR || code == EIDRM || code == EAGAIN { continue }
-                note("reading ep0 failed: \(gadgetErrorText(code))")
+            let count: Int
+            // A signal wakes this thread to stop: an interrupted read goes back to the check.
+            switch buffer.withUnsafeMutableBytes({ SystemCall.read(ep0, into: $0, retry: { !stopping }) }) {
+            case .success(let read): count = read
+            case .failure(let error) where error.code == EIDRM || error.kind == .wouldBlock || error.kind == .interrupted: continue
+            case .failure(let error):
+                note("reading ep0 failed: \(error)")
                 return
             }
             var offset = 0

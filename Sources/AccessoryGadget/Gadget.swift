@@ -1,5 +1,7 @@
+public import AccessorySimulator
 internal import Glibc
 internal import Synchronization
+internal import SystemCalls
 
 /// Why a ``USBGadget`` step failed: the path, the errno, and what to do.
 public struct USBGadgetError: Error, Hashable, Sendable, CustomStringConvertible {
@@ -443,22 +445,21 @@ public final class USBGadget: Sendable {
     }
 
     private static func writeAttribute(_ path: String, _ value: String) throws(USBGadgetError) {
-        let descriptor = open(path, O_WRONLY | O_CLOEXEC)
-        guard descriptor >= 0 else {
-            let code = errno
-            throw USBGadgetError("cannot open \(path): \(gadgetErrorText(code))", path: path, errno: code,
-                                 advice: advice(for: code), category: category(for: code))
+        let descriptor: Int32
+        switch SystemCall.open(path, O_WRONLY | O_CLOEXEC) {
+        case .success(let opened): descriptor = opened
+        case .failure(let error):
+            throw USBGadgetError("cannot open \(path): \(error)", path: path, errno: error.code,
+                                 advice: advice(for: error.code), category: category(for: error.code))
         }
         defer { _ = close(descriptor) }
         let bytes = Array(value.utf8)
-        while true {
-            let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-            if written == bytes.count { return }
-            let code = written < 0 ? errno : EIO
-            if code == EINTR { continue }
-            throw USBGadgetError("cannot write '\(value.trimmingNewline)' to \(path): \(gadgetErrorText(code))", path: path,
-                                 errno: code, advice: advice(for: code), category: category(for: code))
-        }
+        // One write: a configfs attribute takes its value whole.
+        let result = bytes.withUnsafeBytes { SystemCall.write(descriptor, $0) }
+        if case .success(bytes.count) = result { return }
+        let error = if case .failure(let error) = result { error } else { SystemError(EIO) }
+        throw USBGadgetError("cannot write '\(value.trimmingNewline)' to \(path): \(error)", path: path,
+                             errno: error.code, advice: advice(for: error.code), category: category(for: error.code))
     }
 
     private static func advice(for code: Int32) -> String {

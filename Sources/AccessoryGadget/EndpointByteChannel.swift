@@ -2,6 +2,7 @@ import Dispatch
 import Glibc
 import IAPTransport
 import Synchronization
+import SystemCalls
 
 /// A ``ByteChannel`` over a pair of USB gadget endpoint files (GadgetFS): the device side of a
 /// native-transport session. What the host writes to the OUT endpoint is read by a thread and
@@ -200,11 +201,12 @@ final class EndpointByteChannel: ByteChannel, Sendable {
                 readerRoom.wait()
                 continue
             }
-            var count = -1
+            var result: Result<Int, SystemError> = .success(0)
             let bytes = [UInt8](unsafeUninitializedCapacity: Self.readSize) { buffer, initialized in
-                count = read(outEndpoint, buffer.baseAddress, buffer.count)
-                initialized = max(0, count)
+                result = SystemCall.read(outEndpoint, into: UnsafeMutableRawBufferPointer(buffer), retry: { !closing })
+                initialized = (try? result.get()) ?? 0
             }
+            let count = (try? result.get()) ?? -1
             if count > 0 {
                 let wasEmpty = state.withLock { state -> Bool in
                     let wasEmpty = state.readable == 0
@@ -218,9 +220,8 @@ final class EndpointByteChannel: ByteChannel, Sendable {
                 continue
             }
             if count == 0 { continue } // a zero-length packet
-            let code = errno
-            if code == EINTR { continue }
-            failed("reading the OUT endpoint", code)
+            guard case .failure(let error) = result, error.kind != .interrupted else { continue }
+            failed("reading the OUT endpoint", error.code)
             return
         }
     }
@@ -237,19 +238,11 @@ final class EndpointByteChannel: ByteChannel, Sendable {
             // The short-packet rule: never end a write on a full packet.
             let pieces = chunk.count % maxPacket == 0 ? [0..<(chunk.count - 1), (chunk.count - 1)..<chunk.count] : [0..<chunk.count]
             for piece in pieces {
-                var offset = piece.lowerBound
-                while offset < piece.upperBound {
-                    let written = chunk.withUnsafeBytes { Glibc.write(inEndpoint, $0.baseAddress! + offset, piece.upperBound - offset) }
-                    if written > 0 {
-                        offset += written
-                        continue
-                    }
-                    let code = written == 0 ? EIO : errno
-                    if code == EINTR {
-                        if closing { return }
-                        continue
-                    }
-                    failed("writing the IN endpoint", code)
+                let result = chunk.withUnsafeBytes {
+                    SystemCall.writeAll(inEndpoint, UnsafeRawBufferPointer(rebasing: $0[piece]), retry: { !closing })
+                }
+                if case .failure(let error) = result {
+                    if error.kind != .interrupted { failed("writing the IN endpoint", error.code) }
                     return
                 }
             }

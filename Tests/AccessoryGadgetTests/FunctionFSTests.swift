@@ -1,3 +1,4 @@
+import AccessoryGadget
 import AccessorySimulator
 import Testing
 

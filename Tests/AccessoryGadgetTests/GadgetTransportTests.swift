@@ -1,4 +1,5 @@
-@testable import AccessorySimulator
+@testable import AccessoryGadget
+import AccessorySimulator
 import Dispatch
 import Glibc
 import IAPTransport

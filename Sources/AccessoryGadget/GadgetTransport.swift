@@ -1,7 +1,9 @@
+public import AccessorySimulator
 public import Dispatch
 public import IAPTransport
 internal import Glibc
 internal import Synchronization
+internal import SystemCalls
 
 /// Where the gadget's link to the host stands, as the events on `ep0` tell it.
 public enum GadgetConnection: String, Sendable, Hashable {
@@ -245,11 +247,11 @@ public final class GadgetTransport: Transport {
 
 /// Opens a FunctionFS file with `flags`; the error says what a person can do about a failure.
 private func openEndpointFile(_ path: String, flags: Int32, stage: String) throws(TransportError) -> Int32 {
-    while true {
-        let descriptor = open(path, flags)
-        if descriptor >= 0 { return descriptor }
-        let code = errno
-        if code == EINTR { continue }
+    switch SystemCall.open(path, flags) {
+    case .success(let descriptor):
+        return descriptor
+    case .failure(let error):
+        let code = error.code
         let advice: String
         switch code {
         case ENOENT where stage == "ep0":
@@ -263,28 +265,25 @@ private func openEndpointFile(_ path: String, flags: Int32, stage: String) throw
         default:
             advice = "check that FunctionFS is mounted there and that no other program uses it"
         }
-        throw TransportError("cannot open \(path): \(gadgetErrorText(code))", errno: code, advice: advice)
+        throw TransportError("cannot open \(path): \(error)", errno: code, advice: advice)
     }
 }
 
 /// Writes one setup blob to `ep0` in a single `write()`, as FunctionFS requires.
 private func writeSetupBlob(_ ep0: Int32, _ blob: [UInt8], path: String, what: String) throws(TransportError) {
-    while true {
-        let written = blob.withUnsafeBytes { write(ep0, $0.baseAddress, $0.count) }
-        if written == blob.count { return }
-        let code = written < 0 ? errno : EIO
-        if code == EINTR { continue }
-        let advice: String
-        switch code {
-        case EINVAL:
-            advice = "the kernel refused them; dmesg says why (an old kernel without SuperSpeed support in FunctionFS refuses HAS_SS_DESC)"
-        case EBADFD, EBUSY:
-            advice = "another program already configured this function; stop it, or unmount and mount FunctionFS again"
-        default:
-            advice = "unmount and mount FunctionFS again, then retry"
-        }
-        throw TransportError("cannot write the USB \(what) to \(path): \(gadgetErrorText(code))", errno: code, advice: advice)
+    let result = blob.withUnsafeBytes { SystemCall.write(ep0, $0) }
+    if case .success(blob.count) = result { return }
+    let code = if case .failure(let error) = result { error.code } else { EIO }
+    let advice: String
+    switch code {
+    case EINVAL:
+        advice = "the kernel refused them; dmesg says why (an old kernel without SuperSpeed support in FunctionFS refuses HAS_SS_DESC)"
+    case EBADFD, EBUSY:
+        advice = "another program already configured this function; stop it, or unmount and mount FunctionFS again"
+    default:
+        advice = "unmount and mount FunctionFS again, then retry"
     }
+    throw TransportError("cannot write the USB \(what) to \(path): \(gadgetErrorText(code))", errno: code, advice: advice)
 }
 
 /// `FUNCTIONFS_ENDPOINT_DESC`: `_IOR('g', 130, struct usb_endpoint_descriptor)` (9 bytes). It
@@ -302,14 +301,7 @@ private func activeMaxPacketSize(_ descriptor: Int32) -> Int? {
 
 /// `strerror(3)` text with the errno's name, e.g. "No such file or directory (ENOENT)".
 func gadgetErrorText(_ code: Int32) -> String {
-    let text = strerror(code).map { String(cString: $0) } ?? "error \(code)"
-    let names: [Int32: String] = [
-        EPERM: "EPERM", ENOENT: "ENOENT", EINTR: "EINTR", EIO: "EIO", EBADF: "EBADF", EAGAIN: "EAGAIN",
-        ENOMEM: "ENOMEM", EACCES: "EACCES", EFAULT: "EFAULT", EBUSY: "EBUSY", EEXIST: "EEXIST", ENODEV: "ENODEV",
-        ENOTDIR: "ENOTDIR", EINVAL: "EINVAL", ENOSPC: "ENOSPC", EROFS: "EROFS", EPIPE: "EPIPE", EBADMSG: "EBADMSG",
-        EBADFD: "EBADFD", ESHUTDOWN: "ESHUTDOWN", ECONNRESET: "ECONNRESET", EOVERFLOW: "EOVERFLOW", EIDRM: "EIDRM",
-    ]
-    return names[code].map { "\(text) (\($0))" } ?? "\(text) (errno \(code))"
+    SystemError(code).description
 }
 
 // MARK: - Threads
@@ -687,10 +679,9 @@ private final class GadgetCore: Sendable {
         while !isClosing {
             var watched = [pollfd(fd: ep0, events: Int16(POLLIN), revents: 0),
                            pollfd(fd: wakeReader, events: Int16(POLLIN), revents: 0)]
-            let ready = watched.withUnsafeMutableBufferPointer { poll($0.baseAddress, nfds_t($0.count), -1) }
-            if ready < 0 {
-                let code = errno
-                if code == EINTR || code == EAGAIN { continue }
+            if case .failure(let error) = SystemCall.poll(&watched, retry: { !isClosing }) {
+                if error.kind == .interrupted || error.kind == .wouldBlock { continue }
+                let code = error.code
                 fail(TransportError("cannot watch ep0 of \(name): \(gadgetErrorText(code))", errno: code,
                                     advice: "start the gadget again"))
                 return
@@ -700,8 +691,8 @@ private final class GadgetCore: Sendable {
                 continue
             }
             guard watched[0].revents != 0 else { continue }
-            let count = buffer.withUnsafeMutableBytes { read(ep0, $0.baseAddress, $0.count) }
-            if count > 0 {
+            let result = buffer.withUnsafeMutableBytes { SystemCall.read(ep0, into: $0, retry: { !isClosing }) }
+            if case .success(let count) = result, count > 0 {
                 pending += buffer[..<count]
                 var offset = 0
                 while pending.count - offset >= FunctionFSEvent.size {
@@ -713,7 +704,7 @@ private final class GadgetCore: Sendable {
                 pending.removeFirst(offset)
                 continue
             }
-            let code = count == 0 ? nil : errno
+            let code: Int32? = if case .failure(let error) = result { error.code } else { nil }
             switch code {
             case EINTR?, EAGAIN?, EIDRM?:
                 // EIDRM: the host abandoned a control request before it was answered.
@@ -782,11 +773,7 @@ private final class GadgetCore: Sendable {
     /// device-to-host requests are stalled; with FunctionFS both are a `read()` of `ep0`.
     private func answer(_ setup: USBSetupRequest) {
         var data = [UInt8](repeating: 0, count: max(1, Int(setup.length)))
-        while true {
-            let count = data.withUnsafeMutableBytes { read(ep0, $0.baseAddress, $0.count) }
-            if count < 0, errno == EINTR, !isClosing { continue }
-            return
-        }
+        _ = data.withUnsafeMutableBytes { SystemCall.read(ep0, into: $0, retry: { !isClosing }) }
     }
 
     // MARK: Reader thread
@@ -821,11 +808,12 @@ private final class GadgetCore: Sendable {
                 }
                 continue
             case let .read(generation):
-                var count = -1
+                var result: Result<Int, SystemError> = .success(0)
                 var bytes = [UInt8](unsafeUninitializedCapacity: Self.readSize) { buffer, initialized in
-                    count = read(outEndpoint, buffer.baseAddress, buffer.count)
-                    initialized = max(0, count)
+                    result = SystemCall.read(outEndpoint, into: UnsafeMutableRawBufferPointer(buffer), retry: { !isClosing })
+                    initialized = (try? result.get()) ?? 0
                 }
+                let count = (try? result.get()) ?? -1
                 if count > 0 {
                     // (Through a buffer pointer: an Array made from a whole-array slice would
                     // keep the 64 KiB storage.)
@@ -851,9 +839,8 @@ private final class GadgetCore: Sendable {
                     }
                     return
                 }
-                let code = errno
-                if code == EINTR { continue }
-                if !endpointFailed(code, generation: generation, direction: "reading the OUT endpoint") { return }
+                guard case .failure(let error) = result, error.kind != .interrupted else { continue }
+                if !endpointFailed(error.code, generation: generation, direction: "reading the OUT endpoint") { return }
                 state.withLock { state in
                     if state.readerFailedGeneration == nil { state.readerFailedGeneration = generation }
                 }
@@ -934,21 +921,12 @@ private final class GadgetCore: Sendable {
         let split = frame.count % maxPacket == 0
         let pieces = split ? [0..<(frame.count - 1), (frame.count - 1)..<frame.count] : [0..<frame.count]
         for piece in pieces {
-            var offset = piece.lowerBound
-            while offset < piece.upperBound {
-                let written = frame.withUnsafeBytes { bytes in
-                    write(inEndpoint, bytes.baseAddress! + offset, piece.upperBound - offset)
-                }
-                if written > 0 {
-                    offset += written
-                    continue
-                }
-                let code = written == 0 ? EIO : errno
-                if code == EINTR {
-                    if isClosing { return false }
-                    continue
-                }
-                if !endpointFailed(code, generation: generation, direction: "writing the IN endpoint") { return false }
+            let result = frame.withUnsafeBytes {
+                SystemCall.writeAll(inEndpoint, UnsafeRawBufferPointer(rebasing: $0[piece]), retry: { !isClosing })
+            }
+            if case .failure(let error) = result {
+                if error.kind == .interrupted { return false }
+                if !endpointFailed(error.code, generation: generation, direction: "writing the IN endpoint") { return false }
                 state.withLock { $0.statistics.framesDropped += 1 }
                 return true
             }
@@ -977,4 +955,24 @@ private final class GadgetCore: Sendable {
 private func dispatchInterval(_ duration: Duration) -> DispatchTimeInterval {
     let (seconds, attoseconds) = duration.components
     return .milliseconds(max(1, Int(seconds) * 1_000 + Int(attoseconds / 1_000_000_000_000_000)))
+}
+
+extension GadgetTransport: HostReconnectingWire {
+    /// ``connection`` as the simulator's runner sees it: unbound and bound are no host.
+    public var hostConnection: HostConnectionState { HostConnectionState(connection) }
+
+    /// Calls `handler` with every change of ``hostConnection`` (see ``onConnectionChange(_:)``).
+    public func onHostConnectionChange(_ handler: @escaping @Sendable (HostConnectionState) -> Void) {
+        onConnectionChange { handler(HostConnectionState($0)) }
+    }
+}
+
+extension HostConnectionState {
+    init(_ connection: GadgetConnection) {
+        switch connection {
+        case .unbound, .bound: self = .absent
+        case .enabled: self = .configured
+        case .suspended: self = .suspended
+        }
+    }
 }

@@ -1,0 +1,134 @@
+public import Dispatch
+public import IAPTransport
+public import USBHost
+
+// The adapter between the USB layer, which knows nothing of iAP, and the transports the link
+// runs over: the iAP2 interface classes, `Transport` over a `USBAccessoryTransport`, and
+// `ByteChannel` over a `USBNativePipe`. Nothing here copies: events are mapped one to one.
+
+extension USBInterfaceClass {
+    /// The iAP2 interface of an accessory in USB host mode: vendor class FF, subclass F0, protocol 00.
+    public static let iAP2 = USBInterfaceClass(0xFF, 0xF0, 0x00)
+    /// An EA native-transport interface: FF/F0/01 (PROTOCOL.md §4.3).
+    public static let iAPNativeTransport = USBInterfaceClass(0xFF, 0xF0, 0x01)
+}
+
+extension USBFunctionMatch {
+    /// An MFi accessory in USB host mode: the iAP2 interface and its native-transport interfaces.
+    public static let iAP2 = USBFunctionMatch(main: .iAP2, companion: .iAPNativeTransport)
+}
+
+extension USBError {
+    /// The same failure as a ``TransportError`` (what the manager reports).
+    public var transportError: TransportError {
+        let mapped: TransportError.Kind = switch kind {
+        case .access: .permission
+        case .busy: .busy
+        case .noDevice: .hungUp
+        case .timeout: .timedOut
+        default: .failed
+        }
+        return TransportError(message, kind: mapped, advice: advice)
+    }
+}
+
+/// A USB accessory's iAP2 interface as a ``Transport``: the frames the link sends go out as one
+/// bulk OUT transfer each, and what arrives is lent in place from the IN slot
+/// (``TransportEvent/borrowed(_:)``) when the handler runs on the USB context's queue.
+///
+/// It offers the accessory's native-transport interfaces (``nativeTransports``) and, through
+/// ``capability(_:)``, the pipe's ``USBPipeStatistics``, the ``USBDeviceInfo`` and the
+/// ``USBAccessoryTransport`` itself.
+public final class USBIAPTransport: Transport, NativeTransportProvider {
+    /// The USB pipe under this transport.
+    public let pipe: USBAccessoryTransport
+
+    /// Runs the link over `pipe` (opened by `USBContext.open`, not yet activated).
+    public init(_ pipe: USBAccessoryTransport) { self.pipe = pipe }
+
+    /// The pipe's description, e.g. `usb 1-1.2 2ca3:1002`.
+    public var description: String { pipe.description }
+    /// Always ``TransportKind/usb``.
+    public var kind: TransportKind { .usb }
+
+    /// Starts the pipe; its events reach `handler` on `queue` as transport events.
+    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+        pipe.activate(queue: queue) { event in
+            switch event {
+            case let .borrowed(bytes): bytes.withUnsafeBytes { handler(.borrowed(BorrowedBytes($0))) }
+            case let .received(bytes): handler(.received(bytes))
+            case let .closed(error): handler(.closed(error?.transportError))
+            }
+        }
+    }
+
+    /// Sends one frame in one bulk OUT transfer.
+    public func send(_ frame: [UInt8]) { pipe.send(frame) }
+
+    /// Closes the pipe and the device.
+    public func cancel() { pipe.cancel() }
+
+    /// This transport opens the accessory's native-transport interfaces itself.
+    public var nativeTransports: (any NativeTransportProvider)? { self }
+
+    /// The pipe's ``USBPipeStatistics``, its ``USBDeviceInfo``, or the ``USBAccessoryTransport``.
+    /// Call on the USB context's queue.
+    public func capability<Value>(_ type: Value.Type) -> Value? {
+        if type == USBPipeStatistics.self { return pipe.statistics as? Value }
+        if type == USBDeviceInfo.self { return pipe.device as? Value }
+        if type == USBAccessoryTransport.self { return pipe as? Value }
+        return nil
+    }
+
+    /// The names of the accessory's native-transport interfaces (their iInterface strings).
+    public var nativeProtocolNames: [String] { pipe.nativeProtocolNames }
+
+    /// Opens the native-transport interface that carries `protocolName` as a ``ByteChannel``.
+    public func openNativeChannel(for protocolName: String, queue: DispatchQueue,
+                                  completion: @escaping @Sendable (Result<any ByteChannel, TransportError>) -> Void) {
+        pipe.openNativePipe(for: protocolName, queue: queue) { result in
+            completion(result.map { USBNativeChannel($0) }.mapError(\.transportError))
+        }
+    }
+}
+
+/// A USB native-transport pipe as a ``ByteChannel`` (the reader works on the IN slots in place).
+public final class USBNativeChannel: ByteChannel {
+    /// The USB pipe under this channel.
+    public let pipe: USBNativePipe
+
+    /// Wraps `pipe` (not yet activated).
+    public init(_ pipe: USBNativePipe) { self.pipe = pipe }
+
+    /// The pipe's description.
+    public var description: String { pipe.description }
+
+    /// Starts the pipe; its events reach `handler` on `queue` as channel events.
+    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
+        pipe.activate(queue: queue) { event in
+            switch event {
+            case .readable: handler(.readable)
+            case .writable: handler(.writable)
+            case let .closed(error): handler(.closed(error?.transportError))
+            }
+        }
+    }
+
+    /// Lends the readable bytes in place (see ``USBNativePipe/withReadableBytes(_:)``).
+    public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        try pipe.withReadableBytes(body)
+    }
+
+    /// Bytes that can be read now.
+    public var readableByteCount: Int { pipe.readableByteCount }
+    /// Copies as much of `bytes` as the OUT slots take; returns how much.
+    public func write(_ bytes: ArraySlice<UInt8>) -> Int { pipe.write(bytes) }
+    /// Whether ``write(_:)`` would take bytes now.
+    public var isWritable: Bool { pipe.isWritable }
+    /// Bytes taken and not yet acknowledged by the device.
+    public var unsentByteCount: Int { pipe.unsentByteCount }
+    /// Bytes the device took.
+    public var bytesDelivered: Int { pipe.bytesDelivered }
+    /// Ends the session on the accessory and releases the interface.
+    public func close() { pipe.close() }
+}

@@ -1,0 +1,124 @@
+import IAPLink
+import IAPWire
+import Testing
+
+/// A peer that misbehaves on purpose: each test asserts the bound or the outcome.
+@Suite("A hostile or silent accessory: bounds and timeouts")
+struct HostileLinkTests {
+    /// Opens `names` on an identified pair (retransmission timeout 100 ms, 3 retransmissions).
+    static func silentPair() throws -> (Pair, UInt16) {
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.maxRetransmissions = 3
+        accessory.parameters.retransmissionTimeout = 100
+        var pair = Pair(accessory: accessory)
+        let ids = try DataTests.openSessions(&pair, ["com.acme.data"])
+        return (pair, ids[0])
+    }
+
+    @Test("a window sent packet by packet is one retransmission round, not one per packet")
+    func retransmissionRoundsNotTimerFirings() throws {
+        var (pair, id) = try Self.silentPair()
+        pair.toAccessory.blackHole = true
+        pair.toDevice.blackHole = true
+        // Eight packets 10 ms apart: their timers fire at eight different moments per round.
+        let start = pair.now
+        for index in 0..<8 {
+            pair.now = start + .milliseconds(10 * index)
+            pair.device.advance(to: pair.now)
+            _ = try pair.device.write(id, [UInt8](repeating: UInt8(index), count: 100), now: pair.now)
+            _ = pair.device.takeOutput()
+        }
+        var failedAt: Duration?
+        _ = pair.run(until: start + .seconds(5)) { pair in
+            if case .failed(.maxRetransmissionsExceeded) = pair.device.link.state { failedAt = pair.now; return true }
+            return false
+        }
+        let failed = try #require(failedAt)
+        // The first packet: sent at `start`, then 3 retransmissions 100 ms apart, given up at the
+        // 4th timeout. Counting firings gave up after about 130 ms.
+        #expect(failed - start >= .milliseconds(390), "gave up after \(failed - start)")
+        #expect(failed - start <= .milliseconds(500), "gave up after \(failed - start)")
+    }
+
+    @Test("a flood of EAKs for the same packets sends each again once, not once per EAK")
+    func eakFloodIsBounded() throws {
+        var (pair, id) = try Self.silentPair()
+        pair.toAccessory.blackHole = true
+        pair.toDevice.blackHole = true
+        for index in 0..<4 {
+            _ = try pair.device.write(id, [UInt8](repeating: UInt8(index), count: 1_000), now: pair.now)
+        }
+        let sent = pair.device.takeOutput()
+        let data = try sent.map { try LinkPacket.decode($0) }.filter { !$0.payload.isEmpty }
+        try #require(data.count >= 2)
+        // The accessory says it has the last packet and not the ones before, 1,000 times over.
+        let last = data[data.count - 1].header.sequence
+        let acknowledged = data[0].header.sequence &- 1
+        let eak = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x02, acknowledgement: acknowledged, sessionID: 0,
+                                        payload: [last])
+        let before = pair.device.link.statistics.retransmissions
+        for _ in 0..<1_000 { pair.device.receive(eak, now: pair.now) }
+        let resent = pair.device.link.statistics.retransmissions - before
+        #expect(resent == data.count - 1, "resent \(resent) packets for 1,000 EAKs")
+        #expect(pair.device.link.statistics.eakRetransmissionsSkipped >= 999)
+        #expect(pair.device.takeOutput().count <= data.count + 2)
+    }
+
+    @Test("an accessory asking for power updates over and over while acknowledging nothing is disconnected, not queued for")
+    func controlRepliesAreBounded() throws {
+        var pair = Pair()
+        pair.start()
+        #expect(pair.run { $0.identified })
+        pair.toDevice.blackHole = true // what the device sends is never acknowledged
+        pair.toAccessory.blackHole = true
+        // The accessory's next packet gives its sequence number; the flood continues from it.
+        pair.accessory.sendControlMessage(ControlMessage(id: .startPowerUpdates, parameters: [.flag(0), .flag(6)]), now: pair.now)
+        let first = try #require(pair.accessory.takeOutput().last)
+        let header = try LinkPacket.decode(first).header
+        let request = try ControlMessage(id: .startPowerUpdates, parameters: [.flag(0), .flag(6)]).encoded()
+        pair.device.receive(first, now: pair.now)
+        var sequence = header.sequence &+ 1
+        var failure: ControlFailure?
+        for _ in 0..<2_000 {
+            let packet = try LinkPacket.encode(control: [.ack], sequence: sequence, acknowledgement: header.acknowledgement,
+                                               sessionID: header.sessionID, payload: request)
+            sequence &+= 1
+            pair.device.receive(packet, now: pair.now)
+            _ = pair.device.takeOutput() // the wire takes it; nothing comes back
+            for event in pair.device.takeEvents() {
+                if case let .controlFailed(found) = event { failure = found }
+            }
+            if failure != nil { break }
+        }
+        guard case let .overwhelmed(queued) = failure else {
+            Issue.record("no overwhelmed failure: \(String(describing: failure))")
+            return
+        }
+        #expect(queued == IAP2Endpoint.controlQueueLimit)
+    }
+
+    @Test("an open the accessory never answers times out with the protocol named")
+    func unansweredOpenTimesOut() throws {
+        var pair = Pair()
+        pair.device.answerTimeout = .seconds(3)
+        pair.start()
+        #expect(pair.run { $0.identified })
+        pair.toAccessory.blackHole = true
+        let opened = pair.now
+        let id = try pair.device.openSession(protocolName: "com.acme.log", now: pair.now)
+        var timedOutAt: Duration?
+        #expect(pair.run(until: pair.now + .seconds(30)) { pair in
+            let timedOut = pair.deviceEvents.contains {
+                if case .sessionOpenTimedOut(id, "com.acme.log", .seconds(3)) = $0 { return true } else { return false }
+            }
+            if timedOut { timedOutAt = pair.now }
+            return timedOut
+        })
+        if let timedOutAt { #expect(timedOutAt - opened >= .seconds(3)) }
+        #expect(pair.device.sessionState(id) == nil)
+        // The protocol can be opened again.
+        pair.toAccessory.blackHole = false
+        let again = try pair.device.openSession(protocolName: "com.acme.log", now: pair.now)
+        #expect(pair.run(until: pair.now + .seconds(30)) { $0.device.sessionState(again) == .open })
+    }
+}
