@@ -16,8 +16,8 @@ public func descriptorFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         let total = Int(bytes[2]) | Int(bytes[3]) << 8
         let endpoints = config.interfaces.reduce(0) { $0 + $1.endpoints.count }
         precondition(9 + config.interfaces.count * 9 + endpoints * 7 <= total, "more descriptors than bytes")
-        let iAP = USBInterfaceClass(0xFF, 0xF0, 0x00), native = USBInterfaceClass(0xFF, 0xF0, 0x01)
-        if let found = USBFunctionLocation.find(USBFunctionMatch(main: iAP, companion: native), in: [config], activeConfiguration: bytes.last) {
+        let iAP = USBInterfaceClass(0xFF, 0xF0, 0x00), nativeClass = USBInterfaceClass(0xFF, 0xF0, 0x01)
+        if let found = USBFunctionLocation.find(USBFunctionMatch(main: iAP, companion: nativeClass), in: [config], activeConfiguration: bytes.last) {
             precondition(found.interface.classTriple == iAP, "matched a non-iAP interface")
             precondition(found.bulkIn.isIn && found.bulkIn.isBulk && !found.bulkOut.isIn && found.bulkOut.isBulk, "bad endpoints")
             precondition(found.needsConfigurationChange == (config.value != bytes.last), "wrong configuration decision")
@@ -26,7 +26,7 @@ public func descriptorFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             for item in native {
                 precondition(item.alternateSetting != 0 && item.bulkIn.isIn && item.bulkIn.isBulk && !item.bulkOut.isIn && item.bulkOut.isBulk,
                              "a native interface without a bulk pair in a data setting")
-                precondition(found.companions.contains { $0.number == item.number && $0.alternateSetting == item.alternateSetting && $0.classTriple == native },
+                precondition(found.companions.contains { $0.number == item.number && $0.alternateSetting == item.alternateSetting && $0.classTriple == nativeClass },
                              "a native interface that is not FF/F0/01 in the configuration")
             }
         }
