@@ -51,9 +51,12 @@ public func iap1Fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         }
         if let iap1 = device.iap1 { transactions = iap1.transactionIDs }
         for packet in device.takeOutput() where packet != IAP2Detect.bytes {
-            let decoded = (try? IAP1Packet.decode(packet, transactionIDs: transactions)) ?? (try? LinkPacket.decode(packet)).map { _ in
-                IAP1Packet(lingo: 0, command: 0)
-            }
+            // Checked against the transaction-id setting now, or the one before: input that
+            // switches the identification style between two packets of one step (IdentifyDeviceLingoes,
+            // then StartIDPS) leaves a reply built under the old setting in the same output.
+            let decoded = (try? IAP1Packet.decode(packet, transactionIDs: transactions))
+                ?? (try? IAP1Packet.decode(packet, transactionIDs: !transactions))
+                ?? (try? LinkPacket.decode(packet)).map { _ in IAP1Packet(lingo: 0, command: 0) }
             precondition(decoded != nil, "the device sent a malformed packet")
         }
         _ = device.takeEvents()
