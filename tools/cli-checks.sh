@@ -61,6 +61,25 @@ if [ -z "$acknowledged" ] || [ "$acknowledged" -lt 200000 ] || [ "$acknowledged"
 fi
 contains "send's message" err "the accessory acknowledged $acknowledged of 1000000 bytes"
 
+# A sink that stops reading: its buffer fills, it keeps the link alive with bare ACKs and
+# acknowledges no more data. send gives up after 10 s without progress (exit 74) instead of
+# waiting forever, and never reports ok for what was not acknowledged.
+cat > "$work/stuck.json" <<'JSON'
+{ "identity": { "name": "Stuck", "model": "S1", "manufacturer": "Test", "serialNumber": "S-1",
+                "firmwareVersion": "1.0", "hardwareVersion": "A" },
+  "protocols": [ { "name": "com.example.sink", "behaviour": "sink" } ],
+  "faults": { "stopReadingAfterBytes": 100000 } }
+JSON
+head -c 3000000 /dev/urandom > "$work/stuck.bin"
+check "send to an accessory that stops acknowledging gives up (exit 74)" 74 timeout 120 "$iapctl" --no-usb "--simulate=$work/stuck.json" send com.example.sink "$work/stuck.bin" --json
+contains "send's no-progress message" err "acknowledged nothing for 10"
+contains "send --json is not ok" out '"ok":false'
+stuck=$(sed -n 's/.*"bytesAcknowledged":\([0-9]*\).*/\1/p' "$work/out")
+if [ -z "$stuck" ] || [ "$stuck" -lt 100000 ] || [ "$stuck" -ge 3000000 ]; then
+    echo "cli-checks: FAILED a stuck send reports what was acknowledged before it stopped: '$stuck': $(cat "$work/out")" >&2
+    failures=$((failures + 1))
+fi
+
 # An accessory whose strings are terminal escapes (retitle, clear, colour, a forged line, a C1
 # CSI, a right-to-left override): human output shows them escaped, JSON keeps them exact.
 cat > "$work/hostile.json" <<'JSON'

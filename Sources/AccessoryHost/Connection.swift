@@ -471,7 +471,7 @@ final class Connection: @unchecked Sendable {
     }
 
     func acknowledged(_ session: AccessorySession) -> Int {
-        guard let state = sessions[session.key] else { return 0 }
+        guard let state = sessions[session.key] else { return session.acknowledgedAtClose.withLock { $0 } ?? 0 }
         let now = driver.perform { machine, _ in state.stream.acknowledged(&machine) }
         sessions[session.key]!.acknowledged = max(state.acknowledged, now)
         return sessions[session.key]!.acknowledged
@@ -499,6 +499,9 @@ final class Connection: @unchecked Sendable {
     }
 
     func close(_ session: AccessorySession) {
+        guard sessions[session.key] != nil else { return }
+        let acknowledged = acknowledged(session)
+        session.acknowledgedAtClose.withLock { $0 = acknowledged }
         guard let state = sessions.removeValue(forKey: session.key) else { return }
         sessionKeys.removeAll { $0 == session.key }
         for reader in state.readers { reader.continuation.resume(returning: nil) }

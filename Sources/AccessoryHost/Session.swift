@@ -1,3 +1,4 @@
+internal import Synchronization
 public import Dispatch
 internal import IAPLink
 
@@ -25,6 +26,8 @@ public final class AccessorySession: Sendable {
     /// The connection's key for the session.
     let key: Int
     let connection: Connection
+    /// What the accessory had acknowledged when the session was closed (the count outlives it).
+    let acknowledgedAtClose = Mutex<Int?>(nil)
     /// Whether the session's bytes travel on a native transport (the accessory's USB interface
     /// for this protocol, FF/F0/01, raw) rather than multiplexed on the iAP2 link. The API is the
     /// same either way; only throughput and ``bytesAcknowledged``'s source differ.
@@ -74,7 +77,7 @@ public final class AccessorySession: Sendable {
     /// acknowledged the packets that carried them, in order; on a native transport, the USB OUT
     /// transfers that carried them completed). When a transfer breaks, this is how much is known
     /// to have arrived; the rest may or may not have. It stays readable after the accessory went
-    /// away, until ``close()``.
+    /// away and after ``close()`` (the count at the close).
     public var bytesAcknowledged: Int { connection.onQueue { connection.acknowledged(self) } }
 
     /// Whether bytes are readable now.

@@ -151,6 +151,8 @@ struct ManagerTests {
         while try await session.read() != nil {}
         #expect(!accessory.isConnected)
         #expect(session.bytesAcknowledged == payload.count, "still known after the accessory went away")
+        session.close()
+        #expect(session.bytesAcknowledged == payload.count, "still known after the session was closed")
     }
 
     @Test func drainWaitsForTheAccessorysAcknowledgementAndFailsWhenTheSessionEndsFirst() async throws {
