@@ -42,15 +42,15 @@ let package = Package(
         .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing"], swiftSettings: strict),
         // The adapter between USBHost (which knows nothing of iAP) and IAPTransport: the iAP2
         // interface classes, Transport over the USB pipe, ByteChannel over a native pipe.
-        .target(name: "USBTransport", dependencies: ["USBHost", "IAPTransport"], swiftSettings: strict),
+        .target(name: "USBTransport", dependencies: ["USBHost", "IAPTransport", "ByteRing"], swiftSettings: strict),
         // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
         .target(name: "IAPWire", swiftSettings: strict),
         // The iAP2 link, control session and EA session router as deterministic state machines
         // for both roles (no clocks, threads or Dispatch inside).
-        .target(name: "IAPLink", dependencies: ["IAPWire"], swiftSettings: strict),
+        .target(name: "IAPLink", dependencies: ["IAPWire", "ByteRing"], swiftSettings: strict),
         // Transports (in-memory, serial, pseudo-terminal) and the Dispatch driver that runs an
         // endpoint over one.
-        .target(name: "IAPTransport", dependencies: ["IAPLink", "IAPWire", "SystemCalls"], swiftSettings: strict),
+        .target(name: "IAPTransport", dependencies: ["IAPLink", "IAPWire", "SystemCalls", "ByteRing"], swiftSettings: strict),
         // read/write/poll/open that retry EINTR and return typed errors: the one place the serial,
         // pty and gadget code makes its system calls.
         .target(name: "SystemCalls", swiftSettings: strict),
@@ -84,7 +84,7 @@ let package = Package(
             swiftSettings: strict
         ),
         .testTarget(name: "IAPWireTests", dependencies: ["IAPWire"], swiftSettings: strict),
-        .testTarget(name: "IAPLinkTests", dependencies: ["IAPLink", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "IAPLinkTests", dependencies: ["IAPLink", "IAPWire", "ByteRing"], swiftSettings: strict),
         .testTarget(name: "IAPTransportTests", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessoryGadgetTests", dependencies: ["AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire"], swiftSettings: strict),

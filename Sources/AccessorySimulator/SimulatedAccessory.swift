@@ -242,7 +242,7 @@ public struct SimulatedAccessory: Sendable {
     public mutating func drainNativeOutput(_ id: UInt16, into write: (ArraySlice<UInt8>) -> Int) {
         var offered = false
         while isRunning, let first = nativeBuffers[id]?.outbound.first {
-            let taken = min(max(0, write(first)), first.count)
+            let taken = min(max(0, write(first.arraySlice().bytes)), first.count) // arrays of its own: no copy
             nativeBuffers[id]!.outbound.removeFirst(taken)
             if taken > 0 { offered = true }
             guard taken == first.count else { break }
@@ -522,7 +522,7 @@ public struct SimulatedAccessory: Sendable {
             return endpoint.readChunk(id, maxBytes: maxBytes)
         case let .native(id):
             guard nativeBuffers[id] != nil else { return [] }
-            return nativeBuffers[id]!.inbound.takeChunk(maxBytes)
+            return nativeBuffers[id]!.inbound.takeChunk(maxBytes).bytes
         }
     }
 

@@ -228,3 +228,77 @@ public final class ByteRing: @unchecked Sendable {
         released.store(front + 1, ordering: .releasing)
     }
 }
+
+extension ByteRing {
+    /// The index of the `position`-th committed slot not yet released, counting from the oldest
+    /// (0 is ``frontSlot``), or nil when fewer are committed: for a consumer that lends slots
+    /// whole (``SlotLease``) and releases them later, in order.
+    public func committedSlot(at position: Int) -> Int? {
+        let front = released.load(ordering: .relaxed)
+        guard position >= 0, front + position < published.load(ordering: .acquiring) else { return nil }
+        return (front + position) % slotCount
+    }
+}
+
+/// Bytes of a ring slot lent to a reader beyond the call that delivered them, so that the reader
+/// keeps them without copying: the received bytes of a USB IN transfer stay in the slot the
+/// kernel wrote them to until the reader is done with them.
+///
+/// A lease is an object, so whoever keeps a view of the bytes keeps the lease alive, and the
+/// lender knows the reader is done when it holds the only reference again
+/// (`isKnownUniquelyReferenced`); only then does the slot go back to the producer. A lender that
+/// needs the slot back earlier (its reader lags, or it is closing) calls ``evacuate()``: the
+/// bytes move to memory the lease owns (one copy) and every view of them stays valid.
+///
+/// Confinement: a lease is read, lent and evacuated on one queue, its lender's (for USB, the
+/// context's event queue, where the link and its sessions run); it may be released anywhere.
+/// This is one of the few types that hold unsafe pointers.
+public final class SlotLease: @unchecked Sendable {
+    // Sendability: `base`, `count` and `owned` change only on the lender's queue, where every
+    // reader runs; ARC's atomic reference count is all other threads touch.
+    private var base: UnsafeRawPointer?
+    /// The number of bytes lent.
+    public private(set) var count = 0
+    /// Memory of the lease's own after ``evacuate()``, freed with the lease.
+    private var owned: UnsafeMutableRawPointer?
+
+    /// A lease lending nothing yet.
+    public init() {}
+
+    deinit { owned?.deallocate() }
+
+    /// Lends `bytes` (a slot's memory, valid until the lender takes the slot back). Only on a
+    /// lease nobody else holds.
+    public func lend(_ bytes: UnsafeRawBufferPointer) {
+        owned?.deallocate()
+        owned = nil
+        base = bytes.baseAddress
+        count = bytes.count
+    }
+
+    /// Runs `body` with the lent bytes in place.
+    public func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
+        try body(UnsafeRawBufferPointer(start: base, count: count))
+    }
+
+    /// Runs `body` with the lent bytes in place, as a span.
+    public func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
+        try body(RawSpan(_unsafeBytes: UnsafeRawBufferPointer(start: base, count: count)))
+    }
+
+    /// Whether the bytes were moved out of the slot into the lease's own memory.
+    public var isEvacuated: Bool { owned != nil }
+
+    /// Moves the bytes out of the slot into memory of the lease's own (one copy), so that the
+    /// lender can take the slot back while readers still hold views of them. Returns the bytes
+    /// copied (0 when already evacuated).
+    @discardableResult
+    public func evacuate() -> Int {
+        guard owned == nil, count > 0, let base else { return 0 }
+        let copy = UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 16)
+        copy.copyMemory(from: base, byteCount: count)
+        owned = copy
+        self.base = UnsafeRawPointer(copy)
+        return count
+    }
+}

@@ -1,4 +1,5 @@
 public import IAPWire
+public import ByteRing
 
 /// The state of an EA session on an ``IAP2Endpoint``.
 public enum EASessionState: Hashable, Sendable {
@@ -160,6 +161,14 @@ public struct IAP2Endpoint: Sendable {
         settle(now: now)
     }
 
+    /// Feeds received bytes lent by the transport (a USB IN slot): EA data that lies whole in
+    /// them is kept as a view of the lease (no copy) until read.
+    public mutating func receive(lent lease: SlotLease, now: LinkTime) {
+        upper.now = now
+        link.receive(lent: lease, now: now, sink: &upper)
+        settle(now: now)
+    }
+
     public mutating func advance(to now: LinkTime) {
         link.advance(to: now)
         upper.now = now
@@ -304,7 +313,8 @@ public struct IAP2Endpoint: Sendable {
     }
 
     /// Takes up to `maxBytes` of the next received bytes of a session as a view of the array
-    /// they arrived in, without copying them (empty when nothing is readable). Like
+    /// they arrived in, without copying them (a copy when they lie in a lent USB slot; empty
+    /// when nothing is readable). Like
     /// ``read(_:maxBytes:)``, the room this makes lets refused packets in.
     public mutating func readChunk(_ sessionID: UInt16, maxBytes: Int = .max) -> ArraySlice<UInt8> {
         let bytes = upper.readChunk(sessionID, maxBytes: maxBytes)
@@ -358,14 +368,15 @@ public struct IAP2Endpoint: Sendable {
     }
 }
 
-/// Bytes queued as views of arrays, with a running count: the received bytes of one session,
-/// kept in the arrays they arrived in (a transport's receive buffer, or the one copy the endpoint
-/// made of bytes it could not keep). Lending them (``borrowFirst(_:)``) and taking them as views
-/// (``takeChunk(_:)``) copies nothing; taking them as an array (``take(_:)``) copies once, into
-/// that array, unless a whole array of the queue's own can be handed over as it is.
+/// Received bytes queued where they arrived, with a running count: the received bytes of one
+/// session, kept in the arrays or lent USB slots they arrived in (``ReceivedBytes``), or the one
+/// copy the endpoint made of bytes it could not keep. Lending them (``borrowFirst(_:)``) copies
+/// nothing; taking them as views of arrays (``takeChunk(_:)``) copies only what lies in a lent
+/// slot; taking them as an array (``take(_:)``) copies once, into that array, unless a whole
+/// array of the queue's own can be handed over as it is.
 public struct ChunkQueue: Sendable {
     private struct Chunk: Sendable {
-        var bytes: ArraySlice<UInt8>
+        var bytes: ReceivedBytes
         /// The slice is a whole array nobody else holds: it can be returned as it is.
         var owned: Bool
     }
@@ -380,13 +391,20 @@ public struct ChunkQueue: Sendable {
     public var isEmpty: Bool { byteCount == 0 }
 
     /// The oldest queued bytes: a view of the first chunk (nil when empty).
-    public var first: ArraySlice<UInt8>? { chunks.first?.bytes }
+    public var first: ReceivedBytes? { chunks.first?.bytes }
 
     /// Queues a view of bytes. `owned` says the slice is a whole array nobody else holds (a copy
     /// the caller made), which ``take(_:)`` may then hand over without copying.
     public mutating func append(_ bytes: ArraySlice<UInt8>, owned: Bool) {
         guard !bytes.isEmpty else { return }
-        chunks.append(Chunk(bytes: bytes, owned: owned))
+        chunks.append(Chunk(bytes: ReceivedBytes(bytes), owned: owned))
+        byteCount += bytes.count
+    }
+
+    /// Queues received bytes kept where they arrived (an array or a lent slot).
+    public mutating func append(_ bytes: ReceivedBytes) {
+        guard !bytes.isEmpty else { return }
+        chunks.append(Chunk(bytes: bytes, owned: false))
         byteCount += bytes.count
     }
 
@@ -399,23 +417,24 @@ public struct ChunkQueue: Sendable {
            chunks.count == 1 || first.bytes.count == maxBytes {
             _ = chunks.popFirst()
             byteCount -= first.bytes.count
-            return (Array(first.bytes), 0)
+            return (Array(first.bytes.arraySlice().bytes), 0)
         }
         var result: [UInt8] = []
         result.reserveCapacity(min(maxBytes, byteCount))
         while result.count < maxBytes, let chunk = chunks.first {
             let take = min(maxBytes - result.count, chunk.bytes.count)
-            result.append(contentsOf: chunk.bytes.prefix(take))
+            chunk.bytes.prefix(take).append(to: &result)
             removeFirst(take)
         }
         return (result, result.count)
     }
 
-    /// Takes up to `maxBytes` of the first chunk as a view of the array it lies in (no copy).
-    public mutating func takeChunk(_ maxBytes: Int) -> ArraySlice<UInt8> {
-        guard maxBytes > 0, let chunk = chunks.first else { return [] }
-        let taken = chunk.bytes.prefix(maxBytes)
-        removeFirst(taken.count)
+    /// Takes up to `maxBytes` of the first chunk as a view of the array it lies in (no copy), or
+    /// a copy when it lies in a lent slot (`copied` counts the bytes copied).
+    public mutating func takeChunk(_ maxBytes: Int) -> (bytes: ArraySlice<UInt8>, copied: Int) {
+        guard maxBytes > 0, let chunk = chunks.first else { return ([], 0) }
+        let taken = chunk.bytes.prefix(maxBytes).arraySlice()
+        removeFirst(taken.bytes.count)
         return taken
     }
 
@@ -440,7 +459,7 @@ public struct ChunkQueue: Sendable {
     /// Lends the bytes of the first chunk in place; `body` says how many it consumed.
     public mutating func borrowFirst<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         guard let chunk = chunks.first else { return nil }
-        let (consumed, result) = try body(chunk.bytes.span.bytes)
+        let (consumed, result) = try chunk.bytes.withSpan(body)
         removeFirst(max(0, consumed))
         return result
     }
@@ -661,7 +680,7 @@ struct Upper: LinkSink, Sendable {
         accept(sessionID: sessionID, payload: payload, retained: nil)
     }
 
-    mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ArraySlice<UInt8>?) -> Bool {
+    mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ReceivedBytes?) -> Bool {
         if sessionID == controlSessionID {
             var offset = 0
             while offset < payload.byteCount {
@@ -689,9 +708,8 @@ struct Upper: LinkSink, Sendable {
             guard !range.isEmpty else { return true }
             dataPlane.bytesReceived += range.count
             if let retained {
-                // Kept as a view of the array the bytes arrived in: no copy.
-                let base = retained.startIndex
-                sessions.with(id) { $0.inbound.append(retained[(base + range.lowerBound)..<(base + range.upperBound)], owned: false) }
+                // Kept as a view of the array or the lent slot the bytes arrived in: no copy.
+                sessions.with(id) { $0.inbound.append(retained.extracting(range)) }
             } else {
                 dataPlane.bytesCopiedIn += range.count
                 let copy = payload.extracting(range).withUnsafeBytes { Array($0) }
@@ -922,8 +940,9 @@ struct Upper: LinkSink, Sendable {
     }
 
     mutating func readChunk(_ id: UInt16, maxBytes: Int) -> ArraySlice<UInt8> {
-        guard let bytes = sessions.with(id, { $0.inbound.takeChunk(maxBytes) }) else { return [] }
+        guard let (bytes, copied) = sessions.with(id, { $0.inbound.takeChunk(maxBytes) }) else { return [] }
         dataPlane.bytesRead += bytes.count
+        dataPlane.bytesCopiedIn += copied
         return bytes
     }
 

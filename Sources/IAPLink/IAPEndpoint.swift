@@ -1,4 +1,5 @@
 internal import IAPWire
+public import ByteRing
 
 /// One side of a connection whichever protocol it speaks: an ``IAP2Endpoint`` or an
 /// ``IAP1Endpoint`` behind the same calls and the same ``EndpointEvent``s.
@@ -90,6 +91,13 @@ public struct IAPEndpoint: Sendable {
     /// Feeds bytes from the peer held in an array (iAP2 keeps views of it instead of copying).
     public mutating func receive(_ bytes: [UInt8], now: LinkTime) {
         if one != nil { one!.receive(bytes.span.bytes, now: now) } else { two!.receive(bytes, now: now) }
+        if switches { switchIfNeeded(now: now) }
+    }
+
+    /// Feeds bytes lent by the transport (a USB IN slot; iAP2 keeps views of the lease instead
+    /// of copying).
+    public mutating func receive(lent lease: SlotLease, now: LinkTime) {
+        if one != nil { lease.withSpan { one!.receive($0, now: now) } } else { two!.receive(lent: lease, now: now) }
         if switches { switchIfNeeded(now: now) }
     }
 

@@ -1,3 +1,4 @@
+public import ByteRing
 public import IAPWire
 
 /// Counters kept by an ``IAP2Link``.
@@ -91,11 +92,23 @@ public struct IAP2Link: Sendable {
         /// packet's count passes the negotiated maximum.
         var silentRetransmissions = 0
     }
-    /// A received packet parked until it can be delivered in order: a view of the array it
-    /// arrived in when there was one (no copy), else a copy.
+    /// A received packet parked until it can be delivered in order: a view of the storage it
+    /// arrived in when it can be kept (no copy), else a copy.
     private struct Held: Sendable {
         var sessionID: UInt8
-        var payload: ArraySlice<UInt8>
+        var payload: ReceivedBytes
+    }
+    /// Where received bytes lie, when the sink may keep views of them.
+    private enum Backing {
+        case array([UInt8])
+        case lease(SlotLease)
+
+        var byteCount: Int {
+            switch self {
+            case let .array(bytes): bytes.capacity
+            case let .lease(lease): lease.count
+            }
+        }
     }
     private var nextSequence: UInt8 = 0
     private var lastSentSequence: UInt8 = 0
@@ -280,10 +293,17 @@ public struct IAP2Link: Sendable {
     /// Feeds received bytes held in an array. Payloads that lie whole in it are offered to the
     /// sink as views of it too, which the sink may keep instead of copying them.
     public mutating func receive<Sink: LinkSink>(_ bytes: [UInt8], now: LinkTime, sink: inout Sink) {
-        receive(bytes.span.bytes, backing: bytes, now: now, sink: &sink)
+        receive(bytes.span.bytes, backing: .array(bytes), now: now, sink: &sink)
     }
 
-    private mutating func receive<Sink: LinkSink>(_ bytes: RawSpan, backing: [UInt8]?, now: LinkTime, sink: inout Sink) {
+    /// Feeds received bytes lent by the transport (a USB IN slot). Payloads that lie whole in
+    /// them are offered to the sink as views of the lease too, which the sink may keep instead of
+    /// copying them.
+    public mutating func receive<Sink: LinkSink>(lent lease: SlotLease, now: LinkTime, sink: inout Sink) {
+        lease.withSpan { receive($0, backing: .lease(lease), now: now, sink: &sink) }
+    }
+
+    private mutating func receive<Sink: LinkSink>(_ bytes: RawSpan, backing: Backing?, now: LinkTime, sink: inout Sink) {
         // Collect the frames first (the scanner cannot call back into `self` while it runs).
         var frames = frameScratch
         var spill = spillScratch
@@ -313,7 +333,7 @@ public struct IAP2Link: Sendable {
                 // and it was copied again above, out of the scanner's reused buffer. The sink may
                 // keep views of the spill (a later receive then starts a new one).
                 if case .iap2 = frame.kind { statistics.payloadBytesCopiedIn += 2 * frame.payload.count }
-                handle(frame, in: spill.span.bytes, backing: spill.count > 0 ? spill : nil, now: now, sink: &sink)
+                handle(frame, in: spill.span.bytes, backing: spill.count > 0 ? .array(spill) : nil, now: now, sink: &sink)
             } else {
                 handle(frame, in: bytes, backing: backing, now: now, sink: &sink)
             }
@@ -323,11 +343,15 @@ public struct IAP2Link: Sendable {
     }
 
     /// A view of `range` of `backing` for the sink to keep, when it is a good part of the
-    /// array's storage: a short payload in a large buffer is copied instead, so what a session
-    /// holds in memory stays within a small multiple of the bytes it counts.
-    static func keepable(_ range: Range<Int>, in backing: [UInt8]?) -> ArraySlice<UInt8>? {
-        guard let backing, range.count * 4 >= backing.capacity else { return nil }
-        return backing[range]
+    /// storage (the array's capacity, the lent bytes): a short payload in a large buffer is
+    /// copied instead, so what a session holds in memory (or the slot copy a lagging reader
+    /// forces) stays within a small multiple of the bytes it counts.
+    private static func keepable(_ range: Range<Int>, in backing: Backing?) -> ReceivedBytes? {
+        guard let backing, range.count * 4 >= backing.byteCount else { return nil }
+        switch backing {
+        case let .array(bytes): return ReceivedBytes(bytes[range])
+        case let .lease(lease): return ReceivedBytes(lease, range: range)
+        }
     }
 
     /// Hands over the bytes of a partial frame not yet complete (see
@@ -410,7 +434,7 @@ public struct IAP2Link: Sendable {
 
     // MARK: Frames
 
-    private mutating func handle<Sink: LinkSink>(_ frame: ScannedFrame, in bytes: RawSpan, backing: [UInt8]?, now: LinkTime,
+    private mutating func handle<Sink: LinkSink>(_ frame: ScannedFrame, in bytes: RawSpan, backing: Backing?, now: LinkTime,
                                                  sink: inout Sink) {
         if case .failed = state { return }
         switch frame.kind {
@@ -457,7 +481,7 @@ public struct IAP2Link: Sendable {
         }
     }
 
-    private mutating func handle<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ArraySlice<UInt8>?,
+    private mutating func handle<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ReceivedBytes?,
                                                  now: LinkTime, sink: inout Sink) {
         let control = header.control
         if control.contains(.rst) {
@@ -748,13 +772,13 @@ public struct IAP2Link: Sendable {
         if removed > 0 { pump(now: now) }
     }
 
-    private mutating func receiveData<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ArraySlice<UInt8>?,
+    private mutating func receiveData<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ReceivedBytes?,
                                                       now: LinkTime, sink: inout Sink) {
-        /// The payload as an array slice to park: a view of the received array, or a copy.
-        func parked() -> ArraySlice<UInt8> {
+        /// The payload to park: a view of the received storage, or a copy.
+        func parked() -> ReceivedBytes {
             if let retained { return retained }
             statistics.payloadBytesCopiedIn += payload.byteCount
-            return payload.withUnsafeBytes { Array($0) }[...]
+            return ReceivedBytes(payload.withUnsafeBytes { Array($0) }[...])
         }
         let expected = lastReceived &+ 1
         let distance = Int(header.sequence &- expected)
@@ -805,7 +829,7 @@ public struct IAP2Link: Sendable {
     /// Hands parked packets that now follow in order to `sink`, as far as it takes them.
     private mutating func deliverHeld<Sink: LinkSink>(sink: inout Sink) {
         while let next = held[lastReceived &+ 1] {
-            guard sink.accept(sessionID: next.sessionID, payload: next.payload.span.bytes, retained: next.payload) else {
+            guard next.payload.withSpan({ sink.accept(sessionID: next.sessionID, payload: $0, retained: next.payload) }) else {
                 statistics.refusedByReceiver += 1
                 refusing = true
                 return

@@ -130,14 +130,15 @@ public protocol LinkSink {
     /// sends it again later. That is the receiver flow control of the reference implementation.
     mutating func accept(sessionID: UInt8, payload: RawSpan) -> Bool
 
-    /// The same offer, with the payload's bytes also as a view of the array they arrived in
-    /// (`retained`, when they lie whole in one): a sink that keeps the bytes may keep that view
-    /// instead of copying them. The default forwards to ``accept(sessionID:payload:)``.
-    mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ArraySlice<UInt8>?) -> Bool
+    /// The same offer, with the payload's bytes also as a view of the storage they arrived in
+    /// (`retained`: the received array or the lent USB slot, when they lie whole in it): a sink
+    /// that keeps the bytes may keep that view instead of copying them. The default forwards to
+    /// ``accept(sessionID:payload:)``.
+    mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ReceivedBytes?) -> Bool
 }
 
 extension LinkSink {
-    public mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ArraySlice<UInt8>?) -> Bool {
+    public mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ReceivedBytes?) -> Bool {
         accept(sessionID: sessionID, payload: payload)
     }
 }

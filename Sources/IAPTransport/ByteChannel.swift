@@ -146,7 +146,7 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
 
     public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         // The chunk is taken out under the lock and lent outside it (body may call back in).
-        let chunk = shared.state.withLock { state -> ArraySlice<UInt8>? in state.sides[side].chunks.first }
+        let chunk = shared.state.withLock { state -> ArraySlice<UInt8>? in state.sides[side].chunks.first?.arraySlice().bytes } // arrays only: no copy
         guard let chunk else { return nil }
         let (consumed, result) = try chunk.withUnsafeBytes { try body(RawSpan(_unsafeBytes: $0)) }
         consume(min(max(0, consumed), chunk.count))
@@ -156,7 +156,7 @@ public final class MemoryByteChannel: ByteChannel, @unchecked Sendable {
     /// Hands out a view of the bytes the peer's write copied (no copy here).
     public func readChunk(maxBytes: Int) -> ArraySlice<UInt8> {
         let chunk = shared.state.withLock { state -> ArraySlice<UInt8> in
-            state.sides[side].chunks.first.map { $0.prefix(max(0, maxBytes)) } ?? []
+            state.sides[side].chunks.first.map { $0.prefix(max(0, maxBytes)).arraySlice().bytes } ?? []
         }
         consume(chunk.count)
         return chunk

@@ -1,3 +1,4 @@
+public import ByteRing
 public import Dispatch
 public import IAPLink
 
@@ -8,6 +9,9 @@ public protocol DrivenMachine: SendableMetatype {
     mutating func receive(_ bytes: [UInt8], now: LinkTime)
     /// Bytes read in place (a USB ring slot); the default copies them into an array.
     mutating func receive(_ bytes: RawSpan, now: LinkTime)
+    /// Bytes lent by the transport beyond the call (a USB IN slot), which the machine may keep
+    /// views of; the default reads them in place.
+    mutating func receive(lent lease: SlotLease, now: LinkTime)
     mutating func advance(to now: LinkTime)
     var nextDeadline: LinkTime? { get }
     mutating func takeOutput() -> [[UInt8]]
@@ -24,6 +28,10 @@ extension DrivenMachine {
 
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         receive(bytes.withUnsafeBytes { Array($0) }, now: now)
+    }
+
+    public mutating func receive(lent lease: SlotLease, now: LinkTime) {
+        lease.withSpan { receive($0, now: now) }
     }
 }
 
@@ -130,6 +138,9 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         case let .borrowed(bytes):
             let now = self.now
             bytes.withSpan { machine.receive($0, now: now) }
+            settle()
+        case let .lent(lease):
+            machine.receive(lent: lease, now: now)
             settle()
         case let .closed(error):
             running = false

@@ -1,3 +1,4 @@
+public import ByteRing
 public import Dispatch
 
 /// What kind of wire a ``Transport`` is.
@@ -19,6 +20,10 @@ public enum TransportEvent: Sendable {
     /// Bytes arrived in the transport's own buffer (a USB transfer's ring slot): read them
     /// during the handler call, without copying; they are gone when it returns.
     case borrowed(BorrowedBytes)
+    /// Bytes arrived in the transport's own buffer, lent beyond the handler call (a USB IN
+    /// slot): keep the lease (or views of it, ``ReceivedBytes``) as long as they are needed and
+    /// read it on the transport's queue; the buffer goes back when the last reference goes.
+    case lent(SlotLease)
     /// The transport closed: `nil` when asked to, otherwise why (the device vanished, a read
     /// failed…). No event follows.
     case closed(TransportError?)

@@ -73,6 +73,10 @@ final class BulkPipe: @unchecked Sendable {
     private var unsubmittedIn: Int?
     /// This kernel refused LIBUSB_TRANSFER_ADD_ZERO_PACKET.
     private(set) var zeroLengthFlagUnsupported = false
+    /// One lease per IN slot, reused while nobody else holds it (see ``lendNextIn()``).
+    private var leases: [SlotLease]
+    /// How many of the oldest committed IN slots are lent (not yet released).
+    private var lentSlots = 0
 
     /// - Parameters:
     ///   - inCount, inSlotSize, outCount, outSlotSize: the transfers each way and their slots.
@@ -90,6 +94,7 @@ final class BulkPipe: @unchecked Sendable {
         inSubmitted = Array(repeating: false, count: inCount)
         outSubmitted = Array(repeating: false, count: outCount)
         outDone = Array(repeating: false, count: outCount)
+        leases = (0..<inCount).map { _ in SlotLease() }
         statistics.inTransferSize = inSlotSize
         statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount
         statistics.heapSlots = inRing.slotCount + outRing.slotCount - statistics.deviceMemorySlots
@@ -149,6 +154,47 @@ final class BulkPipe: @unchecked Sendable {
     var isIdle: Bool { inIdle && outIdle }
     /// Transfers libusb still holds.
     var transfersInFlight: Int { inSubmitted.count { $0 } + outSubmitted.count { $0 } }
+
+    // MARK: IN slots lent beyond the delivery
+
+    /// Lends the next committed IN slot not yet lent, whole: the reader may keep the lease (and
+    /// views of its bytes) as long as it likes, and the slot goes back to the kernel once it has
+    /// let go (``reclaimLentIn(maximumLent:)``). Nil when every committed slot is lent. Empty
+    /// slots are skipped (and reclaimed with the others).
+    func lendNextIn() -> SlotLease? {
+        while let index = inRing.committedSlot(at: lentSlots) {
+            lentSlots += 1
+            let bytes = inRing.committedBytes(of: index)
+            guard bytes.count > 0 else { continue }
+            // The slot's lease is free here: the slot was reserved again only after its lease
+            // was reclaimed or replaced.
+            leases[index].lend(bytes)
+            statistics.inSlotsLent += 1
+            return leases[index]
+        }
+        return nil
+    }
+
+    /// Gives lent IN slots back to the ring, oldest first, once their readers let go; when more
+    /// than `maximumLent` are still lent, the bytes of the oldest move out of their slots into
+    /// memory of their lease's own (one copy, counted in ``USBPipeStatistics/bytesEvacuated``),
+    /// so that at least `slotCount − maximumLent` transfers keep the pipe busy however slowly
+    /// the reader reads. Call before ``refillIn()``.
+    func reclaimLentIn(maximumLent: Int) {
+        while lentSlots > 0, let front = inRing.frontSlot {
+            if !isKnownUniquelyReferenced(&leases[front]) {
+                guard lentSlots > maximumLent else { return }
+                statistics.bytesEvacuated += leases[front].evacuate()
+                statistics.inSlotsEvacuated += 1
+                leases[front] = SlotLease() // the old one now lives on with its readers
+            }
+            inRing.releaseFront()
+            lentSlots -= 1
+        }
+    }
+
+    /// IN slots lent and not yet back.
+    var lentInSlots: Int { lentSlots }
 
     // MARK: OUT
 
@@ -259,6 +305,11 @@ final class BulkPipe: @unchecked Sendable {
     /// Only once ``isIdle``.
     func releaseResources() {
         precondition(isIdle, "the kernel still holds transfers of \(description)")
+        // Readers may still hold leases on IN slots: their bytes move out before the memory goes.
+        for index in leases.indices where !isKnownUniquelyReferenced(&leases[index]) {
+            statistics.bytesEvacuated += leases[index].evacuate()
+        }
+        lentSlots = 0
         inRing.releaseMemory()
         outRing.releaseMemory()
         for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }

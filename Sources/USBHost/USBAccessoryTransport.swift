@@ -1,4 +1,4 @@
-internal import ByteRing
+public import ByteRing
 internal import CLibUSB
 public import Dispatch
 
@@ -29,6 +29,12 @@ public struct USBPipeStatistics: Sendable, Hashable {
     public var heapSlots = 0
     /// Bytes per IN transfer (see ``USBOptions/inTransferSize``).
     public var inTransferSize = 0
+    /// IN slots lent to the reader beyond the delivery (``USBAccessoryTransport/Event/lent(_:)``).
+    public var inSlotsLent = 0
+    /// Lent IN slots whose bytes were moved out (copied) because the reader held them too long,
+    /// or still held them at close, and the bytes so copied.
+    public var inSlotsEvacuated = 0
+    public var bytesEvacuated = 0
     /// Transfers still owned by libusb when the teardown gave up waiting for them (leaked rather
     /// than freed under libusb's feet). Always 0 unless the kernel misbehaves.
     public var abandonedTransfers = 0
@@ -55,6 +61,13 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         /// Bytes arrived, lent in place from the IN slot for the handler call only (when the
         /// handler runs on the context's queue).
         case borrowed(USBBorrowedBytes)
+        /// Bytes arrived, lent whole from the IN slot beyond the handler call (when the pipe
+        /// was activated with `lendingInSlots` and the handler runs on the context's queue):
+        /// keep the lease for as long as the bytes are needed, read it on the context's queue
+        /// only. The slot goes back to the kernel when the last reference to the lease goes; a
+        /// reader that holds it too long gets its bytes moved out of the slot (copied) instead
+        /// of stalling the pipe.
+        case lent(SlotLease)
         /// Bytes arrived, copied (when the handler runs on another queue).
         case received([UInt8])
         /// The pipe closed: `nil` when asked to, otherwise why. No event follows.
@@ -83,6 +96,8 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     private var state = State.idle
     private var handler: (@Sendable (Event) -> Void)?
     private var handlerQueue: DispatchQueue?
+    /// IN slots are lent (``Event/lent(_:)``) rather than borrowed for the handler call.
+    private var lending = false
     private var inHalted = false
     private var outHalted = false
     private var setupCallsInFlight = 0
@@ -143,11 +158,17 @@ public final class USBAccessoryTransport: @unchecked Sendable {
 
     /// Starts delivering events to `handler` on `queue` and queues the IN transfers; frames sent
     /// before go out now.
-    public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (Event) -> Void) {
+    ///
+    /// - Parameter lendingInSlots: when `queue` is the context's, received bytes come as
+    ///   ``Event/lent(_:)`` (kept without a copy as long as the handler likes) rather than
+    ///   ``Event/borrowed(_:)`` (valid for the call only). At most half the IN slots stay lent:
+    ///   past that, the oldest lease's bytes are copied out of its slot so the pipe keeps going.
+    public func activate(queue handlerQueue: DispatchQueue, lendingInSlots: Bool = false, handler: @escaping @Sendable (Event) -> Void) {
         onQueue { [self] in
             guard case .idle = state else { return }
             self.handler = handler
             self.handlerQueue = handlerQueue === queue ? nil : handlerQueue
+            lending = lendingInSlots && handlerQueue === queue
             keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until teardown ends
             state = .running
             guard pipe.isComplete else {
@@ -233,8 +254,16 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         }
     }
 
-    /// Hands every committed byte to the handler in place, then frees the slots.
+    /// Hands every committed byte to the handler in place, then frees the slots (or, lending,
+    /// those whose leases ended).
     private func deliver() {
+        if lending {
+            while let lease = pipe.lendNextIn() {
+                if case .running = state, let handler { handler(.lent(lease)) }
+            }
+            pipe.reclaimLentIn(maximumLent: pipe.inRing.slotCount / 2)
+            return
+        }
         let inRing = pipe.inRing
         while let view = inRing.peek() {
             if case .running = state, let handler {

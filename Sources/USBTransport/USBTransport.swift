@@ -53,9 +53,10 @@ public final class USBIAPTransport: Transport, NativeTransportProvider {
 
     /// Starts the pipe; its events reach `handler` on `queue` as transport events.
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
-        pipe.activate(queue: queue) { event in
+        pipe.activate(queue: queue, lendingInSlots: true) { event in
             switch event {
             case let .borrowed(bytes): bytes.withUnsafeBytes { handler(.borrowed(BorrowedBytes($0))) }
+            case let .lent(lease): handler(.lent(lease))
             case let .received(bytes): handler(.received(bytes))
             case let .closed(error): handler(.closed(error?.transportError))
             }

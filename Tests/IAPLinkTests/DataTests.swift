@@ -1,3 +1,4 @@
+import ByteRing
 import IAPLink
 import IAPWire
 import Testing
@@ -387,6 +388,50 @@ struct CopyCountTests {
         #expect(pair.device.read(id).count == 1_000)
         // The copy made on arrival is handed over as it is.
         #expect(pair.device.dataPlane.bytesCopiedIn - before.bytesCopiedIn == 1_000)
+    }
+
+    @Test("bytes lent by the transport (a USB slot) are kept in the slot: borrow copies nothing, read once, and they survive the slot going back")
+    func lentBytesAreKeptInPlace() throws {
+        var pair = Pair(device: .device, accessory: .accessory, seed: 9, bufferLimit: 1 << 20)
+        let id = try DataTests.openSessions(&pair, ["com.acme.fw"])[0]
+        let before = pair.device.dataPlane
+        let sent = (0..<3_000).map { UInt8(truncatingIfNeeded: $0 * 7) }
+        _ = try pair.accessory.write(id, span: sent.span.bytes, now: pair.now)
+        // Each frame in a slot of its own, lent as a USB IN transfer's would be.
+        var slots: [(memory: UnsafeMutableRawBufferPointer, lease: SlotLease)] = []
+        defer { for slot in slots { slot.memory.deallocate() } }
+        for frame in pair.accessory.takeOutput() {
+            let memory = UnsafeMutableRawBufferPointer.allocate(byteCount: frame.count, alignment: 16)
+            memory.copyMemory(from: UnsafeRawBufferPointer(start: frame.withUnsafeBytes(\.baseAddress), count: frame.count))
+            let lease = SlotLease()
+            lease.lend(UnsafeRawBufferPointer(memory))
+            slots.append((memory, lease))
+            pair.device.receive(lent: lease, now: pair.now)
+        }
+        #expect(pair.device.bytesAvailable(id) == sent.count)
+        #expect(pair.device.dataPlane.bytesCopiedIn == before.bytesCopiedIn, "nothing copied on arrival")
+        #expect(slots.indices.allSatisfy { !isKnownUniquelyReferenced(&slots[$0].lease) }, "the session holds every lease")
+
+        // Borrowing reads the first slot itself.
+        let address = try #require(pair.device.borrow(id) { span in (0, span.withUnsafeBytes { $0.baseAddress }) })
+        let first = slots[0].memory
+        #expect(address.map { $0 >= UnsafeRawPointer(first.baseAddress!) && $0 < UnsafeRawPointer(first.baseAddress!) + first.count } == true)
+
+        // The transport takes the first slots back early (its reader lagged): their bytes move
+        // out, and the slot memory is reused for something else.
+        for slot in slots.prefix(2) {
+            slot.lease.evacuate()
+            slot.memory.initializeMemory(as: UInt8.self, repeating: 0xEE)
+        }
+        var received: [UInt8] = []
+        while received.count < sent.count {
+            let chunk = pair.device.read(id, maxBytes: 700)
+            guard !chunk.isEmpty else { break }
+            received += chunk
+        }
+        #expect(received == sent)
+        #expect(pair.device.dataPlane.bytesCopiedIn - before.bytesCopiedIn == sent.count, "read() is the one copy")
+        #expect(slots.indices.allSatisfy { isKnownUniquelyReferenced(&slots[$0].lease) }, "every lease ends once its bytes are read")
     }
 }
 

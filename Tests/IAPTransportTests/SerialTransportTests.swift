@@ -30,6 +30,9 @@ private final class Recorder: Sendable {
                 case .borrowed(let bytes):
                     log.bytes.append(contentsOf: bytes.copied())
                     log.reads += 1
+                case .lent(let lease):
+                    lease.withUnsafeBytes { log.bytes.append(contentsOf: $0) }
+                    log.reads += 1
                 case .closed(let error):
                     log.closes.append(error)
                 }

@@ -19,6 +19,9 @@ final class EventLog: @unchecked Sendable {
             case let .borrowed(bytes):
                 let start = bytes.withSpan { span in span.withUnsafeBytes { $0.baseAddress.map { UInt(bitPattern: $0) } } }
                 lock.withLock { $0.0.append(Entry(bytes: bytes.copied(), borrowedFrom: start)) }
+            case let .lent(lease):
+                let start = lease.withUnsafeBytes { $0.baseAddress.map { UInt(bitPattern: $0) } }
+                lock.withLock { $0.0.append(Entry(bytes: lease.withUnsafeBytes { Array($0) }, borrowedFrom: start)) }
             case let .closed(error):
                 lock.withLock { $0.1.append(error) }
                 closedSignal.signal()
@@ -41,11 +44,13 @@ struct Harness {
     let transport: USBIAPTransport
     let events = EventLog()
 
-    init(options: USBOptions = USBOptions(), configure: (FakeBackend) -> Void = { _ in }) throws {
+    /// - Parameter activate: activates the transport with ``events`` as its handler.
+    init(options: USBOptions = USBOptions(), activate: Bool = true, configure: (FakeBackend) -> Void = { _ in }) throws {
         fake = FakeBackend(queue: queue)
         configure(fake)
         context = USBContext(backend: fake, queue: queue, function: .iAP2, options: options)
         transport = try Harness.open(context)
+        guard activate else { return }
         let (transport, events, queue) = (self.transport, self.events, self.queue)
         queue.sync { transport.activate(queue: queue, handler: events.handler) }
         queue.sync {} // activation hops once

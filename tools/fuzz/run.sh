@@ -22,7 +22,9 @@ export SWIFT_BACKTRACE=enable=no
 # ld.gold warns about every ASan helper symbol; those lines carry no information.
 quiet() { grep -v "Cannot export local symbol '__asan" || true; }
 
-echo "fuzz: building IAPWire, IAPLink, SystemCalls, AccessoryLogging and IAPInspect with coverage instrumentation"
+echo "fuzz: building ByteRing, IAPWire, IAPLink, SystemCalls, AccessoryLogging and IAPInspect with coverage instrumentation"
+swiftc "${flags[@]}" -module-name ByteRing -emit-module -emit-module-path "$bin/ByteRing.swiftmodule" \
+    -wmo -c -o "$bin/ByteRing.o" Sources/ByteRing/*.swift 2>&1 | quiet
 swiftc "${flags[@]}" -module-name IAPWire -emit-module -emit-module-path "$bin/IAPWire.swiftmodule" \
     -wmo -c -o "$bin/IAPWire.o" Sources/IAPWire/*.swift 2>&1 | quiet
 swiftc "${flags[@]}" -module-name IAPLink -I "$bin" -emit-module -emit-module-path "$bin/IAPLink.swiftmodule" \
@@ -42,7 +44,7 @@ for target in "${targets[@]}"; do
     [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors)" >&2; exit 64; }
     files=()
     for f in $file; do files+=("tools/fuzz/$f"); done
-    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
+    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
     [ -x "$bin/$target" ] || { echo "fuzz: building $target failed" >&2; exit 1; }
     corpus=$out/$target/corpus
     rm -f "$out/$target"/crash-* "$out/$target"/leak-* "$out/$target"/timeout-* "$out/$target"/oom-*

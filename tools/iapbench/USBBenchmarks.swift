@@ -359,6 +359,9 @@ enum USBBenchmarks {
                 case let .borrowed(chunk):
                     state.withLock { $0.received += chunk.count }
                     counters.add(received: chunk.count)
+                case let .lent(lease): // not asked for: the raw echo never keeps the bytes
+                    state.withLock { $0.received += lease.count }
+                    counters.add(received: lease.count)
                 case let .received(chunk):
                     state.withLock { $0.received += chunk.count }
                     counters.add(received: chunk.count)
