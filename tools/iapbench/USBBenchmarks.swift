@@ -104,7 +104,8 @@ enum USBBenchmarks {
                 StandardOutput.write("  host copies per payload byte (last round, 1 session): out \(Report.format(out, digits: 2)) "
                     + "(\(Report.format(copies.endpoint.copiesPerByteOut, digits: 2)) into link packets by the endpoint, "
                     + "\(Report.format(out - copies.endpoint.copiesPerByteOut, digits: 2)) of frame bytes into OUT slots), "
-                    + "in \(Report.format(into, digits: 2)) (the link's copy out of the lent IN slot and read(); counted by the layers)\n")
+                    + "in \(Report.format(into, digits: 2)) (read()'s copy out of the lent IN slot, reassembly of frames split across "
+                    + "transfers, and slots moved out for a lagging reader: \(Report.format(copies.evacuatedPerByte, digits: 2)); counted by the layers)\n")
             }
         }
         if native {
@@ -420,7 +421,8 @@ enum USBBenchmarks {
                 step("host pipes \(host); gadget \(gadget.transport.statistics)")
             }
             let endpoint = after.0 - before.0
-            return (rate, USBCopies(endpoint: endpoint, slotBytesOut: (after.1?.bytesOut ?? 0) - (before.1?.bytesOut ?? 0)))
+            return (rate, USBCopies(endpoint: endpoint, slotBytesOut: (after.1?.bytesOut ?? 0) - (before.1?.bytesOut ?? 0),
+                                    slotBytesEvacuated: (after.1?.bytesEvacuated ?? 0) - (before.1?.bytesEvacuated ?? 0)))
         }
     }
 
@@ -429,16 +431,21 @@ enum USBBenchmarks {
     }
 }
 
-/// The host's copies of session bytes over USB: the endpoint's count (into link packets out; out
-/// of the lent IN slot and into the reader's buffer in) plus the frame bytes the USB transport
-/// copied into its OUT slots (link headers included, so slightly over the payload's share).
+/// The host's copies of session bytes over USB: the endpoint's count (into link packets out;
+/// reassembly of frames split across IN transfers and the reader's `read()` in) plus the frame
+/// bytes the USB transport copied into its OUT slots (link headers included, so slightly over the
+/// payload's share) and the bytes it moved out of IN slots a lagging reader held too long.
 struct USBCopies {
     var endpoint: DataPlaneStatistics
     var slotBytesOut: Int
+    var slotBytesEvacuated: Int
     var outPerByte: Double {
         endpoint.bytesWritten == 0 ? 0 : Double(endpoint.bytesCopiedOut + slotBytesOut) / Double(endpoint.bytesWritten)
     }
-    var inPerByte: Double { endpoint.copiesPerByteIn }
+    var inPerByte: Double {
+        endpoint.bytesRead == 0 ? 0 : Double(endpoint.bytesCopiedIn + slotBytesEvacuated) / Double(endpoint.bytesRead)
+    }
+    var evacuatedPerByte: Double { endpoint.bytesRead == 0 ? 0 : Double(slotBytesEvacuated) / Double(endpoint.bytesRead) }
 }
 
 /// What the raw echo has moved, for the progress lines.

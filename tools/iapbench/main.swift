@@ -68,11 +68,29 @@ let usbCommand = CommandSpec(
               .value("udc", valueName: "name", help: "The device controller to bind the gadget to (default: the first).")]
 )
 
+let ptysCommand = CommandSpec(
+    name: "ptys",
+    abstract: "Many serial accessories on one host: simulated accessories on pseudo-terminals (in a child process), all identified by one AccessoryManager.",
+    discussion: """
+        Reports the time until every accessory is identified, and the host process's resident \
+        memory, threads and CPU time before and after (per accessory). Raises the soft limit on \
+        open files as needed.
+        """,
+    options: [.flag("json", help: "Print one JSON object per measurement."),
+              .value("accessories", valueName: "n", help: "Accessories, one pseudo-terminal each.", defaultValue: "1000"),
+              .value("timeout", valueName: "s", help: "Give up after this many seconds.", defaultValue: "120")]
+)
+let ptyAccessoriesCommand = CommandSpec(
+    name: "pty-accessories",
+    abstract: "(Used by ptys.) Runs simulated accessories on pseudo-terminals, prints their paths, and stops at end of input.",
+    options: [.value("count", valueName: "n", help: "Accessories.", defaultValue: "1000")]
+)
+
 let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
     version: "0.1.0-dev",
-    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand]
+    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, ptysCommand, ptyAccessoriesCommand]
 )
 
 CommandLineTool.run(iapbench) { command in
@@ -81,6 +99,8 @@ CommandLineTool.run(iapbench) { command in
     case "loopback": return try LoopbackBenchmarks.run(command, overPty: false)
     case "serial": return try LoopbackBenchmarks.run(command, overPty: true)
     case "usb": return try USBBenchmarks.run(command)
+    case "ptys": return try ScaleBenchmarks.run(command)
+    case "pty-accessories": return try ScaleBenchmarks.runAccessories(command)
     case "link": return try CodecCommand.report(command, title: "iapbench link", benchmarks: try LinkBenchmarks.all(),
                                                 baselineMarker: "(baseline)", ratioHeader: "vs codec")
     default: throw ExitCode.software
