@@ -140,7 +140,7 @@ enum ScaleBenchmarks {
 }
 
 /// This process's resident memory, threads and CPU time (from /proc and getrusage).
-struct ProcessFigures {
+struct ProcessFigures: Sendable {
     var residentKiB = 0
     var threads = 0
     var cpuSeconds = 0.0

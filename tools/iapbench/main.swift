@@ -86,11 +86,26 @@ let ptyAccessoriesCommand = CommandSpec(
     options: [.value("count", valueName: "n", help: "Accessories.", defaultValue: "1000")]
 )
 
+let soakCommand = CommandSpec(
+    name: "soak",
+    abstract: "Connect/disconnect cycles, then a long echo through 4 sessions under loss: is the host's memory and are its descriptors flat?",
+    discussion: """
+        In one process, with the simulated accessory in memory. Samples the host's resident \
+        memory, open descriptors and threads after every cycle and every MiB, and compares the \
+        first tenth of the samples with the last (memory may drift 10 % or 4 MiB, descriptors \
+        not at all); exits 70 when either grew.
+        """,
+    options: [.flag("json", help: "Print one JSON object per measurement."),
+              .value("cycles", valueName: "n", help: "Connect/disconnect cycles (0 to skip).", defaultValue: "1000"),
+              .value("mib", valueName: "n", help: "MiB echoed in all through 4 sessions (0 to skip).", defaultValue: "1024"),
+              .value("loss", valueName: "percent", help: "Frames dropped each way during the echo.", defaultValue: "5")]
+)
+
 let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
     version: "0.1.0-dev",
-    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, ptysCommand, ptyAccessoriesCommand]
+    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, ptysCommand, ptyAccessoriesCommand, soakCommand]
 )
 
 CommandLineTool.run(iapbench) { command in
@@ -100,6 +115,7 @@ CommandLineTool.run(iapbench) { command in
     case "serial": return try LoopbackBenchmarks.run(command, overPty: true)
     case "usb": return try USBBenchmarks.run(command)
     case "ptys": return try ScaleBenchmarks.run(command)
+    case "soak": return try SoakBenchmarks.run(command)
     case "pty-accessories": return try ScaleBenchmarks.runAccessories(command)
     case "link": return try CodecCommand.report(command, title: "iapbench link", benchmarks: try LinkBenchmarks.all(),
                                                 baselineMarker: "(baseline)", ratioHeader: "vs codec")
