@@ -13,7 +13,21 @@ public enum Checksum {
     public static func sum(_ bytes: RawSpan) -> UInt8 {
         bytes.withUnsafeBytes { buffer -> UInt8 in
             var total: UInt8 = 0
-            for byte in buffer { total &+= byte }
+            var offset = 0
+            if buffer.count >= 64, let base = buffer.baseAddress {
+                // 64 lanes of wrapping byte sums (the sum is modulo 256, so lanes may wrap), then
+                // the lanes summed: one vector add per 64 bytes.
+                var lanes = SIMD64<UInt8>(repeating: 0)
+                while offset + 64 <= buffer.count {
+                    lanes &+= base.loadUnaligned(fromByteOffset: offset, as: SIMD64<UInt8>.self)
+                    offset += 64
+                }
+                total = lanes.wrappedSum()
+            }
+            while offset < buffer.count {
+                total &+= buffer[offset]
+                offset += 1
+            }
             return total
         }
     }
