@@ -62,6 +62,40 @@ public enum ScanDropReason: Hashable, Sendable, CustomStringConvertible {
     /// allows (``FrameScanner/abandonPartialFrame(onFrame:onDrop:)``).
     case partialFrameAbandoned
 
+    /// A reason without its length: what ``ScanDropCounts`` counts by.
+    public enum Kind: Hashable, Sendable, CaseIterable {
+        /// ``ScanDropReason/garbage``.
+        case garbage
+        /// ``ScanDropReason/badHeaderChecksum``.
+        case badHeaderChecksum
+        /// ``ScanDropReason/badPayloadChecksum``.
+        case badPayloadChecksum
+        /// ``ScanDropReason/badIAP1Checksum``.
+        case badIAP1Checksum
+        /// ``ScanDropReason/invalidLength(_:)``, any length.
+        case invalidLength
+        /// ``ScanDropReason/frameTooLong(_:)``, any length.
+        case frameTooLong
+        /// ``ScanDropReason/unexpectedIAP1``.
+        case unexpectedIAP1
+        /// ``ScanDropReason/partialFrameAbandoned``.
+        case partialFrameAbandoned
+    }
+
+    /// The reason without its length.
+    public var kind: Kind {
+        switch self {
+        case .garbage: return .garbage
+        case .badHeaderChecksum: return .badHeaderChecksum
+        case .badPayloadChecksum: return .badPayloadChecksum
+        case .badIAP1Checksum: return .badIAP1Checksum
+        case .invalidLength: return .invalidLength
+        case .frameTooLong: return .frameTooLong
+        case .unexpectedIAP1: return .unexpectedIAP1
+        case .partialFrameAbandoned: return .partialFrameAbandoned
+        }
+    }
+
     public var description: String {
         switch self {
         case .garbage: return "garbage"
@@ -106,10 +140,58 @@ public struct ScanStatistics: Hashable, Sendable {
     public var reassembledFrames = 0
     /// Bytes dropped, for any reason.
     public var droppedBytes = 0
-    /// Drop events by reason.
-    public var dropsByReason: [ScanDropReason: Int] = [:]
+    /// Drop events by kind of reason (each drop's own length field, where it has one, is in its
+    /// ``ScanDrop``). Fixed counters, not a dictionary: garbage with lying lengths makes one
+    /// drop per candidate, and hashing each reason cost more than scanning.
+    public var dropsByKind = ScanDropCounts()
 
     public init() {}
+}
+
+/// Drop events counted by ``ScanDropReason/Kind``.
+public struct ScanDropCounts: Hashable, Sendable {
+    // One stored count per kind: no storage to allocate or copy on write.
+    private var garbage = 0
+    private var badHeaderChecksum = 0
+    private var badPayloadChecksum = 0
+    private var badIAP1Checksum = 0
+    private var invalidLength = 0
+    private var frameTooLong = 0
+    private var unexpectedIAP1 = 0
+    private var partialFrameAbandoned = 0
+
+    public init() {}
+
+    /// The drops of one kind.
+    public subscript(kind: ScanDropReason.Kind) -> Int {
+        get {
+            switch kind {
+            case .garbage: return garbage
+            case .badHeaderChecksum: return badHeaderChecksum
+            case .badPayloadChecksum: return badPayloadChecksum
+            case .badIAP1Checksum: return badIAP1Checksum
+            case .invalidLength: return invalidLength
+            case .frameTooLong: return frameTooLong
+            case .unexpectedIAP1: return unexpectedIAP1
+            case .partialFrameAbandoned: return partialFrameAbandoned
+            }
+        }
+        set {
+            switch kind {
+            case .garbage: garbage = newValue
+            case .badHeaderChecksum: badHeaderChecksum = newValue
+            case .badPayloadChecksum: badPayloadChecksum = newValue
+            case .badIAP1Checksum: badIAP1Checksum = newValue
+            case .invalidLength: invalidLength = newValue
+            case .frameTooLong: frameTooLong = newValue
+            case .unexpectedIAP1: unexpectedIAP1 = newValue
+            case .partialFrameAbandoned: partialFrameAbandoned = newValue
+            }
+        }
+    }
+
+    /// Every drop counted.
+    public var total: Int { ScanDropReason.Kind.allCases.reduce(0) { $0 + self[$1] } }
 }
 
 /// Finds iAP2 link packets, iAP1 packets and the iAP2 detect in a byte stream fed in arbitrary
@@ -374,7 +456,7 @@ public struct FrameScanner: Sendable {
 
     private mutating func record(_ drop: ScanDrop, onDrop: (ScanDrop) throws -> Void) rethrows {
         statistics.droppedBytes += drop.byteCount
-        statistics.dropsByReason[drop.reason, default: 0] += 1
+        statistics.dropsByKind[drop.reason.kind] += 1
         try onDrop(drop)
     }
 

@@ -248,13 +248,23 @@ struct FrameScannerTests {
         #expect(result.drops.first == ScanDrop(reason: .partialFrameAbandoned, byteCount: 1, streamOffset: 0))
         #expect(result.drops.filter { $0.reason == .partialFrameAbandoned }.count == 2)
         #expect(scanner.pendingByteCount == 0)
-        #expect(scanner.statistics.dropsByReason[.partialFrameAbandoned] == 2)
+        #expect(scanner.statistics.dropsByKind[.partialFrameAbandoned] == 2)
         #expect(result.tiles(upTo: stream.count))
         // Nothing held: nothing happens.
         scanner.abandonPartialFrame(onFrame: { _, _ in Issue.record("a frame from nothing") }, onDrop: { _ in Issue.record("a drop from nothing") })
         // The stream goes on where it was.
         let after = scanAll(Self.ack, chunkSizes: [100], scanner: &scanner)
         #expect(after.frames.map(\.streamOffset) == [stream.count])
+    }
+
+    @Test func dropsAreCountedByKind() {
+        var scanner = FrameScanner(maxFrameLength: 1_024)
+        let stream = Self.liar(4_000) + [0x01, 0x02, 0x03] + Self.liar(2_000) + Self.ack
+        let result = scanAll(stream, chunkSizes: [100], scanner: &scanner)
+        #expect(scanner.statistics.dropsByKind[.frameTooLong] == 2)
+        #expect(scanner.statistics.dropsByKind[.garbage] == 2)
+        #expect(scanner.statistics.dropsByKind.total == result.drops.count)
+        #expect(scanner.statistics.droppedBytes == result.droppedBytes)
     }
 
     @Test func resetCountsTheHeldBytesAsDropped() {
