@@ -160,6 +160,7 @@ public struct ScanDropCounts: Hashable, Sendable {
     private var unexpectedIAP1 = 0
     private var partialFrameAbandoned = 0
 
+    /// No drops yet.
     public init() {}
 
     /// The drops of one kind.
