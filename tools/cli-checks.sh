@@ -188,6 +188,62 @@ else
     echo "cli-checks: FAILED open --socket: $(cat "$work/open.err")" >&2
     failures=$((failures + 1))
 fi
+# open --socket under umask 000: the socket is its owner's alone (0600), and a second client is
+# told in one line that the session is taken, while the first one's echo goes on.
+socket=$work/private.sock
+if (umask 000 && python3 - "$socket" "$iapctl" "${sim[@]}" open com.example.echo --socket "$socket" 2> "$work/private.err" <<'PY'
+import os, socket, stat, subprocess, sys
+path, command = sys.argv[1], sys.argv[2:]
+opener = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+line = opener.stdout.readline()
+if line.strip() != f"listening on {path}":
+    sys.exit(f"open --socket announced {line!r}, exit {opener.wait()}")
+mode = stat.S_IMODE(os.lstat(path).st_mode)
+if mode != 0o600:
+    sys.exit(f"the socket was created with mode {oct(mode)} under umask 000, not 0o600")
+def echo(client, data):
+    client.sendall(data)
+    back = b""
+    while len(back) < len(data):
+        chunk = client.recv(65536)
+        if not chunk:
+            break
+        back += chunk
+    if back != data:
+        sys.exit(f"the echo of {data!r} came back as {back!r}")
+first = socket.socket(socket.AF_UNIX)
+first.settimeout(30)
+first.connect(path)
+echo(first, b"first client")
+second = socket.socket(socket.AF_UNIX)
+second.settimeout(30)
+second.connect(path)
+second.sendall(b"are these bytes lost?")
+answer = b""
+while not answer.endswith(b"\n"):
+    chunk = second.recv(1024)
+    if not chunk:
+        break
+    answer += chunk
+if b"already serves a client" not in answer:
+    sys.exit(f"the second client was told {answer!r}")
+second.close()
+echo(first, b"still served")
+first.shutdown(socket.SHUT_WR)
+while first.recv(65536):
+    pass
+first.close()
+status = opener.wait(timeout=30)
+if status != 0:
+    sys.exit(f"iapctl open exited with {status}")
+PY
+); then
+    echo "cli-checks: ok open --socket is 0600 under umask 000 and turns a second client away"
+    contains "open --socket logs the refused client" private.err "refused another client on $socket"
+else
+    echo "cli-checks: FAILED open --socket under umask 000 with two clients: $(cat "$work/private.err")" >&2
+    failures=$((failures + 1))
+fi
 check "open --socket refuses a path that is not a socket" 73 "$iapctl" "${sim[@]}" open com.example.echo --socket "$work/image.bin"
 # A socket another process listens on is not taken over.
 mkfifo "$work/live.in" "$work/live.out"

@@ -130,12 +130,15 @@ public final class AccessoryManager: Sendable {
     /// The link configuration for one transport: on a serial line, the packets the host
     /// advertises it can receive are kept short enough to cross the line in about a quarter of a
     /// second (`baud / 40` bytes, at least 128), so an accessory that sends packets as large as
-    /// the host allows is not retransmitting them before they have arrived.
+    /// the host allows is not retransmitting them before they have arrived; and a partial frame
+    /// is given up on after a silence suited to the baud rate
+    /// (``LinkConfiguration/interByteGap(baudRate:)``, unless the configuration asks for longer).
     static func link(_ configuration: LinkConfiguration, over transport: any Transport) -> LinkConfiguration {
         guard let baudRate = transport.capability(SerialPortSpec.self)?.baudRate, baudRate > 0 else { return configuration }
         var adjusted = configuration
         let fitting = UInt16(clamping: max(128, baudRate / 40))
         adjusted.parameters.maxPacketLength = min(configuration.parameters.maxPacketLength, fitting)
+        adjusted.interByteGap = max(configuration.interByteGap, LinkConfiguration.interByteGap(baudRate: baudRate))
         return adjusted
     }
 

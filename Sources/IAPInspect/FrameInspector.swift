@@ -127,7 +127,7 @@ public struct FrameInspector: Sendable {
     static func decodesCandidate(_ reason: ScanDropReason) -> Bool {
         switch reason {
         case .badHeaderChecksum, .badPayloadChecksum, .invalidLength, .frameTooLong, .badIAP1Checksum: return true
-        case .garbage, .unexpectedIAP1: return false
+        case .garbage, .unexpectedIAP1, .partialFrameAbandoned: return false
         }
     }
 
@@ -141,7 +141,7 @@ public struct FrameInspector: Sendable {
             return failure { () throws(WireError) in _ = try IAP1Framing.decode(bytes) }
         case .badIAP1Checksum:
             return failure { () throws(WireError) in _ = try IAP1Framing.decode(bytes) }
-        case .garbage, .unexpectedIAP1:
+        case .garbage, .unexpectedIAP1, .partialFrameAbandoned:
             return nil
         }
     }

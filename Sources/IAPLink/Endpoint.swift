@@ -170,8 +170,8 @@ public struct IAP2Endpoint: Sendable {
     }
 
     public mutating func advance(to now: LinkTime) {
-        link.advance(to: now)
         upper.now = now
+        link.advance(to: now, sink: &upper)
         upper.advance(to: now)
         settle(now: now)
     }

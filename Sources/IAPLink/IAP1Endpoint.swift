@@ -103,6 +103,13 @@ public struct IAP1Endpoint: Sendable {
     /// Device role: the bytes that followed the iAP2 detect, for the iAP2 endpoint that takes
     /// over (see ``takeBytesAfterDetect()``).
     private var afterDetect: [UInt8] = []
+    /// How long the line may stay silent in the middle of a packet before the packet is given up
+    /// on and the bytes it held are scanned again (see ``LinkConfiguration/interByteGap``).
+    public let interByteGap: Duration
+    /// Partial packets given up on after ``interByteGap``.
+    public private(set) var partialPacketsAbandoned = 0
+    /// When the last bytes were received.
+    private var lastReceiveAt: LinkTime = .zero
     /// Packets this side could not encode (always 0 unless a limit is wrong; checked by tests).
     public private(set) var encodeFailures = 0
     /// Transaction ids of data packets whose session closed before their acknowledgement came:
@@ -114,6 +121,8 @@ public struct IAP1Endpoint: Sendable {
     /// The most payload bytes this side takes per packet (what it answers to
     /// RequestTransportMaxPayloadSize and declares in AccessoryInfo).
     public let maxIncomingPayload: Int
+    /// The most payload bytes the device side takes per packet unless told otherwise.
+    public static let defaultMaxIncomingPayload = 16_384
     /// Bytes of an iAP1 certificate section.
     public static let certificateSectionLength = 128
     /// The largest certificate the device collects.
@@ -133,10 +142,16 @@ public struct IAP1Endpoint: Sendable {
 
     /// Creates the device side.
     public init(device policy: any AuthenticationPolicy = AcceptingAuthentication(), sessionBufferLimit: Int = 1 << 20,
-                maxIncomingPayload: Int = 16_384, dataWindow: Int = 4, randomSeed: UInt64) {
+                maxIncomingPayload: Int = IAP1Endpoint.defaultMaxIncomingPayload, dataWindow: Int = 4,
+                interByteGap: Duration = LinkConfiguration.defaultInterByteGap, randomSeed: UInt64) {
         role = .device
         // All kinds: after an iAP2 detect, the iAP2 packets behind it are handed over intact.
+        // No packet is longer than this side says it takes; no iAP2 packet that can follow the
+        // detect (the accessory's SYN) is longer than a SYN.
         scanner = FrameScanner(kinds: .all)
+        scanner.iap1LengthLimit = IAP1Packet.maxEncodedLength(payloadLength: min(max(maxIncomingPayload, 64), 0xFFF0))
+        scanner.iap2LengthLimit = LinkParameters.maxSYNPacketLength
+        self.interByteGap = interByteGap
         self.policy = policy
         bufferLimit = sessionBufferLimit
         random = SplitMix(state: randomSeed)
@@ -156,9 +171,12 @@ public struct IAP1Endpoint: Sendable {
     ///     at start.
     public init(accessory identity: AccessoryIdentity, style: IAP1IdentificationStyle = .idps, waitsForDevice: Bool = false,
                 certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), sessionBufferLimit: Int = 1 << 20,
-                maxIncomingPayload: Int = 8_192, dataWindow: Int = 4, randomSeed: UInt64) {
+                maxIncomingPayload: Int = 8_192, dataWindow: Int = 4,
+                interByteGap: Duration = LinkConfiguration.defaultInterByteGap, randomSeed: UInt64) {
         role = .accessory
         scanner = FrameScanner(kinds: [.iap1, .detect])
+        scanner.iap1LengthLimit = IAP1Packet.maxEncodedLength(payloadLength: min(max(maxIncomingPayload, 64), 0xFFF0))
+        self.interByteGap = interByteGap
         var identity = identity
         identity.protocolVersion = .iap1
         identityValue = identity
@@ -185,17 +203,25 @@ public struct IAP1Endpoint: Sendable {
     /// Feeds bytes from the peer, in any chunking.
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         self.now = now
+        if bytes.byteCount > 0 { lastReceiveAt = now }
         guard !sawIAP2Detect else {
             // The accessory started over in iAP2: everything from here is for the iAP2 endpoint.
             bytes.withUnsafeBytes { afterDetect.append(contentsOf: $0) }
             return
         }
+        scanned { scanner, onFrame, onDrop in scanner.scan(bytes, onFrame: onFrame, onDrop: onDrop) }
+    }
+
+    /// Runs `scan` over the scanner and handles the frames and drops it reports.
+    private mutating func scanned(
+        _ scan: (inout FrameScanner, (ScannedFrame, RawSpan) -> Void, (ScanDrop) -> Void) -> Void
+    ) {
         enum Item { case body([UInt8]), detect, raw([UInt8]) }
         var items: [Item] = []
         var drops: [ScanDrop] = []
         var detected = false
         let isDevice = role == .device
-        scanner.scan(bytes, onFrame: { frame, span in
+        scan(&scanner, { frame, span in
             if detected {
                 items.append(.raw(span.extracting(frame.range).withUnsafeBytes { Array($0) }))
                 return
@@ -207,7 +233,7 @@ public struct IAP1Endpoint: Sendable {
             case .iap1: items.append(.body(span.extracting(frame.payload).withUnsafeBytes { Array($0) }))
             case .iap2: break // not for iAP1: dropped like garbage
             }
-        }, onDrop: { drops.append($0) })
+        }, { drops.append($0) })
         for drop in drops { events.append(.link(.dropped(drop))) }
         for item in items {
             switch item {
@@ -252,6 +278,12 @@ public struct IAP1Endpoint: Sendable {
     /// Fires every timer due at `now`.
     public mutating func advance(to now: LinkTime) {
         self.now = now
+        if let gap = gapDeadline, gap <= now {
+            // The line fell silent in the middle of a packet: what its length swallowed is
+            // scanned again (the iAP2 detect of an accessory that started over, for one).
+            scanned { scanner, onFrame, onDrop in scanner.abandonPartialFrame(onFrame: onFrame, onDrop: onDrop) }
+            partialPacketsAbandoned += 1
+        }
         if let deadline, deadline <= now {
             self.deadline = nil
             let what: String
@@ -276,7 +308,13 @@ public struct IAP1Endpoint: Sendable {
 
     /// When ``advance(to:)`` must be called next, if anything is scheduled.
     public var nextDeadline: LinkTime? {
-        ([deadline] + sessions.values.map(\.openDeadline)).compactMap { $0 }.min()
+        ([deadline, gapDeadline] + sessions.values.map(\.openDeadline)).compactMap { $0 }.min()
+    }
+
+    /// When the partial packet held is given up on, if one is held (and the bytes are still
+    /// this endpoint's).
+    private var gapDeadline: LinkTime? {
+        scanner.pendingByteCount > 0 && !sawIAP2Detect ? lastReceiveAt + interByteGap : nil
     }
 
     /// Packets to send, in order (each a whole packet with its sync byte, or the detect).

@@ -104,6 +104,9 @@ public struct IAPEndpoint: Sendable {
     /// Fires every timer due at `now`.
     public mutating func advance(to now: LinkTime) {
         if one != nil { one!.advance(to: now) } else { two!.advance(to: now) }
+        // A partial frame abandoned after the inter-byte gap may have held the packets that
+        // tell which protocol the accessory speaks.
+        if switches { switchIfNeeded(now: now) }
     }
 
     /// When ``advance(to:)`` must be called next, if anything is scheduled.
@@ -181,7 +184,8 @@ public struct IAPEndpoint: Sendable {
         switchCount += 1
         pendingOutput += two!.takeOutput()
         let partial = two!.takeUnscannedBytes()
-        var iap1 = IAP1Endpoint(device: settings.policy, sessionBufferLimit: settings.bufferLimit, randomSeed: random.next())
+        var iap1 = IAP1Endpoint(device: settings.policy, sessionBufferLimit: settings.bufferLimit,
+                                interByteGap: settings.configuration.interByteGap, randomSeed: random.next())
         iap1.answerTimeout = answerTimeoutValue
         pendingEvents.append(.protocolSwitched(.iap1))
         iap1.start(now: now)

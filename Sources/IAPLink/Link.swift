@@ -28,6 +28,16 @@ public struct LinkStatistics: Hashable, Sendable {
     /// a packet parked out of order or refused by the sink when its bytes were not already held
     /// in an array the link could keep.
     public var payloadBytesCopiedIn = 0
+    /// SYNs (SYN|ACKs in the accessory role) dropped because their payload is not SYN
+    /// parameters; the link kept listening (``LinkEvent/malformedSYNDropped(_:)``).
+    public var malformedSYNsDropped = 0
+    /// Partial frames given up on because the line fell silent in their middle for longer than
+    /// ``LinkConfiguration/interByteGap`` (the scanner counts the bytes, reason
+    /// ``ScanDropReason/partialFrameAbandoned``).
+    public var partialFramesAbandoned = 0
+    /// Device role: negotiations given up on because the accessory never acknowledged our
+    /// SYN|ACK (sent its negotiated number of times); the device then waits for a new SYN.
+    public var unansweredNegotiations = 0
     public init() {}
 }
 
@@ -63,6 +73,9 @@ public struct IAP2Link: Sendable {
     public private(set) var statistics = LinkStatistics()
 
     private var scanner: FrameScanner
+    /// When the last bytes were received: with a partial frame held, the inter-byte gap runs
+    /// from here.
+    private var lastReceiveAt: LinkTime = .zero
     private var outbox: [[UInt8]] = []
     private var events: [LinkEvent] = []
 
@@ -147,7 +160,11 @@ public struct IAP2Link: Sendable {
         self.configuration = configuration
         self.initialSequence = initialSequence
         self.scanner = FrameScanner(kinds: .all, maxFrameLength: max(Int(configuration.parameters.maxPacketLength), 1_024))
+        updateScanLimits()
     }
+
+    /// What the scanner has found and dropped on this link.
+    public var scanStatistics: ScanStatistics { scanner.statistics }
 
     // MARK: Owner's view
 
@@ -161,6 +178,7 @@ public struct IAP2Link: Sendable {
         consider(detectDeadline)
         consider(synDeadline)
         consider(ackDeadline)
+        consider(gapDeadline)
         if state == .connected, let timeout = negotiated.map({ Duration.milliseconds(Int($0.retransmissionTimeout)) }) {
             for packet in unacked { consider(packet.sentAt + timeout) }
         }
@@ -304,6 +322,7 @@ public struct IAP2Link: Sendable {
     }
 
     private mutating func receive<Sink: LinkSink>(_ bytes: RawSpan, backing: Backing?, now: LinkTime, sink: inout Sink) {
+        if bytes.byteCount > 0 { lastReceiveAt = now }
         // Collect the frames first (the scanner cannot call back into `self` while it runs).
         var frames = frameScratch
         var spill = spillScratch
@@ -358,8 +377,21 @@ public struct IAP2Link: Sendable {
     /// ``FrameScanner/takePendingBytes()``).
     public mutating func takeUnscannedBytes() -> [UInt8] { scanner.takePendingBytes() }
 
-    /// Fires every timer due at `now`.
+    /// Fires every timer due at `now`. Frames found again in a partial frame abandoned after the
+    /// inter-byte gap are handled as received; their payloads are offered to a sink that takes
+    /// none (so they are held unacknowledged, and the peer sends them again): an owner with a
+    /// sink passes it to ``advance(to:sink:)``.
     public mutating func advance(to now: LinkTime) {
+        var sink = RefusingSink()
+        advance(to: now, sink: &sink)
+    }
+
+    /// Fires every timer due at `now`; payloads in frames found again in an abandoned partial
+    /// frame are offered to `sink`, in order, as ``receive(_:now:sink:)`` does.
+    public mutating func advance<Sink: LinkSink>(to now: LinkTime, sink: inout Sink) {
+        if let deadline = gapDeadline, deadline <= now {
+            abandonPartialFrame(now: now, sink: &sink)
+        }
         if let deadline = detectDeadline, deadline <= now, state == .detecting, role == .accessory {
             sendDetect(now: now)
         }
@@ -368,7 +400,16 @@ public struct IAP2Link: Sendable {
             // the accessory's ACK arrives (a lost ACK would otherwise leave both sides waiting).
             synTransmissions += 1
             if synTransmissions > Int(offer.maxRetransmissions) {
-                fail(.negotiationFailed(rounds: rounds))
+                guard role == .device else {
+                    fail(.negotiationFailed(rounds: rounds))
+                    return
+                }
+                // The SYN we answered is not followed up (noise that looked like one, or an
+                // accessory that went quiet): the device never sends the first SYN, so it goes
+                // back to waiting for one instead of giving the line up.
+                statistics.unansweredNegotiations += 1
+                synDeadline = nil
+                startNegotiating()
                 return
             }
             transmitSYN(offer, acknowledging: role == .device, now: now)
@@ -394,6 +435,69 @@ public struct IAP2Link: Sendable {
         }
     }
 
+    /// When the partial frame held is given up on, if one is held: ``LinkConfiguration/interByteGap``
+    /// after the last bytes came.
+    private var gapDeadline: LinkTime? {
+        scanner.pendingByteCount > 0 ? lastReceiveAt + configuration.interByteGap : nil
+    }
+
+    /// The line fell silent in the middle of a frame: the frame is given up on, and the bytes
+    /// it held after its first are scanned again (a length that lied swallows the frames behind
+    /// it) and what they hold is handled as received.
+    private mutating func abandonPartialFrame<Sink: LinkSink>(now: LinkTime, sink: inout Sink) {
+        var frames: [ScannedFrame] = []
+        var spill: [UInt8] = []
+        var drops: [ScanDrop] = []
+        scanner.abandonPartialFrame(onFrame: { frame, span in
+            // The span is the scanner's copy, valid during the call only: moved to `spill`.
+            let shift = spill.count - frame.range.lowerBound
+            span.extracting(frame.range).withUnsafeBytes { spill.append(contentsOf: $0) }
+            var moved = frame
+            moved.range = (frame.range.lowerBound + shift)..<(frame.range.upperBound + shift)
+            moved.payload = (frame.payload.lowerBound + shift)..<(frame.payload.upperBound + shift)
+            frames.append(moved)
+        }, onDrop: { drops.append($0) })
+        statistics.partialFramesAbandoned += 1
+        for drop in drops { events.append(.dropped(drop)) }
+        for frame in frames {
+            // Copied twice, as a frame reassembled across receives is: held by the scanner, moved out.
+            if case .iap2 = frame.kind { statistics.payloadBytesCopiedIn += 2 * frame.payload.count }
+            handle(frame, in: spill.span.bytes, backing: .array(spill), now: now, sink: &sink)
+        }
+    }
+
+    /// Judges lengths by what can be right in the link's state, so that noise whose length
+    /// field cannot be right is dropped at once instead of being waited for:
+    ///
+    /// - before the link is up, no iAP2 packet is longer than the longest valid SYN
+    ///   (``LinkParameters/maxSYNPacketLength``), except on the device once it answered a SYN:
+    ///   the accessory's ACK may come with its first packets in the same read, as long as this
+    ///   side said it takes;
+    /// - once it is up, no packet is longer than this side ever says it takes (its
+    ///   configuration's `maxPacketLength`: the receive limits of any negotiation are within it,
+    ///   and a SYN that crossed our answer may have left the peer with our first offer);
+    /// - iAP1 packets before the link is up: on the device, up to
+    ///   ``LinkConfiguration/maxIAP1PacketLength`` (an iAP1 accessory's first packets); on the
+    ///   accessory, the iAP1 answer to its detect; once the link is up, only the detect.
+    private mutating func updateScanLimits() {
+        let ownLimit = Int(configuration.parameters.maxPacketLength)
+        if state == .connected {
+            scanner.iap2LengthLimit = ownLimit
+            scanner.iap1LengthLimit = IAP2Detect.bytes.count
+            return
+        }
+        let answered = role == .device && state == .negotiating && lastOffer != nil
+        scanner.iap2LengthLimit = answered ? ownLimit : LinkParameters.maxSYNPacketLength
+        scanner.iap1LengthLimit = role == .device ? configuration.maxIAP1PacketLength : IAP2Detect.iap1Reply.count
+    }
+
+    /// A SYN whose payload is not SYN parameters: nothing in PROTOCOL.md §2 answers it, so it is
+    /// dropped and counted, and the link keeps listening for a good one.
+    private mutating func dropMalformedSYN(_ error: WireError) {
+        statistics.malformedSYNsDropped += 1
+        events.append(.malformedSYNDropped(error))
+    }
+
     /// Device role: resets the link (RST); the accessory answers with a fresh SYN. Everything in
     /// flight or queued is discarded.
     public mutating func reset(now: LinkTime) {
@@ -410,6 +514,7 @@ public struct IAP2Link: Sendable {
         lastPeerOffer = nil
         echoOffers = false
         setState(.negotiating)
+        updateScanLimits()
     }
 
     /// Device role: tells the accessory this side goes to sleep (SLP).
@@ -546,7 +651,7 @@ public struct IAP2Link: Sendable {
         do {
             offer = try LinkParameters.decode(payload)
         } catch {
-            fail(.malformedSYN(error))
+            dropMalformedSYN(error)
             return
         }
         if state == .connected || state == .sleeping || state == .detecting {
@@ -571,6 +676,7 @@ public struct IAP2Link: Sendable {
         let reply = counterOffer(to: offer)
         if reply != lastOffer { synTransmissions = 0 }
         lastOffer = reply
+        updateScanLimits()
         nextSequence = initialSequence
         transmitSYN(reply, acknowledging: true, now: now)
     }
@@ -628,14 +734,15 @@ public struct IAP2Link: Sendable {
             return
         }
         guard state == .negotiating, header.control.contains(.ack), let ours = lastOffer else { return }
-        lastReceivedSYNACK = header.sequence
         let offer: LinkParameters
         do {
             offer = try LinkParameters.decode(payload)
         } catch {
-            fail(.malformedSYN(error))
+            // Our SYN's timer keeps running: the device answers it again.
+            dropMalformedSYN(error)
             return
         }
+        lastReceivedSYNACK = header.sequence
         lastReceived = header.sequence
         // The device's receive limits in its answer are its own business: they bound what we send.
         // Ours stay as we offered them.
@@ -902,10 +1009,16 @@ public struct IAP2Link: Sendable {
         guard new != state else { return }
         state = new
         events.append(.stateChanged(new))
+        updateScanLimits()
     }
 
     private mutating func fail(_ failure: LinkFailure) {
         clearData()
         setState(.failed(failure))
     }
+}
+
+/// A sink that takes nothing: what ``IAP2Link/advance(to:)`` offers payloads to.
+private struct RefusingSink: LinkSink {
+    mutating func accept(sessionID: UInt8, payload: RawSpan) -> Bool { false }
 }

@@ -40,15 +40,50 @@ public struct LinkConfiguration: Sendable {
     /// accessory insists on its own offer with a new SYN: an accessory that refuses the
     /// counter-offer, for testing the device's fallback.
     public var acceptsPeerReceiveLimits: Bool
+    /// How long the line may stay silent in the middle of a frame: once no byte came for this
+    /// long while a frame is incomplete, the link abandons it and scans the bytes it held again
+    /// (a length field that lied, from noise or a lost byte, would otherwise swallow the frames
+    /// that follow). ``defaultInterByteGap`` by default; a serial line's owner passes
+    /// ``interByteGap(baudRate:)``. Longer than any pause a sender makes inside one frame;
+    /// a frame abandoned wrongly costs one retransmission.
+    public var interByteGap: Duration
+    /// Device role: the longest iAP1 packet taken before the link is up. An accessory that
+    /// speaks iAP1 starts with short packets (StartIDPS, IdentifyDeviceLingoes, the answer to the
+    /// detect), and the connection switches to iAP1 on the first of them; this bounds the packets
+    /// that come in the same read, by what the iAP1 side takes
+    /// (``IAP1Endpoint/defaultMaxIncomingPayload``). The accessory role takes only the detect and
+    /// the iAP1 answer to it.
+    public var maxIAP1PacketLength: Int
 
+    /// Creates a configuration; see each property.
     public init(parameters: LinkParameters, detectInterval: Duration = .seconds(1), maxNegotiationRounds: Int = 10,
-                announcesDetect: Bool = false, advertisesReceiveLimits: Bool = true, acceptsPeerReceiveLimits: Bool = true) {
+                announcesDetect: Bool = false, advertisesReceiveLimits: Bool = true, acceptsPeerReceiveLimits: Bool = true,
+                interByteGap: Duration = LinkConfiguration.defaultInterByteGap,
+                maxIAP1PacketLength: Int = IAP1Packet.maxEncodedLength(payloadLength: IAP1Endpoint.defaultMaxIncomingPayload)) {
         self.parameters = parameters
         self.advertisesReceiveLimits = advertisesReceiveLimits
         self.acceptsPeerReceiveLimits = acceptsPeerReceiveLimits
         self.detectInterval = detectInterval
         self.maxNegotiationRounds = maxNegotiationRounds
         self.announcesDetect = announcesDetect
+        self.interByteGap = interByteGap
+        self.maxIAP1PacketLength = maxIAP1PacketLength
+    }
+
+    /// The inter-byte gap of USB and in-memory transports, where a frame arrives whole or in
+    /// pieces moments apart: 50 ms, well past scheduling delays of a busy machine, well within
+    /// the accessory's first SYN retransmission.
+    public static let defaultInterByteGap: Duration = .milliseconds(50)
+
+    /// The inter-byte gap for a serial line at `baudRate`: the time 32 characters (10 bits each,
+    /// 8N1 with start and stop bits) take on the wire, and never less than
+    /// ``defaultInterByteGap`` (a tty hands bytes over in batches, on a scheduler's time). At
+    /// 9600 baud and above (every rate a serial port takes today) that is the floor; slower
+    /// lines get longer.
+    public static func interByteGap(baudRate: Int) -> Duration {
+        guard baudRate > 0 else { return defaultInterByteGap }
+        let characters = Duration.microseconds(Int64(32 * 10 * 1_000_000 / baudRate))
+        return max(defaultInterByteGap, characters)
     }
 
     /// Defaults for the device role: up to 32 packets of up to 65535 bytes in flight towards us;
@@ -88,7 +123,9 @@ public enum LinkFailure: Hashable, Sendable, CustomStringConvertible {
     case negotiationFailed(rounds: Int)
     /// The peer answered the detect the iAP1 way: it does not speak iAP2.
     case peerSpeaksIAP1
-    /// The peer's SYN could not be decoded.
+    /// The peer's SYN could not be decoded. Not raised by ``IAP2Link`` any more: such a SYN is
+    /// dropped and counted (``LinkEvent/malformedSYNDropped(_:)``,
+    /// ``LinkStatistics/malformedSYNsDropped``) and the link keeps listening.
     case malformedSYN(WireError)
     /// The owner closed the link.
     case closed
@@ -121,6 +158,11 @@ public enum LinkEvent: Hashable, Sendable {
     case dropped(ScanDrop)
     /// A received packet was malformed for the link (e.g. longer than negotiated).
     case protocolViolation(String)
+    /// A SYN (device role) or SYN|ACK (accessory role) whose checksums verified but whose payload
+    /// is not SYN parameters (too short, or a session table that is not whole entries). PROTOCOL.md
+    /// §2 gives no answer to it (a counter-offer needs an offer to answer), so it is dropped and
+    /// counted, and the link keeps listening for a good one.
+    case malformedSYNDropped(WireError)
 }
 
 /// What receives the payloads the link delivers, in order.

@@ -52,10 +52,49 @@ public enum ScanDropReason: Hashable, Sendable, CustomStringConvertible {
     case badIAP1Checksum
     /// A length field no frame may have (iAP2 below 9 or equal to 10, iAP1 below 2).
     case invalidLength(Int)
-    /// A length field longer than the scanner's ``FrameScanner/maxFrameLength``.
+    /// A length field longer than the scanner accepts: its ``FrameScanner/maxFrameLength``, or
+    /// the lower limit its owner set for the state it is in (``FrameScanner/iap2LengthLimit``,
+    /// ``FrameScanner/iap1LengthLimit``).
     case frameTooLong(Int)
     /// A valid iAP1 packet while the scanner does not look for iAP1 (the detect only).
     case unexpectedIAP1
+    /// A partial frame given up on because no byte came for the inter-byte gap its owner
+    /// allows (``FrameScanner/abandonPartialFrame(onFrame:onDrop:)``).
+    case partialFrameAbandoned
+
+    /// A reason without its length: what ``ScanDropCounts`` counts by.
+    public enum Kind: Hashable, Sendable, CaseIterable {
+        /// ``ScanDropReason/garbage``.
+        case garbage
+        /// ``ScanDropReason/badHeaderChecksum``.
+        case badHeaderChecksum
+        /// ``ScanDropReason/badPayloadChecksum``.
+        case badPayloadChecksum
+        /// ``ScanDropReason/badIAP1Checksum``.
+        case badIAP1Checksum
+        /// ``ScanDropReason/invalidLength(_:)``, any length.
+        case invalidLength
+        /// ``ScanDropReason/frameTooLong(_:)``, any length.
+        case frameTooLong
+        /// ``ScanDropReason/unexpectedIAP1``.
+        case unexpectedIAP1
+        /// ``ScanDropReason/partialFrameAbandoned``.
+        case partialFrameAbandoned
+    }
+
+    /// The reason without its length.
+    public var kind: Kind {
+        switch self {
+        case .garbage: return .garbage
+        case .badHeaderChecksum: return .badHeaderChecksum
+        case .badPayloadChecksum: return .badPayloadChecksum
+        case .badIAP1Checksum: return .badIAP1Checksum
+        case .invalidLength: return .invalidLength
+        case .frameTooLong: return .frameTooLong
+        case .unexpectedIAP1: return .unexpectedIAP1
+        case .partialFrameAbandoned: return .partialFrameAbandoned
+        }
+    }
 
     public var description: String {
         switch self {
@@ -66,6 +105,7 @@ public enum ScanDropReason: Hashable, Sendable, CustomStringConvertible {
         case let .invalidLength(length): return "invalid length \(length)"
         case let .frameTooLong(length): return "frame of \(length) bytes is longer than allowed"
         case .unexpectedIAP1: return "iAP1 packet while iAP1 is off"
+        case .partialFrameAbandoned: return "partial frame abandoned: the line fell silent before it was complete"
         }
     }
 }
@@ -100,10 +140,59 @@ public struct ScanStatistics: Hashable, Sendable {
     public var reassembledFrames = 0
     /// Bytes dropped, for any reason.
     public var droppedBytes = 0
-    /// Drop events by reason.
-    public var dropsByReason: [ScanDropReason: Int] = [:]
+    /// Drop events by kind of reason (each drop's own length field, where it has one, is in its
+    /// ``ScanDrop``). Fixed counters, not a dictionary: garbage with lying lengths makes one
+    /// drop per candidate, and hashing each reason cost more than scanning.
+    public var dropsByKind = ScanDropCounts()
 
     public init() {}
+}
+
+/// Drop events counted by ``ScanDropReason/Kind``.
+public struct ScanDropCounts: Hashable, Sendable {
+    // One stored count per kind: no storage to allocate or copy on write.
+    private var garbage = 0
+    private var badHeaderChecksum = 0
+    private var badPayloadChecksum = 0
+    private var badIAP1Checksum = 0
+    private var invalidLength = 0
+    private var frameTooLong = 0
+    private var unexpectedIAP1 = 0
+    private var partialFrameAbandoned = 0
+
+    /// No drops yet.
+    public init() {}
+
+    /// The drops of one kind.
+    public subscript(kind: ScanDropReason.Kind) -> Int {
+        get {
+            switch kind {
+            case .garbage: return garbage
+            case .badHeaderChecksum: return badHeaderChecksum
+            case .badPayloadChecksum: return badPayloadChecksum
+            case .badIAP1Checksum: return badIAP1Checksum
+            case .invalidLength: return invalidLength
+            case .frameTooLong: return frameTooLong
+            case .unexpectedIAP1: return unexpectedIAP1
+            case .partialFrameAbandoned: return partialFrameAbandoned
+            }
+        }
+        set {
+            switch kind {
+            case .garbage: garbage = newValue
+            case .badHeaderChecksum: badHeaderChecksum = newValue
+            case .badPayloadChecksum: badPayloadChecksum = newValue
+            case .badIAP1Checksum: badIAP1Checksum = newValue
+            case .invalidLength: invalidLength = newValue
+            case .frameTooLong: frameTooLong = newValue
+            case .unexpectedIAP1: unexpectedIAP1 = newValue
+            case .partialFrameAbandoned: partialFrameAbandoned = newValue
+            }
+        }
+    }
+
+    /// Every drop counted.
+    public var total: Int { ScanDropReason.Kind.allCases.reduce(0) { $0 + self[$1] } }
 }
 
 /// Finds iAP2 link packets, iAP1 packets and the iAP2 detect in a byte stream fed in arbitrary
@@ -118,17 +207,43 @@ public struct ScanStatistics: Hashable, Sendable {
 /// exactly one place: a delivered frame, a ``ScanDrop``, or the partial frame held for the next
 /// chunk (``pendingByteCount``), which never exceeds ``maxFrameLength``.
 ///
+/// A receiver that knows more than the wire format tells the scanner what can be right in its
+/// state: ``iap2LengthLimit`` and ``iap1LengthLimit`` (before an iAP2 link is up, nothing longer
+/// than a SYN can be), so that a length field that cannot be right is dropped at once instead
+/// of being waited for; and ``abandonPartialFrame(onFrame:onDrop:)`` when its line fell silent
+/// in the middle of a frame, so that bytes a lying length swallowed are scanned again.
+///
 /// The scanner holds no reference to the chunks it is fed; the spans handed to the callbacks are
 /// valid only during the call.
 public struct FrameScanner: Sendable {
     /// The kinds looked for. A receiver that has settled on iAP2 can turn iAP1 off, so that a
     /// stray `55` byte in garbage does not make it wait for a long iAP1 candidate.
     public var kinds: FrameKinds
-    /// The longest frame accepted and the most bytes held for a partial frame.
+    /// The longest frame the scanner can take: the most bytes it holds for a partial frame, and
+    /// the ceiling of ``iap2LengthLimit`` and ``iap1LengthLimit``.
     public let maxFrameLength: Int
     /// Counters.
     public private(set) var statistics = ScanStatistics()
 
+    /// The longest iAP2 link packet accepted now, between 9 and ``maxFrameLength`` (values
+    /// outside are brought within); ``maxFrameLength`` until set. A longer length field is
+    /// dropped at once as ``ScanDropReason/frameTooLong(_:)``, whether or not its bytes are
+    /// there. A partial frame already held is judged by the new limit when the next chunk comes.
+    public var iap2LengthLimit: Int {
+        get { iap2Limit }
+        set { iap2Limit = Self.clamped(newValue, maxFrameLength) }
+    }
+
+    /// The longest iAP1 packet (the detect included) accepted now, between 9 (room for the
+    /// detect in any of its forms) and ``maxFrameLength``; ``maxFrameLength`` until set. As
+    /// ``iap2LengthLimit``, for iAP1 packets.
+    public var iap1LengthLimit: Int {
+        get { iap1Limit }
+        set { iap1Limit = Self.clamped(newValue, maxFrameLength) }
+    }
+
+    private var iap2Limit: Int
+    private var iap1Limit: Int
     private var pending: [UInt8]
     /// Stream offset of `pending[0]`.
     private var pendingOffset = 0
@@ -148,8 +263,14 @@ public struct FrameScanner: Sendable {
         precondition(maxFrameLength >= LinkPacketHeader.size, "maxFrameLength must be at least 9")
         self.kinds = kinds
         self.maxFrameLength = maxFrameLength
+        self.iap2Limit = maxFrameLength
+        self.iap1Limit = maxFrameLength
         self.pending = []
         self.pending.reserveCapacity(maxFrameLength)
+    }
+
+    private static func clamped(_ limit: Int, _ ceiling: Int) -> Int {
+        min(max(limit, LinkPacketHeader.size), ceiling)
     }
 
     /// Bytes held for a frame that has not been completed yet.
@@ -160,6 +281,31 @@ public struct FrameScanner: Sendable {
     public mutating func takePendingBytes() -> [UInt8] {
         defer { pending.removeAll(keepingCapacity: true) }
         return pending
+    }
+
+    /// Gives up on the partial frame held for the next chunk: for a receiver whose line fell
+    /// silent in the middle of a frame for longer than it allows between two bytes of one frame.
+    /// A lying length field (noise, a header that lost bytes) would otherwise swallow the next
+    /// frames that come, until as many bytes as it claimed arrived.
+    ///
+    /// The held frame's first byte is dropped (``ScanDropReason/partialFrameAbandoned``) and the
+    /// bytes after it are scanned again as bytes nothing will follow: frames among them are
+    /// delivered (``ScannedFrame/isReassembled`` true, `onFrame`'s span is a copy), and a
+    /// candidate among them that would need more bytes is dropped the same way instead of being
+    /// held. Afterwards nothing is held. Does nothing when nothing is held.
+    public mutating func abandonPartialFrame(
+        onFrame: (ScannedFrame, RawSpan) throws -> Void,
+        onDrop: (ScanDrop) throws -> Void
+    ) rethrows {
+        guard !pending.isEmpty else { return }
+        // A copy, on this rare path, so that `pending` keeps its storage for the next frame.
+        let held = Array(pending)
+        let base = pendingOffset
+        pending.removeAll(keepingCapacity: true)
+        try flushGarbage(onDrop)
+        try record(ScanDrop(reason: .partialFrameAbandoned, byteCount: 1, streamOffset: base), onDrop: onDrop)
+        try scanBody(held.span.bytes, base: base, from: 1, reassembled: true, final: true, onFrame: onFrame, onDrop: onDrop)
+        try flushGarbage(onDrop)
     }
 
     /// Forgets a partial frame (for instance after a link reset), counting it as dropped.
@@ -187,7 +333,7 @@ public struct FrameScanner: Sendable {
         statistics.bytesScanned += chunk.byteCount
         var offset = 0
         if try completePending(chunk, base: base, offset: &offset, onFrame: onFrame, onDrop: onDrop) {
-            try scanBody(chunk, base: base, from: offset, reassembled: false, onFrame: onFrame, onDrop: onDrop)
+            try scanBody(chunk, base: base, from: offset, reassembled: false, final: false, onFrame: onFrame, onDrop: onDrop)
         }
         try flushGarbage(onDrop)
     }
@@ -200,7 +346,7 @@ public struct FrameScanner: Sendable {
         onDrop: (ScanDrop) throws -> Void
     ) rethrows -> Bool {
         while !pending.isEmpty {
-            switch Self.step(pending.span.bytes, at: 0, kinds: kinds, maxFrameLength: maxFrameLength) {
+            switch Self.step(pending.span.bytes, at: 0, kinds: kinds, iap2Limit: iap2Limit, iap1Limit: iap1Limit) {
             case let .needMore(total):
                 // Take exactly what the candidate needs, so `pending` never holds a byte past it.
                 let take = min(total - pending.count, chunk.byteCount - offset)
@@ -232,7 +378,7 @@ public struct FrameScanner: Sendable {
                     try flushGarbage(onDrop)
                     try record(ScanDrop(reason: reason, byteCount: count, streamOffset: dropOffset), onDrop: onDrop)
                 }
-                try scanBody(rest.span.bytes, base: restOffset, from: 0, reassembled: true, onFrame: onFrame, onDrop: onDrop)
+                try scanBody(rest.span.bytes, base: restOffset, from: 0, reassembled: true, final: false, onFrame: onFrame, onDrop: onDrop)
             }
         }
         return true
@@ -257,14 +403,16 @@ public struct FrameScanner: Sendable {
         try scan(chunk.span.bytes, onFrame: onFrame, onDrop: { _ in })
     }
 
+    /// Scans `bytes` from `start`. A candidate that needs more bytes than there are is held for
+    /// the next chunk, or dropped when `final` (nothing follows these bytes).
     private mutating func scanBody(
-        _ bytes: RawSpan, base: Int, from start: Int, reassembled: Bool,
+        _ bytes: RawSpan, base: Int, from start: Int, reassembled: Bool, final: Bool,
         onFrame: (ScannedFrame, RawSpan) throws -> Void,
         onDrop: (ScanDrop) throws -> Void
     ) rethrows {
         var offset = start
         while offset < bytes.byteCount {
-            switch Self.step(bytes, at: offset, kinds: kinds, maxFrameLength: maxFrameLength) {
+            switch Self.step(bytes, at: offset, kinds: kinds, iap2Limit: iap2Limit, iap1Limit: iap1Limit) {
             case let .frame(frame):
                 var delivered = frame
                 delivered.isReassembled = reassembled
@@ -282,6 +430,10 @@ public struct FrameScanner: Sendable {
                 try flushGarbage(onDrop)
                 try record(ScanDrop(reason: reason, byteCount: count, streamOffset: base + offset), onDrop: onDrop)
                 offset += count
+            case .needMore where final:
+                try flushGarbage(onDrop)
+                try record(ScanDrop(reason: .partialFrameAbandoned, byteCount: 1, streamOffset: base + offset), onDrop: onDrop)
+                offset += 1
             case .needMore:
                 // Keep the partial frame; `pending` is empty here and has room for a whole frame.
                 pendingOffset = base + offset
@@ -305,7 +457,7 @@ public struct FrameScanner: Sendable {
 
     private mutating func record(_ drop: ScanDrop, onDrop: (ScanDrop) throws -> Void) rethrows {
         statistics.droppedBytes += drop.byteCount
-        statistics.dropsByReason[drop.reason, default: 0] += 1
+        statistics.dropsByKind[drop.reason.kind] += 1
         try onDrop(drop)
     }
 
@@ -322,8 +474,10 @@ public struct FrameScanner: Sendable {
         case needMore(Int)
     }
 
+    /// What the bytes at `offset` are, for iAP2 packets of at most `iap2Limit` bytes and iAP1
+    /// packets of at most `iap1Limit`.
     @usableFromInline
-    static func step(_ bytes: RawSpan, at offset: Int, kinds: FrameKinds, maxFrameLength: Int) -> Step {
+    static func step(_ bytes: RawSpan, at offset: Int, kinds: FrameKinds, iap2Limit: Int, iap1Limit: Int) -> Step {
         let available = bytes.byteCount - offset
         let first = bytes.byte(at: offset)
         let lookForIAP1 = !kinds.isDisjoint(with: [.iap1, .detect])
@@ -331,15 +485,15 @@ public struct FrameScanner: Sendable {
             guard available >= 2 else { return .needMore(2) }
             let second = bytes.byte(at: offset + 1)
             if second == 0x5A, kinds.contains(.iap2) {
-                return stepIAP2(bytes, at: offset, maxFrameLength: maxFrameLength)
+                return stepIAP2(bytes, at: offset, limit: iap2Limit)
             }
             if second == 0x55, lookForIAP1 {
-                return stepIAP1(bytes, at: offset, kinds: kinds, maxFrameLength: maxFrameLength)
+                return stepIAP1(bytes, at: offset, kinds: kinds, limit: iap1Limit)
             }
             return .skip(.garbage, 1)
         }
         if first == 0x55, lookForIAP1 {
-            return stepIAP1(bytes, at: offset, kinds: kinds, maxFrameLength: maxFrameLength)
+            return stepIAP1(bytes, at: offset, kinds: kinds, limit: iap1Limit)
         }
         // Skip a run of bytes that cannot start a frame.
         var end = offset + 1
@@ -352,7 +506,7 @@ public struct FrameScanner: Sendable {
     }
 
     @usableFromInline
-    static func stepIAP2(_ bytes: RawSpan, at offset: Int, maxFrameLength: Int) -> Step {
+    static func stepIAP2(_ bytes: RawSpan, at offset: Int, limit: Int) -> Step {
         let available = bytes.byteCount - offset
         guard available >= LinkPacketHeader.size else { return .needMore(LinkPacketHeader.size) }
         guard Checksum.verifies(bytes.extracting(offset..<(offset + LinkPacketHeader.size))) else {
@@ -362,7 +516,7 @@ public struct FrameScanner: Sendable {
         guard length == LinkPacketHeader.size || length > LinkPacketHeader.overhead else {
             return .drop(.invalidLength(length), 1)
         }
-        guard length <= maxFrameLength else { return .drop(.frameTooLong(length), 1) }
+        guard length <= limit else { return .drop(.frameTooLong(length), 1) }
         guard available >= length else { return .needMore(length) }
         let header = LinkPacketHeader(
             control: LinkControl(rawValue: bytes.byte(at: offset + 4)), sequence: bytes.byte(at: offset + 5),
@@ -377,7 +531,7 @@ public struct FrameScanner: Sendable {
     }
 
     @usableFromInline
-    static func stepIAP1(_ bytes: RawSpan, at offset: Int, kinds: FrameKinds, maxFrameLength: Int) -> Step {
+    static func stepIAP1(_ bytes: RawSpan, at offset: Int, kinds: FrameKinds, limit: Int) -> Step {
         let rest = bytes.extracting(offset..<bytes.byteCount)
         switch IAP1Framing.probe(rest) {
         case .notAPacket:
@@ -387,7 +541,7 @@ public struct FrameScanner: Sendable {
         case let .invalidLength(length):
             return .drop(.invalidLength(length), 1)
         case let .framing(framing):
-            guard framing.packetLength <= maxFrameLength else { return .drop(.frameTooLong(framing.packetLength), 1) }
+            guard framing.packetLength <= limit else { return .drop(.frameTooLong(framing.packetLength), 1) }
             guard rest.byteCount >= framing.packetLength else { return .needMore(framing.packetLength) }
             guard framing.checksumVerifies(in: rest) else { return .drop(.badIAP1Checksum, 1) }
             let range = offset..<(offset + framing.packetLength)

@@ -26,6 +26,13 @@ public struct IAP1Packet: Hashable, Sendable {
     /// The longest encoded packet: sync, start, 3 length bytes, body, checksum.
     public static let maxEncodedLength = 1 + 1 + 3 + maxBodyLength + 1
 
+    /// The longest encoding of a packet whose payload (the command's parameters) is at most
+    /// `payloadLength` bytes: sync, start, the large form's 3 length bytes, lingo, a 2-byte
+    /// command, a transaction id, the payload, checksum; at most ``maxEncodedLength``.
+    public static func maxEncodedLength(payloadLength: Int) -> Int {
+        min(maxEncodedLength, 1 + 1 + 3 + 1 + 2 + 2 + max(0, payloadLength) + 1)
+    }
+
     /// The lingo (command set).
     public var lingo: UInt8
     /// The command id; two bytes wide on the Extended Interface lingo (0x04), one byte otherwise.

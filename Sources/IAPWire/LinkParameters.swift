@@ -62,6 +62,17 @@ public struct LinkParameters: Hashable, Sendable {
     /// Size of the fixed part of the payload.
     public static let fixedSize = 10
 
+    /// The most sessions a valid table lists: one per known session type (§2.3 allows no
+    /// type twice and no type beyond External Accessory; see ``violations()``).
+    public static let maxSessionCount = 3
+
+    /// The longest valid SYN payload: the fixed part and a full session table.
+    public static let maxEncodedLength = fixedSize + 3 * maxSessionCount
+
+    /// The longest link packet that can carry a valid SYN (or SYN|ACK): header, the longest
+    /// valid payload, payload checksum. Before its link is up a receiver expects nothing longer.
+    public static let maxSYNPacketLength = LinkPacket.encodedLength(payloadLength: maxEncodedLength)
+
     public init(
         version: UInt8 = 1, maxOutstandingPackets: UInt8, maxPacketLength: UInt16, retransmissionTimeout: UInt16,
         cumulativeAckTimeout: UInt16, maxRetransmissions: UInt8, maxCumulativeAcks: UInt8, sessions: [LinkSession]

@@ -325,4 +325,19 @@ struct LinkLimitTests {
         let (memory, _) = MemoryTransport.pair()
         #expect(AccessoryManager.link(.device, over: memory).parameters == LinkConfiguration.device.parameters)
     }
+
+    @Test("a serial line gives up on a partial frame after a silence suited to its baud rate")
+    func serialLinesGetTheirInterByteGap() throws {
+        let pty = try PseudoTerminal()
+        let slow = try SerialTransport(spec: try SerialPortSpec(parsing: pty.slavePath + ":9600"))
+        defer { slow.cancel() }
+        // 32 characters take 33 ms at 9600 baud, the slowest rate a port takes: every supported
+        // rate gets the floor, and a configuration that asks for longer keeps it.
+        #expect(AccessoryManager.link(.device, over: slow).interByteGap == LinkConfiguration.defaultInterByteGap)
+        var patient = LinkConfiguration.device
+        patient.interByteGap = .milliseconds(400)
+        #expect(AccessoryManager.link(patient, over: slow).interByteGap == .milliseconds(400))
+        let (memory, _) = MemoryTransport.pair()
+        #expect(AccessoryManager.link(.device, over: memory).interByteGap == LinkConfiguration.defaultInterByteGap)
+    }
 }

@@ -181,6 +181,92 @@ struct FrameScannerTests {
         #expect(result.droppedBytes == Self.startIDPS.count)
     }
 
+    /// An iAP2 header claiming `length` bytes whose header checksum verifies.
+    static func liar(_ length: Int) -> [UInt8] {
+        var header: [UInt8] = [0xFF, 0x5A, UInt8(length >> 8), UInt8(length & 0xFF), 0x40, 0x05, 0x06, 0x01]
+        header.append(Checksum.of(header))
+        return header
+    }
+
+    @Test("a length beyond the limit set for the state is dropped at once, in any chunking", arguments: [[1], [5], [4_096]])
+    func stateLimitDropsAtOnce(chunkSizes: [Int]) {
+        var scanner = FrameScanner(maxFrameLength: 65_535)
+        scanner.iap2LengthLimit = Self.syn.count
+        scanner.iap1LengthLimit = 16
+        let long1 = bytes("FF 55 00 FF F0 00 13")
+        let stream = Self.liar(65_535) + IAP2Detect.bytes + long1 + Self.syn + Self.liar(Self.syn.count + 1) + Self.startIDPS
+        let result = scanAll(stream, chunkSizes: chunkSizes, scanner: &scanner)
+        #expect(result.frames.map(\.bytes) == [IAP2Detect.bytes, Self.syn, Self.startIDPS])
+        #expect(result.drops.contains(ScanDrop(reason: .frameTooLong(65_535), byteCount: 1, streamOffset: 0)))
+        #expect(result.drops.contains { $0.reason == .frameTooLong(0xFFF0 + 6) })
+        #expect(result.drops.contains { $0.reason == .frameTooLong(Self.syn.count + 1) })
+        #expect(scanner.pendingByteCount == 0)
+        #expect(result.tiles(upTo: stream.count))
+    }
+
+    @Test func theLimitsStayWithinTheScannersCapacity() {
+        var scanner = FrameScanner(maxFrameLength: 2_048)
+        #expect(scanner.iap2LengthLimit == 2_048 && scanner.iap1LengthLimit == 2_048)
+        scanner.iap2LengthLimit = 100_000
+        scanner.iap1LengthLimit = 0
+        #expect(scanner.iap2LengthLimit == 2_048)
+        #expect(scanner.iap1LengthLimit == LinkPacketHeader.size)
+        // The detect in its longest form still fits the smallest limit.
+        let (result, _) = scanAll(bytes("FF 55 00 00 02 00 EE 10"), chunkSizes: [100], kinds: .all, maxFrameLength: 9)
+        #expect(result.frames.map(\.kind) == [.detect])
+    }
+
+    @Test func aLimitLoweredWhileAFrameIsHeldJudgesItWhenTheNextBytesCome() {
+        var scanner = FrameScanner(maxFrameLength: 65_535)
+        let result1 = scanAll(Self.liar(4_000) + [0x01, 0x02], chunkSizes: [100], scanner: &scanner)
+        #expect(result1.frames.isEmpty && scanner.pendingByteCount == 11)
+        scanner.iap2LengthLimit = 1_024
+        let result2 = scanAll(Self.ack, chunkSizes: [100], scanner: &scanner)
+        #expect(result2.drops.first == ScanDrop(reason: .frameTooLong(4_000), byteCount: 1, streamOffset: 0))
+        #expect(result2.frames.map(\.bytes) == [Self.ack])
+        #expect(scanner.pendingByteCount == 0)
+    }
+
+    /// A lie no longer than the limit swallows what follows until the line falls silent: then
+    /// the held bytes after its first are scanned again, and what nothing will complete is
+    /// dropped rather than held.
+    @Test("a partial frame abandoned after a gap gives back the frames it swallowed", arguments: [[1], [7], [4_096]])
+    func abandonedPartialFrame(chunkSizes: [Int]) {
+        var scanner = FrameScanner(maxFrameLength: 1_024)
+        // The liar claims 200 bytes; behind it a detect, a SYN, and a second liar that is cut short.
+        let stream = Self.liar(200) + IAP2Detect.bytes + Self.syn + Self.liar(100) + [0x10, 0x20]
+        var result = scanAll(stream, chunkSizes: chunkSizes, scanner: &scanner)
+        #expect(result.frames.isEmpty)
+        #expect(scanner.pendingByteCount == stream.count)
+        scanner.abandonPartialFrame(onFrame: { frame, span in
+            #expect(frame.isReassembled)
+            result.frames.append(SeenFrame(kind: frame.kind, streamOffset: frame.streamOffset, bytes: copy(span, frame.range),
+                                           payload: copy(span, frame.payload)))
+        }, onDrop: { result.drops.append($0) })
+        #expect(result.frames.map(\.bytes) == [IAP2Detect.bytes, Self.syn])
+        #expect(result.frames.map(\.streamOffset) == [9, 9 + IAP2Detect.bytes.count])
+        #expect(result.drops.first == ScanDrop(reason: .partialFrameAbandoned, byteCount: 1, streamOffset: 0))
+        #expect(result.drops.filter { $0.reason == .partialFrameAbandoned }.count == 2)
+        #expect(scanner.pendingByteCount == 0)
+        #expect(scanner.statistics.dropsByKind[.partialFrameAbandoned] == 2)
+        #expect(result.tiles(upTo: stream.count))
+        // Nothing held: nothing happens.
+        scanner.abandonPartialFrame(onFrame: { _, _ in Issue.record("a frame from nothing") }, onDrop: { _ in Issue.record("a drop from nothing") })
+        // The stream goes on where it was.
+        let after = scanAll(Self.ack, chunkSizes: [100], scanner: &scanner)
+        #expect(after.frames.map(\.streamOffset) == [stream.count])
+    }
+
+    @Test func dropsAreCountedByKind() {
+        var scanner = FrameScanner(maxFrameLength: 1_024)
+        let stream = Self.liar(4_000) + [0x01, 0x02, 0x03] + Self.liar(2_000) + Self.ack
+        let result = scanAll(stream, chunkSizes: [100], scanner: &scanner)
+        #expect(scanner.statistics.dropsByKind[.frameTooLong] == 2)
+        #expect(scanner.statistics.dropsByKind[.garbage] == 2)
+        #expect(scanner.statistics.dropsByKind.total == result.drops.count)
+        #expect(scanner.statistics.droppedBytes == result.droppedBytes)
+    }
+
     @Test func resetCountsTheHeldBytesAsDropped() {
         var scanner = FrameScanner()
         scanner.scan(Array(Self.syn.prefix(10))) { _, _ in }

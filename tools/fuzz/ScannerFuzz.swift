@@ -1,28 +1,59 @@
 // libFuzzer target: the frame scanner on arbitrary bytes, fed in chunk sizes the input itself
-// chooses. Checks, on every input: no crash; every byte is in a frame, a drop or the held partial
-// frame, with offsets that tile the stream; the held partial frame never exceeds the limit; every
-// frame delivered re-decodes with the standalone decoders and re-encodes to the same bytes.
+// chooses, with length limits below its capacity and partial frames abandoned between chunks when
+// the input says so (as a link does by state and after an inter-byte gap). Checks, on every input:
+// no crash; every byte is in a frame, a drop or the held partial frame, with offsets that tile the
+// stream; the held partial frame never exceeds the limit; no frame is longer than its kind's limit;
+// every frame delivered re-decodes with the standalone decoders and re-encodes to the same bytes.
 
 import IAPWire
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func scannerFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let input = Array(UnsafeBufferPointer(start: data, count: size))
-    guard let control = input.first else { return 0 }
-    let stream = Array(input.dropFirst())
+    guard input.count >= 2 else { return 0 }
+    let control = input[0]
+    let shaping = input[1]
+    let stream = Array(input.dropFirst(2))
     let chunk = Int(control & 0x3F) + 1
     let kinds = FrameKinds(rawValue: (control >> 6) == 0 ? 7 : (control >> 6) | 1) // always includes iAP2
     let limit = 64 + Int(control) * 40
     var scanner = FrameScanner(kinds: kinds, maxFrameLength: limit)
+    // Low bits: limits below the capacity (the longest SYN, or a few hundred bytes); high bits:
+    // abandon the partial frame after every chunk, or every fourth.
+    if shaping & 1 != 0 { scanner.iap2LengthLimit = LinkParameters.maxSYNPacketLength }
+    if shaping & 2 != 0 { scanner.iap2LengthLimit = 9 + Int(shaping >> 2) * 4 }
+    if shaping & 4 != 0 { scanner.iap1LengthLimit = 9 + Int(shaping >> 3) * 2 }
+    let abandonEvery = shaping & 0x80 != 0 ? 1 : (shaping & 0x40 != 0 ? 4 : 0)
+    let iap2Limit = scanner.iap2LengthLimit
+    let iap1Limit = scanner.iap1LengthLimit
     var pieces: [(Int, Int)] = []
     var offset = 0
+    var turn = 0
+    func check(_ frame: ScannedFrame, _ span: RawSpan) {
+        pieces.append((frame.streamOffset, frame.range.count))
+        let bytes = span.extracting(frame.range).withUnsafeBytes { Array($0) }
+        precondition(Array(stream[frame.streamOffset..<(frame.streamOffset + bytes.count)]) == bytes, "frame bytes differ from the stream")
+        precondition(bytes.count <= limit, "frame longer than the limit")
+        switch frame.kind {
+        case .iap2: precondition(bytes.count <= iap2Limit, "iAP2 frame longer than its limit")
+        case .iap1, .detect: precondition(bytes.count <= iap1Limit, "iAP1 frame longer than its limit")
+        }
+    }
     while offset < stream.count {
         let end = min(stream.count, offset + chunk)
+        turn += 1
+        defer {
+            if abandonEvery > 0, turn % abandonEvery == 0 {
+                scanner.abandonPartialFrame(onFrame: check, onDrop: { drop in
+                    precondition(drop.byteCount > 0, "empty drop")
+                    pieces.append((drop.streamOffset, drop.byteCount))
+                })
+                precondition(scanner.pendingByteCount == 0, "a partial frame survived being abandoned")
+            }
+        }
         scanner.scan(Array(stream[offset..<end]).span.bytes, onFrame: { frame, span in
-            pieces.append((frame.streamOffset, frame.range.count))
+            check(frame, span)
             let bytes = span.extracting(frame.range).withUnsafeBytes { Array($0) }
-            precondition(Array(stream[frame.streamOffset..<(frame.streamOffset + bytes.count)]) == bytes, "frame bytes differ from the stream")
-            precondition(bytes.count <= limit, "frame longer than the limit")
             switch frame.kind {
             case let .iap2(header):
                 guard let decoded = try? LinkPacket.decode(bytes) else { preconditionFailure("scanner frame does not re-decode") }

@@ -61,6 +61,12 @@ enum OpenCommand {
             Glibc.close(client)
         }
         session.logger.info("a client connected to \(socketPath)")
+        // One client at a time: another one is told so and closed, rather than connected to a
+        // session that never reads it.
+        let logger = session.logger
+        listener.refuseFurtherClients {
+            logger.warning("refused another client on \(socketPath): the session serves one client at a time")
+        }
         try bridge(stream, accessory: accessory, input: client, output: client, isSocket: true, idle: idle)
         return .success
     }
@@ -123,11 +129,20 @@ enum OpenCommand {
 
 /// A listening Unix stream socket for `open --socket`, removed again by ``close()`` (only if it
 /// is still the one this listener made).
+///
+/// The socket file is readable and writable by its owner only (0600), whatever the umask: the
+/// mode is set on the socket before `bind` creates the file, which Linux creates with the
+/// socket's mode less the umask, so there is no moment at which another user could connect (a
+/// `chmod` after `bind`, or a umask changed for the whole process while other threads create
+/// files, would each leave one). The mode is checked after `bind`, and the socket refused if it
+/// is wider.
 final class UnixListener {
     let path: String
     private var descriptor: Int32
     /// The socket file this listener bound, to remove only that one.
     private var identity: (device: UInt, inode: UInt)?
+    /// Turns away the clients that come while one is served (``refuseFurtherClients(onRefused:)``).
+    private var refuser: ClientRefuser?
 
     static var maxPathLength: Int { MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1 }
 
@@ -173,14 +188,47 @@ final class UnixListener {
         guard descriptor >= 0 else {
             throw ToolError(description: "cannot create a Unix socket: \(String(cString: strerror(errno)))", exitCode: .cannotCreate)
         }
-        guard withAddress({ bind(descriptor, $0, $1) }) == 0, listen(descriptor, 1) == 0 else {
+        // Before bind: the file bind creates takes this mode (less the umask), so it is never
+        // open to others, not even for a moment.
+        guard fchmod(descriptor, 0o600) == 0 else {
+            let message = String(cString: strerror(errno))
+            Glibc.close(descriptor)
+            descriptor = -1
+            throw ToolError(description: "cannot restrict the socket for '\(path)' to its owner: \(message)", exitCode: .cannotCreate)
+        }
+        guard withAddress({ bind(descriptor, $0, $1) }) == 0 else {
             let message = String(cString: strerror(errno))
             Glibc.close(descriptor)
             descriptor = -1
             throw ToolError(description: "cannot listen on '\(path)': \(message)", exitCode: .cannotCreate)
         }
         var bound = stat()
-        if lstat(path, &bound) == 0 { identity = (UInt(bound.st_dev), UInt(bound.st_ino)) }
+        guard lstat(path, &bound) == 0, bound.st_mode & 0o077 == 0 else {
+            // A kernel that does not give the file the socket's mode: refuse rather than serve
+            // a session to anyone who can reach the path.
+            Glibc.close(descriptor)
+            descriptor = -1
+            unlink(path)
+            throw ToolError(description: "the socket '\(path)' was created open to other users (mode \(String(bound.st_mode & 0o777, radix: 8))); "
+                                + "use a path in a directory only you can enter", exitCode: .cannotCreate)
+        }
+        identity = (UInt(bound.st_dev), UInt(bound.st_ino))
+        guard listen(descriptor, 1) == 0 else {
+            let message = String(cString: strerror(errno))
+            close()
+            throw ToolError(description: "cannot listen on '\(path)': \(message)", exitCode: .cannotCreate)
+        }
+    }
+
+    /// From now on, accepts every further client only to write it one line saying that the
+    /// socket already serves a client, and closes it; `onRefused` is called for each (to log
+    /// it). Runs on a worker until ``close()``.
+    func refuseFurtherClients(onRefused: @escaping @Sendable () -> Void) {
+        guard descriptor >= 0, refuser == nil else { return }
+        let refuser = ClientRefuser(descriptor: descriptor,
+                                    message: "iapctl: '\(path)' already serves a client, one at a time; connect again once it is done\n")
+        self.refuser = refuser
+        DispatchQueue.global().async { refuser.run(onRefused: onRefused) }
     }
 
     /// Waits for the first client and returns its connection; gives up (exit 74) as soon as
@@ -216,6 +264,9 @@ final class UnixListener {
     /// Stops listening and removes the socket file, unless another process replaced it since.
     func close() {
         guard descriptor >= 0 else { return }
+        // The refuser polls the descriptor: it stops before the number can be reused.
+        refuser?.stop()
+        refuser = nil
         Glibc.close(descriptor)
         descriptor = -1
         var status = stat()
@@ -225,6 +276,48 @@ final class UnixListener {
     }
 
     deinit { close() }
+}
+
+/// Accepts clients on a listening socket only to turn them away with a one-line message, until
+/// stopped; for ``UnixListener/refuseFurtherClients(onRefused:)``.
+final class ClientRefuser: Sendable {
+    private let descriptor: Int32
+    private let message: [UInt8]
+    private let stopped = Atomic<Bool>(false)
+    private let finished = DispatchSemaphore(value: 0)
+
+    init(descriptor: Int32, message: String) {
+        self.descriptor = descriptor
+        self.message = Array(message.utf8)
+    }
+
+    /// Turns clients away until ``stop()``; checks for it five times a second.
+    func run(onRefused: @Sendable () -> Void) {
+        defer { finished.signal() }
+        while !stopped.load(ordering: .acquiring) {
+            var poller = [pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)]
+            guard case .success(let ready) = SystemCall.poll(&poller, timeout: 200, retry: { false }), ready > 0 else { continue }
+            guard case .success(let client) = SystemCall.retrying({ accept(descriptor, nil, nil) }) else { continue }
+            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+            _ = message.withUnsafeBytes { Glibc.send(client, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL) | Int32(MSG_DONTWAIT)) }
+            // What the client sent already is read and dropped, so that closing does not reset
+            // the connection before it has read the message.
+            var scratch = [UInt8](repeating: 0, count: 4_096)
+            for _ in 0..<16 {
+                let count = scratch.withUnsafeMutableBytes { Glibc.recv(client, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+                if count <= 0 { break }
+            }
+            Glibc.shutdown(client, Int32(SHUT_RDWR))
+            Glibc.close(client)
+            onRefused()
+        }
+    }
+
+    /// Stops turning clients away; returns once the worker no longer touches the descriptor.
+    func stop() {
+        stopped.store(true, ordering: .releasing)
+        finished.wait()
+    }
 }
 
 /// How long `send` waits for the accessory's acknowledged count to move before it gives up.

@@ -77,9 +77,11 @@ let openCommand = CommandSpec(
         output, with back-pressure both ways. After standard input ends, output is copied until the \
         accessory has been quiet for --idle seconds. With --socket PATH the session is offered on \
         a Unix stream socket instead, for a program in any language: once the session is open, \
-        iapctl creates the socket, prints 'listening on PATH' on standard output, serves the first \
-        client that connects the same way (the client's end of input ends the session after \
-        --idle seconds of quiet), and removes the socket when done. Exit status: 0 done, 69 no \
+        iapctl creates the socket, readable and writable by you alone (0600, whatever the umask), \
+        prints 'listening on PATH' on standard output, serves the first client that connects the \
+        same way (the client's end of input ends the session after --idle seconds of quiet), tells \
+        any other client that connects meanwhile that the session is taken (one line, then \
+        closed), and removes the socket when done. Exit status: 0 done, 69 no \
         such accessory or protocol, 73 the socket cannot be created, 74 the accessory went away.
         """,
     options: [accessoryOption, .value("idle", valueName: "seconds", help: "Quiet time that ends the session after input ended.", defaultValue: "1"),
