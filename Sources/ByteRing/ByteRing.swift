@@ -234,6 +234,7 @@ extension ByteRing {
     /// (0 is ``frontSlot``), or nil when fewer are committed: for a consumer that lends slots
     /// whole (``SlotLease``) and releases them later, in order.
     public func committedSlot(at position: Int) -> Int? {
+        guard !memoryReleased else { return nil }
         let front = released.load(ordering: .relaxed)
         guard position >= 0, front + position < published.load(ordering: .acquiring) else { return nil }
         return (front + position) % slotCount
@@ -267,9 +268,10 @@ public final class SlotLease: @unchecked Sendable {
 
     deinit { owned?.deallocate() }
 
-    /// Lends `bytes` (a slot's memory, valid until the lender takes the slot back). Only on a
-    /// lease nobody else holds.
-    public func lend(_ bytes: UnsafeRawBufferPointer) {
+    /// Lends `bytes` (a slot's memory, valid until the lender takes the slot back). Only the
+    /// lender calls it (hence `package`), and only on a lease nobody else holds: a reader that
+    /// could re-point a lease would pull the bytes from under every other view of it.
+    package func lend(_ bytes: UnsafeRawBufferPointer) {
         owned?.deallocate()
         owned = nil
         base = bytes.baseAddress
@@ -291,9 +293,9 @@ public final class SlotLease: @unchecked Sendable {
 
     /// Moves the bytes out of the slot into memory of the lease's own (one copy), so that the
     /// lender can take the slot back while readers still hold views of them. Returns the bytes
-    /// copied (0 when already evacuated).
+    /// copied (0 when already evacuated). The lender's call.
     @discardableResult
-    public func evacuate() -> Int {
+    package func evacuate() -> Int {
         guard owned == nil, count > 0, let base else { return 0 }
         let copy = UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 16)
         copy.copyMemory(from: base, byteCount: count)

@@ -116,10 +116,12 @@ public struct IAP2Link: Sendable {
         case array([UInt8])
         case lease(SlotLease)
 
+        /// What a view pins: the array's storage, or the lent transfer (at least 256 bytes, so
+        /// that a tiny payload, whose lease and queue entry cost more than its bytes, is copied).
         var byteCount: Int {
             switch self {
             case let .array(bytes): bytes.capacity
-            case let .lease(lease): lease.count
+            case let .lease(lease): max(lease.count, 256)
             }
         }
     }

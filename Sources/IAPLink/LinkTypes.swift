@@ -190,7 +190,8 @@ extension LinkSink {
 ///
 /// Outbound counts the copy from the application's buffer into a link packet (one per byte) and
 /// any later copy by the link; inbound counts a copy made on arrival (bytes that did not arrive in
-/// an array the endpoint could keep: a USB ring slot, a frame reassembled across reads) and the
+/// storage the endpoint could keep: a frame reassembled across reads, a short payload in a large
+/// buffer) and the
 /// copy into the array a read returns. Lending bytes (`borrow`) copies nothing. Control messages
 /// are not counted. Copies made by a transport below the endpoint are the transport's to count.
 public struct DataPlaneStatistics: Hashable, Sendable {

@@ -74,7 +74,7 @@ public struct ReceivedBytes: Sendable {
         case let .array(bytes):
             return (bytes, 0)
         case let .lease(lease, range):
-            return (lease.withUnsafeBytes { Array(UnsafeRawBufferPointer(rebasing: $0[range])) }[...], range.count)
+            return (lease.withSpan { $0.extracting(range).withUnsafeBytes { Array($0) } }[...], range.count)
         }
     }
 
@@ -82,7 +82,7 @@ public struct ReceivedBytes: Sendable {
     public func append(to array: inout [UInt8]) {
         switch storage {
         case let .array(bytes): array.append(contentsOf: bytes)
-        case let .lease(lease, range): lease.withUnsafeBytes { array.append(contentsOf: UnsafeRawBufferPointer(rebasing: $0[range])) }
+        case let .lease(lease, range): lease.withSpan { $0.extracting(range).withUnsafeBytes { array.append(contentsOf: $0) } }
         }
     }
 }

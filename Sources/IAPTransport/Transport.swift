@@ -22,7 +22,8 @@ public enum TransportEvent: Sendable {
     case borrowed(BorrowedBytes)
     /// Bytes arrived in the transport's own buffer, lent beyond the handler call (a USB IN
     /// slot): keep the lease (or views of it, ``ReceivedBytes``) as long as they are needed and
-    /// read it on the transport's queue; the buffer goes back when the last reference goes.
+    /// read it on the transport's queue; the buffer goes back after the last reference went (or
+    /// the transport moves the bytes out of it, for a reader that holds it too long).
     case lent(SlotLease)
     /// The transport closed: `nil` when asked to, otherwise why (the device vanished, a read
     /// failed…). No event follows.

@@ -168,6 +168,7 @@ final class BulkPipe: @unchecked Sendable {
             guard bytes.count > 0 else { continue }
             // The slot's lease is free here: the slot was reserved again only after its lease
             // was reclaimed or replaced.
+            assert(isKnownUniquelyReferenced(&leases[index]), "a lease lent again while a reader holds it")
             leases[index].lend(bytes)
             statistics.inSlotsLent += 1
             return leases[index]
@@ -307,7 +308,10 @@ final class BulkPipe: @unchecked Sendable {
         precondition(isIdle, "the kernel still holds transfers of \(description)")
         // Readers may still hold leases on IN slots: their bytes move out before the memory goes.
         for index in leases.indices where !isKnownUniquelyReferenced(&leases[index]) {
-            statistics.bytesEvacuated += leases[index].evacuate()
+            let moved = leases[index].evacuate()
+            if moved > 0 { statistics.inSlotsEvacuated += 1 }
+            statistics.bytesEvacuated += moved
+            leases[index] = SlotLease()
         }
         lentSlots = 0
         inRing.releaseMemory()

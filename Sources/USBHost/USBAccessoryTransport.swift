@@ -45,7 +45,9 @@ public struct USBPipeStatistics: Sendable, Hashable {
 ///
 /// IN: ``USBOptions/inTransfers`` bulk IN transfers are always queued, each over a slot of a
 /// ``ByteRing``; a completion publishes its slot and the bytes are handed to the event handler
-/// in place (``Event/borrowed(_:)``), then the slot is resubmitted. OUT: one link packet
+/// in place: lent beyond the call (``Event/lent(_:)``, the slot resubmitted once the reader let
+/// go, at most half the slots lent) or for the call only (``Event/borrowed(_:)``, the slot
+/// resubmitted at once). OUT: one link packet
 /// per transfer, copied into a ring slot, with a zero-length packet when its length is a
 /// multiple of wMaxPacketSize; frames wait in order when every slot is in flight. A stall is
 /// cleared and the pipe resumes; OUT timeouts back off; a vanished device ends the transport
@@ -64,9 +66,9 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         /// Bytes arrived, lent whole from the IN slot beyond the handler call (when the pipe
         /// was activated with `lendingInSlots` and the handler runs on the context's queue):
         /// keep the lease for as long as the bytes are needed, read it on the context's queue
-        /// only. The slot goes back to the kernel when the last reference to the lease goes; a
-        /// reader that holds it too long gets its bytes moved out of the slot (copied) instead
-        /// of stalling the pipe.
+        /// only. The slot goes back to the kernel at the first IN completion after the last
+        /// reference to the lease went; a reader that holds it while more than half the slots
+        /// are lent gets its bytes moved out of the slot (copied) instead of stalling the pipe.
         case lent(SlotLease)
         /// Bytes arrived, copied (when the handler runs on another queue).
         case received([UInt8])

@@ -34,7 +34,7 @@ extension USBError {
 
 /// A USB accessory's iAP2 interface as a ``Transport``: the frames the link sends go out as one
 /// bulk OUT transfer each, and what arrives is lent in place from the IN slot
-/// (``TransportEvent/borrowed(_:)``) when the handler runs on the USB context's queue.
+/// beyond the call (``TransportEvent/lent(_:)``) when the handler runs on the USB context's queue.
 ///
 /// It offers the accessory's native-transport interfaces (``nativeTransports``) and, through
 /// ``capability(_:)``, the pipe's ``USBPipeStatistics``, the ``USBDeviceInfo`` and the

@@ -115,6 +115,25 @@ struct LentSlotTests {
             #expect(lease.isEvacuated)
             #expect(lease.withUnsafeBytes { Array($0) } == [9, 8, 7, 6])
             #expect(rig.harness.fake.log.contains("free device memory"))
+            #expect(rig.pipe.statistics.inSlotsEvacuated == 1)
+            #expect(rig.pipe.statistics.bytesEvacuated == 4)
+        }
+    }
+
+    @Test("empty and cancelled completions between kept leases are skipped, and every slot comes back in order once the reader lets go")
+    func emptyCompletionsAmongKeptLeases() throws {
+        let rig = try Rig()
+        rig.harness.onQueue {
+            rig.harness.fake.completeIn([1, 1])
+            rig.harness.fake.completeIn([]) // a zero-length packet: nothing to lend
+            #expect(rig.keeper.kept.map(\.bytes) == [[1, 1]], "only the slot with bytes is lent")
+            #expect(rig.pendingIn == 2, "the empty slot waits behind the kept one: slots go back in order")
+            rig.keeper.keeping = false
+            rig.keeper.release()
+            rig.harness.fake.completeIn([], status: LIBUSB_TRANSFER_CANCELLED)
+            #expect(rig.pendingIn == 4, "the released lease lets all three slots go back")
+            #expect(rig.pipe.statistics.inSlotsLent == 1)
+            #expect(rig.pipe.statistics.inSlotsEvacuated == 0)
         }
     }
 }
