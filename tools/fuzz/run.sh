@@ -16,7 +16,7 @@ targets=("$@")
 out=tools/fuzz/out
 bin=$out/bin
 mkdir -p "$bin"
-flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6)
+flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6 -package-name AccessoryHost)
 # A crash is reported by libFuzzer and ASan; Swift's backtracer would only hold the run up.
 export SWIFT_BACKTRACE=enable=no
 # ld.gold warns about every ASan helper symbol; those lines carry no information.
