@@ -137,3 +137,32 @@ struct LentSlotTests {
         }
     }
 }
+
+@Suite("IN slots borrowed for the call only")
+struct BorrowedSlotTests {
+    @Test("without lending, the handler borrows the slot for its call and the slot is resubmitted at once")
+    func borrowedSlotsGoBackAtOnce() throws {
+        let harness = try Harness(activate: false)
+        let seen = Mutex<[(bytes: [UInt8], lent: Bool)]>([])
+        let pipe = harness.transport.pipe
+        harness.queue.sync {
+            pipe.activate(queue: harness.queue) { event in
+                switch event {
+                case let .borrowed(bytes): seen.withLock { $0.append((bytes.withUnsafeBytes { Array($0) }, false)) }
+                case let .lent(lease): seen.withLock { $0.append((lease.withUnsafeBytes { Array($0) }, true)) }
+                case .received, .closed: break
+                }
+            }
+        }
+        harness.queue.sync {}
+        harness.onQueue {
+            harness.fake.completeIn([4, 5, 6])
+            harness.fake.completeIn([7])
+            #expect(harness.fake.pendingTransfers(in: true).count == 4, "borrowed slots are resubmitted after the call")
+        }
+        let events = seen.withLock { $0 }
+        #expect(events.map(\.bytes) == [[4, 5, 6], [7]])
+        #expect(events.allSatisfy { !$0.lent }, "lending is opt-in")
+        #expect(harness.onQueue { pipe.statistics.inSlotsLent } == 0)
+    }
+}
