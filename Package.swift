@@ -42,7 +42,7 @@ let package = Package(
         .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing"], swiftSettings: strict),
         // The adapter between USBHost (which knows nothing of iAP) and IAPTransport: the iAP2
         // interface classes, Transport over the USB pipe, ByteChannel over a native pipe.
-        .target(name: "USBTransport", dependencies: ["USBHost", "IAPTransport", "ByteRing"], swiftSettings: strict),
+        .target(name: "USBTransport", dependencies: ["USBHost", "IAPTransport", "IAPLink", "ByteRing"], swiftSettings: strict),
         // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
         .target(name: "IAPWire", swiftSettings: strict),
         // The iAP2 link, control session and EA session router as deterministic state machines

@@ -188,8 +188,15 @@ public struct IAP2Endpoint: Sendable {
     /// Appends the packets to transmit to `frames` (swapping storage when it is empty: a caller
     /// that empties and passes the same array each time allocates nothing).
     public mutating func takeOutput(into frames: inout [[UInt8]]) { link.takeOutput(into: &frames) }
+    /// Appends the packets to transmit to `frames` as they lie (see ``IAP2Link/takeFrames(into:)``).
+    public mutating func takeFrames(into frames: inout [LinkFrame]) { link.takeFrames(into: &frames) }
     /// Whether packets are waiting.
     public var hasOutput: Bool { link.hasOutput }
+    /// Buffers the transport lends for outgoing packets (see ``IAP2Link/transmitBuffers``).
+    public var transmitBuffers: PacketBufferPool? {
+        get { link.transmitBuffers }
+        set { link.transmitBuffers = newValue }
+    }
 
     /// Events since the last call.
     public mutating func takeEvents() -> [EndpointEvent] {
@@ -494,12 +501,13 @@ struct SessionTable: Sendable {
 }
 
 /// Bytes written to one session and not yet handed to the link, already laid out as link packets:
-/// each element is a buffer from ``LinkPacket/framedBuffer(payloadCapacity:)`` holding the
-/// header's headroom, the EA session id and up to one packet's worth of application bytes. The
-/// application's bytes are copied once, into these buffers; the link finishes each packet where
-/// it lies.
+/// each element is storage from the link (a transmit buffer the transport lent, or an array from
+/// ``LinkPacket/framedBuffer(payloadCapacity:)``) holding the header's headroom, the EA session
+/// id and up to one packet's worth of application bytes. The application's bytes are copied
+/// once, into this storage; the link finishes each packet where it lies and the transport sends
+/// a transmit buffer as it is.
 struct OutboundQueue: Sendable {
-    private var packets = FIFO<[UInt8]>()
+    private var packets = FIFO<PacketStorage>()
     /// Application bytes queued (EA headers and headroom not counted).
     private(set) var byteCount = 0
     /// The smallest buffer made for a short write, so a run of small writes shares packets.
@@ -521,7 +529,7 @@ struct OutboundQueue: Sendable {
                 let room = min(headroom + chunk, packet.capacity - 1) - packet.count
                 guard room > 0 else { return 0 }
                 let count = min(room, total - taken)
-                bytes.extracting(taken..<(taken + count)).withUnsafeBytes { packet.append(contentsOf: $0) }
+                packet.append(bytes.extracting(taken..<(taken + count)))
                 return count
             } ?? 0
             if filled > 0 {
@@ -533,7 +541,7 @@ struct OutboundQueue: Sendable {
             let remaining = total - taken
             let capacity = EASessionData.headerSize
                 + (remaining >= Self.largeWrite ? chunk : min(chunk, max(remaining, Self.minimumBuffer)))
-            var packet = link.framedBuffer(payloadCapacity: capacity)
+            var packet = link.packetStorage(payloadCapacity: capacity)
             packet.append(UInt8(sessionID >> 8))
             packet.append(UInt8(sessionID & 0xFF))
             packets.append(packet)
@@ -543,7 +551,7 @@ struct OutboundQueue: Sendable {
     }
 
     /// Takes the oldest packet and the number of application bytes it carries.
-    mutating func popPacket() -> (packet: [UInt8], dataBytes: Int)? {
+    mutating func popPacket() -> (packet: PacketStorage, dataBytes: Int)? {
         guard let packet = packets.popFirst() else { return nil }
         let data = packet.count - LinkPacketHeader.size - EASessionData.headerSize
         byteCount -= data
@@ -969,13 +977,19 @@ struct Upper: LinkSink, Sendable {
         }
     }
 
+    /// Packets let wait in the link's queue beyond its window. The rest wait in their sessions'
+    /// queues, where the turn of each session is decided and where a writer's bytes count
+    /// against its buffer; the link takes the next packet from there each time an
+    /// acknowledgement opens the window (every input ends in ``pumpData(into:now:)``).
+    static let linkQueueDepth = 2
+
     /// Moves queued session bytes into the link, one packet per session in turn, so several
     /// sessions share the link fairly.
     mutating func pumpData(into link: inout IAP2Link, now: LinkTime) {
         guard let eaSession = eaLinkSessionID else { return }
         guard link.maxPayloadLength > EASessionData.headerSize else { return }
         var idle = 0
-        while link.canSend, !roundRobin.isEmpty, idle < roundRobin.count {
+        while link.canSend, link.queuedCount < Self.linkQueueDepth, !roundRobin.isEmpty, idle < roundRobin.count {
             let id = roundRobin.removeFirst()
             guard sessions.contains(id) else { continue }
             guard let (packet, dataBytes) = sessions.with(id, { $0.outbound.popPacket() }) ?? nil else {
@@ -985,7 +999,7 @@ struct Upper: LinkSink, Sendable {
             }
             idle = 0
             // The packet was laid out by write(); the link finishes it where it lies.
-            if link.send(sessionID: eaSession, framedPacket: packet, now: now) {
+            if link.send(sessionID: eaSession, storage: packet, now: now) {
                 dataInFlight.append((id, dataBytes))
             }
             let limit = bufferLimit

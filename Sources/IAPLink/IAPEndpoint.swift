@@ -23,6 +23,7 @@ public struct IAPEndpoint: Sendable {
     private var pendingEvents: [EndpointEvent] = []
     /// Output of an endpoint that was replaced, sent before the new one's.
     private var pendingOutput: [[UInt8]] = []
+    private var transmitBufferPool: PacketBufferPool?
     /// Seeds each new endpoint's generator, so no two of them send the same challenge.
     private var random: SplitMix
     private var switchCount = 0
@@ -130,6 +131,30 @@ public struct IAPEndpoint: Sendable {
         if one != nil { frames.append(contentsOf: one!.takeOutput()) } else { two!.takeOutput(into: &frames) }
     }
 
+    /// Appends the packets to send to `frames` as they lie: iAP2 packets in the transport's
+    /// transmit buffers are handed over without a copy (see ``IAP2Link/takeFrames(into:)``).
+    public mutating func takeFrames(into frames: inout [LinkFrame]) {
+        if !pendingOutput.isEmpty {
+            for frame in pendingOutput { frames.append(.bytes(frame)) }
+            pendingOutput.removeAll()
+        }
+        if one != nil {
+            for frame in one!.takeOutput() { frames.append(.bytes(frame)) }
+        } else {
+            two!.takeFrames(into: &frames)
+        }
+    }
+
+    /// Buffers the transport lends for outgoing iAP2 packets (see ``IAP2Link/transmitBuffers``);
+    /// kept across a switch of protocol. iAP1 does not use them.
+    public var transmitBuffers: PacketBufferPool? {
+        get { transmitBufferPool }
+        set {
+            transmitBufferPool = newValue
+            if two != nil { two!.transmitBuffers = newValue }
+        }
+    }
+
     /// Whether ``takeOutput()`` has anything.
     public var hasOutput: Bool { !pendingOutput.isEmpty || (one?.hasOutput ?? two!.hasOutput) }
 
@@ -167,6 +192,7 @@ public struct IAPEndpoint: Sendable {
             var iap2 = IAP2Endpoint(device: settings.configuration, policy: settings.policy, sessionBufferLimit: settings.bufferLimit,
                                     initialSequence: UInt8(truncatingIfNeeded: random.next()), randomSeed: random.next())
             iap2.answerTimeout = answerTimeoutValue
+            iap2.transmitBuffers = transmitBufferPool
             pendingEvents.append(.protocolSwitched(.iap2))
             iap2.receive(IAP2Detect.bytes + rest, now: now)
             one = nil

@@ -9,6 +9,9 @@ public struct LinkStatistics: Hashable, Sendable {
     /// Packets an EAK named that were not sent again because they had just been (a repeated
     /// EAK, or a flood of them).
     public var eakRetransmissionsSkipped = 0
+    /// Retransmissions not made because the transport was still sending the packet from its
+    /// transmit buffer (``LinkFrame/buffer(_:)``): the packet had not even left yet.
+    public var retransmissionsDeferred = 0
     public var duplicatesReceived = 0
     public var outOfOrderReceived = 0
     public var outsideWindowReceived = 0
@@ -76,7 +79,7 @@ public struct IAP2Link: Sendable {
     /// When the last bytes were received: with a partial frame held, the inter-byte gap runs
     /// from here.
     private var lastReceiveAt: LinkTime = .zero
-    private var outbox: [[UInt8]] = []
+    private var outbox: [LinkFrame] = []
     private var events: [LinkEvent] = []
 
     // Negotiation.
@@ -94,11 +97,11 @@ public struct IAP2Link: Sendable {
 
     // Data.
     /// A packet sent and not yet acknowledged: the framed bytes as transmitted (the transport
-    /// may hold the same array; a retransmission finishes the header again in place).
+    /// may hold the same storage; a retransmission finishes the header again in place).
     private struct InFlight: Sendable {
         var sequence: UInt8
         var sessionID: UInt8
-        var packet: [UInt8]
+        var packet: PacketStorage
         var sentAt: LinkTime
         var transmissions: Int
         /// Retransmissions by timer since the peer was last heard from: the link fails when one
@@ -129,7 +132,7 @@ public struct IAP2Link: Sendable {
     private var lastSentSequence: UInt8 = 0
     private var lastReceived: UInt8 = 0
     private var unacked: [InFlight] = []
-    private var sendQueue = FIFO<(sessionID: UInt8, packet: [UInt8])>()
+    private var sendQueue = FIFO<(sessionID: UInt8, packet: PacketStorage)>()
     private var held: [UInt8: Held] = [:]
     private var pendingAcks = 0
     private var ackDeadline: LinkTime?
@@ -148,6 +151,15 @@ public struct IAP2Link: Sendable {
     private var spareBuffers: [[UInt8]] = []
     /// Most buffers kept for reuse: a window's worth and a few more.
     private static let spareLimit = 40
+    /// Buffers the transport lends for outgoing packets (``LinkFrame/buffer(_:)``): memory it
+    /// sends from as it is (usbfs device memory), so a packet laid out there is never copied
+    /// again. Used for payloads of at least ``transmitBufferThreshold`` bytes while one is free;
+    /// arrays otherwise.
+    public var transmitBuffers: PacketBufferPool?
+    /// The smallest payload given a transmit buffer: shorter ones (control messages, short
+    /// writes) are copied into arrays, where a copy costs little and a whole buffer would be
+    /// wasted.
+    public static let transmitBufferThreshold = 2_048
 
     // Scratch buffers reused across receive calls.
     private var frameScratch: [(ScannedFrame, Bool)] = []
@@ -187,16 +199,25 @@ public struct IAP2Link: Sendable {
         return deadline
     }
 
-    /// Packets to transmit, oldest first; each element is one link packet (or detect).
+    /// Packets to transmit, oldest first; each element is one link packet (or detect). Packets
+    /// in transmit buffers are copied into arrays (see ``takeFrames(into:)``).
     public mutating func takeOutput() -> [[UInt8]] {
         var frames: [[UInt8]] = []
         takeOutput(into: &frames)
         return frames
     }
 
-    /// Appends the packets to transmit to `frames`. Given an empty array, it swaps storage with
-    /// it: a caller that empties and passes the same array each time allocates nothing.
+    /// Appends the packets to transmit to `frames`, as arrays (a packet in a transmit buffer is
+    /// copied; ``takeFrames(into:)`` hands it over as it is).
     public mutating func takeOutput(into frames: inout [[UInt8]]) {
+        for frame in outbox { frames.append(frame.copiedBytes()) }
+        outbox.removeAll(keepingCapacity: true)
+    }
+
+    /// Appends the packets to transmit to `frames`, as they lie (arrays, or transmit buffers to
+    /// send without a copy). Given an empty array, it swaps storage with it: a caller that
+    /// empties and passes the same array each time allocates nothing.
+    public mutating func takeFrames(into frames: inout [LinkFrame]) {
         Self.move(&outbox, into: &frames)
     }
 
@@ -250,7 +271,7 @@ public struct IAP2Link: Sendable {
         case .accessory:
             sendDetect(now: now)
         case .device:
-            if configuration.announcesDetect { outbox.append(IAP2Detect.bytes) }
+            if configuration.announcesDetect { outbox.append(.bytes(IAP2Detect.bytes)) }
         }
     }
 
@@ -266,6 +287,19 @@ public struct IAP2Link: Sendable {
         packet.append(contentsOf: payload)
         statistics.payloadBytesCopiedOut += payload.count
         return send(sessionID: sessionID, framedPacket: packet, now: now)
+    }
+
+    /// Storage to lay a packet of up to `payloadCapacity` payload bytes out in: a transmit
+    /// buffer when the payload is long enough and one is free, else ``framedBuffer(payloadCapacity:)``.
+    /// It holds the header's headroom already.
+    mutating func packetStorage(payloadCapacity: Int) -> PacketStorage {
+        let needed = LinkPacketHeader.size + max(0, payloadCapacity) + 1
+        if payloadCapacity >= Self.transmitBufferThreshold, let pool = transmitBuffers, needed <= pool.bufferCapacity,
+           let buffer = pool.take() {
+            buffer.appendZeros(LinkPacketHeader.size)
+            return PacketStorage(buffer: buffer)
+        }
+        return PacketStorage(array: framedBuffer(payloadCapacity: payloadCapacity))
     }
 
     /// An empty buffer to lay a packet out in, as ``LinkPacket/framedBuffer(payloadCapacity:)``
@@ -298,9 +332,15 @@ public struct IAP2Link: Sendable {
     ///   the buffer holds no payload.
     @discardableResult
     public mutating func send(sessionID: UInt8, framedPacket: [UInt8], now: LinkTime) -> Bool {
-        let payloadLength = framedPacket.count - LinkPacketHeader.size
+        send(sessionID: sessionID, storage: PacketStorage(array: framedPacket), now: now)
+    }
+
+    /// Queues a packet laid out in `storage` (from ``packetStorage(payloadCapacity:)``), as
+    /// ``send(sessionID:framedPacket:now:)`` does.
+    mutating func send(sessionID: UInt8, storage: PacketStorage, now: LinkTime) -> Bool {
+        let payloadLength = storage.count - LinkPacketHeader.size
         guard canSend, payloadLength > 0, payloadLength <= maxPayloadLength else { return false }
-        sendQueue.append((sessionID, framedPacket))
+        sendQueue.append((sessionID, storage))
         pump(now: now)
         return true
     }
@@ -566,7 +606,7 @@ public struct IAP2Link: Sendable {
         case .device:
             // Answer every detect with one detect. A detect on a live link means the accessory
             // started over: so does the link.
-            outbox.append(IAP2Detect.bytes)
+            outbox.append(.bytes(IAP2Detect.bytes))
             if state != .negotiating {
                 clearData()
                 startNegotiating()
@@ -805,7 +845,7 @@ public struct IAP2Link: Sendable {
     }
 
     private mutating func sendDetect(now: LinkTime) {
-        outbox.append(IAP2Detect.bytes)
+        outbox.append(.bytes(IAP2Detect.bytes))
         detectDeadline = now + configuration.detectInterval
         setState(.detecting)
     }
@@ -815,7 +855,7 @@ public struct IAP2Link: Sendable {
         if let packet = try? LinkPacket.encode(control: control, sequence: initialSequence,
                                                acknowledgement: acknowledging ? lastReceived : 0, sessionID: 0,
                                                payload: parameters.encoded) {
-            outbox.append(packet)
+            outbox.append(.bytes(packet))
             statistics.packetsSent += 1
         }
         synDeadline = now + .milliseconds(Int(max(parameters.retransmissionTimeout, 20)))
@@ -829,9 +869,9 @@ public struct IAP2Link: Sendable {
             let sequence = nextSequence
             nextSequence &+= 1
             lastSentSequence = sequence
-            // Moved out of the queue entry, so the array is uniquely ours and the checksum is
+            // Moved out of the queue entry, so an array is uniquely ours and the checksum is
             // appended in place (a copy would make the array be copied whole).
-            var packet: [UInt8] = []
+            var packet = PacketStorage(array: [])
             swap(&packet, &next.packet)
             transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
             statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
@@ -842,41 +882,68 @@ public struct IAP2Link: Sendable {
     /// Finishes a framed packet in place (header before the payload, checksum after it) and
     /// queues it for the transport. A packet finished before (a retransmission) carries the
     /// checksum already: only the header is written again.
-    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, packet: inout [UInt8], checksummed: Bool) {
-        if LinkPacket.finish(framed: &packet, control: .ack, sequence: sequence, acknowledgement: lastReceived,
-                             sessionID: sessionID, checksummed: checksummed) {
-            outbox.append(packet)
-            statistics.packetsSent += 1
+    ///
+    /// - Returns: false when the packet is in a transmit buffer the transport has not finished
+    ///   sending: its memory may be read by the kernel at any moment, so it is not rewritten,
+    ///   and sending it again would only queue a duplicate behind the first.
+    @discardableResult
+    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, packet: inout PacketStorage, checksummed: Bool) -> Bool {
+        switch packet.kind {
+        case .array(var array):
+            packet.kind = .array([]) // uniquely ours while the header is written
+            if LinkPacket.finish(framed: &array, control: .ack, sequence: sequence, acknowledgement: lastReceived,
+                                 sessionID: sessionID, checksummed: checksummed) {
+                outbox.append(.bytes(array))
+                statistics.packetsSent += 1
+            }
+            packet.kind = .array(array)
+        case let .buffer(buffer):
+            guard buffer.pendingTransmissions == 0 else { return false }
+            if !checksummed { buffer.append(0) }
+            let finished = buffer.withMutableSpan { span in
+                LinkPacket.finish(framedBytes: &span, control: .ack, sequence: sequence, acknowledgement: lastReceived,
+                                  sessionID: sessionID, checksummed: checksummed)
+            }
+            if finished {
+                outbox.append(.buffer(buffer))
+                statistics.packetsSent += 1
+            }
         }
         // The packet carries our acknowledgement.
         pendingAcks = 0
         ackDeadline = nil
+        return true
     }
 
     private mutating func retransmit(at index: Int, now: LinkTime) {
-        // Taken out while it is finished again, so the array is not copied on write for the
+        // Taken out while it is finished again, so an array is not copied on write for the
         // table's sake (the transport may still hold it: then it is, once).
-        var packet = unacked[index].packet
-        unacked[index].packet = []
-        transmitData(sequence: unacked[index].sequence, sessionID: unacked[index].sessionID, packet: &packet, checksummed: true)
-        unacked[index].packet = packet
+        var packet = PacketStorage(array: [])
+        swap(&packet, &unacked[index].packet)
+        let sent = transmitData(sequence: unacked[index].sequence, sessionID: unacked[index].sessionID, packet: &packet,
+                                checksummed: true)
+        swap(&packet, &unacked[index].packet)
         unacked[index].sentAt = now
-        unacked[index].transmissions += 1
-        statistics.retransmissions += 1
+        if sent {
+            unacked[index].transmissions += 1
+            statistics.retransmissions += 1
+        } else {
+            statistics.retransmissionsDeferred += 1
+        }
     }
 
     private mutating func acknowledge(upTo acknowledgement: UInt8, now: LinkTime) {
         var removed = 0
         while let sequence = unacked.first?.sequence, Int(acknowledgement &- sequence) < 128 {
-            var done = unacked.removeFirst()
-            var packet: [UInt8] = []
-            swap(&packet, &done.packet) // the only reference left is ours (unless the peer holds it)
+            let done = unacked.removeFirst()
             acknowledgedPackets[done.sessionID, default: 0] += 1
             removed += 1
-            // Kept for a later packet a writer lays out. It is emptied only when reused: by then
-            // the peer (an in-process one keeps views of what it received until they are read)
-            // has most likely let go of it, and its storage is reused without allocating.
-            if spareBuffers.count < Self.spareLimit { spareBuffers.append(packet) }
+            // An array is kept for a later packet a writer lays out. It is emptied only when
+            // reused: by then the peer (an in-process one keeps views of what it received until
+            // they are read) has most likely let go of it, and its storage is reused without
+            // allocating. A transmit buffer goes back to its pool once the transport is done
+            // with it too.
+            if case let .array(packet) = done.packet.kind, spareBuffers.count < Self.spareLimit { spareBuffers.append(packet) }
         }
         if removed > 0 { pump(now: now) }
     }
@@ -984,7 +1051,7 @@ public struct IAP2Link: Sendable {
     private mutating func transmitControl(_ control: LinkControl, payload: [UInt8]) {
         if let packet = try? LinkPacket.encode(control: control, sequence: lastSentSequence, acknowledgement: lastReceived,
                                                sessionID: 0, payload: payload) {
-            outbox.append(packet)
+            outbox.append(.bytes(packet))
         }
         if control.contains(.ack) {
             pendingAcks = 0

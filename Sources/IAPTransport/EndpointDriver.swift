@@ -19,12 +19,24 @@ public protocol DrivenMachine: SendableMetatype {
     /// that can hand over its own array (swapping storage with an empty one) spares the driver
     /// an allocation per turn.
     mutating func takeOutput(into frames: inout [[UInt8]])
+    /// Appends the frames to send to `frames` as they lie (transmit buffers as they are); the
+    /// default appends ``takeOutput(into:)``'s arrays.
+    mutating func takeFrames(into frames: inout [LinkFrame])
+    /// Told the transport's transmit buffers (``PacketBufferPool``), when it lends any, to lay
+    /// outgoing packets out in; the default ignores them.
+    mutating func useTransmitBuffers(_ pool: PacketBufferPool)
 }
 
 extension DrivenMachine {
     public mutating func takeOutput(into frames: inout [[UInt8]]) {
         frames.append(contentsOf: takeOutput())
     }
+
+    public mutating func takeFrames(into frames: inout [LinkFrame]) {
+        for frame in takeOutput() { frames.append(.bytes(frame)) }
+    }
+
+    public mutating func useTransmitBuffers(_ pool: PacketBufferPool) {}
 
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         receive(bytes.withUnsafeBytes { Array($0) }, now: now)
@@ -35,8 +47,12 @@ extension DrivenMachine {
     }
 }
 
-extension IAP2Endpoint: DrivenMachine {}
-extension IAPEndpoint: DrivenMachine {}
+extension IAP2Endpoint: DrivenMachine {
+    public mutating func useTransmitBuffers(_ pool: PacketBufferPool) { transmitBuffers = pool }
+}
+extension IAPEndpoint: DrivenMachine {
+    public mutating func useTransmitBuffers(_ pool: PacketBufferPool) { transmitBuffers = pool }
+}
 
 /// Runs a ``DrivenMachine`` over a ``Transport`` on one serial Dispatch queue: the event loop.
 ///
@@ -57,7 +73,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     private var update: ((inout Machine, LinkTime) -> Void)?
     private var closed: ((TransportError?) -> Void)?
     /// The array frames are taken into, kept across turns (no allocation per turn).
-    private var frameScratch = ReusableArray<[UInt8]>()
+    private var frameScratch = ReusableArray<LinkFrame>()
     /// Set while ``perform(_:)`` lends the machine out.
     private var performing = false
     /// The deadline the timer is set for, so an unchanged one is not set again.
@@ -92,6 +108,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         timer.resume()
         self.timer = timer
         transport.activate(queue: queue) { [weak self] event in self?.handle(event) }
+        if let pool = transport.capability(PacketBufferPool.self) { machine.useTransmitBuffers(pool) }
         machine.start(now: now)
         settle()
     }
@@ -115,6 +132,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         self.machine = machine
         guard running else { return }
+        if let pool = transport.capability(PacketBufferPool.self) { self.machine.useTransmitBuffers(pool) }
         self.machine.start(now: now)
         settle()
     }
@@ -171,8 +189,8 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
 
     private func sendOutput() {
         var frames = frameScratch.take()
-        machine.takeOutput(into: &frames)
-        for frame in frames { transport.send(frame) }
+        machine.takeFrames(into: &frames)
+        for frame in frames { transport.send(frame: frame) }
         frameScratch.putBack(&frames)
     }
 

@@ -1,4 +1,5 @@
 public import Dispatch
+public import IAPLink
 
 /// Wraps a transport and shows every byte in both directions to an observer, unchanged: how
 /// `--trace` sees the wire.
@@ -44,6 +45,13 @@ public final class TracingTransport: Transport {
     public func send(_ frame: [UInt8]) {
         observer(.out, frame)
         base.send(frame)
+    }
+
+    /// Shows the frame to the observer (a copy when it is in a transmit buffer) and hands it to
+    /// the base as it is.
+    public func send(frame: LinkFrame) {
+        observer(.out, frame.copiedBytes())
+        base.send(frame: frame)
     }
 
     public func cancel() { base.cancel() }

@@ -1,5 +1,6 @@
 public import ByteRing
 public import Dispatch
+public import IAPLink
 
 /// What kind of wire a ``Transport`` is.
 public enum TransportKind: String, Sendable, Hashable, Codable {
@@ -121,6 +122,11 @@ public protocol Transport: AnyObject, Sendable {
     /// Sends one frame. Must not block: a transport that cannot write at once queues the bytes
     /// (the link's window bounds how many there can be).
     func send(_ frame: [UInt8])
+    /// Sends one frame as the link holds it: an array, or a transmit buffer this transport lent
+    /// (``capability(_:)`` for ``PacketBufferPool``), to send from where it lies and to hold
+    /// until it is sent (counting ``PacketBuffer/pendingTransmissions``). The default sends the
+    /// array, or a copy of the buffer's bytes; a wrapper forwards the frame to its base as it is.
+    func send(frame: LinkFrame)
     /// Closes the transport; the handler receives `.closed(nil)` unless it already got a close.
     func cancel()
     /// The accessory's native-transport interfaces reachable through this transport (USB, or
@@ -134,6 +140,12 @@ public protocol Transport: AnyObject, Sendable {
 }
 
 extension Transport {
+    public func send(frame: LinkFrame) {
+        switch frame {
+        case let .bytes(bytes): send(bytes)
+        case let .buffer(buffer): send(buffer.copiedBytes())
+        }
+    }
     public var nativeTransports: (any NativeTransportProvider)? { nil }
     public func capability<Value>(_ type: Value.Type) -> Value? { nil }
 }

@@ -220,6 +220,25 @@ public enum LinkPacket {
         return true
     }
 
+    /// Finishes a packet laid out in place in `packet`: header headroom, the payload, and one
+    /// byte for the payload checksum at the end (the whole packet, as a transmit buffer holds
+    /// it). Writes the header and, unless `checksummed` (a retransmission with a newer
+    /// acknowledgement: the checksum is there already), the payload checksum.
+    ///
+    /// - Returns: false when the packet holds no payload or more than one packet can carry (it
+    ///   is left as it was).
+    @inlinable
+    public static func finish(
+        framedBytes packet: inout MutableRawSpan, control: LinkControl, sequence: UInt8, acknowledgement: UInt8,
+        sessionID: UInt8, checksummed: Bool
+    ) -> Bool {
+        let payloadLength = packet.byteCount - LinkPacketHeader.size - 1
+        guard payloadLength > 0, payloadLength <= LinkPacketHeader.maxPayloadLength else { return false }
+        _ = try? finishHeader(in: &packet, control: control, sequence: sequence, acknowledgement: acknowledgement,
+                              sessionID: sessionID, payloadLength: payloadLength, payloadChecksum: !checksummed)
+        return true
+    }
+
     /// Writes the header of a packet of `payloadLength` payload bytes at the start of `buffer`,
     /// and, with `payloadChecksum`, the checksum after the payload.
     @inlinable

@@ -52,6 +52,10 @@ final class BulkPipe: @unchecked Sendable {
     let outEndpoint: UInt8
     let inRing: ByteRing
     let outRing: ByteRing
+    /// Buffers in the allocator's memory lent to the writer (the link) to lay whole frames out
+    /// in and submit as they are (``submitOut(buffer:timeout:)``): nil when none were asked for
+    /// or the allocator gave none.
+    let transmitBuffers: PacketBufferPool?
     /// Transfer counters (the owners add what they judge: errors, stalls, timeouts, and a
     /// zero-length packet sent as a transfer of its own…).
     var statistics = USBPipeStatistics()
@@ -73,6 +77,9 @@ final class BulkPipe: @unchecked Sendable {
     private var unsubmittedIn: Int?
     /// This kernel refused LIBUSB_TRANSFER_ADD_ZERO_PACKET.
     private(set) var zeroLengthFlagUnsupported = false
+    /// The transmit buffer each OUT transfer sends from, held until it completes (nil for a
+    /// transfer over its own slot).
+    private var outHeld: [PacketBuffer?]
     /// One lease per IN slot, reused while nobody else holds it (see ``lendNextIn()``).
     private var leases: [SlotLease]
     /// How many of the oldest committed IN slots are lent (not yet released).
@@ -81,8 +88,11 @@ final class BulkPipe: @unchecked Sendable {
     /// - Parameters:
     ///   - inCount, inSlotSize, outCount, outSlotSize: the transfers each way and their slots.
     ///   - allocator: usbfs device memory for the slots (zero copy in the kernel), or nil.
+    ///   - transmitBufferCount: transmit buffers of `outSlotSize` bytes to make from `allocator`
+    ///     (none without one: heap buffers would save nothing, usbfs copies them).
     init(backend: any USBBackend, handle: OpaquePointer, inEndpoint: UInt8, outEndpoint: UInt8, outPacketSize: Int,
-         inCount: Int, inSlotSize: Int, outCount: Int, outSlotSize: Int, allocator: (any SlotAllocator)?, description: String) {
+         inCount: Int, inSlotSize: Int, outCount: Int, outSlotSize: Int, allocator: (any SlotAllocator)?,
+         transmitBufferCount: Int = 0, description: String) {
         self.backend = backend
         self.handle = handle
         self.inEndpoint = inEndpoint
@@ -94,6 +104,14 @@ final class BulkPipe: @unchecked Sendable {
         inSubmitted = Array(repeating: false, count: inCount)
         outSubmitted = Array(repeating: false, count: outCount)
         outDone = Array(repeating: false, count: outCount)
+        outHeld = Array(repeating: nil, count: outCount)
+        if let allocator, transmitBufferCount > 0 {
+            let pool = PacketBufferPool(count: transmitBufferCount, capacity: outSlotSize, allocator: allocator)
+            transmitBuffers = pool.bufferCount > 0 ? pool : nil
+        } else {
+            transmitBuffers = nil
+        }
+        statistics.transmitBuffers = transmitBuffers?.bufferCount ?? 0
         leases = (0..<inCount).map { _ in SlotLease() }
         statistics.inTransferSize = inSlotSize
         statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount
@@ -207,12 +225,39 @@ final class BulkPipe: @unchecked Sendable {
         guard let index = outRing.reserve() else { return .full }
         let slot = outRing.writableBytes(of: index)
         if bytes.count > 0 { slot.copyMemory(from: bytes) }
-        outRing.commit(index, length: bytes.count)
+        statistics.bytesCopiedOut += bytes.count
+        return submitOut(index: index, from: slot.baseAddress!, count: bytes.count, timeout: timeout)
+    }
+
+    /// Submits a frame laid out in one of ``transmitBuffers`` from where it lies: no copy (a
+    /// buffer in heap memory is copied by usbfs, and counted so). Unless the result is
+    /// ``SubmitResult/full``, the engine has taken the buffer: it holds it until the transfer
+    /// ends, then takes one off its ``PacketBuffer/pendingTransmissions`` (which the caller
+    /// counted before the call).
+    func submitOut(buffer: PacketBuffer, timeout: UInt32) -> SubmitResult {
+        guard buffer.count <= outRing.slotCapacity else {
+            buffer.pendingTransmissions -= 1
+            return .failed(LIBUSB_ERROR_OVERFLOW.rawValue)
+        }
+        guard let index = outRing.reserve() else { return .full }
+        outHeld[index] = buffer
+        if buffer.isExternal {
+            statistics.bytesSentInPlace += buffer.count
+        } else {
+            statistics.bytesCopiedOut += buffer.count
+        }
+        return submitOut(index: index, from: buffer.unsafeBytes.baseAddress!, count: buffer.count, timeout: timeout)
+    }
+
+    /// Submits OUT slot `index`'s transfer over `count` bytes at `memory` (the slot's own, or a
+    /// transmit buffer the engine holds for it).
+    private func submitOut(index: Int, from memory: UnsafeMutableRawPointer, count: Int, timeout: UInt32) -> SubmitResult {
+        outRing.commit(index, length: count)
         let transfer = outTransfers[index]
-        transfer.pointee.buffer = slot.baseAddress!.assumingMemoryBound(to: UInt8.self)
-        transfer.pointee.length = Int32(bytes.count)
+        transfer.pointee.buffer = memory.assumingMemoryBound(to: UInt8.self)
+        transfer.pointee.length = Int32(count)
         transfer.pointee.timeout = timeout
-        let needsZeroLengthPacket = bytes.count > 0 && bytes.count % outPacketSize == 0
+        let needsZeroLengthPacket = count > 0 && count % outPacketSize == 0
         transfer.pointee.flags = needsZeroLengthPacket && !zeroLengthFlagUnsupported ? UInt8(LIBUSB_TRANSFER_ADD_ZERO_PACKET.rawValue) : 0
         var status = backend.submit(transfer)
         if status == LIBUSB_ERROR_NOT_SUPPORTED.rawValue, needsZeroLengthPacket, !zeroLengthFlagUnsupported {
@@ -221,6 +266,7 @@ final class BulkPipe: @unchecked Sendable {
             status = backend.submit(transfer)
         }
         guard status == 0 else {
+            letGoOfBuffer(index)
             outDone[index] = true
             releaseFinishedOutSlots()
             return .failed(status)
@@ -228,6 +274,13 @@ final class BulkPipe: @unchecked Sendable {
         outSubmitted[index] = true
         if needsZeroLengthPacket, !zeroLengthFlagUnsupported { statistics.zeroLengthOut += 1 }
         return .submitted(zeroLengthPacketToSend: needsZeroLengthPacket && zeroLengthFlagUnsupported)
+    }
+
+    /// Drops the transmit buffer OUT slot `index` held, if any: one transmission of it fewer.
+    private func letGoOfBuffer(_ index: Int) {
+        guard let buffer = outHeld[index] else { return }
+        buffer.pendingTransmissions -= 1
+        outHeld[index] = nil
     }
 
     /// OUT completions arrive in order on one endpoint; a failed submit can finish a slot early.
@@ -268,6 +321,7 @@ final class BulkPipe: @unchecked Sendable {
         } else if let index = outTransfers.firstIndex(of: transfer) {
             outSubmitted[index] = false
             outDone[index] = true
+            letGoOfBuffer(index)
             let length = outRing.length(of: index)
             switch status {
             case LIBUSB_TRANSFER_COMPLETED:
@@ -314,6 +368,8 @@ final class BulkPipe: @unchecked Sendable {
             leases[index] = SlotLease()
         }
         lentSlots = 0
+        // The link may still hold packets in transmit buffers: they move to the heap first.
+        transmitBuffers?.releaseMemory()
         inRing.releaseMemory()
         outRing.releaseMemory()
         for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }

@@ -24,6 +24,14 @@ public struct USBPipeStatistics: Sendable, Hashable {
     public var errors = 0
     /// Frames that waited for a free OUT slot.
     public var queuedFrames = 0
+    /// Frame bytes copied into OUT slots (frames handed over as arrays) or copied by usbfs
+    /// (frames in heap memory): the OUT copies on USB.
+    public var bytesCopiedOut = 0
+    /// Frame bytes sent from transmit buffers in device memory where the writer laid them out:
+    /// no copy (``USBAccessoryTransport/transmitBuffers``).
+    public var bytesSentInPlace = 0
+    /// Transmit buffers in device memory lent to the link (see ``USBOptions/transmitBuffers``).
+    public var transmitBuffers = 0
     /// Ring slots in memory usbfs maps for DMA (zero-copy), and on the heap.
     public var deviceMemorySlots = 0
     public var heapSlots = 0
@@ -90,7 +98,13 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     private let contextMarker: UInt
     /// The bulk pair's transfers and rings (the engine both bulk pipes share).
     private let pipe: BulkPipe
-    private var waiting: [[UInt8]] = []
+    /// A frame for the OUT pipe: an array to copy into a slot, or a transmit buffer to send
+    /// from where it lies.
+    private enum OutFrame {
+        case bytes([UInt8])
+        case buffer(PacketBuffer)
+    }
+    private var waiting: [OutFrame] = []
     /// A zero-length packet the kernel could not add to a frame is owed, before any other frame.
     private var zeroLengthPacketOwed = false
     private var waitingHead = 0
@@ -139,7 +153,8 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         pipe = BulkPipe(backend: backend, handle: handle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
                         outPacketSize: location.bulkOut.packetSize,
                         inCount: options.inTransfers, inSlotSize: options.inTransferSize ?? USBOptions.splitInTransferSize,
-                        outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator, description: description)
+                        outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator,
+                        transmitBufferCount: options.transmitBuffers, description: description)
         pipe.onCompletion = { [unowned self] completion in self.completed(completion) }
     }
 
@@ -196,7 +211,23 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// Takes one frame; on the context's queue (where the manager calls it) it is submitted at
     /// once, from elsewhere it hops there first.
     public func send(_ frame: [UInt8]) {
-        onQueue { [self] in enqueue(frame) }
+        onQueue { [self] in enqueue(.bytes(frame)) }
+    }
+
+    /// Buffers in device memory to lay frames out in and hand to ``send(buffer:)``, which sends
+    /// them without a copy: nil without device memory (or with ``USBOptions/transmitBuffers``
+    /// 0). A buffer is free again once nobody holds it. Use them on the context's queue.
+    public var transmitBuffers: PacketBufferPool? { pipe.transmitBuffers }
+
+    /// Sends the frame laid out in `buffer` (one of ``transmitBuffers``) from where it lies, in
+    /// one bulk OUT transfer, in order with the frames sent by ``send(_:)``. The buffer counts
+    /// one more ``PacketBuffer/pendingTransmissions`` until the transfer ends (or the frame is
+    /// dropped at close): until then its memory must not be rewritten. Call on the context's
+    /// queue.
+    public func send(buffer: PacketBuffer) {
+        dispatchPrecondition(condition: .onQueue(queue))
+        buffer.pendingTransmissions += 1
+        enqueue(.buffer(buffer))
     }
 
     /// Cancels what is in flight and closes the device; the handler then gets `.closed(nil)`.
@@ -282,14 +313,17 @@ public final class USBAccessoryTransport: @unchecked Sendable {
 
     // MARK: OUT
 
-    private func enqueue(_ frame: [UInt8]) {
+    private func enqueue(_ frame: OutFrame) {
         if case .idle = state {
             waiting.append(frame) // sent on activation
             return
         }
-        guard case .running = state else { return }
-        guard frame.count <= pipe.outRing.slotCapacity else {
-            fail(usbFailure("a frame of \(frame.count) bytes exceeds the \(pipe.outRing.slotCapacity)-byte OUT slots of \(description)"))
+        guard case .running = state else {
+            drop(frame)
+            return
+        }
+        if case let .bytes(bytes) = frame, bytes.count > pipe.outRing.slotCapacity {
+            fail(usbFailure("a frame of \(bytes.count) bytes exceeds the \(pipe.outRing.slotCapacity)-byte OUT slots of \(description)"))
             return
         }
         if waitingHead < waiting.count || zeroLengthPacketOwed || outHalted || retryScheduled || !submitOut(frame) {
@@ -302,9 +336,19 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         }
     }
 
-    /// Copies `frame` into a free OUT slot and submits it; false when no slot is free.
-    private func submitOut(_ frame: [UInt8]) -> Bool {
-        switch frame.withUnsafeBytes({ pipe.submitOut($0, timeout: outTimeout) }) {
+    /// A frame that will never be submitted: a transmit buffer is one transmission fewer.
+    private func drop(_ frame: OutFrame) {
+        if case let .buffer(buffer) = frame { buffer.pendingTransmissions -= 1 }
+    }
+
+    /// Submits `frame`, copied into a free OUT slot or from its transmit buffer; false when no
+    /// slot is free.
+    private func submitOut(_ frame: OutFrame) -> Bool {
+        let result = switch frame {
+        case let .bytes(bytes): bytes.withUnsafeBytes { pipe.submitOut($0, timeout: outTimeout) }
+        case let .buffer(buffer): pipe.submitOut(buffer: buffer, timeout: outTimeout)
+        }
+        switch result {
         case .full:
             return false
         case let .failed(status):
@@ -445,6 +489,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
 
     private func beginClosing(_ error: USBError?) {
         state = .closing(error)
+        for frame in waiting[waitingHead...] { drop(frame) }
         waiting.removeAll()
         waitingHead = 0
         zeroLengthPacketOwed = false

@@ -19,6 +19,13 @@ public struct USBOptions: Sendable, Hashable {
     public var outTransfers = 8
     /// Bytes per OUT slot: one whole link packet (at most 65535 bytes).
     public var outTransferSize = 65_536
+    /// Transmit buffers of ``outTransferSize`` bytes in usbfs DMA memory lent to the link for
+    /// the packets it sends: a packet is laid out there by the writer, sent from there and kept
+    /// there until acknowledged, so it is copied once (0 of them without device memory, or when
+    /// the kernel's usbfs memory limit is reached: packets then go through the OUT slots, one copy
+    /// more). Enough for the link's window and a session's buffer: fewer than the packets in
+    /// flight and queued send the rest through the slots.
+    public var transmitBuffers = 32
     /// Take ring slots from usbfs DMA memory (`libusb_dev_mem_alloc`) when the kernel offers it.
     public var useDeviceMemory = true
     /// Detach a kernel driver bound to the iAP interface (none is expected) instead of failing.

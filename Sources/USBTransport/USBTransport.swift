@@ -1,6 +1,8 @@
 public import Dispatch
 public import IAPTransport
 public import USBHost
+public import IAPLink
+internal import ByteRing
 
 // The adapter between the USB layer, which knows nothing of iAP, and the transports the link
 // runs over: the iAP2 interface classes, `Transport` over a `USBAccessoryTransport`, and
@@ -66,6 +68,15 @@ public final class USBIAPTransport: Transport, NativeTransportProvider {
     /// Sends one frame in one bulk OUT transfer.
     public func send(_ frame: [UInt8]) { pipe.send(frame) }
 
+    /// Sends one frame in one bulk OUT transfer: a packet the link laid out in one of the
+    /// pipe's transmit buffers goes from there, without a copy.
+    public func send(frame: LinkFrame) {
+        switch frame {
+        case let .bytes(bytes): pipe.send(bytes)
+        case let .buffer(buffer): pipe.send(buffer: buffer)
+        }
+    }
+
     /// Closes the pipe and the device.
     public func cancel() { pipe.cancel() }
 
@@ -76,6 +87,7 @@ public final class USBIAPTransport: Transport, NativeTransportProvider {
     /// Call on the USB context's queue.
     public func capability<Value>(_ type: Value.Type) -> Value? {
         if type == USBPipeStatistics.self { return pipe.statistics as? Value }
+        if type == PacketBufferPool.self { return pipe.transmitBuffers as? Value }
         if type == USBDeviceInfo.self { return pipe.device as? Value }
         if type == USBAccessoryTransport.self { return pipe as? Value }
         return nil

@@ -316,13 +316,15 @@ struct AcknowledgedBytesTests {
 @Suite("Copies on the data plane")
 struct CopyCountTests {
     /// Writes `total` bytes on one session and drains them at the accessory with `drain`.
-    static func transfer(total: Int, drop: Double, drain: (inout IAP2Endpoint, UInt16) -> [UInt8]) throws
+    static func transfer(total: Int, drop: Double, transmitBuffers: PacketBufferPool? = nil,
+                         drain: (inout IAP2Endpoint, UInt16) -> [UInt8]) throws
         -> (device: DataPlaneStatistics, accessory: DataPlaneStatistics, received: [UInt8], retransmissions: Int)
     {
         var accessory = LinkConfiguration.accessory
         accessory.parameters.maxPacketLength = 16_384
         accessory.parameters.retransmissionTimeout = 50
         var pair = Pair(device: .device, accessory: accessory, seed: 7, bufferLimit: 1 << 20)
+        pair.device.transmitBuffers = transmitBuffers
         pair.toAccessory.drop = drop
         let id = try DataTests.openSessions(&pair, ["com.acme.fw"])[0]
         let data = pattern(0, 0, total)
@@ -349,6 +351,61 @@ struct CopyCountTests {
         #expect(retransmissions > 0)
         #expect(device.bytesWritten == 1 << 20)
         #expect(device.bytesCopiedOut == 1 << 20)
+    }
+
+    @Test("with transmit buffers, long packets are laid out in them (the one copy), retransmitted from them, and the buffers come back")
+    func transmitBuffersCarryTheData() throws {
+        let pool = PacketBufferPool(count: 8, capacity: 65_536, allocator: nil)
+        let (device, _, received, retransmissions) = try Self.transfer(total: 1 << 20, drop: 0.1, transmitBuffers: pool) { endpoint, id in
+            endpoint.read(id)
+        }
+        #expect(received == pattern(0, 0, 1 << 20), "finished in place, retransmitted with newer acknowledgements, intact")
+        #expect(retransmissions > 0)
+        #expect(pool.taken > 0)
+        #expect(pool.buffersInUse == 0, "every buffer back once acknowledged")
+        #expect(device.bytesCopiedOut == 1 << 20, "still one copy: into the buffer instead of an array")
+    }
+
+    @Test("a packet the transport is still sending from its buffer is not rewritten or sent again until it is done")
+    func aPendingBufferDefersItsRetransmission() throws {
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.retransmissionTimeout = 50
+        accessory.parameters.maxPacketLength = 16_384 // the write is one packet
+        var pair = Pair(device: .device, accessory: accessory, seed: 11)
+        let pool = PacketBufferPool(count: 4, capacity: 65_536, allocator: nil)
+        pair.device.transmitBuffers = pool
+        let id = try DataTests.openSessions(&pair, ["com.acme.fw"])[0]
+        #expect(pair.run { $0.device.link.inFlightCount == 0 && !$0.device.hasOutput }, "the control traffic is acknowledged first")
+        let data = pattern(1, 0, 10_000)
+        #expect(try pair.device.write(id, span: data.span.bytes, now: pair.now) == 10_000)
+        var frames: [LinkFrame] = []
+        pair.device.takeFrames(into: &frames)
+        let sent = try #require(frames.compactMap { frame -> PacketBuffer? in
+            if case let .buffer(buffer) = frame { return buffer } else { return nil }
+        }.first, "a 10,000-byte write goes out in a transmit buffer")
+        let firstBytes = sent.copiedBytes()
+        sent.pendingTransmissions += 1 // a transport that has not sent it yet (the wire is busy)
+        let before = pair.device.link.statistics
+        pair.now += .milliseconds(60)
+        pair.device.advance(to: pair.now)
+        #expect(pair.device.link.statistics.retransmissionsDeferred == before.retransmissionsDeferred + 1)
+        #expect(pair.device.link.statistics.retransmissions == before.retransmissions)
+        #expect(sent.copiedBytes() == firstBytes, "not rewritten under the transport")
+        frames.removeAll()
+        pair.device.takeFrames(into: &frames)
+        #expect(!frames.contains { if case .buffer = $0 { true } else { false } }, "no duplicate queued behind the first")
+
+        sent.pendingTransmissions -= 1 // sent, and lost
+        pair.now += .milliseconds(60)
+        pair.device.advance(to: pair.now)
+        #expect(pair.device.link.statistics.retransmissions == before.retransmissions + 1)
+        pair.device.takeFrames(into: &frames)
+        let resent = try #require(frames.compactMap { frame -> PacketBuffer? in
+            if case let .buffer(buffer) = frame { return buffer } else { return nil }
+        }.first, "sent again from its buffer")
+        #expect(resent === sent, "sent again from the same buffer: no copy")
+        for frame in frames { pair.accessory.receive(frame.copiedBytes(), now: pair.now) }
+        #expect(pair.accessory.read(id, maxBytes: 1 << 20) == data, "the rewritten header is valid")
     }
 
     @Test("bytes that arrive in an array are copied once by read() and never by borrow")

@@ -369,7 +369,9 @@ struct Harness {
         let log = harness.fake.log
         let tail = Array(log.drop { !$0.hasPrefix("cancel") })
         #expect(tail.prefix(5).allSatisfy { $0.hasPrefix("cancel") })
-        #expect(Array(tail.dropFirst(5)) == Array(repeating: "free device memory", count: 12) + ["release 0", "close"])
+        // 4 IN slots, 8 OUT slots and the transmit buffers, all before the interface and the handle go.
+        let freed = USBOptions().inTransfers + USBOptions().outTransfers + USBOptions().transmitBuffers
+        #expect(Array(tail.dropFirst(5)) == Array(repeating: "free device memory", count: freed) + ["release 0", "close"])
         harness.fake.state.withLock { state in
             #expect(state.openHandles == 0)
             #expect(state.deviceMemoryLive == 0)

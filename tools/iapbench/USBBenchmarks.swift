@@ -103,7 +103,9 @@ enum USBBenchmarks {
             } else {
                 StandardOutput.write("  host copies per payload byte (last round, 1 session): out \(Report.format(out, digits: 2)) "
                     + "(\(Report.format(copies.endpoint.copiesPerByteOut, digits: 2)) into link packets by the endpoint, "
-                    + "\(Report.format(out - copies.endpoint.copiesPerByteOut, digits: 2)) of frame bytes into OUT slots), "
+                    + "\(Report.format(out - copies.endpoint.copiesPerByteOut, digits: 2)) of frame bytes into OUT slots; "
+                    + "\(Report.format(copies.inPlacePerByte, digits: 2)) of frame bytes sent from transmit buffers in device memory "
+                    + "as they were laid out), "
                     + "in \(Report.format(into, digits: 2)) (read()'s copy out of the lent IN slot, reassembly of frames split across "
                     + "transfers, and slots moved out for a lagging reader: \(Report.format(copies.evacuatedPerByte, digits: 2)); counted by the layers)\n")
             }
@@ -421,7 +423,8 @@ enum USBBenchmarks {
                 step("host pipes \(host); gadget \(gadget.transport.statistics)")
             }
             let endpoint = after.0 - before.0
-            return (rate, USBCopies(endpoint: endpoint, slotBytesOut: (after.1?.bytesOut ?? 0) - (before.1?.bytesOut ?? 0),
+            return (rate, USBCopies(endpoint: endpoint, slotBytesOut: (after.1?.bytesCopiedOut ?? 0) - (before.1?.bytesCopiedOut ?? 0),
+                                    inPlaceBytesOut: (after.1?.bytesSentInPlace ?? 0) - (before.1?.bytesSentInPlace ?? 0),
                                     slotBytesEvacuated: (after.1?.bytesEvacuated ?? 0) - (before.1?.bytesEvacuated ?? 0)))
         }
     }
@@ -438,6 +441,8 @@ enum USBBenchmarks {
 struct USBCopies {
     var endpoint: DataPlaneStatistics
     var slotBytesOut: Int
+    /// Frame bytes sent from transmit buffers where the endpoint laid them out (no copy).
+    var inPlaceBytesOut: Int
     var slotBytesEvacuated: Int
     var outPerByte: Double {
         endpoint.bytesWritten == 0 ? 0 : Double(endpoint.bytesCopiedOut + slotBytesOut) / Double(endpoint.bytesWritten)
@@ -445,6 +450,7 @@ struct USBCopies {
     var inPerByte: Double {
         endpoint.bytesRead == 0 ? 0 : Double(endpoint.bytesCopiedIn + slotBytesEvacuated) / Double(endpoint.bytesRead)
     }
+    var inPlacePerByte: Double { endpoint.bytesWritten == 0 ? 0 : Double(inPlaceBytesOut) / Double(endpoint.bytesWritten) }
     var evacuatedPerByte: Double { endpoint.bytesRead == 0 ? 0 : Double(slotBytesEvacuated) / Double(endpoint.bytesRead) }
 }
 

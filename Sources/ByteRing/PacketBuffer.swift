@@ -1,0 +1,202 @@
+/// A buffer one outgoing packet is laid out in, finished in and kept in until the peer
+/// acknowledges it: the zero-copy OUT path. A writer appends the payload after the header's
+/// headroom (the one copy of the way out), the link writes the header and checksum around it
+/// where it lies, and the transport submits the buffer's memory as it is. When the memory is the
+/// device memory usbfs maps for DMA (a ``PacketBufferPool`` over a USB allocator), the kernel
+/// reads the packet from there: no copy in user space or in the kernel.
+///
+/// A buffer is an object: the pool that made it knows it is free again when it holds the only
+/// reference (`isKnownUniquelyReferenced`), so whoever keeps the packet (the link until the
+/// acknowledgement, the transport until its transfer completes) keeps the memory.
+///
+/// Confinement: filled, finished, submitted and evacuated on one queue (for USB, the context's
+/// event queue, where the link runs); it may be released anywhere. This is one of the few types
+/// that hold unsafe pointers.
+public final class PacketBuffer: @unchecked Sendable {
+    // Sendability: `base`, `count`, `owned` and `pendingTransmissions` change only on the
+    // queue the buffer is confined to; ARC's atomic reference count is all other threads touch.
+    private var base: UnsafeMutableRawPointer
+    /// Memory of the buffer's own (the heap), freed with it; nil while it uses a pool's memory.
+    private var owned: UnsafeMutableRawPointer?
+    /// Whether the memory is the allocator's (device memory), not the heap.
+    public private(set) var isExternal: Bool
+    /// The bytes the buffer can hold.
+    public let capacity: Int
+    /// The bytes laid out so far.
+    public private(set) var count = 0
+    /// Transmissions of this buffer a transport has taken and not yet finished (queued or in
+    /// flight). While it is not 0 the memory may be read by the kernel at any moment, so the
+    /// packet must not be rewritten (a retransmission with a newer acknowledgement waits).
+    /// Kept by the transport (hence `package`); read by the link.
+    public package(set) var pendingTransmissions = 0
+
+    /// A buffer of `capacity` bytes on the heap.
+    public init(capacity: Int) {
+        precondition(capacity > 0, "a packet buffer needs room for at least one byte")
+        self.capacity = capacity
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 64)
+        base = memory
+        owned = memory
+        isExternal = false
+    }
+
+    /// A buffer over `memory` of `capacity` bytes that its maker (a ``PacketBufferPool``) owns
+    /// and keeps valid until it ``evacuate()``s the buffer.
+    init(external memory: UnsafeMutableRawPointer, capacity: Int) {
+        self.capacity = capacity
+        base = memory
+        owned = nil
+        isExternal = true
+    }
+
+    deinit { owned?.deallocate() }
+
+    /// Room left after what is laid out.
+    public var freeCapacity: Int { capacity - count }
+
+    /// Empties the buffer (the memory stays).
+    public func removeAll() { count = 0 }
+
+    /// Appends `count` zero bytes (header headroom, a checksum's place). Precondition: they fit.
+    public func appendZeros(_ count: Int) {
+        precondition(count >= 0 && count <= freeCapacity, "\(count) bytes do not fit in \(freeCapacity) free")
+        (base + self.count).initializeMemory(as: UInt8.self, repeating: 0, count: count)
+        self.count += count
+    }
+
+    /// Appends one byte. Precondition: it fits.
+    public func append(_ byte: UInt8) {
+        precondition(count < capacity, "a byte does not fit in a full packet buffer")
+        base.storeBytes(of: byte, toByteOffset: count, as: UInt8.self)
+        count += 1
+    }
+
+    /// Copies `bytes` after what is laid out. Precondition: they fit.
+    public func append(_ bytes: RawSpan) {
+        let length = bytes.byteCount
+        precondition(length <= freeCapacity, "\(length) bytes do not fit in \(freeCapacity) free")
+        bytes.withUnsafeBytes { source in
+            if let start = source.baseAddress, length > 0 { (base + count).copyMemory(from: start, byteCount: length) }
+        }
+        count += length
+    }
+
+    /// Runs `body` with the bytes laid out, in place.
+    public func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
+        try body(RawSpan(_unsafeBytes: UnsafeRawBufferPointer(start: base, count: count)))
+    }
+
+    /// Runs `body` with the bytes laid out, in place, to rewrite them (a header). Precondition:
+    /// no transmission is pending (the kernel may be reading the memory).
+    public func withMutableSpan<Result>(_ body: (inout MutableRawSpan) throws -> Result) rethrows -> Result {
+        precondition(pendingTransmissions == 0, "a packet rewritten while a transport is sending it")
+        var span = MutableRawSpan(_unsafeBytes: UnsafeMutableRawBufferPointer(start: base, count: count))
+        return try body(&span)
+    }
+
+    /// The bytes laid out, for the transport that submits them (a USB transfer's buffer). Valid
+    /// while the buffer is alive and not evacuated; the transport holds a reference meanwhile.
+    package var unsafeBytes: UnsafeMutableRawBufferPointer { UnsafeMutableRawBufferPointer(start: base, count: count) }
+
+    /// A copy of the bytes laid out, as an array (for a transport that takes arrays).
+    public func copiedBytes() -> [UInt8] { withSpan { $0.withUnsafeBytes { Array($0) } } }
+
+    /// Moves the bytes out of the pool's memory into memory of the buffer's own (one copy of
+    /// what is laid out; room for the whole capacity), so the pool can give its memory back
+    /// while the link still holds the packet. Returns the bytes copied. The pool's call.
+    @discardableResult
+    func evacuate() -> Int {
+        guard owned == nil else { return 0 }
+        let memory = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 64)
+        if count > 0 { memory.copyMemory(from: base, byteCount: count) }
+        base = memory
+        owned = memory
+        isExternal = false
+        return count
+    }
+}
+
+/// A fixed set of ``PacketBuffer``s over memory allocated once (for USB: usbfs device memory,
+/// from the same ``SlotAllocator`` as the pipe's rings), lent to the link for the packets it
+/// sends and free again once nobody holds them. Buffers the allocator declines are left out:
+/// the pool may be smaller than asked, or empty.
+///
+/// Confined to one queue, like its buffers.
+public final class PacketBufferPool: @unchecked Sendable {
+    // Sendability: `buffers` and `released` are touched on the owner's queue only.
+    private var buffers: [PacketBuffer]
+    private var memory: [UnsafeMutableRawPointer]
+    private let allocator: (any SlotAllocator)?
+    private var released = false
+    /// Where the search for a free buffer starts (the one after the last handed out: buffers
+    /// come back in about the order they went out).
+    private var cursor = 0
+    /// Bytes per buffer.
+    public let bufferCapacity: Int
+    /// Buffers the pool holds.
+    public var bufferCount: Int { buffers.count }
+    /// Buffers handed out by ``take()``, and the times none was free.
+    public private(set) var taken = 0
+    public private(set) var exhausted = 0
+    /// Bytes moved out of the pool's memory at ``releaseMemory()`` because the link still held
+    /// the packet.
+    public private(set) var bytesEvacuated = 0
+
+    /// A pool of up to `count` buffers of `capacity` bytes, each from `allocator` (buffers it
+    /// declines are not made), or on the heap when `allocator` is nil.
+    public init(count: Int, capacity: Int, allocator: (any SlotAllocator)?) {
+        bufferCapacity = capacity
+        self.allocator = allocator
+        buffers = []
+        memory = []
+        for _ in 0..<max(0, count) {
+            if let allocator {
+                guard let pointer = allocator.allocate(byteCount: capacity) else { break }
+                memory.append(pointer)
+                buffers.append(PacketBuffer(external: pointer, capacity: capacity))
+            } else {
+                buffers.append(PacketBuffer(capacity: capacity))
+            }
+        }
+    }
+
+    deinit { releaseMemory() }
+
+    /// A free buffer, emptied, or nil when every buffer is held (or the memory was released).
+    public func take() -> PacketBuffer? {
+        guard !released, !buffers.isEmpty else { return nil }
+        for step in 0..<buffers.count {
+            let index = (cursor + step) % buffers.count
+            if isKnownUniquelyReferenced(&buffers[index]) {
+                cursor = index + 1
+                taken += 1
+                let buffer = buffers[index]
+                buffer.removeAll()
+                return buffer
+            }
+        }
+        exhausted += 1
+        return nil
+    }
+
+    /// Buffers held outside the pool right now.
+    public var buffersInUse: Int {
+        var held = 0
+        for index in buffers.indices where !isKnownUniquelyReferenced(&buffers[index]) { held += 1 }
+        return held
+    }
+
+    /// Gives the memory back to the allocator now (the USB layer does it before it closes the
+    /// device whose memory it is); buffers still held get their bytes moved to the heap first,
+    /// so every holder's packet stays valid. The pool hands out nothing afterwards. Idempotent.
+    public func releaseMemory() {
+        guard !released else { return }
+        released = true
+        for index in buffers.indices where !isKnownUniquelyReferenced(&buffers[index]) {
+            bytesEvacuated += buffers[index].evacuate()
+        }
+        buffers.removeAll()
+        for pointer in memory { allocator?.deallocate(pointer, byteCount: bufferCapacity) }
+        memory.removeAll()
+    }
+}

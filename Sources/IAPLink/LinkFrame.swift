@@ -1,0 +1,99 @@
+public import ByteRing
+
+/// One frame for the transport to send, as the link holds it: an array, or a ``PacketBuffer``
+/// the transport lent (memory it can submit as it is: usbfs device memory for USB). A link
+/// packet in a buffer was laid out there by the writer and finished there by the link; the
+/// transport sends it without copying it and the link keeps it until the peer acknowledges it.
+public enum LinkFrame: Sendable {
+    /// A frame in an array (control frames, and every frame of a transport that lends no buffers).
+    case bytes([UInt8])
+    /// A frame in a buffer from the transport's ``PacketBufferPool``.
+    case buffer(PacketBuffer)
+
+    /// The frame's length in bytes.
+    public var count: Int {
+        switch self {
+        case let .bytes(bytes): bytes.count
+        case let .buffer(buffer): buffer.count
+        }
+    }
+
+    /// Runs `body` with the frame's bytes in place.
+    public func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
+        switch self {
+        case let .bytes(bytes): try body(bytes.span.bytes)
+        case let .buffer(buffer): try buffer.withSpan(body)
+        }
+    }
+
+    /// The frame as an array: the array itself, or a copy of the buffer's bytes.
+    public func copiedBytes() -> [UInt8] {
+        switch self {
+        case let .bytes(bytes): bytes
+        case let .buffer(buffer): buffer.copiedBytes()
+        }
+    }
+}
+
+/// Storage one outgoing link packet is laid out in: a framed array
+/// (``LinkPacket/framedBuffer(payloadCapacity:)``) or a buffer from the transport's pool. Both
+/// hold ``LinkPacketHeader/size`` bytes of headroom before the payload and room for the
+/// checksum after it.
+struct PacketStorage: Sendable {
+    enum Kind: Sendable {
+        case array([UInt8])
+        case buffer(PacketBuffer)
+    }
+    var kind: Kind
+
+    init(array: [UInt8]) { kind = .array(array) }
+    init(buffer: PacketBuffer) { kind = .buffer(buffer) }
+
+    /// Bytes laid out (headroom included).
+    var count: Int {
+        switch kind {
+        case let .array(array): array.count
+        case let .buffer(buffer): buffer.count
+        }
+    }
+
+    /// The most bytes this storage holds without growing.
+    var capacity: Int {
+        switch kind {
+        case let .array(array): array.capacity
+        case let .buffer(buffer): buffer.capacity
+        }
+    }
+
+    /// Appends `bytes` (the caller checked they fit in ``capacity``).
+    mutating func append(_ bytes: RawSpan) {
+        switch kind {
+        case .array(var array):
+            kind = .array([]) // the array stays uniquely referenced while it grows
+            bytes.withUnsafeBytes { array.append(contentsOf: $0) }
+            kind = .array(array)
+        case let .buffer(buffer):
+            buffer.append(bytes)
+        }
+    }
+
+    /// Appends one byte.
+    mutating func append(_ byte: UInt8) {
+        switch kind {
+        case .array(var array):
+            kind = .array([])
+            array.append(byte)
+            kind = .array(array)
+        case let .buffer(buffer):
+            buffer.append(byte)
+        }
+    }
+
+    /// The packet as a frame for the transport.
+    var frame: LinkFrame {
+        switch kind {
+        case let .array(array): .bytes(array)
+        case let .buffer(buffer): .buffer(buffer)
+        }
+    }
+}
