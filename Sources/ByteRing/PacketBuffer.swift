@@ -116,18 +116,24 @@ public final class PacketBuffer: @unchecked Sendable {
     }
 }
 
-/// A fixed set of ``PacketBuffer``s over memory allocated once (for USB: usbfs device memory,
-/// from the same ``SlotAllocator`` as the pipe's rings), lent to the link for the packets it
-/// sends and free again once nobody holds them. Buffers the allocator declines are left out:
-/// the pool may be smaller than asked, or empty.
+/// A set of ``PacketBuffer``s (for USB: over usbfs device memory, from the same
+/// ``SlotAllocator`` as the pipe's rings), lent to the link for the packets it sends and free
+/// again once nobody holds them. It starts with a few buffers and grows when every one is held,
+/// up to its limit, so it holds about as many as there are packets queued and in flight (the
+/// sessions' buffers and the link's window bound those). Once the allocator declines (the
+/// kernel's usbfs memory limit), it grows no more.
 ///
 /// Confined to one queue, like its buffers.
 public final class PacketBufferPool: @unchecked Sendable {
-    // Sendability: `buffers` and `released` are touched on the owner's queue only.
+    // Sendability: every stored var is touched on the owner's queue only.
     private var buffers: [PacketBuffer]
     private var memory: [UnsafeMutableRawPointer]
     private let allocator: (any SlotAllocator)?
     private var released = false
+    /// The allocator declined once: no more growing.
+    private var declined = false
+    /// The most buffers the pool grows to.
+    public let limit: Int
     /// Where the search for a free buffer starts (the one after the last handed out: buffers
     /// come back in about the order they went out).
     private var cursor = 0
@@ -142,41 +148,65 @@ public final class PacketBufferPool: @unchecked Sendable {
     /// the packet.
     public private(set) var bytesEvacuated = 0
 
-    /// A pool of up to `count` buffers of `capacity` bytes, each from `allocator` (buffers it
-    /// declines are not made), or on the heap when `allocator` is nil.
-    public init(count: Int, capacity: Int, allocator: (any SlotAllocator)?) {
+    /// A pool of buffers of `capacity` bytes, `initial` of them made now, growing to `limit`,
+    /// each from `allocator` (on the heap when it is nil). When the allocator declines, the pool
+    /// stays the size it has (possibly empty).
+    public init(initial: Int, limit: Int, capacity: Int, allocator: (any SlotAllocator)?) {
         bufferCapacity = capacity
+        self.limit = max(0, limit)
         self.allocator = allocator
         buffers = []
         memory = []
-        for _ in 0..<max(0, count) {
-            if let allocator {
-                guard let pointer = allocator.allocate(byteCount: capacity) else { break }
-                memory.append(pointer)
-                buffers.append(PacketBuffer(external: pointer, capacity: capacity))
-            } else {
-                buffers.append(PacketBuffer(capacity: capacity))
-            }
+        for _ in 0..<min(max(0, initial), self.limit) {
+            if grow() == nil { break }
         }
+    }
+
+    /// A pool of `count` buffers made now, as ``init(initial:limit:capacity:allocator:)`` with
+    /// both at `count`.
+    public convenience init(count: Int, capacity: Int, allocator: (any SlotAllocator)?) {
+        self.init(initial: count, limit: count, capacity: capacity, allocator: allocator)
+    }
+
+    /// Makes one more buffer and returns its index, or nil when the allocator declines.
+    private func grow() -> Int? {
+        guard !declined, buffers.count < limit else { return nil }
+        if let allocator {
+            guard let pointer = allocator.allocate(byteCount: bufferCapacity) else {
+                declined = true
+                return nil
+            }
+            memory.append(pointer)
+            buffers.append(PacketBuffer(external: pointer, capacity: bufferCapacity))
+        } else {
+            buffers.append(PacketBuffer(capacity: bufferCapacity))
+        }
+        return buffers.count - 1
     }
 
     deinit { releaseMemory() }
 
-    /// A free buffer, emptied, or nil when every buffer is held (or the memory was released).
+    /// A free buffer, emptied (a new one when every buffer is held and the pool may grow), or
+    /// nil when none is free (or the memory was released).
     public func take() -> PacketBuffer? {
-        guard !released, !buffers.isEmpty else { return nil }
+        guard !released else { return nil }
         for step in 0..<buffers.count {
             let index = (cursor + step) % buffers.count
             if isKnownUniquelyReferenced(&buffers[index]) {
-                cursor = index + 1
-                taken += 1
-                let buffer = buffers[index]
-                buffer.removeAll()
-                return buffer
+                return handOut(index)
             }
         }
+        if let index = grow() { return handOut(index) }
         exhausted += 1
         return nil
+    }
+
+    private func handOut(_ index: Int) -> PacketBuffer {
+        cursor = index + 1
+        taken += 1
+        let buffer = buffers[index]
+        buffer.removeAll()
+        return buffer
     }
 
     /// Buffers held outside the pool right now.

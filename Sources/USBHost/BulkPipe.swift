@@ -77,6 +77,8 @@ final class BulkPipe: @unchecked Sendable {
     private var unsubmittedIn: Int?
     /// This kernel refused LIBUSB_TRANSFER_ADD_ZERO_PACKET.
     private(set) var zeroLengthFlagUnsupported = false
+    /// Transmit buffers made at open (the rest as needed, up to the limit).
+    static let initialTransmitBuffers = 8
     /// The transmit buffer each OUT transfer sends from, held until it completes (nil for a
     /// transfer over its own slot).
     private var outHeld: [PacketBuffer?]
@@ -88,8 +90,9 @@ final class BulkPipe: @unchecked Sendable {
     /// - Parameters:
     ///   - inCount, inSlotSize, outCount, outSlotSize: the transfers each way and their slots.
     ///   - allocator: usbfs device memory for the slots (zero copy in the kernel), or nil.
-    ///   - transmitBufferCount: transmit buffers of `outSlotSize` bytes to make from `allocator`
-    ///     (none without one: heap buffers would save nothing, usbfs copies them).
+    ///   - transmitBufferCount: the most transmit buffers of `outSlotSize` bytes to make from
+    ///     `allocator`, ``initialTransmitBuffers`` of them now and the rest as the link needs them
+    ///     (none without an allocator: heap buffers would save nothing, usbfs copies them).
     init(backend: any USBBackend, handle: OpaquePointer, inEndpoint: UInt8, outEndpoint: UInt8, outPacketSize: Int,
          inCount: Int, inSlotSize: Int, outCount: Int, outSlotSize: Int, allocator: (any SlotAllocator)?,
          transmitBufferCount: Int = 0, description: String) {
@@ -106,12 +109,12 @@ final class BulkPipe: @unchecked Sendable {
         outDone = Array(repeating: false, count: outCount)
         outHeld = Array(repeating: nil, count: outCount)
         if let allocator, transmitBufferCount > 0 {
-            let pool = PacketBufferPool(count: transmitBufferCount, capacity: outSlotSize, allocator: allocator)
+            let pool = PacketBufferPool(initial: min(Self.initialTransmitBuffers, transmitBufferCount), limit: transmitBufferCount,
+                                        capacity: outSlotSize, allocator: allocator)
             transmitBuffers = pool.bufferCount > 0 ? pool : nil
         } else {
             transmitBuffers = nil
         }
-        statistics.transmitBuffers = transmitBuffers?.bufferCount ?? 0
         leases = (0..<inCount).map { _ in SlotLease() }
         statistics.inTransferSize = inSlotSize
         statistics.deviceMemorySlots = inRing.externalSlotCount + outRing.externalSlotCount

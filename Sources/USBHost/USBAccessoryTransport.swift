@@ -30,7 +30,7 @@ public struct USBPipeStatistics: Sendable, Hashable {
     /// Frame bytes sent from transmit buffers in device memory where the writer laid them out:
     /// no copy (``USBAccessoryTransport/transmitBuffers``).
     public var bytesSentInPlace = 0
-    /// Transmit buffers in device memory lent to the link (see ``USBOptions/transmitBuffers``).
+    /// Transmit buffers in device memory made so far (see ``USBOptions/transmitBuffers``).
     public var transmitBuffers = 0
     /// Ring slots in memory usbfs maps for DMA (zero-copy), and on the heap.
     public var deviceMemorySlots = 0
@@ -133,7 +133,11 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     private var deviceWentAway = false
 
     /// Counters since activation.
-    public var statistics: USBPipeStatistics { pipe.statistics }
+    public var statistics: USBPipeStatistics {
+        var statistics = pipe.statistics
+        statistics.transmitBuffers = pipe.transmitBuffers?.bufferCount ?? 0
+        return statistics
+    }
 
     init(device: USBDeviceInfo, backend: any USBBackend, handle: OpaquePointer, location: USBFunctionLocation, options: USBOptions,
          queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String, onFinished: @escaping () -> Void) {
@@ -408,6 +412,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     private func drainWaiting() {
         while case .running = state, !outHalted, !retryScheduled, sendOwedZeroLengthPacket(owed: false), waitingHead < waiting.count {
             guard submitOut(waiting[waitingHead]) else { break }
+            waiting[waitingHead] = .bytes([]) // a submitted buffer is the engine's now: no second hold on it
             waitingHead += 1
         }
         if waitingHead == waiting.count {

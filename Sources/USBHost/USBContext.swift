@@ -19,13 +19,14 @@ public struct USBOptions: Sendable, Hashable {
     public var outTransfers = 8
     /// Bytes per OUT slot: one whole link packet (at most 65535 bytes).
     public var outTransferSize = 65_536
-    /// Transmit buffers of ``outTransferSize`` bytes in usbfs DMA memory lent to the link for
-    /// the packets it sends: a packet is laid out there by the writer, sent from there and kept
-    /// there until acknowledged, so it is copied once (0 of them without device memory, or when
-    /// the kernel's usbfs memory limit is reached: packets then go through the OUT slots, one copy
-    /// more). Enough for the link's window and a session's buffer: fewer than the packets in
-    /// flight and queued send the rest through the slots.
-    public var transmitBuffers = 32
+    /// The most transmit buffers of ``outTransferSize`` bytes in usbfs DMA memory lent to the
+    /// link for the packets it sends: a packet is laid out there by the writer, sent from there
+    /// and kept there until acknowledged, so it is copied once. Eight are made at open, more
+    /// while every one is held (packets queued in the sessions' buffers and in flight), up to
+    /// this many. Packets that find none free (over the limit, without device memory, or past
+    /// the kernel's usbfs memory limit, `usbfs_memory_mb`, 16 MiB for all devices by default) go
+    /// through the OUT slots: one copy more. 0 turns them off.
+    public var transmitBuffers = 64
     /// Take ring slots from usbfs DMA memory (`libusb_dev_mem_alloc`) when the kernel offers it.
     public var useDeviceMemory = true
     /// Detach a kernel driver bound to the iAP interface (none is expected) instead of failing.

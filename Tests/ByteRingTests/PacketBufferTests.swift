@@ -49,6 +49,28 @@ struct PacketBufferTests {
         #expect(allocator.snapshot.served.contains { UnsafeRawPointer($0) == address })
     }
 
+    @Test("the pool grows while every buffer is held, up to its limit, and no further once the allocator declines")
+    func growsOnDemand() throws {
+        let allocator = RecordingAllocator { $0 < 4 }
+        let pool = PacketBufferPool(initial: 1, limit: 6, capacity: 64, allocator: allocator)
+        #expect(pool.bufferCount == 1)
+        var held: [PacketBuffer] = []
+        for _ in 0..<4 { held.append(try #require(pool.take())) }
+        #expect(pool.bufferCount == 4, "grown one at a time, only when none was free")
+        #expect(pool.take() == nil, "the allocator declined the fifth")
+        #expect(allocator.snapshot.allocateCalls.count == 5)
+        #expect(pool.take() == nil)
+        #expect(allocator.snapshot.allocateCalls.count == 5, "not asked again after it declined")
+        held.removeFirst()
+        #expect(pool.take() != nil, "a buffer let go is handed out again")
+
+        let heap = PacketBufferPool(initial: 0, limit: 2, capacity: 8, allocator: nil)
+        let first = try #require(heap.take())
+        let second = try #require(heap.take())
+        #expect(heap.take() == nil, "the limit")
+        #expect(first !== second && heap.bufferCount == 2)
+    }
+
     @Test("releasing the memory moves held buffers to the heap first, so their holders keep their bytes")
     func releaseEvacuatesHeldBuffers() throws {
         let allocator = RecordingAllocator { _ in true }

@@ -21,7 +21,8 @@ struct TransmitBufferTests {
         let harness = try Harness()
         try harness.onQueue {
             let pool = try #require(harness.transport.pipe.transmitBuffers)
-            #expect(pool.bufferCount == USBOptions().transmitBuffers)
+            #expect(pool.bufferCount == BulkPipe.initialTransmitBuffers)
+            #expect(pool.limit == USBOptions().transmitBuffers)
             #expect(harness.transport.capability(PacketBufferPool.self) === pool, "the link finds the pool through the transport")
             let buffer = try Self.filled(pool, Array(0..<100))
             let address = buffer.withSpan { $0.withUnsafeBytes { $0.baseAddress } }
@@ -67,6 +68,25 @@ struct TransmitBufferTests {
             while let out = harness.fake.completeOut() { sent.append(out.bytes) }
             #expect(sent == (0..<USBOptions().outTransfers).map { [UInt8($0)] } + [[0xAA, 0xBB], [0xCC]])
             #expect(waitingBuffer.pendingTransmissions == 0)
+        }
+    }
+
+    @Test("a buffer that waited for a slot is let go when its transfer ends, even while frames behind it still wait")
+    func waitedBufferIsLetGo() throws {
+        let harness = try Harness()
+        try harness.onQueue {
+            let pool = try #require(harness.transport.pipe.transmitBuffers)
+            let transfers = USBOptions().outTransfers
+            for index in 0..<transfers { harness.transport.send([UInt8(index)]) }
+            harness.transport.send(frame: .buffer(try Self.filled(pool, [0xAA])))
+            for index in 0...transfers { harness.transport.send([UInt8(0x80 + index)]) } // one more than the slots
+            #expect(pool.buffersInUse == 1)
+            // The first completion submits the buffer; the next ones finish it and submit the
+            // frames behind it, which keep the waiting line alive.
+            for _ in 0...transfers { harness.fake.completeOut() }
+            #expect(harness.transport.pipe.statistics.bytesSentInPlace == 1)
+            #expect(harness.fake.pendingTransfers(in: false).count == transfers)
+            #expect(pool.buffersInUse == 0, "nothing holds the buffer once it is sent: the pool may hand it out again")
         }
     }
 

@@ -370,7 +370,7 @@ struct Harness {
         let tail = Array(log.drop { !$0.hasPrefix("cancel") })
         #expect(tail.prefix(5).allSatisfy { $0.hasPrefix("cancel") })
         // 4 IN slots, 8 OUT slots and the transmit buffers, all before the interface and the handle go.
-        let freed = USBOptions().inTransfers + USBOptions().outTransfers + USBOptions().transmitBuffers
+        let freed = USBOptions().inTransfers + USBOptions().outTransfers + BulkPipe.initialTransmitBuffers
         #expect(Array(tail.dropFirst(5)) == Array(repeating: "free device memory", count: freed) + ["release 0", "close"])
         harness.fake.state.withLock { state in
             #expect(state.openHandles == 0)
