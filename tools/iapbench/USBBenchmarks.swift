@@ -19,10 +19,14 @@ enum USBBenchmarks {
 
     nonisolated(unsafe) static var verbose = false
     nonisolated(unsafe) static var options = USBOptions()
+    /// Each session's write buffer on the host (`--session-buffer`; the library's default).
+    nonisolated(unsafe) static var sessionBufferLimit = AccessoryManager.Configuration().sessionBufferLimit
 
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         verbose = command.flag("verbose")
         options.useDeviceMemory = !command.flag("heap")
+        if let kibibytes = try command.integer("session-buffer", in: 64...65_536) { sessionBufferLimit = kibibytes << 10 }
+        if let count = try command.integer("transmit-buffers", in: 0...1_024) { options.transmitBuffers = count }
         let megabytes = try command.integer("mib", in: 1...4_096) ?? 64
         let json = command.flag("json")
         #if DEBUG
@@ -161,7 +165,7 @@ enum USBBenchmarks {
         }
         runner.start()
         defer { runner.stop() }
-        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
+        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: sessionBufferLimit))
         defer { manager.stop() }
         try manager.startUSB(options: options)
         let found = try blockingAwait {
@@ -405,7 +409,7 @@ enum USBBenchmarks {
         runner.start()
         defer { runner.stop() }
         try gadget.bind(udc: udc)
-        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: 4 << 20))
+        let manager = AccessoryManager(configuration: .init(sessionBufferLimit: sessionBufferLimit))
         defer { manager.stop() }
         try manager.startUSB(options: options)
         let found = try blockingAwait { await manager.waitForAccessory(timeout: .seconds(30)) { $0.transportKind == .usb } }

@@ -62,6 +62,8 @@ let usbCommand = CommandSpec(
     options: [.flag("json", help: "Print one JSON object per measurement."),
               .flag("verbose", help: "Say on standard error what the gadget sees (bind, enable…)."),
               .flag("heap", help: "Heap slots instead of usbfs device memory (to compare with zero copy)."),
+              .value("session-buffer", valueName: "KiB", help: "Each session's write buffer on the host (default: the library's, 1024)."),
+              .value("transmit-buffers", valueName: "n", help: "Most transmit buffers in device memory the link lays packets out in (default: the library's, 64; 0 sends every frame through the OUT slots)."),
               .flag("native", help: "Also an EA session on a native transport (its own FF/F0/01 interface); exit 69 with the reason when it cannot be measured."),
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "64"),
               .value("rounds", valueName: "n", help: "Rounds of ceiling + EA measurements.", defaultValue: "3"),
