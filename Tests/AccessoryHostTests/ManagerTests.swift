@@ -105,6 +105,16 @@ struct ManagerTests {
         #expect(manager.callbackCount == baseline)
     }
 
+    @Test("stopping a manager ends the event sequences of subscribers still holding them")
+    func stopEndsLiveEventSequences() async throws {
+        let manager = AccessoryManager()
+        let events = manager.events
+        manager.stop() // it crashed here: the sequence's termination handler took the manager's lock again
+        var count = 0
+        for await _ in events { count += 1 }
+        #expect(count == 0)
+    }
+
     @Test func aFinishedWaitForAnAccessoryStopsWatching() async throws {
         let (manager, echo, accessory) = try await Self.connected()
         defer { manager.stop(); echo.stop() }
