@@ -20,6 +20,26 @@ final class Connection: @unchecked Sendable {
         var remaining: ArraySlice<UInt8>
         var continuation: CheckedContinuation<Void, any Error>
     }
+    /// How long a wait for the accessory's acknowledgements may last.
+    enum WaitLimit {
+        /// Until the acknowledged count stands still for this long.
+        case progress(Duration)
+        /// This long in all.
+        case total(Duration)
+    }
+    /// Waiting for the accessory to acknowledge `target` bytes.
+    struct Drainer {
+        var target: Int
+        var continuation: CheckedContinuation<Void, any Error>
+        /// Nil: as long as the accessory takes.
+        var limit: WaitLimit?
+        /// What the error says the wait was for (e.g. "closing 'com.acme.echo'").
+        var step: String
+        var id: Int
+        /// The acknowledged count last seen, and since when (link time) it stands.
+        var acknowledged: Int
+        var since: LinkTime
+    }
     /// One open session, whichever way its bytes travel.
     struct SessionState {
         var session: AccessorySession
@@ -27,8 +47,8 @@ final class Connection: @unchecked Sendable {
         var readers: [Reader] = []
         var writers: [Writer] = []
         var flushers: [CheckedContinuation<Void, any Error>] = []
-        /// Waiting for the accessory to acknowledge `target` bytes.
-        var drainers: [(target: Int, continuation: CheckedContinuation<Void, any Error>)] = []
+        /// Waiting for the accessory to acknowledge bytes.
+        var drainers: [Drainer] = []
         /// Bytes the session took from the application so far.
         var written = 0
         var handler: (queue: DispatchQueue, handler: @Sendable (SessionStreamEvent) -> Void)?
@@ -59,6 +79,8 @@ final class Connection: @unchecked Sendable {
     /// The key of each link session, by its EA session id.
     private var linkKeys: [UInt16: Int] = [:]
     private var nextKey = 1
+    /// Numbers the drainers, so a timer finds its own.
+    private var nextDrainerID = 1
     /// Native sessions being opened, by protocol name (one session per protocol).
     private var pendingNativeOpens: Set<String> = []
     private var pendingOpens: [UInt16: (name: String, continuation: CheckedContinuation<AccessorySession, any Error>)] = [:]
@@ -438,14 +460,71 @@ final class Connection: @unchecked Sendable {
         }
     }
 
-    func drain(_ session: AccessorySession) async throws {
+    /// Waits until the accessory acknowledged every byte written so far, within `limit` (nil:
+    /// as long as it takes); past the limit, fails with ``AccessoryError/timedOut(_:)`` naming
+    /// `step`.
+    func drain(_ session: AccessorySession, limit: WaitLimit? = nil, step: String? = nil) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             onQueue {
+                let id = self.nextDrainerID
+                self.nextDrainerID += 1
+                let now = self.driver.now
+                let acknowledged = self.sessions[session.key].map { _ in self.acknowledged(session) } ?? 0
                 self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
-                    $0.drainers.append((target: $0.written, continuation: continuation))
+                    $0.drainers.append(Drainer(target: $0.written, continuation: continuation, limit: limit,
+                                               step: step ?? "waiting for '\(session.protocolString)' to be acknowledged",
+                                               id: id, acknowledged: acknowledged, since: now))
                 }
+                if let limit { self.scheduleCheck(of: id, session: session, limit: limit, since: now) }
             }
         }
+    }
+
+    /// Looks at a bounded drainer again when its limit would be reached. On the queue.
+    private func scheduleCheck(of id: Int, session: AccessorySession, limit: WaitLimit, since: LinkTime) {
+        let wait: Duration
+        switch limit {
+        case let .progress(duration), let .total(duration): wait = duration
+        }
+        let remaining = max(.zero, since + wait - driver.now)
+        let (seconds, attoseconds) = remaining.components
+        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        queue.asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [weak self] in
+            self?.checkDrainer(id, session: session)
+        }
+    }
+
+    /// Fails a bounded drainer whose limit has passed; otherwise looks again later. On the queue.
+    private func checkDrainer(_ id: Int, session: AccessorySession) {
+        guard sessions[session.key]?.drainers.contains(where: { $0.id == id }) == true else { return }
+        let acknowledged = acknowledged(session) // also serves the session: a drainer now done resumes
+        guard let index = sessions[session.key]?.drainers.firstIndex(where: { $0.id == id }),
+              var drainer = sessions[session.key]?.drainers[index], let limit = drainer.limit else { return }
+        let now = driver.now
+        let wait: Duration
+        switch limit {
+        case let .progress(duration):
+            wait = duration
+            if acknowledged != drainer.acknowledged {
+                drainer.acknowledged = acknowledged
+                drainer.since = now
+                sessions[session.key]!.drainers[index] = drainer
+            }
+        case let .total(duration):
+            wait = duration
+        }
+        guard now - drainer.since >= wait else {
+            return scheduleCheck(of: id, session: session, limit: limit, since: drainer.since)
+        }
+        sessions[session.key]!.drainers.remove(at: index)
+        let what: String
+        switch limit {
+        case .progress: what = "the accessory acknowledged nothing for \(wait) (the link is alive, the data does not move)"
+        case .total: what = "the accessory did not acknowledge them within \(wait)"
+        }
+        logger.warning("\(drainer.step): \(what)")
+        drainer.continuation.resume(throwing: AccessoryError.timedOut(
+            "\(drainer.step): \(acknowledged) of the \(drainer.target) bytes written were acknowledged; \(what)"))
     }
 
     func readNow(_ session: AccessorySession, maxBytes: Int) -> [UInt8] {
