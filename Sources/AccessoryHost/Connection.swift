@@ -2,6 +2,7 @@ internal import AccessoryLogging
 internal import Dispatch
 internal import IAPLink
 internal import IAPTransport
+internal import Synchronization
 
 /// One transport and the device-role endpoint running over it, plus the sessions handed out.
 ///
@@ -51,7 +52,7 @@ final class Connection: @unchecked Sendable {
         var drainers: [Drainer] = []
         /// Bytes the session took from the application so far.
         var written = 0
-        var handler: (queue: DispatchQueue, handler: @Sendable (SessionStreamEvent) -> Void)?
+        var handler: StreamEventHandler?
         /// Bytes the accessory acknowledged (kept after the stream ended).
         var acknowledged = 0
         /// Set when the stream ended: nil reason = closed normally.
@@ -281,8 +282,8 @@ final class Connection: @unchecked Sendable {
             }
         }
         if let handler = state.handler {
-            if readable { handler.queue.async { handler.handler(.hasBytesAvailable) } }
-            if wroteAll, !state.isEnded, stream.hasSpace(&machine) { handler.queue.async { handler.handler(.hasSpaceAvailable) } }
+            if readable { handler.post(.hasBytesAvailable) }
+            if wroteAll, !state.isEnded, stream.hasSpace(&machine) { handler.post(.hasSpaceAvailable) }
         }
     }
 
@@ -572,7 +573,7 @@ final class Connection: @unchecked Sendable {
             handlerQueue.async { handler(.endEncountered) }
             return
         }
-        sessions[session.key]!.handler = (handlerQueue, handler)
+        sessions[session.key]!.handler = StreamEventHandler(queue: handlerQueue, handler: handler)
         handlerQueue.async { handler(.openCompleted) }
         withSession(session.key) { _, _ in }
     }
@@ -591,5 +592,41 @@ final class Connection: @unchecked Sendable {
         let linkUp = downReason == nil
         driver.perform { machine, now in state.stream.close(&machine, now: now, linkUp: linkUp) }
         if state.stream.isNative { logger.debug("session '\(session.protocolString)' closed") }
+    }
+}
+
+/// A session's stream-event handler and its queue. `hasBytesAvailable` and `hasSpaceAvailable`
+/// are coalesced: at most one of each waits on the handler's queue (the next is posted once it
+/// ran), so a handler queue that is slow or held up while the accessory keeps the connection
+/// busy does not collect a block per packet. The others are posted as they happen.
+final class StreamEventHandler: Sendable {
+    let queue: DispatchQueue
+    let handler: @Sendable (SessionStreamEvent) -> Void
+    /// Which level events wait on the queue now (``bytesBit``, ``spaceBit``).
+    private let posted = Atomic<UInt8>(0)
+    private static let bytesBit: UInt8 = 1
+    private static let spaceBit: UInt8 = 2
+
+    init(queue: DispatchQueue, handler: @escaping @Sendable (SessionStreamEvent) -> Void) {
+        self.queue = queue
+        self.handler = handler
+    }
+
+    /// Posts `event` to the handler's queue, unless the same level event is already waiting there.
+    func post(_ event: SessionStreamEvent) {
+        let bit: UInt8
+        switch event {
+        case .hasBytesAvailable: bit = Self.bytesBit
+        case .hasSpaceAvailable: bit = Self.spaceBit
+        default:
+            queue.async { self.handler(event) }
+            return
+        }
+        guard posted.bitwiseOr(bit, ordering: .acquiringAndReleasing).oldValue & bit == 0 else { return }
+        queue.async {
+            // Cleared first: what happens while the handler runs posts the event again.
+            self.posted.bitwiseAnd(~bit, ordering: .acquiringAndReleasing)
+            self.handler(event)
+        }
     }
 }
