@@ -85,6 +85,8 @@ final class Connection: @unchecked Sendable {
     /// Native sessions being opened, by protocol name (one session per protocol).
     private var pendingNativeOpens: Set<String> = []
     private var pendingOpens: [UInt16: (name: String, continuation: CheckedContinuation<AccessorySession, any Error>)] = [:]
+    /// Closes waiting for the accessory's link to acknowledge their session's stop, by EA session id.
+    private var pendingStops: [UInt16: (name: String, continuation: CheckedContinuation<Void, any Error>)] = [:]
     private var downReason: String?
     /// The array the endpoint's events are taken into, kept across updates.
     private var eventScratch = ReusableArray<EndpointEvent>()
@@ -180,6 +182,14 @@ final class Connection: @unchecked Sendable {
                     logger.warning("'\(name)': the accessory did not answer the session's opening within \(after)")
                     pending.continuation.resume(throwing: AccessoryError.timedOut(
                         "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(after)"))
+                }
+            case let .sessionStopAcknowledged(id):
+                pendingStops.removeValue(forKey: id)?.continuation.resume()
+            case let .sessionStopTimedOut(id, name, after):
+                if let pending = pendingStops.removeValue(forKey: id) {
+                    logger.warning("'\(name)': the accessory did not acknowledge the session's stop within \(after)")
+                    pending.continuation.resume(throwing: AccessoryError.timedOut(
+                        "closing '\(name)': the accessory did not acknowledge StopExternalAccessoryProtocolSession within \(after); the session is closed on this side"))
                 }
             case let .sessionClosed(id, reason):
                 if let pending = pendingOpens.removeValue(forKey: id) {
@@ -318,6 +328,10 @@ final class Connection: @unchecked Sendable {
         for (id, pending) in pendingOpens {
             pending.continuation.resume(throwing: AccessoryError.disconnected(reason))
             pendingOpens[id] = nil
+        }
+        for (id, pending) in pendingStops {
+            pending.continuation.resume(throwing: AccessoryError.disconnected(reason))
+            pendingStops[id] = nil
         }
         for (key, state) in sessions where !state.isEnded {
             end(key, error: .disconnected(reason))
@@ -576,6 +590,28 @@ final class Connection: @unchecked Sendable {
         sessions[session.key]!.handler = StreamEventHandler(queue: handlerQueue, handler: handler)
         handlerQueue.async { handler(.openCompleted) }
         withSession(session.key) { _, _ in }
+    }
+
+    /// Closes the session and waits, at most `timeout`, for the accessory's link to acknowledge
+    /// its stop (iAP2 link sessions; others return at once). Off the queue.
+    func closeAwaitingStop(_ session: AccessorySession, timeout: Duration) async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            queue.async {
+                let id = self.sessions[session.key]?.stream.linkSessionID
+                self.close(session)
+                guard let id, self.downReason == nil, self.driver.perform({ machine, _ in machine.isStopPending(id) }) else {
+                    return continuation.resume()
+                }
+                self.pendingStops[id] = (session.protocolString, continuation)
+                let (seconds, attoseconds) = max(timeout, .zero).components
+                self.queue.asyncAfter(deadline: .now() + .seconds(Int(seconds)) + .nanoseconds(Int(attoseconds / 1_000_000_000))) {
+                    [weak self] in
+                    guard let pending = self?.pendingStops.removeValue(forKey: id) else { return }
+                    pending.continuation.resume(throwing: AccessoryError.timedOut(
+                        "closing '\(pending.name)': the accessory did not acknowledge StopExternalAccessoryProtocolSession within the close's \(timeout); the session is closed on this side"))
+                }
+            }
+        }
     }
 
     func close(_ session: AccessorySession) {

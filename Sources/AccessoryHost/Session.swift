@@ -127,17 +127,26 @@ public final class AccessorySession: Sendable {
                                    step: "waiting for the accessory to acknowledge '\(protocolString)'")
     }
 
-    /// Closes the session once the accessory acknowledged every byte written, waiting at most
-    /// `timeout` for that: ``close()`` after ``drain()``, bounded. The session is closed when
-    /// this returns or throws, whatever the accessory does; an accessory that never answers
-    /// (or never acknowledges) costs `timeout`, not a hang.
+    /// Closes the session once the accessory acknowledged every byte written, and waits for it
+    /// to acknowledge the stop: ``drain()``, ``close()``, then the accessory's link acknowledgement
+    /// of StopExternalAccessoryProtocolSession, all within `timeout`. The session is closed when
+    /// this returns or throws, whatever the accessory does; an accessory that never answers (or
+    /// never acknowledges) costs `timeout`, not a hang. (iAP1 and native-transport sessions
+    /// have no stop to wait for: their close is done once the bytes are acknowledged.)
     ///
-    /// - Throws: ``AccessoryError/timedOut(_:)`` naming the step ("closing '…'") and how much
-    ///   was acknowledged, when `timeout` passed first; the session's end (for example
+    /// - Throws: ``AccessoryError/timedOut(_:)`` naming the step ("closing '…'": the bytes, with
+    ///   how many were acknowledged, or the stop) when `timeout` passed first, or the stop went
+    ///   unacknowledged for the connection's `answerTimeout`; the session's end (for example
     ///   ``AccessoryError/disconnected(_:)``) when it ended with bytes unacknowledged. Either way
     ///   ``bytesAcknowledged`` tells what is known to have arrived.
     public func close(timeout: Duration) async throws {
-        defer { close() }
-        try await connection.drain(self, limit: .total(timeout), step: "closing '\(protocolString)'")
+        let start = ContinuousClock.now
+        do {
+            try await connection.drain(self, limit: .total(timeout), step: "closing '\(protocolString)'")
+        } catch {
+            close()
+            throw error
+        }
+        try await connection.closeAwaitingStop(self, timeout: timeout - (ContinuousClock.now - start))
     }
 }

@@ -392,6 +392,45 @@ struct HostileAccessoryTests {
         await #expect(throws: AccessoryError.sessionClosed) { try await session.write([1]) }
     }
 
+    @Test("never answers the stop: close(timeout:) ends within its time with the stop named, or with the link's reason for a silent accessory")
+    func unansweredStop() async throws {
+        let line = try HostileAccessory()
+        let (manager, accessory, _) = try await Self.identified(line)
+        defer { manager.stop(); line.stop() }
+        // Keeps the link alive with bare ACKs once every byte was acknowledged: the stop never is.
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        try await session.write(testPattern(16 * 1024))
+        try await session.drain()
+        try await line.perform { machine, _ in
+            machine.deaf = true
+            machine.keepAlive = true
+        }
+        let start = ContinuousClock.now
+        do {
+            try await session.close(timeout: .seconds(1))
+            Issue.record("the close reported the stop acknowledged")
+        } catch let AccessoryError.timedOut(step) {
+            #expect(step.hasPrefix("closing 'com.acme.echo': the accessory did not acknowledge StopExternalAccessoryProtocolSession within"),
+                    "\(step)")
+        }
+        #expect(ContinuousClock.now - start >= .seconds(1), "gave up early")
+        #expect(session.bytesAcknowledged == 16 * 1024)
+        #expect(try await session.read() == nil)
+        #expect(accessory.isConnected)
+
+        // Silent: the link gives up after its 3 rounds, and the close ends with why. (Hearing
+        // again first, the accessory takes the stop's retransmission and the link goes on.)
+        try await line.perform { machine, _ in
+            machine.deaf = false
+            machine.keepAlive = false
+        }
+        let other = try await accessory.openSession(for: "com.acme.other")
+        try await line.perform { machine, _ in machine.deaf = true }
+        var reason: String?
+        do { try await other.close(timeout: .seconds(30)) } catch let AccessoryError.disconnected(why) { reason = why }
+        #expect(reason?.contains("the accessory stopped answering") == true, "\(reason ?? "no disconnection")")
+    }
+
     @Test("never answers StartExternalAccessoryProtocolSession: the open times out with the step and the protocol named")
     func unansweredOpen() async throws {
         let line = try HostileAccessory()
