@@ -572,16 +572,14 @@ struct HostileNoiseTests {
         #expect(accessory.protocolVersion == (profileName == "legacy-sensor" ? .iap1 : .iap2))
         #expect(accessory.name == profile.identity().name)
         let sent = counting.counts
-        if profileName == "multi-sensor" {
-            // The SYN goes out once the host answered a detect, so once the host is through the
-            // noise: answered at the first try (or the second on a slow machine), within one SYN
-            // retransmission (1 s) of link time. A single bad frame takes no time to drain, so
-            // the first detect (or the second, 1 s later) is answered too; a megabyte of garbage
-            // takes as long as the host needs to drain it, while the accessory repeats its detect.
-            #expect(sent.syns <= 2, "\(name): \(sent.syns) SYNs before identification")
-            if name != "1 MiB of garbage with lying lengths" {
-                #expect(sent.detects <= 2, "\(name): \(sent.detects) detects before identification")
-            }
+        if profileName == "multi-sensor", name != "1 MiB of garbage with lying lengths" {
+            // A single bad frame takes no time to drain: the accessory's first detect and SYN
+            // are answered (or the second ones, 1 s later, on a slow machine), so it is
+            // identified within 2 s of link time. (A megabyte of garbage takes as long as the
+            // host needs to drain it, while the accessory repeats its detect, and each detect
+            // waiting behind the garbage is answered in turn: no count to hold it to, only the
+            // identification, and the time in the figures.)
+            #expect(sent.detects <= 2 && sent.syns <= 2, "\(name): \(sent.detects) detects, \(sent.syns) SYNs before identification")
         }
         if name == "a header claiming 65,535 bytes" {
             #expect(logs.messages.contains { $0.contains("frame of 65535 bytes is longer than allowed") }, "\(logs.messages.prefix(5))")
