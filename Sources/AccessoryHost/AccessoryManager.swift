@@ -266,10 +266,12 @@ public final class AccessoryManager: Sendable {
         // leaves its context alive on purpose). The teardown runs on the queue: from the queue
         // itself there is nothing to wait for.
         if !onQueue { _ = usb?.waitUntilExited(timeout: .now() + 5) }
-        state.withLock { state in
-            for continuation in state.subscribers.values { continuation.finish() }
-            state.subscribers.removeAll()
+        // Finished outside the lock: finishing runs the stream's onTermination, which takes it.
+        let subscribers = state.withLock { state in
+            defer { state.subscribers.removeAll() }
+            return Array(state.subscribers.values)
         }
+        for continuation in subscribers { continuation.finish() }
     }
 
     /// Waits for an accessory matching `predicate` (one already connected counts), up to

@@ -2,6 +2,7 @@ internal import AccessoryLogging
 internal import Dispatch
 internal import IAPLink
 internal import IAPTransport
+internal import Synchronization
 
 /// One transport and the device-role endpoint running over it, plus the sessions handed out.
 ///
@@ -20,6 +21,26 @@ final class Connection: @unchecked Sendable {
         var remaining: ArraySlice<UInt8>
         var continuation: CheckedContinuation<Void, any Error>
     }
+    /// How long a wait for the accessory's acknowledgements may last.
+    enum WaitLimit {
+        /// Until the acknowledged count stands still for this long.
+        case progress(Duration)
+        /// This long in all.
+        case total(Duration)
+    }
+    /// Waiting for the accessory to acknowledge `target` bytes.
+    struct Drainer {
+        var target: Int
+        var continuation: CheckedContinuation<Void, any Error>
+        /// Nil: as long as the accessory takes.
+        var limit: WaitLimit?
+        /// What the error says the wait was for (e.g. "closing 'com.acme.echo'").
+        var step: String
+        var id: Int
+        /// The acknowledged count last seen, and since when (link time) it stands.
+        var acknowledged: Int
+        var since: LinkTime
+    }
     /// One open session, whichever way its bytes travel.
     struct SessionState {
         var session: AccessorySession
@@ -27,11 +48,11 @@ final class Connection: @unchecked Sendable {
         var readers: [Reader] = []
         var writers: [Writer] = []
         var flushers: [CheckedContinuation<Void, any Error>] = []
-        /// Waiting for the accessory to acknowledge `target` bytes.
-        var drainers: [(target: Int, continuation: CheckedContinuation<Void, any Error>)] = []
+        /// Waiting for the accessory to acknowledge bytes.
+        var drainers: [Drainer] = []
         /// Bytes the session took from the application so far.
         var written = 0
-        var handler: (queue: DispatchQueue, handler: @Sendable (SessionStreamEvent) -> Void)?
+        var handler: StreamEventHandler?
         /// Bytes the accessory acknowledged (kept after the stream ended).
         var acknowledged = 0
         /// Set when the stream ended: nil reason = closed normally.
@@ -59,9 +80,13 @@ final class Connection: @unchecked Sendable {
     /// The key of each link session, by its EA session id.
     private var linkKeys: [UInt16: Int] = [:]
     private var nextKey = 1
+    /// Numbers the drainers, so a timer finds its own.
+    private var nextDrainerID = 1
     /// Native sessions being opened, by protocol name (one session per protocol).
     private var pendingNativeOpens: Set<String> = []
     private var pendingOpens: [UInt16: (name: String, continuation: CheckedContinuation<AccessorySession, any Error>)] = [:]
+    /// Closes waiting for the accessory's link to acknowledge their session's stop, by EA session id.
+    private var pendingStops: [UInt16: (name: String, continuation: CheckedContinuation<Void, any Error>)] = [:]
     private var downReason: String?
     /// The array the endpoint's events are taken into, kept across updates.
     private var eventScratch = ReusableArray<EndpointEvent>()
@@ -157,6 +182,14 @@ final class Connection: @unchecked Sendable {
                     logger.warning("'\(name)': the accessory did not answer the session's opening within \(after)")
                     pending.continuation.resume(throwing: AccessoryError.timedOut(
                         "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(after)"))
+                }
+            case let .sessionStopAcknowledged(id):
+                pendingStops.removeValue(forKey: id)?.continuation.resume()
+            case let .sessionStopTimedOut(id, name, after):
+                if let pending = pendingStops.removeValue(forKey: id) {
+                    logger.warning("'\(name)': the accessory did not acknowledge the session's stop within \(after)")
+                    pending.continuation.resume(throwing: AccessoryError.timedOut(
+                        "closing '\(name)': the accessory did not acknowledge StopExternalAccessoryProtocolSession within \(after); the session is closed on this side"))
                 }
             case let .sessionClosed(id, reason):
                 if let pending = pendingOpens.removeValue(forKey: id) {
@@ -259,8 +292,8 @@ final class Connection: @unchecked Sendable {
             }
         }
         if let handler = state.handler {
-            if readable { handler.queue.async { handler.handler(.hasBytesAvailable) } }
-            if wroteAll, !state.isEnded, stream.hasSpace(&machine) { handler.queue.async { handler.handler(.hasSpaceAvailable) } }
+            if readable { handler.post(.hasBytesAvailable) }
+            if wroteAll, !state.isEnded, stream.hasSpace(&machine) { handler.post(.hasSpaceAvailable) }
         }
     }
 
@@ -295,6 +328,10 @@ final class Connection: @unchecked Sendable {
         for (id, pending) in pendingOpens {
             pending.continuation.resume(throwing: AccessoryError.disconnected(reason))
             pendingOpens[id] = nil
+        }
+        for (id, pending) in pendingStops {
+            pending.continuation.resume(throwing: AccessoryError.disconnected(reason))
+            pendingStops[id] = nil
         }
         for (key, state) in sessions where !state.isEnded {
             end(key, error: .disconnected(reason))
@@ -438,14 +475,71 @@ final class Connection: @unchecked Sendable {
         }
     }
 
-    func drain(_ session: AccessorySession) async throws {
+    /// Waits until the accessory acknowledged every byte written so far, within `limit` (nil:
+    /// as long as it takes); past the limit, fails with ``AccessoryError/timedOut(_:)`` naming
+    /// `step`.
+    func drain(_ session: AccessorySession, limit: WaitLimit? = nil, step: String? = nil) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             onQueue {
+                let id = self.nextDrainerID
+                self.nextDrainerID += 1
+                let now = self.driver.now
+                let acknowledged = self.sessions[session.key].map { _ in self.acknowledged(session) } ?? 0
                 self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
-                    $0.drainers.append((target: $0.written, continuation: continuation))
+                    $0.drainers.append(Drainer(target: $0.written, continuation: continuation, limit: limit,
+                                               step: step ?? "waiting for '\(session.protocolString)' to be acknowledged",
+                                               id: id, acknowledged: acknowledged, since: now))
                 }
+                if let limit { self.scheduleCheck(of: id, session: session, limit: limit, since: now) }
             }
         }
+    }
+
+    /// Looks at a bounded drainer again when its limit would be reached. On the queue.
+    private func scheduleCheck(of id: Int, session: AccessorySession, limit: WaitLimit, since: LinkTime) {
+        let wait: Duration
+        switch limit {
+        case let .progress(duration), let .total(duration): wait = duration
+        }
+        let remaining = max(.zero, since + wait - driver.now)
+        let (seconds, attoseconds) = remaining.components
+        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        queue.asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [weak self] in
+            self?.checkDrainer(id, session: session)
+        }
+    }
+
+    /// Fails a bounded drainer whose limit has passed; otherwise looks again later. On the queue.
+    private func checkDrainer(_ id: Int, session: AccessorySession) {
+        guard sessions[session.key]?.drainers.contains(where: { $0.id == id }) == true else { return }
+        let acknowledged = acknowledged(session) // also serves the session: a drainer now done resumes
+        guard let index = sessions[session.key]?.drainers.firstIndex(where: { $0.id == id }),
+              var drainer = sessions[session.key]?.drainers[index], let limit = drainer.limit else { return }
+        let now = driver.now
+        let wait: Duration
+        switch limit {
+        case let .progress(duration):
+            wait = duration
+            if acknowledged != drainer.acknowledged {
+                drainer.acknowledged = acknowledged
+                drainer.since = now
+                sessions[session.key]!.drainers[index] = drainer
+            }
+        case let .total(duration):
+            wait = duration
+        }
+        guard now - drainer.since >= wait else {
+            return scheduleCheck(of: id, session: session, limit: limit, since: drainer.since)
+        }
+        sessions[session.key]!.drainers.remove(at: index)
+        let what: String
+        switch limit {
+        case .progress: what = "the accessory acknowledged nothing for \(wait) (the link is alive, the data does not move)"
+        case .total: what = "the accessory did not acknowledge them within \(wait)"
+        }
+        logger.warning("\(drainer.step): \(what)")
+        drainer.continuation.resume(throwing: AccessoryError.timedOut(
+            "\(drainer.step): \(acknowledged) of the \(drainer.target) bytes written were acknowledged; \(what)"))
     }
 
     func readNow(_ session: AccessorySession, maxBytes: Int) -> [UInt8] {
@@ -493,9 +587,31 @@ final class Connection: @unchecked Sendable {
             handlerQueue.async { handler(.endEncountered) }
             return
         }
-        sessions[session.key]!.handler = (handlerQueue, handler)
+        sessions[session.key]!.handler = StreamEventHandler(queue: handlerQueue, handler: handler)
         handlerQueue.async { handler(.openCompleted) }
         withSession(session.key) { _, _ in }
+    }
+
+    /// Closes the session and waits, at most `timeout`, for the accessory's link to acknowledge
+    /// its stop (iAP2 link sessions; others return at once). Off the queue.
+    func closeAwaitingStop(_ session: AccessorySession, timeout: Duration) async throws {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            queue.async {
+                let id = self.sessions[session.key]?.stream.linkSessionID
+                self.close(session)
+                guard let id, self.downReason == nil, self.driver.perform({ machine, _ in machine.isStopPending(id) }) else {
+                    return continuation.resume()
+                }
+                self.pendingStops[id] = (session.protocolString, continuation)
+                let (seconds, attoseconds) = max(timeout, .zero).components
+                self.queue.asyncAfter(deadline: .now() + .seconds(Int(seconds)) + .nanoseconds(Int(attoseconds / 1_000_000_000))) {
+                    [weak self] in
+                    guard let pending = self?.pendingStops.removeValue(forKey: id) else { return }
+                    pending.continuation.resume(throwing: AccessoryError.timedOut(
+                        "closing '\(pending.name)': the accessory did not acknowledge StopExternalAccessoryProtocolSession within the close's \(timeout); the session is closed on this side"))
+                }
+            }
+        }
     }
 
     func close(_ session: AccessorySession) {
@@ -512,5 +628,41 @@ final class Connection: @unchecked Sendable {
         let linkUp = downReason == nil
         driver.perform { machine, now in state.stream.close(&machine, now: now, linkUp: linkUp) }
         if state.stream.isNative { logger.debug("session '\(session.protocolString)' closed") }
+    }
+}
+
+/// A session's stream-event handler and its queue. `hasBytesAvailable` and `hasSpaceAvailable`
+/// are coalesced: at most one of each waits on the handler's queue (the next is posted once it
+/// ran), so a handler queue that is slow or held up while the accessory keeps the connection
+/// busy does not collect a block per packet. The others are posted as they happen.
+final class StreamEventHandler: Sendable {
+    let queue: DispatchQueue
+    let handler: @Sendable (SessionStreamEvent) -> Void
+    /// Which level events wait on the queue now (``bytesBit``, ``spaceBit``).
+    private let posted = Atomic<UInt8>(0)
+    private static let bytesBit: UInt8 = 1
+    private static let spaceBit: UInt8 = 2
+
+    init(queue: DispatchQueue, handler: @escaping @Sendable (SessionStreamEvent) -> Void) {
+        self.queue = queue
+        self.handler = handler
+    }
+
+    /// Posts `event` to the handler's queue, unless the same level event is already waiting there.
+    func post(_ event: SessionStreamEvent) {
+        let bit: UInt8
+        switch event {
+        case .hasBytesAvailable: bit = Self.bytesBit
+        case .hasSpaceAvailable: bit = Self.spaceBit
+        default:
+            queue.async { self.handler(event) }
+            return
+        }
+        guard posted.bitwiseOr(bit, ordering: .acquiringAndReleasing).oldValue & bit == 0 else { return }
+        queue.async {
+            // Cleared first: what happens while the handler runs posts the event again.
+            self.posted.bitwiseAnd(~bit, ordering: .acquiringAndReleasing)
+            self.handler(event)
+        }
     }
 }

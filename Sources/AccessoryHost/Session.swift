@@ -114,4 +114,39 @@ public final class AccessorySession: Sendable {
     public func drain() async throws {
         try await connection.drain(self)
     }
+
+    /// Like ``drain()``, but gives up when the accessory's acknowledged count stands still for
+    /// `progressTimeout`: an accessory that keeps its link alive (bare acknowledgements) without
+    /// acknowledging the data would otherwise hold the wait for ever. A slow accessory that
+    /// keeps acknowledging is waited for. The session stays open either way.
+    ///
+    /// - Throws: ``AccessoryError/timedOut(_:)`` saying how much was acknowledged of what was
+    ///   written; the session's end when it ends first.
+    public func drain(progressTimeout: Duration) async throws {
+        try await connection.drain(self, limit: .progress(progressTimeout),
+                                   step: "waiting for the accessory to acknowledge '\(protocolString)'")
+    }
+
+    /// Closes the session once the accessory acknowledged every byte written, and waits for it
+    /// to acknowledge the stop: ``drain()``, ``close()``, then the accessory's link acknowledgement
+    /// of StopExternalAccessoryProtocolSession, all within `timeout`. The session is closed when
+    /// this returns or throws, whatever the accessory does; an accessory that never answers (or
+    /// never acknowledges) costs `timeout`, not a hang. (iAP1 and native-transport sessions
+    /// have no stop to wait for: their close is done once the bytes are acknowledged.)
+    ///
+    /// - Throws: ``AccessoryError/timedOut(_:)`` naming the step ("closing '…'": the bytes, with
+    ///   how many were acknowledged, or the stop) when `timeout` passed first, or the stop went
+    ///   unacknowledged for the connection's `answerTimeout`; the session's end (for example
+    ///   ``AccessoryError/disconnected(_:)``) when it ended with bytes unacknowledged. Either way
+    ///   ``bytesAcknowledged`` tells what is known to have arrived.
+    public func close(timeout: Duration) async throws {
+        let start = ContinuousClock.now
+        do {
+            try await connection.drain(self, limit: .total(timeout), step: "closing '\(protocolString)'")
+        } catch {
+            close()
+            throw error
+        }
+        try await connection.closeAwaitingStop(self, timeout: timeout - (ContinuousClock.now - start))
+    }
 }

@@ -53,31 +53,61 @@ public struct StderrLogHandler: LogHandler {
     }
 }
 
-/// Keeps every record in memory, for tests. Safe to use from several threads.
+/// Keeps the newest records in memory, for tests and for showing recent history. Safe to use
+/// from several threads.
+///
+/// At most ``limit`` records are kept: past it the oldest is forgotten (and counted in
+/// ``droppedCount``), so a flood of messages (an accessory sending malformed messages by the
+/// thousand while debug logging is on) cannot grow the process.
 public final class InMemoryLogHandler: LogHandler {
-    private let storage = Mutex<[LogRecord]>([])
+    /// The records kept, as a ring once full: the oldest is at `next`.
+    private struct Storage {
+        var ring: [LogRecord] = []
+        var next = 0
+        var dropped = 0
+    }
+    private let storage = Mutex(Storage())
 
-    /// Makes an empty handler.
-    public init() {}
+    /// Most records kept.
+    public let limit: Int
 
-    /// Stores the record.
+    /// The number of records kept when none is given: enough for any test's whole run.
+    public static let defaultLimit = 10_000
+
+    /// Makes an empty handler that keeps the newest `limit` records (at least 1).
+    public init(limit: Int = InMemoryLogHandler.defaultLimit) {
+        self.limit = max(1, limit)
+    }
+
+    /// Stores the record, forgetting the oldest one when ``limit`` are kept.
     public func log(_ record: LogRecord) {
-        storage.withLock { $0.append(record) }
+        let limit = self.limit
+        storage.withLock { storage in
+            guard storage.ring.count == limit else { return storage.ring.append(record) }
+            storage.ring[storage.next] = record
+            storage.next = (storage.next + 1) % limit
+            storage.dropped += 1
+        }
     }
 
-    /// The records logged so far, oldest first.
+    /// The records kept, oldest first.
     public var records: [LogRecord] {
-        storage.withLock { $0 }
+        storage.withLock { Array($0.ring[$0.next...] + $0.ring[..<$0.next]) }
     }
 
-    /// The messages of the records logged so far, oldest first.
+    /// The messages of the records kept, oldest first.
     public var messages: [String] {
-        storage.withLock { $0.map(\.message) }
+        records.map(\.message)
+    }
+
+    /// How many records were forgotten to keep within ``limit`` (since the last ``clear()``).
+    public var droppedCount: Int {
+        storage.withLock { $0.dropped }
     }
 
     /// Forgets every record.
     public func clear() {
-        storage.withLock { $0.removeAll() }
+        storage.withLock { $0 = Storage() }
     }
 }
 

@@ -55,6 +55,13 @@ public enum EndpointEvent: Hashable, Sendable {
     /// Device: the accessory did not answer StartExternalAccessoryProtocolSession within
     /// ``IAP2Endpoint/answerTimeout``; the session is closed (and the accessory told so).
     case sessionOpenTimedOut(sessionID: UInt16, protocolName: String, after: Duration)
+    /// Device (iAP2): the accessory's link acknowledged the StopExternalAccessoryProtocolSession
+    /// sent when the owner closed the session: the accessory has the news that it is over.
+    case sessionStopAcknowledged(sessionID: UInt16)
+    /// Device (iAP2): the StopExternalAccessoryProtocolSession sent when the owner closed the
+    /// session was not acknowledged within ``IAP2Endpoint/answerTimeout``. The session is closed
+    /// on this side all the same.
+    case sessionStopTimedOut(sessionID: UInt16, protocolName: String, after: Duration)
     /// New bytes are readable on a session.
     case bytesAvailable(sessionID: UInt16)
     /// A session that was full can take writes again.
@@ -111,8 +118,10 @@ public struct IAP2Endpoint: Sendable {
     public static let controlQueueLimit = 256
 
     /// How long the device waits for each answer of the accessory during authentication and
-    /// identification, and for the answer to StartExternalAccessoryProtocolSession (then
-    /// ``EndpointEvent/sessionOpenTimedOut(sessionID:protocolName:after:)``).
+    /// identification, for the answer to StartExternalAccessoryProtocolSession (then
+    /// ``EndpointEvent/sessionOpenTimedOut(sessionID:protocolName:after:)``), and for the link's
+    /// acknowledgement of StopExternalAccessoryProtocolSession (then
+    /// ``EndpointEvent/sessionStopTimedOut(sessionID:protocolName:after:)``).
     public var answerTimeout: Duration {
         get { upper.answerTimeout }
         set { upper.answerTimeout = newValue }
@@ -227,12 +236,15 @@ public struct IAP2Endpoint: Sendable {
             switch event {
             case let .negotiated(parameters):
                 upper.linkUp(parameters, now: now)
+                // Control packets are numbered from here: the ones acknowledged so far are not ours.
+                upper.controlAcknowledgedBase = upper.controlSessionID.flatMap { link.acknowledgedPackets[$0] } ?? 0
             case .stateChanged(.negotiating), .stateChanged(.failed), .stateChanged(.sleeping), .stateChanged(.detecting):
                 upper.linkDown()
             default:
                 break
             }
         }
+        upper.noteStopAcknowledgements(link)
         guard link.state == .connected else { return }
         while let message = upper.controlOut.first {
             guard let controlSession = upper.controlSessionID, link.canSend else { break }
@@ -287,10 +299,21 @@ public struct IAP2Endpoint: Sendable {
         return id
     }
 
-    /// Closes a session (the device tells the accessory; the accessory just forgets it).
+    /// Closes a session (the device tells the accessory; the accessory just forgets it). In the
+    /// device role, ``EndpointEvent/sessionStopAcknowledged(sessionID:)`` follows once the
+    /// accessory's link acknowledged the stop, or
+    /// ``EndpointEvent/sessionStopTimedOut(sessionID:protocolName:after:)`` after ``answerTimeout``.
     public mutating func closeSession(_ sessionID: UInt16, now: LinkTime) {
+        upper.now = now
         upper.closeSession(sessionID, reason: nil, notifyPeer: true)
         settle(now: now)
+    }
+
+    /// Device: whether the stop of a session closed by ``closeSession(_:now:)`` waits for the
+    /// accessory's acknowledgement (false once acknowledged or given up on, and when no stop
+    /// was sent: the session was not live, or the link is down).
+    public func isStopPending(_ sessionID: UInt16) -> Bool {
+        upper.stopsInFlight.contains { $0.id == sessionID }
     }
 
     /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).
@@ -600,6 +623,15 @@ struct Upper: LinkSink, Sendable {
 
     var events: [EndpointEvent] = []
     var controlOut = FIFO<[UInt8]>()
+    /// Control messages queued since the link came up (the number of the last one queued), and
+    /// the link's count of acknowledged control packets when it came up. Each message is one
+    /// packet, sent and acknowledged in order: message n is acknowledged once the link counts
+    /// `controlAcknowledgedBase + n`.
+    var controlQueuedSinceUp = 0
+    var controlAcknowledgedBase = 0
+    /// Device: the stops sent for sessions the owner closed, until the accessory's link
+    /// acknowledges them or `deadline` passes (at most one per closed session).
+    var stopsInFlight: [(id: UInt16, name: String, number: Int, deadline: LinkTime)] = []
     /// Set once the control queue overflowed: nothing more is queued on this connection.
     var overwhelmed = false
     var controlSessionID: UInt8?
@@ -629,6 +661,7 @@ struct Upper: LinkSink, Sendable {
     // MARK: Link up and down
 
     mutating func linkUp(_ parameters: LinkParameters, now: LinkTime) {
+        controlQueuedSinceUp = 0
         controlSessionID = parameters.session(ofType: .control)?.id
         eaLinkSessionID = parameters.session(ofType: .externalAccessory)?.id
         identified = role == .accessory ? false : identified
@@ -646,14 +679,16 @@ struct Upper: LinkSink, Sendable {
         dataInFlight.removeAll()
         for id in sessions.ids { closeSession(id, reason: "the link went down", notifyPeer: false) }
         controlOut.removeAll()
+        stopsInFlight.removeAll() // never to be acknowledged: the owner sees the link go down
         step = .idle
         deadline = nil
         if role == .device { identified = false }
     }
 
-    /// The sooner of the control step's deadline and the opening sessions' ones.
+    /// The soonest of the control step's deadline, the opening sessions' and the stops'.
     var nextDeadline: LinkTime? {
         var soonest = deadline
+        for stop in stopsInFlight where soonest.map({ stop.deadline < $0 }) ?? true { soonest = stop.deadline }
         for session in sessions.entries where session.state == .opening {
             if let open = session.openDeadline, soonest.map({ open < $0 }) ?? true { soonest = open }
         }
@@ -668,6 +703,13 @@ struct Upper: LinkSink, Sendable {
             events.append(.sessionOpenTimedOut(sessionID: session.id, protocolName: name, after: answerTimeout))
             closeSession(session.id, reason: "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(answerTimeout)",
                          notifyPeer: true)
+        }
+        let overdue = stopsInFlight.filter { $0.deadline <= now }
+        if !overdue.isEmpty {
+            stopsInFlight.removeAll { $0.deadline <= now }
+            for stop in overdue {
+                events.append(.sessionStopTimedOut(sessionID: stop.id, protocolName: stop.name, after: answerTimeout))
+            }
         }
         guard let deadline, deadline <= now else { return }
         self.deadline = nil
@@ -742,7 +784,20 @@ struct Upper: LinkSink, Sendable {
             fail(.overwhelmed(queued: queued))
             return
         }
-        if let bytes = try? message.encoded() { controlOut.append(bytes) }
+        if let bytes = try? message.encoded() {
+            controlOut.append(bytes)
+            controlQueuedSinceUp += 1
+        }
+    }
+
+    /// Tells which stops the accessory's link acknowledged since the last call.
+    mutating func noteStopAcknowledgements(_ link: IAP2Link) {
+        guard !stopsInFlight.isEmpty, let control = controlSessionID else { return }
+        let acknowledged = (link.acknowledgedPackets[control] ?? 0) - controlAcknowledgedBase
+        let done = stopsInFlight.filter { $0.number <= acknowledged }
+        guard !done.isEmpty else { return }
+        stopsInFlight.removeAll { $0.number <= acknowledged }
+        for stop in done { events.append(.sessionStopAcknowledged(sessionID: stop.id)) }
     }
 
     mutating func handle(_ message: ControlMessage) {
@@ -909,9 +964,15 @@ struct Upper: LinkSink, Sendable {
         let wasLive = state == .open || state == .opening
         roundRobin.removeAll { $0 == id }
         if notifyPeer {
+            let name = sessions[id]?.protocolName ?? ""
             sessions.remove(id)
             if wasLive, role == .device {
+                let queued = controlQueuedSinceUp
                 send(ControlMessage(id: .stopExternalAccessoryProtocolSession, parameters: [.uint16(0, id)]))
+                if controlQueuedSinceUp > queued {
+                    stopsInFlight.removeAll { $0.id == id }
+                    stopsInFlight.append((id, name, controlQueuedSinceUp, now + answerTimeout))
+                }
             }
         } else {
             sessions.with(id) {

@@ -232,9 +232,17 @@ public struct IAPEndpoint: Sendable {
         return try two!.openSession(protocolName: protocolName, now: now)
     }
 
-    /// Closes a session (the device tells the accessory) and forgets it.
+    /// Closes a session (the device tells the accessory) and forgets it. On iAP2 the stop's
+    /// acknowledgement is followed (``IAP2Endpoint/closeSession(_:now:)``); on iAP1 nothing
+    /// waits for the answer to CloseDataSession.
     public mutating func closeSession(_ sessionID: UInt16, now: LinkTime) {
         if one != nil { one!.closeSession(sessionID, now: now) } else { two!.closeSession(sessionID, now: now) }
+    }
+
+    /// Whether the stop of a closed session waits for the accessory's acknowledgement
+    /// (``IAP2Endpoint/isStopPending(_:)``; always false on iAP1).
+    public func isStopPending(_ sessionID: UInt16) -> Bool {
+        two?.isStopPending(sessionID) ?? false
     }
 
     /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).

@@ -148,6 +148,14 @@ public final class SerialTransport: Transport {
         core.close(reason: nil, deliver: true)
     }
 
+    /// Stops reading the descriptor (`false`) or starts again (`true`; the default once
+    /// activated). While stopped, what the peer writes stays in the kernel, whose buffer fills
+    /// until the peer's writes wait: a pseudo-terminal's accessory side that stops reading, as
+    /// the hostile-accessory tests play it. A hang-up is noticed once reading resumes.
+    package func setReading(_ reading: Bool) {
+        core.setReading(reading)
+    }
+
     // MARK: - Configuration and errors
 
     /// Raw mode, 8N1, no flow control, `CLOCAL | CREAD`, reads that return what is there.
@@ -266,7 +274,9 @@ public final class SerialTransport: Transport {
 
     /// Most bytes kept waiting for the line: four full windows of 64 KiB packets. Only a peer
     /// that stopped reading (or a line far slower than what the link sends) fills it; the
-    /// transport then closes with ``TransportError/Kind/stalled`` rather than grow.
+    /// transport then closes with ``TransportError/Kind/stalled`` rather than grow. Output sent
+    /// before ``activate(queue:handler:)`` is bounded by the same number: past it the transport
+    /// closes, and its activation delivers `.closed` with why.
     public static let outputLimit = 8 << 20
 
     static func stalledError(name: String, waiting: Int) -> TransportError {
@@ -274,6 +284,14 @@ public final class SerialTransport: Transport {
             "\(name) stopped taking data: \(waiting) bytes were waiting to be written",
             kind: .stalled,
             advice: "the accessory is not reading its input (hung, or flow control holding the line); reset it and connect again"
+        )
+    }
+
+    static func unactivatedError(name: String, waiting: Int) -> TransportError {
+        TransportError(
+            "\(name) was sent \(waiting) bytes before it was activated, more than the \(outputLimit) it keeps",
+            kind: .stalled,
+            advice: "activate the transport before sending this much (nothing is written until then); open the port again"
         )
     }
 
@@ -328,11 +346,11 @@ final class SerialCore: Sendable {
     }
 
     func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
-        enum Outcome { case ignored, alreadyClosed, finish, watch }
+        enum Outcome { case ignored, alreadyClosed(TransportError?), finish, watch }
         let outcome = state.withLock { state -> Outcome in
             guard !state.activated else { return .ignored }
             state.activated = true
-            guard state.phase == .idle else { return .alreadyClosed }
+            guard state.phase == .idle else { return .alreadyClosed(state.deliverClose ? state.closeReason : nil) }
             state.phase = .active
             state.queue = queue
             state.handler = handler
@@ -356,8 +374,8 @@ final class SerialCore: Sendable {
         switch outcome {
         case .ignored:
             return
-        case .alreadyClosed:
-            queue.async { handler(.closed(nil)) }
+        case let .alreadyClosed(reason):
+            queue.async { handler(.closed(reason)) }
         case .finish:
             finish()
         case .watch:
@@ -373,6 +391,12 @@ final class SerialCore: Sendable {
             case .closed:
                 return
             case .idle:
+                // Nothing is written before activation; what waits is bounded all the same.
+                let waiting = state.output.count - state.outputStart
+                guard waiting + frame.count <= SerialTransport.outputLimit else {
+                    state.close(reason: SerialTransport.unactivatedError(name: name, waiting: waiting + frame.count), deliver: true)
+                    return
+                }
                 state.output.append(contentsOf: frame)
                 return
             case .active:
@@ -405,6 +429,23 @@ final class SerialCore: Sendable {
         state.withLock { $0.close(reason: reason, deliver: deliver) }
     }
 
+    func setReading(_ reading: Bool) {
+        let readPass = state.withLock { state -> DispatchQueue? in
+            guard state.readingPaused == reading else { return nil }
+            state.readingPaused = !reading
+            guard reading, state.phase == .active else { return nil }
+            // A hang-up seen while stopped is no longer polled for: a read pass finds it now.
+            if state.hangUpSeen, state.readInterest {
+                state.readInterest = false
+                return state.queue
+            }
+            // Otherwise the poller watches for input again.
+            state.wake()
+            return nil
+        }
+        readPass?.async { [self] in readAvailable() }
+    }
+
     // MARK: Watched by the poller
 
     /// What the poller should wait for now: readable unless a read pass is under way, writable
@@ -414,7 +455,7 @@ final class SerialCore: Sendable {
         state.withLock { state -> pollfd? in
             guard state.phase == .active else { return nil }
             var events: Int16 = 0
-            if state.readInterest { events |= Int16(POLLIN) }
+            if state.readInterest, !state.readingPaused { events |= Int16(POLLIN) }
             if state.outputStart < state.output.count { events |= Int16(POLLOUT) }
             // After a hang-up poll(2) reports POLLHUP whatever was asked: ignore the
             // descriptor until the read pass under way sees the hang-up and closes.
@@ -448,7 +489,7 @@ final class SerialCore: Sendable {
             if revents & (POLLHUP | POLLERR) != 0 {
                 state.hangUpSeen = true
             }
-            guard revents & (POLLIN | POLLHUP | POLLERR) != 0, state.readInterest else { return nil }
+            guard revents & (POLLIN | POLLHUP | POLLERR) != 0, state.readInterest, !state.readingPaused else { return nil }
             state.readInterest = false
             return state.queue
         }
@@ -480,6 +521,11 @@ final class SerialCore: Sendable {
             // Read under the lock, deliver outside it.
             let (step, bytes, handler) = state.withLock { state -> (ReadStep, [UInt8], (@Sendable (TransportEvent) -> Void)?) in
                 guard state.phase == .active else { return (.stop, [], nil) }
+                guard !state.readingPaused else {
+                    // Stopped by setReading(false): the poller waits for input again once resumed.
+                    state.readInterest = true
+                    return (.stop, [], nil)
+                }
                 let descriptor = state.descriptor
                 let result = state.readBuffer.withUnsafeMutableBytes { SystemCall.read(descriptor, into: $0) }
                 if case .success(let count) = result, count > 0 {
@@ -560,6 +606,8 @@ struct State {
     var readInterest = false
     /// poll(2) reported a hang-up or an error condition.
     var hangUpSeen = false
+    /// Reading stopped by ``SerialTransport/setReading(_:)``.
+    var readingPaused = false
     /// Output not yet written: `output[outputStart...]`.
     var output: [UInt8] = []
     var outputStart = 0

@@ -1,4 +1,5 @@
 @testable import AccessoryHost
+import Dispatch
 import IAPLink
 import IAPTransport
 import Synchronization
@@ -105,6 +106,16 @@ struct ManagerTests {
         #expect(manager.callbackCount == baseline)
     }
 
+    @Test("stopping a manager ends the event sequences of subscribers still holding them")
+    func stopEndsLiveEventSequences() async throws {
+        let manager = AccessoryManager()
+        let events = manager.events
+        manager.stop() // it crashed here: the sequence's termination handler took the manager's lock again
+        var count = 0
+        for await _ in events { count += 1 }
+        #expect(count == 0)
+    }
+
     @Test func aFinishedWaitForAnAccessoryStopsWatching() async throws {
         let (manager, echo, accessory) = try await Self.connected()
         defer { manager.stop(); echo.stop() }
@@ -177,6 +188,34 @@ struct ManagerTests {
             await #expect(throws: (any Error).self) { try await session.drain() }
         }
         #expect(session.bytesAcknowledged == payload.count)
+    }
+
+    @Test("a handler queue that is held up collects one hasBytesAvailable and one hasSpaceAvailable, not one per packet")
+    func streamEventsAreCoalescedForAHeldUpQueue() async throws {
+        let (manager, echo, accessory) = try await Self.connected()
+        defer { manager.stop(); echo.stop() }
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        let handlerQueue = DispatchQueue(label: "test.held-up-handler")
+        let seen = Mutex<[SessionStreamEvent]>([])
+        handlerQueue.suspend()
+        session.setEventHandler(queue: handlerQueue) { event in seen.withLock { $0.append(event) } }
+        // 5,000 writes and their echoes: each one served the session and used to post an event.
+        var written = 0
+        for _ in 0..<5_000 { written += try session.writeAvailable([0x42]) }
+        #expect(written > 0)
+        try await session.flush()
+        // The marker goes behind whatever waits on the held-up queue now.
+        let backlog = await withCheckedContinuation { (continuation: CheckedContinuation<[SessionStreamEvent], Never>) in
+            handlerQueue.async { continuation.resume(returning: seen.withLock { $0 }) }
+            handlerQueue.resume()
+        }
+        #expect(backlog.first == .openCompleted)
+        #expect(backlog.filter { $0 == .hasSpaceAvailable }.count <= 1, "\(backlog.count) events were waiting")
+        #expect(backlog.filter { $0 == .hasBytesAvailable }.count <= 1, "\(backlog.count) events were waiting")
+        #expect(backlog.count <= 3)
+        // Still delivered once the queue runs: the echo is readable and announced.
+        _ = try await session.read()
+        session.close()
     }
 
     @Test(arguments: Wire.allCases)

@@ -36,6 +36,22 @@ struct LoggerTests {
         #expect(Logger.verbosity(-1) == .notice)
     }
 
+    @Test("the in-memory handler keeps the newest records up to its limit and counts the rest")
+    func inMemoryHandlerIsBounded() {
+        let handler = InMemoryLogHandler(limit: 100)
+        let logger = Logger(label: "flood", logLevel: .debug, handler: handler)
+        for index in 0..<10_050 { logger.debug("malformed control message \(index)") }
+        #expect(handler.records.count == 100)
+        #expect(handler.messages.first == "malformed control message 9950")
+        #expect(handler.messages.last == "malformed control message 10049")
+        #expect(handler.droppedCount == 9_950)
+        handler.clear()
+        #expect(handler.records.isEmpty && handler.droppedCount == 0)
+        logger.notice("after")
+        #expect(handler.messages == ["after"])
+        #expect(InMemoryLogHandler().limit == InMemoryLogHandler.defaultLimit)
+    }
+
     @Test func filteredMessagesAreNotEvaluated() {
         let handler = InMemoryLogHandler()
         let logger = Logger(label: "test", logLevel: .warning, handler: handler)

@@ -97,6 +97,36 @@ struct HostileLinkTests {
         #expect(queued == IAP2Endpoint.controlQueueLimit)
     }
 
+    @Test("the stop of a closed session is followed: acknowledged by a live accessory, given up on after answerTimeout by a silent one")
+    func closedSessionStopIsFollowed() throws {
+        var (pair, id) = try Self.silentPair()
+        pair.device.closeSession(id, now: pair.now)
+        #expect(pair.device.isStopPending(id))
+        #expect(pair.run(until: pair.now + .seconds(5)) { $0.deviceEvents.contains(.sessionStopAcknowledged(sessionID: id)) })
+        #expect(!pair.device.isStopPending(id))
+        // Another session; this time the accessory hears nothing after the open.
+        let again = try pair.device.openSession(protocolName: "com.acme.log", now: pair.now)
+        #expect(pair.run(until: pair.now + .seconds(5)) { $0.device.sessionState(again) == .open })
+        pair.device.answerTimeout = .milliseconds(200) // before the link's 3 silent rounds of 100 ms
+        pair.toAccessory.blackHole = true
+        let closedAt = pair.now
+        pair.device.closeSession(again, now: pair.now)
+        #expect(pair.device.isStopPending(again))
+        var timedOutAt: Duration?
+        #expect(pair.run(until: pair.now + .seconds(5)) { pair in
+            guard pair.deviceEvents.contains(.sessionStopTimedOut(sessionID: again, protocolName: "com.acme.log", after: .milliseconds(200)))
+            else { return false }
+            timedOutAt = pair.now
+            return true
+        })
+        if let timedOutAt {
+            #expect(timedOutAt - closedAt >= .milliseconds(200), "gave up early")
+            #expect(timedOutAt - closedAt < .milliseconds(300), "gave up after \(timedOutAt - closedAt)")
+        }
+        #expect(!pair.device.isStopPending(again))
+        #expect(!pair.deviceEvents.contains(.sessionStopAcknowledged(sessionID: again)))
+    }
+
     @Test("an open the accessory never answers times out with the protocol named")
     func unansweredOpenTimesOut() throws {
         var pair = Pair()

@@ -285,6 +285,58 @@ struct SerialTransportTests {
         reader.cancel()
     }
 
+    @Test("output sent before activation is bounded: past the limit the transport closes, and activation says why")
+    func outputBeforeActivationIsBounded() throws {
+        let (_, writer, reader) = try makePair()
+        let frame = [UInt8](repeating: 0x5A, count: 64 * 1024)
+        let fitting = SerialTransport.outputLimit / frame.count
+        writer.send(Array(repeating: frame, count: fitting))
+        #expect(writer.pendingOutputBytes == fitting * frame.count)
+        writer.send([[0x01]]) // one byte past the bound
+        #expect(writer.pendingOutputBytes == 0, "the queued output is dropped with the close")
+        writer.activate()
+        #expect(writer.recorder.wait { !$0.closes.isEmpty })
+        let error = try #require(writer.recorder.snapshot.closes.first.flatMap { $0 })
+        #expect(error.kind == .stalled)
+        #expect(error.description.contains("before it was activated"))
+        #expect(error.advice?.contains("activate the transport") == true)
+        reader.cancel()
+    }
+
+    @Test("a transport that stops reading leaves the bytes to the kernel, and reads them all once it resumes")
+    func readingStopsAndResumes() throws {
+        let (_, master, slave) = try makePair()
+        master.activate()
+        slave.activate()
+        master.run { $0.setReading(false) }
+        let frames = patternFrames(count: 1_000, seed: 3)
+        let total = frames.reduce(0) { $0 + $1.count }
+        slave.send(frames)
+        // 750 KB: more than the kernel buffers, so the slave's own queue holds the rest.
+        #expect(slave.pendingOutputBytes > 0)
+        #expect(master.recorder.snapshot.bytes.isEmpty)
+        master.run { $0.setReading(true) }
+        #expect(master.recorder.wait { $0.bytes.count >= total })
+        #expect(master.recorder.snapshot.bytes == frames.flatMap { $0 })
+        slave.cancel()
+        master.cancel()
+    }
+
+    @Test("a hang-up while reading is stopped is reported once reading resumes")
+    func hangUpWhileNotReading() throws {
+        let (_, master, slave) = try makePair(keepSlaveOpen: false)
+        slave.activate()
+        master.activate()
+        master.run { $0.setReading(false) }
+        slave.cancel()
+        #expect(slave.recorder.wait { !$0.closes.isEmpty })
+        master.drainQueue()
+        #expect(master.recorder.snapshot.closes.isEmpty)
+        master.run { $0.setReading(true) }
+        #expect(master.recorder.wait { !$0.closes.isEmpty })
+        #expect(master.recorder.snapshot.closes.first??.kind == .hungUp)
+    }
+
     @Test func aHangUpWithOutputStillQueuedClosesOnceAndDropsTheOutput() throws {
         let (_, writer, reader) = try makePair(keepSlaveOpen: false)
         writer.activate()

@@ -33,9 +33,7 @@ final class HostContext: Sendable {
         traceSink = try TraceSink(command)
         var configuration = AccessoryManager.Configuration(supportedProtocols: supportedProtocols, logger: logger)
         if let traceSink {
-            configuration.transportTap = { transport in
-                TracingTransport(transport) { direction, bytes in traceSink.record(direction, bytes) }
-            }
+            configuration.transportTap = { transport in traceSink.tap(transport) }
         }
         manager = AccessoryManager(configuration: configuration)
         let failures = self.failures
@@ -121,46 +119,45 @@ func loadProfile(_ name: String) throws -> SimulatorProfile {
 }
 
 /// `--trace` and `--trace-file`: every frame in both directions, decoded and timestamped.
+///
+/// Each transport's bytes are scanned on their own (``TraceStream``): a frame split across reads
+/// of one accessory is not mixed with another's bytes, and what is held for it (at most one
+/// frame, `FrameScanner.maxFrameLength`, per direction) goes away with the transport.
 final class TraceSink: Sendable {
-    private struct State {
-        var scanners: [TracingTransport.Direction: FrameScanner] = [.in: FrameScanner(), .out: FrameScanner()]
-        var inspector = FrameInspector()
-        var file: UnsafeMutablePointer<FILE>?
-    }
-    private let state: Mutex<State>
+    private let file: Mutex<UnsafeMutablePointer<FILE>?>
     private let start = ContinuousClock.now
 
     init?(_ command: ParsedCommand) throws {
         let path = command.value("trace-file")
         guard command.flag("trace") || path != nil else { return nil }
-        var initial = State()
+        var opened: UnsafeMutablePointer<FILE>?
         if let path {
-            guard let file = fopen(path, "w") else {
+            guard let handle = fopen(path, "w") else {
                 throw ToolError(description: "cannot write the trace file '\(path)': \(String(cString: strerror(errno)))", exitCode: .ioError)
             }
-            initial.file = file
+            opened = handle
         }
-        state = Mutex(initial)
+        file = Mutex(opened)
     }
 
-    func record(_ direction: TracingTransport.Direction, _ bytes: [UInt8]) {
-        let elapsed = ContinuousClock.now - start
-        let (seconds, attoseconds) = elapsed.components
-        let stamp = "\(seconds).\(String(Int(attoseconds / 1_000_000_000_000) + 1_000_000).dropFirst())"
-        let arrow = direction == .out ? "host → acc" : "acc → host"
-        var lines: [String] = []
-        state.withLock { state in
-            var scanner = state.scanners[direction] ?? FrameScanner()
-            var inspector = state.inspector
-            scanner.scan(bytes.span.bytes, onFrame: { frame, span in
-                lines.append("\(stamp) \(arrow) " + inspector.inspect(frame, in: span).text(indent: "        "))
-            }, onDrop: { drop in
-                lines.append("\(stamp) \(arrow) " + inspector.inspect(drop).summary)
-            })
-            state.scanners[direction] = scanner
-            state.inspector = inspector
-            let text = lines.map { $0 + "\n" }.joined()
-            if let file = state.file {
+    /// `transport`, traced: its frames are decoded on a stream of their own.
+    func tap(_ transport: any Transport) -> any Transport {
+        let stream = TraceStream()
+        return TracingTransport(transport) { [self] direction, bytes in
+            write(stream.lines(direction, bytes, stamp: stamp(), arrow: direction == .out ? "host → acc" : "acc → host"))
+        }
+    }
+
+    private func stamp() -> String {
+        let (seconds, attoseconds) = (ContinuousClock.now - start).components
+        return "\(seconds).\(String(Int(attoseconds / 1_000_000_000_000) + 1_000_000).dropFirst())"
+    }
+
+    private func write(_ lines: [String]) {
+        guard !lines.isEmpty else { return }
+        let text = lines.map { $0 + "\n" }.joined()
+        file.withLock { file in
+            if let file {
                 fputs(text, file)
                 fflush(file)
             } else {
@@ -170,9 +167,35 @@ final class TraceSink: Sendable {
     }
 
     func finish() {
+        file.withLock { file in
+            if let file { fclose(file) }
+            file = nil
+        }
+    }
+}
+
+/// One traced transport's scanners (one per direction) and inspector.
+final class TraceStream: Sendable {
+    private struct State {
+        var scanners: [TracingTransport.Direction: FrameScanner] = [.in: FrameScanner(), .out: FrameScanner()]
+        var inspector = FrameInspector()
+    }
+    private let state = Mutex(State())
+
+    /// The trace lines for `bytes` going `direction`: a frame completed by them, each drop.
+    func lines(_ direction: TracingTransport.Direction, _ bytes: [UInt8], stamp: String, arrow: String) -> [String] {
         state.withLock { state in
-            if let file = state.file { fclose(file) }
-            state.file = nil
+            var lines: [String] = []
+            var scanner = state.scanners[direction] ?? FrameScanner()
+            var inspector = state.inspector
+            scanner.scan(bytes.span.bytes, onFrame: { frame, span in
+                lines.append("\(stamp) \(arrow) " + inspector.inspect(frame, in: span).text(indent: "        "))
+            }, onDrop: { drop in
+                lines.append("\(stamp) \(arrow) " + inspector.inspect(drop).summary)
+            })
+            state.scanners[direction] = scanner
+            state.inspector = inspector
+            return lines
         }
     }
 }

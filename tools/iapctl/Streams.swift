@@ -116,9 +116,16 @@ enum OpenCommand {
                 throw ToolError(description: "\(error)", exitCode: .ioError)
             }
         }
-        _ = try? blockingAwait { try await stream.flush() }
-        // Input ended: keep copying output until the accessory has been quiet for --idle seconds
-        // after the last write finished.
+        // Input ended: what was written must be acknowledged, within a progress timeout (an
+        // accessory that keeps its link alive without acknowledging held `open` here for ever).
+        do { try blockingAwait { try await stream.drain(progressTimeout: sendProgressTimeout) } } catch {
+            // The session's end is the output side's to report; a timeout is this side's.
+            if case AccessoryError.timedOut = error {
+                failure.withLock { $0 = $0 ?? ToolError(description: "\(error)", exitCode: .ioError) }
+            }
+        }
+        // Keep copying output until the accessory has been quiet for --idle seconds after the
+        // last write finished.
         while activity.wait(timeout: .now() + .milliseconds(Int(idle * 1_000))) == .success
                 || writing.load(ordering: .acquiring) {}
         stream.close()
