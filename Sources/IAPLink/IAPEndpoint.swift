@@ -208,6 +208,12 @@ public struct IAPEndpoint: Sendable {
         pendingEvents += events.filter { if case .link(.iap1Packet) = $0 { false } else { true } }
         guard !bodies.isEmpty else { return }
         switchCount += 1
+        // Bytes were dropped before these packets: they may be noise that happened to form a
+        // valid iAP1 packet (50 MiB of garbage holds a checksummed IdentifyDeviceLingoes now and
+        // then). An identification found among them is not believed: the accessory is asked to
+        // identify again, and only its answer identifies it.
+        let amidNoise = two!.link.scanStatistics.droppedBytes > 0
+        let believed = amidNoise ? bodies.filter { !Self.isIdentification($0) } : bodies
         pendingOutput += two!.takeOutput()
         let partial = two!.takeUnscannedBytes()
         var iap1 = IAP1Endpoint(device: settings.policy, sessionBufferLimit: settings.bufferLimit,
@@ -217,11 +223,15 @@ public struct IAPEndpoint: Sendable {
         iap1.start(now: now)
         // An accessory that did not start identifying (it answered the detect, or sent
         // something else) is asked to.
-        let identifies = bodies.contains { $0.count >= 2 && $0[0] == 0x00 && ($0[1] == IAP1Command.startIDPS || $0[1] == IAP1Command.identifyDeviceLingoes) }
-        if !identifies { iap1.requestIdentify() }
-        iap1.takeOver(bodies: bodies, partial: partial, now: now)
+        if !believed.contains(where: Self.isIdentification) { iap1.requestIdentify() }
+        iap1.takeOver(bodies: believed, partial: partial, now: now)
         two = nil
         one = iap1
+    }
+
+    /// Whether an iAP1 packet body starts an identification (StartIDPS, IdentifyDeviceLingoes).
+    private static func isIdentification(_ body: [UInt8]) -> Bool {
+        body.count >= 2 && body[0] == 0x00 && (body[1] == IAP1Command.startIDPS || body[1] == IAP1Command.identifyDeviceLingoes)
     }
 
     // MARK: Sessions

@@ -421,6 +421,46 @@ struct NoisyLinkTests {
 
 @Suite("iAP1 on a noisy line")
 struct NoisyIAP1Tests {
+    /// IdentifyDeviceLingoes with options 0 (no authentication): identifies at once when believed.
+    static func identifyDeviceLingoes() throws -> [UInt8] {
+        var packet: [UInt8] = []
+        try IAP1Packet(lingo: 0, command: UInt16(IAP1Command.identifyDeviceLingoes),
+                       payload: [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]).encode(into: &packet)
+        return packet
+    }
+
+    static func asksToIdentify(_ frames: [[UInt8]]) -> Bool {
+        frames.contains { $0.count >= 5 && $0[0] == 0xFF && $0[1] == 0x55 && $0[3] == 0x00 && $0[4] == IAP1Command.requestIdentify }
+    }
+
+    @Test("an iAP1 identification found among noise is not believed: no accessory is announced, and it is asked to identify again")
+    func anIdentificationAmidNoiseIsNotBelieved() throws {
+        var host = IAPEndpoint(device: .device, initialSequence: 0x40, randomSeed: 21)
+        host.start(now: .zero)
+        _ = host.takeOutput()
+        host.receive([0x13, 0x37, 0xFF, 0x00, 0x42] + (try Self.identifyDeviceLingoes()), now: .milliseconds(1))
+        let events = host.takeEvents()
+        #expect(events.contains { if case .protocolSwitched(.iap1) = $0 { true } else { false } })
+        #expect(!events.contains { if case .identified = $0 { true } else { false } }, "noise is not an accessory")
+        #expect(host.identity == nil)
+        #expect(Self.asksToIdentify(host.takeOutput()))
+
+        // A real iAP1 accessory answers the request: now it is identified.
+        host.receive(try Self.identifyDeviceLingoes(), now: .milliseconds(20))
+        #expect(host.takeEvents().contains { if case .identified = $0 { true } else { false } })
+        #expect(host.identity?.protocolVersion == .iap1)
+    }
+
+    @Test("on a clean line the same identification is believed at once")
+    func aCleanIdentificationIsBelieved() throws {
+        var host = IAPEndpoint(device: .device, initialSequence: 0x40, randomSeed: 21)
+        host.start(now: .zero)
+        _ = host.takeOutput()
+        host.receive(try Self.identifyDeviceLingoes(), now: .milliseconds(1))
+        #expect(host.takeEvents().contains { if case .identified = $0 { true } else { false } })
+        #expect(!Self.asksToIdentify(host.takeOutput()))
+    }
+
     @Test func aLyingIAP1LengthDoesNotHideTheDetectOfAnAccessoryThatStartsOver() {
         var device = IAP1Endpoint(device: AcceptingAuthentication(), interByteGap: .milliseconds(40), randomSeed: 3)
         device.start(now: .zero)
