@@ -530,7 +530,7 @@ struct SessionTable: Sendable {
 /// once, into this storage; the link finishes each packet where it lies and the transport sends
 /// a transmit buffer as it is.
 struct OutboundQueue: Sendable {
-    private var packets = FIFO<PacketStorage>()
+    private var packets = FIFO<LinkFrame>()
     /// Application bytes queued (EA headers and headroom not counted).
     private(set) var byteCount = 0
     /// The smallest buffer made for a short write, so a run of small writes shares packets.
@@ -574,7 +574,7 @@ struct OutboundQueue: Sendable {
     }
 
     /// Takes the oldest packet and the number of application bytes it carries.
-    mutating func popPacket() -> (packet: PacketStorage, dataBytes: Int)? {
+    mutating func popPacket() -> (packet: LinkFrame, dataBytes: Int)? {
         guard let packet = packets.popFirst() else { return nil }
         let data = packet.count - LinkPacketHeader.size - EASessionData.headerSize
         byteCount -= data

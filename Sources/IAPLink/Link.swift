@@ -101,7 +101,7 @@ public struct IAP2Link: Sendable {
     private struct InFlight: Sendable {
         var sequence: UInt8
         var sessionID: UInt8
-        var packet: PacketStorage
+        var packet: LinkFrame
         var sentAt: LinkTime
         var transmissions: Int
         /// Retransmissions by timer since the peer was last heard from: the link fails when one
@@ -132,7 +132,7 @@ public struct IAP2Link: Sendable {
     private var lastSentSequence: UInt8 = 0
     private var lastReceived: UInt8 = 0
     private var unacked: [InFlight] = []
-    private var sendQueue = FIFO<(sessionID: UInt8, packet: PacketStorage)>()
+    private var sendQueue = FIFO<(sessionID: UInt8, packet: LinkFrame)>()
     private var held: [UInt8: Held] = [:]
     private var pendingAcks = 0
     private var ackDeadline: LinkTime?
@@ -292,14 +292,14 @@ public struct IAP2Link: Sendable {
     /// Storage to lay a packet of up to `payloadCapacity` payload bytes out in: a transmit
     /// buffer when the payload is long enough and one is free, else ``framedBuffer(payloadCapacity:)``.
     /// It holds the header's headroom already.
-    mutating func packetStorage(payloadCapacity: Int) -> PacketStorage {
+    mutating func packetStorage(payloadCapacity: Int) -> LinkFrame {
         let needed = LinkPacketHeader.size + max(0, payloadCapacity) + 1
         if payloadCapacity >= Self.transmitBufferThreshold, let pool = transmitBuffers, needed <= pool.bufferCapacity,
            let buffer = pool.take() {
             buffer.appendZeros(LinkPacketHeader.size)
-            return PacketStorage(buffer: buffer)
+            return .buffer(buffer)
         }
-        return PacketStorage(array: framedBuffer(payloadCapacity: payloadCapacity))
+        return .bytes(framedBuffer(payloadCapacity: payloadCapacity))
     }
 
     /// An empty buffer to lay a packet out in, as ``LinkPacket/framedBuffer(payloadCapacity:)``
@@ -332,12 +332,12 @@ public struct IAP2Link: Sendable {
     ///   the buffer holds no payload.
     @discardableResult
     public mutating func send(sessionID: UInt8, framedPacket: [UInt8], now: LinkTime) -> Bool {
-        send(sessionID: sessionID, storage: PacketStorage(array: framedPacket), now: now)
+        send(sessionID: sessionID, storage: .bytes(framedPacket), now: now)
     }
 
     /// Queues a packet laid out in `storage` (from ``packetStorage(payloadCapacity:)``), as
     /// ``send(sessionID:framedPacket:now:)`` does.
-    mutating func send(sessionID: UInt8, storage: PacketStorage, now: LinkTime) -> Bool {
+    mutating func send(sessionID: UInt8, storage: LinkFrame, now: LinkTime) -> Bool {
         let payloadLength = storage.count - LinkPacketHeader.size
         guard canSend, payloadLength > 0, payloadLength <= maxPayloadLength else { return false }
         sendQueue.append((sessionID, storage))
@@ -871,7 +871,7 @@ public struct IAP2Link: Sendable {
             lastSentSequence = sequence
             // Moved out of the queue entry, so an array is uniquely ours and the checksum is
             // appended in place (a copy would make the array be copied whole).
-            var packet = PacketStorage(array: [])
+            var packet = LinkFrame.bytes([])
             swap(&packet, &next.packet)
             transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
             statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
@@ -887,16 +887,16 @@ public struct IAP2Link: Sendable {
     ///   sending: its memory may be read by the kernel at any moment, so it is not rewritten,
     ///   and sending it again would only queue a duplicate behind the first.
     @discardableResult
-    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, packet: inout PacketStorage, checksummed: Bool) -> Bool {
-        switch packet.kind {
-        case .array(var array):
-            packet.kind = .array([]) // uniquely ours while the header is written
+    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, packet: inout LinkFrame, checksummed: Bool) -> Bool {
+        switch packet {
+        case .bytes(var array):
+            packet = .bytes([]) // uniquely ours while the header is written
             if LinkPacket.finish(framed: &array, control: .ack, sequence: sequence, acknowledgement: lastReceived,
                                  sessionID: sessionID, checksummed: checksummed) {
                 outbox.append(.bytes(array))
                 statistics.packetsSent += 1
             }
-            packet.kind = .array(array)
+            packet = .bytes(array)
         case let .buffer(buffer):
             guard buffer.pendingTransmissions == 0 else { return false }
             if !checksummed { buffer.append(0) }
@@ -918,7 +918,7 @@ public struct IAP2Link: Sendable {
     private mutating func retransmit(at index: Int, now: LinkTime) {
         // Taken out while it is finished again, so an array is not copied on write for the
         // table's sake (the transport may still hold it: then it is, once).
-        var packet = PacketStorage(array: [])
+        var packet = LinkFrame.bytes([])
         swap(&packet, &unacked[index].packet)
         let sent = transmitData(sequence: unacked[index].sequence, sessionID: unacked[index].sessionID, packet: &packet,
                                 checksummed: true)
@@ -943,7 +943,7 @@ public struct IAP2Link: Sendable {
             // they are read) has most likely let go of it, and its storage is reused without
             // allocating. A transmit buffer goes back to its pool once the transport is done
             // with it too.
-            if case let .array(packet) = done.packet.kind, spareBuffers.count < Self.spareLimit { spareBuffers.append(packet) }
+            if case let .bytes(packet) = done.packet, spareBuffers.count < Self.spareLimit { spareBuffers.append(packet) }
         }
         if removed > 0 { pump(now: now) }
     }

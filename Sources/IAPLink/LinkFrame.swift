@@ -35,43 +35,26 @@ public enum LinkFrame: Sendable {
     }
 }
 
-/// Storage one outgoing link packet is laid out in: a framed array
-/// (``LinkPacket/framedBuffer(payloadCapacity:)``) or a buffer from the transport's pool. Both
-/// hold ``LinkPacketHeader/size`` bytes of headroom before the payload and room for the
-/// checksum after it.
-struct PacketStorage: Sendable {
-    enum Kind: Sendable {
-        case array([UInt8])
-        case buffer(PacketBuffer)
-    }
-    var kind: Kind
-
-    init(array: [UInt8]) { kind = .array(array) }
-    init(buffer: PacketBuffer) { kind = .buffer(buffer) }
-
-    /// Bytes laid out (headroom included).
-    var count: Int {
-        switch kind {
-        case let .array(array): array.count
-        case let .buffer(buffer): buffer.count
-        }
-    }
-
-    /// The most bytes this storage holds without growing.
+// Laying a packet out: the frame as storage the writer appends to before the link finishes it.
+// A frame from ``IAP2Link/packetStorage(payloadCapacity:)`` (a framed array, or a buffer from
+// the transport's pool) holds ``LinkPacketHeader/size`` bytes of headroom before the payload and
+// room for the checksum after it.
+extension LinkFrame {
+    /// The most bytes this frame holds without growing.
     var capacity: Int {
-        switch kind {
-        case let .array(array): array.capacity
+        switch self {
+        case let .bytes(bytes): bytes.capacity
         case let .buffer(buffer): buffer.capacity
         }
     }
 
     /// Appends `bytes` (the caller checked they fit in ``capacity``).
     mutating func append(_ bytes: RawSpan) {
-        switch kind {
-        case .array(var array):
-            kind = .array([]) // the array stays uniquely referenced while it grows
+        switch self {
+        case .bytes(var array):
+            self = .bytes([]) // the array stays uniquely referenced while it grows
             bytes.withUnsafeBytes { array.append(contentsOf: $0) }
-            kind = .array(array)
+            self = .bytes(array)
         case let .buffer(buffer):
             buffer.append(bytes)
         }
@@ -79,21 +62,13 @@ struct PacketStorage: Sendable {
 
     /// Appends one byte.
     mutating func append(_ byte: UInt8) {
-        switch kind {
-        case .array(var array):
-            kind = .array([])
+        switch self {
+        case .bytes(var array):
+            self = .bytes([])
             array.append(byte)
-            kind = .array(array)
+            self = .bytes(array)
         case let .buffer(buffer):
             buffer.append(byte)
-        }
-    }
-
-    /// The packet as a frame for the transport.
-    var frame: LinkFrame {
-        switch kind {
-        case let .array(array): .bytes(array)
-        case let .buffer(buffer): .buffer(buffer)
         }
     }
 }
