@@ -88,9 +88,9 @@ let package = Package(
         .target(name: "TestThreads", path: "Tests/TestThreads", swiftSettings: strict),
         .testTarget(name: "IAPWireTests", dependencies: ["IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPLinkTests", dependencies: ["IAPLink", "IAPWire", "ByteRing", "TestThreads"], swiftSettings: strict),
-        .testTarget(name: "IAPTransportTests", dependencies: ["IAPTransport", "IAPLink", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "IAPTransportTests", dependencies: ["IAPTransport", "IAPLink", "IAPWire", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
-        .testTarget(name: "AccessoryGadgetTests", dependencies: ["AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "AccessoryGadgetTests", dependencies: ["AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "SystemCallsTests", dependencies: ["SystemCalls"], swiftSettings: strict),
         .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryLogging", "IAPTransport", "IAPLink", "IAPWire", "USBHost"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
@@ -102,7 +102,7 @@ let package = Package(
         .testTarget(name: "ByteRingTests", dependencies: ["ByteRing", "TestThreads"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
         .testTarget(name: "USBRigTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPLink"], swiftSettings: strict),
-        .testTarget(name: "USBHostTests", dependencies: ["USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink"], swiftSettings: strict),
+        .testTarget(name: "USBHostTests", dependencies: ["USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )
