@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test of the project, on a fresh machine: installs what is missing, builds with warnings
-# treated as failures, runs the unit and integration tests, checks that the codec allocates
+# treated as failures, runs the unit and integration tests (twice: the second time with Swift's
+# cooperative pool narrowed to one thread, tools/narrow-pool), checks that the codec allocates
 # nothing per frame, runs the in-guest tests on a real kernel USB stack (tools/usb-rig), and
 # fuzzes each parser for FUZZ_SECONDS (default 60) seconds.
 set -euo pipefail
@@ -23,6 +24,23 @@ timeout 1800 swift test --skip-build 2>&1 | tee "$log" | grep -vE "^(Test Case|T
 summary=$(grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1)
 echo "$summary"
 grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log" || { echo "test: swift test failed" >&2; exit 1; }
+
+step "unit and integration tests again: Swift's cooperative pool narrowed to one thread, two busy loops beside"
+# Swift Testing runs every test, synchronous ones included, on the cooperative pool (one thread
+# per core, none added for a thread that blocks). A test that blocks its thread instead of
+# awaiting (or running with the .ownThread trait of Tests/TestThreads), or computes for seconds
+# on it, holds up every other test's awaits and time-limit timers: with two other builds running,
+# 26 tests hit their 60 s limits and a run once hung (issue 16). One pool thread and two busy
+# loops make that show on every run: about 80 s here (50 s without the loops); before the fix,
+# over 3 minutes and 27 failures with two busy loops even at full width.
+yes > /dev/null & busy1=$!
+yes > /dev/null & busy2=$!
+trap 'kill "$busy1" "$busy2" 2>/dev/null; rm -f "$log"' EXIT
+timeout 600 tools/narrow-pool/run.sh swift test --skip-build 2>&1 | tee "$log" | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true
+kill "$busy1" "$busy2"
+trap 'rm -f "$log"' EXIT
+grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1 || true
+grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log" || { echo "test: swift test with a one-thread cooperative pool under load failed or hung" >&2; exit 1; }
 
 step "ThreadSanitizer: the ring under two threads"
 # ByteRing's producer and consumer share memory ordered only by its atomics; its stress tests

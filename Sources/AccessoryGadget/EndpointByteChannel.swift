@@ -186,8 +186,11 @@ final class EndpointByteChannel: ByteChannel, Sendable {
         guard !closing else { return }
         let error = TransportError("\(what) of \(description) failed: \(gadgetErrorText(code))", errno: code,
                                    advice: "the host went away or reset the device")
-        // Not joined from here: the thread that failed returns right after.
-        DispatchQueue.global().async { [self] in shutDown(error: error) }
+        // Not joined from here: the thread that failed returns right after. On a queue of its own,
+        // not the global one: the shutdown joins threads, and on Linux the global queue shares
+        // its threads with Swift's tasks (as many as cores; a blocked one is made up for only
+        // after about a second).
+        DispatchQueue(label: "EndpointByteChannel shutdown").async { [self] in shutDown(error: error) }
     }
 
     private func readLoop() {

@@ -604,7 +604,10 @@ private final class GadgetCore: Sendable {
     /// Closes the transport from one of its threads (an unrecoverable error): the teardown runs
     /// elsewhere, since it joins the thread that asks for it.
     func fail(_ error: TransportError) {
-        DispatchQueue.global().async { [self] in
+        // On a queue of its own, not the global one: the teardown joins threads, and on Linux the
+        // global queue shares its threads with Swift's tasks (as many as cores; a blocked one is
+        // made up for only after about a second).
+        DispatchQueue(label: "GadgetTransport teardown").async { [self] in
             teardown(reason: error, deliver: true, waitIfBusy: false)
         }
     }

@@ -5,10 +5,13 @@ import Glibc
 import IAPTransport
 import Synchronization
 import Testing
+import TestThreads
 
 /// The GadgetFS native channel over pipes in place of the endpoint files: one pipe carries what
 /// the "host" sends (read by the channel's OUT thread), the other what the channel writes.
-@Suite("EndpointByteChannel over pipes", .timeLimit(.minutes(1)))
+/// The tests block in read() on the pipes: each on a thread of its own (`.ownThread`); their
+/// awaits resume there too.
+@Suite("EndpointByteChannel over pipes", .timeLimit(.minutes(1)), .ownThread)
 struct EndpointByteChannelTests {
     final class Wire: Sendable {
         let channel: EndpointByteChannel
@@ -38,6 +41,7 @@ struct EndpointByteChannelTests {
         }
 
         func receive(_ count: Int) -> [UInt8] {
+            expectMayBlock("Wire.receive")
             var bytes: [UInt8] = []
             var buffer = [UInt8](repeating: 0, count: 65_536)
             while bytes.count < count {
@@ -70,7 +74,7 @@ struct EndpointByteChannelTests {
     func bothDirections() async throws {
         let wire = try Wire()
         let inbound = Self.pattern(300_000, seed: 1)
-        DispatchQueue.global().async { wire.send(inbound) }
+        DispatchQueue(label: "test.sender").async { wire.send(inbound) }
         var received: [UInt8] = []
         var events = wire.events.stream.makeAsyncIterator()
         while received.count < inbound.count {

@@ -6,13 +6,16 @@ import IAPTransport
 import IAPWire
 import Synchronization
 import Testing
+import TestThreads
 
 // GadgetTransport's data path over socket pairs standing in for the FunctionFS files: ep1 (IN),
 // ep2 (OUT) and, where a test needs it, ep0 (fed with 12-byte event records). SOCK_SEQPACKET
 // keeps write boundaries, so the IN side shows each write() the transport made.
 //
 // Serialized: the descriptor count looks at the whole process.
-@Suite("GadgetTransport over socket pairs", .serialized)
+/// The tests block: on events of the transport's threads, in recv() on the socket peers, in
+/// cancel() (which joins the threads). Each runs on a thread of its own (`.ownThread`).
+@Suite("GadgetTransport over socket pairs", .serialized, .ownThread)
 struct GadgetTransportTests {
     /// A guard against hangs, never a way to synchronise.
     static let guardTimeout: DispatchTimeInterval = .seconds(20)
@@ -99,7 +102,7 @@ struct GadgetTransportTests {
         #expect(threadCount(transport) == 3)
 
         let cancelled = DispatchSemaphore(value: 0)
-        DispatchQueue.global().async {
+        DispatchQueue(label: "test.cancel").async {
             transport.cancel()
             cancelled.signal()
         }
@@ -591,6 +594,7 @@ private final class EventLog: Sendable {
 
     /// Waits until `condition` holds (false after the guard timeout).
     func wait(_ condition: (Snapshot) -> Bool) -> Bool {
+        expectMayBlock("EventLog.wait")
         let deadline = DispatchTime.now() + GadgetTransportTests.guardTimeout
         while true {
             if condition(snapshot) { return true }
@@ -623,6 +627,7 @@ private final class ConnectionLog: Sendable {
 
     /// Waits for the next change not yet waited for to be `connection`.
     func wait(for connection: GadgetConnection) -> Bool {
+        expectMayBlock("ConnectionLog.wait")
         let deadline = DispatchTime.now() + GadgetTransportTests.guardTimeout
         while true {
             let next = consumed.withLock { index -> GadgetConnection? in

@@ -62,10 +62,10 @@ struct NativeTransportTests {
     @Test("one native session per protocol; closing it lets it open again, and the accessory sees both ends")
     func openCloseReopen() async throws {
         let seen = Mutex<[SimulatorEvent]>([])
-        let closed = DispatchSemaphore(value: 0)
+        let closed = AsyncStream<Void>.makeStream()
         let (manager, runner, accessory) = try await Self.connected { event in
             seen.withLock { $0.append(event) }
-            if case .nativeSessionClosed = event { closed.signal() }
+            if case .nativeSessionClosed = event { closed.continuation.yield() }
         }
         defer { manager.stop(); runner.stop() }
         let sink = try await accessory.openSession(for: "com.example.native.sink")
@@ -76,7 +76,8 @@ struct NativeTransportTests {
         try await sink.write(payload)
         try await sink.flush()
         sink.close()
-        #expect(closed.wait(timeout: .now() + 10) == .success)
+        var closes = closed.stream.makeAsyncIterator()
+        #expect(await closes.next() != nil) // awaited, not blocked on: the suite's time limit bounds it
         let statistics = seen.withLock { events in
             events.compactMap { event -> SessionStatistics? in
                 if case let .nativeSessionClosed(_, _, statistics) = event { return statistics }
@@ -142,13 +143,14 @@ struct NativeTransportTests {
         while echoed.count < 3, let bytes = try await session.read() { echoed += bytes }
         #expect(echoed == [10, 20, 30])
         let events = Mutex<[SessionStreamEvent]>([])
-        let ended = DispatchSemaphore(value: 0)
+        let ended = AsyncStream<Void>.makeStream()
         session.setEventHandler(queue: DispatchQueue(label: "test.native-events")) { event in
             events.withLock { $0.append(event) }
-            if event == .endEncountered { ended.signal() }
+            if event == .endEncountered { ended.continuation.yield() }
         }
         runner.stop()
-        #expect(ended.wait(timeout: .now() + 10) == .success)
+        var ends = ended.stream.makeAsyncIterator()
+        #expect(await ends.next() != nil)
         #expect(events.withLock { $0.contains { if case .errorOccurred(.disconnected(_)) = $0 { true } else { false } } },
                 "the session ends with a disconnection, not a normal end")
         #expect(try await session.read() == nil)

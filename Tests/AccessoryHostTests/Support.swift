@@ -1,5 +1,6 @@
 import AccessoryHost
 import Dispatch
+import HeapStatistics
 import IAPLink
 import IAPTransport
 import Synchronization
@@ -71,6 +72,31 @@ func residentBytes() -> Int {
     let fields = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self).split(separator: " ")
     guard fields.count > 1, let pages = Int(fields[1]) else { return -1 }
     return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+/// Bytes malloc has handed out and not had back, over every arena (glibc's mallinfo2): what a
+/// leak test measures. Not the resident size, which only ratchets up: a test running beside it
+/// that peaks once (other suites run in parallel, many on threads of their own) raises it for
+/// good, while its heap goes back down when that test frees.
+func heapBytesInUse() -> Int {
+    Int(heap_bytes_in_use())
+}
+
+/// What a leak test samples between rounds of its cycles. A leak grows in every round; a test
+/// beside it (other suites run in parallel, many on threads of their own) takes descriptors and
+/// memory for a while and gives them back, so it shows in some rounds only: the smallest growth
+/// of a round decides.
+struct LeakSamples {
+    private var samples: [(descriptors: Int, heap: Int)] = []
+
+    /// Takes a sample now (call before the first round and after each).
+    mutating func sample() { samples.append((openDescriptorCount(), heapBytesInUse())) }
+
+    /// The smallest growth of one round, of descriptors and of heap bytes.
+    var growth: (descriptors: Int, heap: Int) {
+        let rounds = zip(samples, samples.dropFirst())
+        return (rounds.map { $1.descriptors - $0.descriptors }.min() ?? 0, rounds.map { $1.heap - $0.heap }.min() ?? 0)
+    }
 }
 
 func testPattern(_ count: Int, seed: Int = 0) -> [UInt8] {

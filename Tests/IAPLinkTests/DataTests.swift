@@ -2,6 +2,7 @@ import ByteRing
 import IAPLink
 import IAPWire
 import Testing
+import TestThreads
 
 /// Drives sessions through a pair: the device writes a pattern per session, the accessory reads
 /// and checks every byte in order.
@@ -40,7 +41,10 @@ struct Transfer {
     }
 }
 
-@Suite("iAP2 data transfer under loss, virtual time")
+/// Seconds of CPU each in a debug build (the 64 MiB transfer about 30 s, the long pause about
+/// 18 s): each on a thread of its own (`.ownThread`), so that it does not hold one of the
+/// cooperative pool's two threads, and every await of every other test behind it, for that long.
+@Suite("iAP2 data transfer under loss, virtual time", .ownThread)
 struct DataTests {
     static func openSessions(_ pair: inout Pair, _ names: [String]) throws -> [UInt16] {
         pair.start()

@@ -2,6 +2,7 @@ import Dispatch
 import IAPTransport
 import Synchronization
 import Testing
+import TestThreads
 
 /// Events of one side of a channel, waited on without sleeping.
 final class ChannelProbe: Sendable {
@@ -18,6 +19,7 @@ final class ChannelProbe: Sendable {
 
     /// Waits for an event matching `predicate` (one already seen counts) and removes it.
     func wait(for predicate: (ByteChannelEvent) -> Bool) -> Bool {
+        expectMayBlock("ChannelProbe.wait")
         let deadline = DispatchTime.now() + 10
         while true {
             let found = events.withLock { seen -> Bool in
@@ -33,7 +35,8 @@ final class ChannelProbe: Sendable {
     func sync<T>(_ body: () -> T) -> T { queue.sync(execute: body) }
 }
 
-@Suite("MemoryByteChannel: the in-process native transport")
+/// The tests block waiting for channel events: each on a thread of its own (`.ownThread`).
+@Suite("MemoryByteChannel: the in-process native transport", .ownThread)
 struct ByteChannelTests {
     @Test("a write takes what fits, the rest waits for the reader; nothing is lost or reordered")
     func backPressureBothWays() {

@@ -3,6 +3,7 @@ import Glibc
 import IAPTransport
 import Synchronization
 import Testing
+import TestThreads
 
 /// How long any wait may take before the test fails (generous: CI machines have two cores).
 private let timeout: DispatchTimeInterval = .seconds(30)
@@ -45,6 +46,7 @@ private final class Recorder: Sendable {
 
     /// Waits (on events, not a clock) until `condition` holds; false after ``timeout``.
     func wait(until condition: (Log) -> Bool) -> Bool {
+        expectMayBlock("Recorder.wait")
         let deadline = DispatchTime.now() + timeout
         while true {
             if log.withLock({ condition($0) }) { return true }
@@ -72,6 +74,7 @@ private struct Endpoint {
     /// Runs `body` on the queue and returns its result, or `nil` when it did not finish in time.
     @discardableResult
     func run<Result: Sendable>(_ body: @escaping @Sendable (SerialTransport) -> Result) -> Result? {
+        expectMayBlock("Endpoint.run")
         let transport = transport
         let result = Mutex<Result?>(nil)
         let done = DispatchSemaphore(value: 0)
@@ -154,7 +157,9 @@ private func openDescriptorCount() -> Int {
     return count
 }
 
-@Suite(.serialized)
+/// The tests wait for transports on their queues, and for bytes through the pty: each on a thread
+/// of its own (`.ownThread`), not one of the cooperative pool's.
+@Suite(.serialized, .ownThread)
 struct SerialTransportTests {
     @Test func bytesFlowBothWaysInOrder() throws {
         let (pty, master, slave) = try makePair()

@@ -2,6 +2,8 @@ import CLibUSB
 import Dispatch
 import IAPTransport
 import Synchronization
+import Testing
+import TestThreads
 @testable import USBHost
 
 /// The DJI Goggles 3 MFi configuration from PROTOCOL.md §4.2: FF/F0/00 "iAP Interface" with bulk
@@ -96,8 +98,25 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
 
     init(queue: DispatchQueue) { self.queue = queue }
 
-    func record(_ entry: String) { state.withLock { $0.log.append(entry) } }
+    /// Signalled on every log entry (for waits on the log: events, not polling).
+    private let logged = DispatchSemaphore(value: 0)
+
+    func record(_ entry: String) {
+        state.withLock { $0.log.append(entry) }
+        logged.signal()
+    }
     var log: [String] { state.withLock { $0.log } }
+
+    /// Blocks until `condition` holds of the log, judged after each entry; false when it did not
+    /// within `timeout` (which only bounds a hang). For one waiter at a time.
+    func waitForLog(timeout: DispatchTimeInterval = .seconds(20), until condition: ([String]) -> Bool) -> Bool {
+        expectMayBlock("FakeBackend.waitForLog")
+        let deadline = DispatchTime.now() + timeout
+        while !condition(log) {
+            if logged.wait(timeout: deadline) == .timedOut { return condition(log) }
+        }
+        return true
+    }
 
     // MARK: USBBackend
 

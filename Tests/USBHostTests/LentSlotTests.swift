@@ -4,6 +4,7 @@ import Dispatch
 import IAPTransport
 import Synchronization
 import Testing
+import TestThreads
 @testable import USBHost
 import USBTransport
 
@@ -36,7 +37,9 @@ final class LeaseKeeper: Sendable {
     func release() { state.withLock { $0.kept.removeAll() } }
 }
 
-@Suite("IN slots lent to the reader")
+/// The tests block on the fake libusb's queues and wait for its events: each on a thread of
+/// its own (`.ownThread`).
+@Suite("IN slots lent to the reader", .ownThread)
 struct LentSlotTests {
     struct Rig {
         let harness: Harness
@@ -138,7 +141,9 @@ struct LentSlotTests {
     }
 }
 
-@Suite("IN slots borrowed for the call only")
+/// The tests block on the fake libusb's queues and wait for its events: each on a thread of
+/// its own (`.ownThread`).
+@Suite("IN slots borrowed for the call only", .ownThread)
 struct BorrowedSlotTests {
     @Test("without lending, the handler borrows the slot for its call and the slot is resubmitted at once")
     func borrowedSlotsGoBackAtOnce() throws {

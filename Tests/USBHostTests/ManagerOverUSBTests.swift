@@ -4,12 +4,15 @@ import Dispatch
 import IAPTransport
 import Synchronization
 import Testing
+import TestThreads
 @testable import USBHost
 import USBTransport
 
 /// The whole host stack over the USB layer's real code (pipes, ring, open, teardown), with the
 /// fake libusb wired to the simulated accessory: what `iapctl` does with a real accessory.
-@Suite struct ManagerOverUSBTests {
+/// The tests block on the manager's queue and in `manager.stop()` (up to 5 s for libusb's
+/// context): each on a thread of its own (`.ownThread`), where its awaits resume too.
+@Suite(.ownThread) struct ManagerOverUSBTests {
     @Test func anAccessoryOnUSBIsIdentifiedAndASessionEchoesMegabytes() async throws {
         let manager = AccessoryManager(configuration: .init(supportedProtocols: ["com.example.echo"]))
         let fake = FakeBackend(queue: manager.queue)
@@ -50,15 +53,16 @@ import USBTransport
         // Unplugged with the session open: the accessory disconnects, the session ends with an
         // error, and the USB layer gives everything back.
         let gone = Mutex<String?>(nil)
-        let disconnected = DispatchSemaphore(value: 0)
+        let disconnected = AsyncStream<Void>.makeStream()
         let subscription = manager.onEvent(queue: DispatchQueue(label: "test.events")) { event in
             if case let .disconnected(_, reason) = event {
                 gone.withLock { $0 = reason }
-                disconnected.signal()
+                disconnected.continuation.yield()
             }
         }
         manager.queue.sync { fake.unplug(FakeDevice()) }
-        #expect(disconnected.wait(timeout: .now() + 10) == .success)
+        var disconnections = disconnected.stream.makeAsyncIterator()
+        #expect(await disconnections.next() != nil)
         subscription.cancel()
         #expect(gone.withLock { $0 }?.contains("was disconnected") == true)
         #expect(!accessory.isConnected)

@@ -6,6 +6,7 @@ import Dispatch
 import IAPTransport
 import Synchronization
 import Testing
+import TestThreads
 @testable import USBHost
 import USBTransport
 
@@ -40,7 +41,10 @@ extension FakeDevice {
 /// Native-transport sessions through the USB layer's real code (interface claim, SET_INTERFACE on
 /// the setup queue, the pipe's ring and transfers, teardown order), with the fake libusb joining
 /// the bulk pipes to the simulated accessory.
-@Suite("Native transport over USB", .timeLimit(.minutes(1)))
+/// The tests block on the manager's queue, in `manager.stop()` (up to 5 s for libusb's context)
+/// and on the fake libusb's log: each on a thread of its own (`.ownThread`), where its awaits
+/// resume too. No blocking wait there waits for one of the test's own child tasks.
+@Suite("Native transport over USB", .timeLimit(.minutes(1)), .ownThread)
 struct NativePipeTests {
     final class Rig: Sendable {
         let manager: AccessoryManager
@@ -70,16 +74,11 @@ struct NativePipeTests {
 
         /// Stops everything and waits until the USB layer shut libusb down: native pipes finish
         /// first (alternate setting 0 and release on the setup queue), then the iAP2 interface,
-        /// then the context. Each round is a barrier on the event queue, not a sleep.
+        /// then the context. Waits for the fake's log entry, not a clock.
         func stop() {
             manager.stop()
             runner.stop()
-            let fake = self.fake
-            let deadline = ContinuousClock.now + .seconds(20)
-            while ContinuousClock.now < deadline {
-                if manager.queue.sync(execute: { fake.log.last == "shutdown" }) { return }
-                sched_yield()
-            }
+            #expect(fake.waitForLog { $0.last == "shutdown" }, "libusb was shut down")
         }
 
         var log: [String] { manager.queue.sync { fake.log } }
@@ -117,8 +116,7 @@ struct NativePipeTests {
 
         echo.close()
         // Closing selects alternate setting 0, then releases the interface; the other session stays.
-        let deadline = ContinuousClock.now + .seconds(20)
-        while !rig.log.contains("release 1"), ContinuousClock.now < deadline { sched_yield() }
+        #expect(rig.fake.waitForLog { $0.contains("release 1") })
         let log = rig.log
         let reset = try #require(log.firstIndex(of: "set interface 1 alt 0"))
         #expect(reset < log.firstIndex(of: "release 1")!)

@@ -4,10 +4,13 @@ import Dispatch
 import IAPLink
 import IAPTransport
 import Testing
+import TestThreads
 @testable import USBHost
 import USBTransport
 
-@Suite("OUT frames sent from transmit buffers in device memory")
+/// The tests block on the fake libusb's queues and wait for its events: each on a thread of
+/// its own (`.ownThread`).
+@Suite("OUT frames sent from transmit buffers in device memory", .ownThread)
 struct TransmitBufferTests {
     /// A buffer from the pipe's pool holding `bytes`.
     static func filled(_ pool: PacketBufferPool, _ bytes: [UInt8]) throws -> PacketBuffer {

@@ -3,6 +3,7 @@ import Dispatch
 import IAPTransport
 import Synchronization
 import Testing
+import TestThreads
 @testable import USBHost
 import USBTransport
 
@@ -33,7 +34,10 @@ final class EventLog: @unchecked Sendable {
     var closes: [TransportError?] { lock.withLock { $0.1 } }
 
     /// Waits for the close (an event, with a generous limit so a bug fails instead of hanging).
-    func waitForClose() -> Bool { closedSignal.wait(timeout: .now() + 10) == .success }
+    func waitForClose() -> Bool {
+        expectMayBlock("EventLog.waitForClose")
+        return closedSignal.wait(timeout: .now() + 10) == .success
+    }
 }
 
 /// A context over the fake backend with the DJI device open and its transport activated.
@@ -57,6 +61,7 @@ struct Harness {
     }
 
     static func open(_ context: USBContext) throws -> USBIAPTransport {
+        expectMayBlock("Harness.open")
         let result = Mutex<Result<USBAccessoryTransport, USBError>?>(nil)
         let done = DispatchSemaphore(value: 0)
         context.queue.sync {
@@ -81,7 +86,9 @@ struct Harness {
     }
 }
 
-@Suite struct USBOpenTests {
+/// The tests block on the fake libusb's queues and wait for its events: each on a thread of
+/// its own (`.ownThread`).
+@Suite(.ownThread) struct USBOpenTests {
     func openError(_ configure: (FakeBackend) -> Void, options: USBOptions = USBOptions()) -> USBError? {
         let queue = DispatchQueue(label: "test.usb.open")
         let fake = FakeBackend(queue: queue)
@@ -181,7 +188,9 @@ struct Harness {
     }
 }
 
-@Suite struct USBPipeTests {
+/// The tests block on the fake libusb's queues and wait for its events: each on a thread of
+/// its own (`.ownThread`).
+@Suite(.ownThread) struct USBPipeTests {
     @Test func inTransfersStayQueuedAndBytesArriveInPlace() throws {
         let harness = try Harness()
         harness.onQueue {
@@ -359,7 +368,9 @@ struct Harness {
     }
 }
 
-@Suite struct USBTeardownTests {
+/// The tests block on the fake libusb's queues and wait for its events: each on a thread of
+/// its own (`.ownThread`).
+@Suite(.ownThread) struct USBTeardownTests {
     @Test func cancelWithTransfersInFlightWaitsForEveryOneThenReleasesInOrder() throws {
         let harness = try Harness()
         harness.onQueue { harness.transport.send([1, 2, 3]) }
@@ -432,7 +443,9 @@ struct Harness {
     }
 }
 
-@Suite struct USBMonitorTests {
+/// The tests block on the fake libusb's queues and wait for its events: each on a thread of
+/// its own (`.ownThread`).
+@Suite(.ownThread) struct USBMonitorTests {
     @Test func hotplugReportsPresentDevicesThenArrivalsAndDepartures() throws {
         let queue = DispatchQueue(label: "test.usb.hotplug")
         let fake = FakeBackend(queue: queue)
