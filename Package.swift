@@ -86,22 +86,24 @@ let package = Package(
         // Shared by the test targets: the .ownThread trait, which runs tests that block their
         // thread (or run for seconds of CPU) off Swift's cooperative pool (issue 16).
         .target(name: "TestThreads", path: "Tests/TestThreads", swiftSettings: strict),
+        // What every test target shares: the deterministic generator its seeded tests use.
+        .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: strict),
         // For the leak tests: the heap in use (glibc's mallinfo2), which Glibc's module lacks.
         .target(name: "HeapStatistics", path: "Tests/HeapStatistics"),
-        .testTarget(name: "IAPWireTests", dependencies: ["IAPWire"], swiftSettings: strict),
-        .testTarget(name: "IAPLinkTests", dependencies: ["IAPLink", "IAPWire", "ByteRing", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "IAPWireTests", dependencies: ["TestSupport", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "IAPLinkTests", dependencies: ["TestSupport", "IAPLink", "IAPWire", "ByteRing", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "IAPTransportTests", dependencies: ["IAPTransport", "IAPLink", "IAPWire", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessoryGadgetTests", dependencies: ["AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "SystemCallsTests", dependencies: ["SystemCalls"], swiftSettings: strict),
         .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryLogging", "IAPTransport", "IAPLink", "IAPWire", "USBHost", "HeapStatistics"], swiftSettings: strict),
-        .testTarget(name: "IAPInspectTests", dependencies: ["IAPInspect", "IAPWire"], swiftSettings: strict),
+        .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
         .testTarget(name: "RulesTests", swiftSettings: strict),
         .testTarget(name: "CLIKitTests", dependencies: ["CLIKit", "AccessoryLogging"], swiftSettings: strict),
         .testTarget(name: "AccessoryLoggingTests", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         // Also run under ThreadSanitizer by tools/test.sh.
-        .testTarget(name: "ByteRingTests", dependencies: ["ByteRing", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "ByteRingTests", dependencies: ["TestSupport", "ByteRing", "TestThreads"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
         .testTarget(name: "USBRigTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPLink"], swiftSettings: strict),
         .testTarget(name: "USBHostTests", dependencies: ["USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads"], swiftSettings: strict),

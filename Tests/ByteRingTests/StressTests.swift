@@ -1,3 +1,4 @@
+import TestSupport
 import ByteRing
 import Dispatch
 import Foundation
@@ -99,7 +100,7 @@ struct StressTests {
     }
 
     /// A commit length: often a full slot, sometimes empty, otherwise anything in between.
-    static func commitLength(_ random: inout SplitMix, capacity: Int) -> Int {
+    static func commitLength(_ random: inout SplitMix64, capacity: Int) -> Int {
         switch random.next(below: 8) {
         case 0: return 0
         case 1, 2: return capacity
@@ -108,7 +109,7 @@ struct StressTests {
     }
 
     /// Fills reserved slot `slot` with the stream from `position` on; its length.
-    static func write(_ ring: ByteRing, slot: Int, position: Int, random: inout SplitMix) -> Int {
+    static func write(_ ring: ByteRing, slot: Int, position: Int, random: inout SplitMix64) -> Int {
         let length = min(commitLength(&random, capacity: ring.slotCapacity), streamLength - position)
         let memory = ring.writableBytes(of: slot)
         // Through a typed pointer, whose subscript is inlined even in debug builds, so TSan sees
@@ -123,7 +124,7 @@ struct StressTests {
     /// Reads the whole stream with variable-sized consumes (and sometimes `withReadableBytes`),
     /// checking every byte. Stops early only if the producer has finished and nothing more comes.
     static func consumeStream(_ ring: ByteRing, _ outcome: Outcome, seed: UInt64) {
-        var random = SplitMix(seed: seed)
+        var random = SplitMix64(seed: seed)
         var position = 0
         var mismatches = 0
         var firstMismatch = -1
@@ -192,7 +193,7 @@ struct StressTests {
         let ring = ByteRing(slotCount: slotCount, slotCapacity: slotCapacity)
         let outcome = Outcome()
         Self.runOnTwoThreads(outcome) {
-            var random = SplitMix(seed: 0x5EED_0001)
+            var random = SplitMix64(seed: 0x5EED_0001)
             var position = 0
             var emptyCommits = 0
             while position < Self.streamLength {
@@ -224,7 +225,7 @@ struct StressTests {
         let ring = ByteRing(slotCount: slotCount, slotCapacity: slotCapacity)
         let outcome = Outcome()
         Self.runOnTwoThreads(outcome) {
-            var random = SplitMix(seed: 0x5EED_0003)
+            var random = SplitMix64(seed: 0x5EED_0003)
             var position = 0
             var emptyCommits = 0
             var outOfOrder = 0

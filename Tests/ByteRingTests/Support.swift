@@ -41,27 +41,6 @@ extension ByteRing {
     }
 }
 
-/// SplitMix64: a small deterministic generator, so a failing run repeats exactly.
-struct SplitMix: Sendable {
-    private var state: UInt64
-
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-
-    /// A number in `0..<bound`.
-    mutating func next(below bound: Int) -> Int {
-        precondition(bound > 0)
-        return Int(next() % UInt64(bound))
-    }
-}
-
 /// A ``SlotAllocator`` that serves the calls whose ordinals (0, 1, …) are in `served` and declines
 /// the others, and records every call.
 final class RecordingAllocator: SlotAllocator {

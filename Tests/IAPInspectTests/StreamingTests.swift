@@ -1,22 +1,7 @@
 import IAPInspect
 import IAPWire
+import TestSupport
 import Testing
-
-/// SplitMix64: the same pseudo-random bytes on every run.
-struct Deterministic: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-
-    mutating func bytes(_ count: Int) -> [UInt8] {
-        (0..<count).map { _ in UInt8.random(in: 0...255, using: &self) }
-    }
-}
 
 /// Feeds `stream` to a decoder in pieces of the given sizes (cycled), collecting every report.
 func decodeInPieces(_ stream: [UInt8], sizes: [Int], transactionIDs: TransactionIDMode = .auto)
@@ -84,7 +69,7 @@ struct StreamingDecodeTests {
 
     @Test("random bytes: the same reports whatever the pieces", arguments: [1, 2, 3])
     func randomBytes(seed: UInt64) {
-        var generator = Deterministic(state: seed)
+        var generator = SplitMix64(seed: seed)
         var stream = generator.bytes(20_000)
         // Sprinkle frame starts so that candidates of every kind fail here and there.
         for index in stride(from: 17, to: stream.count - 4, by: 211) {
@@ -100,7 +85,7 @@ struct StreamingDecodeTests {
     /// brings out reports at once (nothing waits for the end), and the decoder never holds more
     /// than its documented bound, however long the input.
     @Test func memoryIsBoundedAndReportsComeAsTheInputDoes() {
-        var generator = Deterministic(state: 7)
+        var generator = SplitMix64(seed: 7)
         let pieceSize = 1 << 16
         var decoder = CaptureDecoder()
         var reported = 0

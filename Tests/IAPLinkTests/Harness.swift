@@ -1,18 +1,7 @@
 import IAPLink
 import IAPWire
+import TestSupport
 import Testing
-
-/// A deterministic generator so every failure reproduces from its seed.
-struct Seeded: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 /// One direction of a lossy wire: drops, duplicates, reorders, corrupts and delays packets, by
 /// a seeded model.
@@ -23,14 +12,14 @@ struct Channel {
     var reorder = 0.0
     var latency: Duration = .microseconds(100)
     var jitter: Duration = .zero
-    var random: Seeded
+    var random: SplitMix64
     /// When set, every packet is dropped (a peer that stopped answering).
     var blackHole = false
     private(set) var inFlight: [(at: Duration, order: Int, bytes: [UInt8])] = []
     private var order = 0
     private(set) var sent = 0
 
-    init(seed: UInt64) { random = Seeded(state: seed) }
+    init(seed: UInt64) { random = SplitMix64(seed: seed) }
 
     mutating func send(_ packet: [UInt8], now: Duration) {
         sent += 1

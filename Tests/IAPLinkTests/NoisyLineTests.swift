@@ -1,3 +1,4 @@
+import TestSupport
 import IAPLink
 import IAPWire
 import Testing
@@ -132,7 +133,7 @@ enum Noise {
     /// checksum verifies (any control bits, SYN included; lengths up to 65535), iAP2 headers that do
     /// not verify, iAP1 starts in both length forms, and random bytes between them.
     static func garbage(count: Int, seed: UInt64) -> [UInt8] {
-        var random = Seeded(state: seed)
+        var random = SplitMix64(seed: seed)
         var bytes: [UInt8] = []
         bytes.reserveCapacity(count + 16)
         while bytes.count < count {

@@ -1,4 +1,5 @@
 import IAPWire
+import TestSupport
 import Testing
 
 @Suite("Checksums")
@@ -8,11 +9,8 @@ struct ChecksumTests {
 
     @Test("the vector sum equals the byte-by-byte sum at every length and alignment around its 64-byte steps")
     func vectorSumMatchesTheDefinition() {
-        var state: UInt64 = 0x9E37_79B9_7F4A_7C15
-        let bytes = (0..<1_100).map { _ -> UInt8 in
-            state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
-            return UInt8(truncatingIfNeeded: state >> 56)
-        }
+        var random = SplitMix64(seed: 15)
+        let bytes = random.bytes(1_100)
         for start in 0..<3 {
             for length in [0, 1, 63, 64, 65, 127, 128, 129, 200, 1_000, 1_097] {
                 let slice = bytes[start..<(start + length)]

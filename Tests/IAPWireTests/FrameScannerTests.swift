@@ -1,3 +1,4 @@
+import TestSupport
 import IAPWire
 import Testing
 
@@ -133,7 +134,7 @@ struct FrameScannerTests {
     /// Garbage full of candidates that claim the longest frames, fed in pieces: the scanner never
     /// holds more than one frame, and every byte is accounted for after every piece.
     @Test func garbageWithLyingLengthsHoldsAtMostOneFrame() {
-        var generator = SeededGenerator(seed: 16)
+        var generator = SplitMix64(seed: 16)
         var liar: [UInt8] = [0xFF, 0x5A, 0xFF, 0xFF, 0x40, 0x05, 0x06, 0x01]
         liar.append(Checksum.of(liar))
         var scanner = FrameScanner()
@@ -280,7 +281,7 @@ struct FrameScannerTests {
     /// accounted for, every intact frame is found in order, and nothing is held beyond the limit.
     @Test("randomised streams", arguments: 1...40)
     func randomised(seed: UInt64) throws {
-        var generator = SeededGenerator(seed: seed)
+        var generator = SplitMix64(seed: seed)
         var stream: [UInt8] = []
         var intact: [[UInt8]] = []
         for _ in 0..<60 {

@@ -1,3 +1,4 @@
+import TestSupport
 import IAPWire
 import Testing
 
@@ -130,7 +131,7 @@ struct LinkPacketTests {
     }
 
     @Test func largestPayloadRoundTrips() throws {
-        var generator = SeededGenerator(seed: 7)
+        var generator = SplitMix64(seed: 7)
         let payload = (0..<LinkPacketHeader.maxPayloadLength).map { _ in UInt8.random(in: 0...255, using: &generator) }
         let packet = try LinkPacket.encode(control: .ack, sequence: 9, acknowledgement: 8, sessionID: 2, payload: payload)
         #expect(packet.count == 65_535)
