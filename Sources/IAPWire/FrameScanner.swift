@@ -119,6 +119,8 @@ public struct ScanDrop: Hashable, Sendable, CustomStringConvertible {
     /// Where the dropped bytes start in the whole stream fed to the scanner.
     public var streamOffset: Int
 
+    /// A report of `byteCount` bytes dropped for `reason`, starting `streamOffset` bytes into the
+    /// stream (the scanner makes these; tests and replays build them to compare).
     public init(reason: ScanDropReason, byteCount: Int, streamOffset: Int) {
         self.reason = reason
         self.byteCount = byteCount
@@ -145,6 +147,7 @@ public struct ScanStatistics: Hashable, Sendable {
     /// drop per candidate, and hashing each reason cost more than scanning.
     public var dropsByKind = ScanDropCounts()
 
+    /// Counters at zero, as a new scanner starts.
     public init() {}
 }
 
