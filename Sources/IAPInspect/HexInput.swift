@@ -6,9 +6,13 @@
 public enum HexInput {
     /// Why text could not be read as hex.
     public struct ParseError: Error, Hashable, Sendable, CustomStringConvertible {
+        /// The line of the mistake, counted from 1.
         public var line: Int
+        /// The column of the mistake, counted from 1 in Unicode scalars.
         public var column: Int
+        /// What is wrong, for a person (e.g. "a lone hex digit; bytes take two digits").
         public var reason: String
+        /// An error at `line` and `column` (both counted from 1) saying `reason`.
         public init(line: Int, column: Int, reason: String) {
             self.line = line
             self.column = column
