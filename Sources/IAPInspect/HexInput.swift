@@ -184,8 +184,10 @@ public enum HexInput {
     /// valid UTF-8 without control characters other than tab, CR and LF. Raw iAP captures fail
     /// this at once (`FF` alone is not UTF-8; headers hold small binary values).
     ///
-    /// - Parameter isPrefix: `bytes` are the first of a longer input, so a UTF-8 character cut
-    ///   off at their end does not count against them.
+    /// - Parameters:
+    ///   - bytes: the start of the input (a block is enough to decide).
+    ///   - isPrefix: `bytes` are the first of a longer input, so a UTF-8 character cut off at
+    ///     their end does not count against them.
     public static func looksLikeText(_ bytes: [UInt8], isPrefix: Bool = false) -> Bool {
         var end = bytes.count
         if isPrefix {
