@@ -61,8 +61,9 @@ public struct LinkStatistics: Hashable, Sendable {
 
 /// The iAP2 link layer as a deterministic state machine, for both roles.
 ///
-/// Inputs are received bytes (``receive(_:now:sink:)``), the passage of time (``advance(to:)``)
-/// and payloads to send (``send(sessionID:payload:now:)``). Outputs are taken by the owner:
+/// Inputs are received bytes (``receive(_:now:sink:)-(RawSpan,_,_)``, its array twin, or
+/// ``receive(lent:now:sink:)``), the passage of time (``advance(to:)``) and payloads to send
+/// (``send(sessionID:payload:now:)``). Outputs are taken by the owner:
 /// packets to transmit (``takeOutput()``, one link packet or detect per element, to be written one
 /// per USB transfer), events (``takeEvents()``), and payloads handed in order to a ``LinkSink``.
 /// The owner asks ``nextDeadline`` when to call ``advance(to:)`` next. No clocks, threads or
@@ -188,6 +189,8 @@ public struct IAP2Link: Sendable {
     /// Creates a link.
     ///
     /// - Parameters:
+    ///   - role: the side this link plays: `.device` for a host, `.accessory` for the simulator.
+    ///   - configuration: what this side offers and accepts (limits, timeouts, timing).
     ///   - initialSequence: the first sequence number (the ISN); pick it at random in production.
     public init(role: LinkRole, configuration: LinkConfiguration, initialSequence: UInt8) {
         self.role = role
@@ -449,7 +452,7 @@ public struct IAP2Link: Sendable {
     }
 
     /// Fires every timer due at `now`; payloads in frames found again in an abandoned partial
-    /// frame are offered to `sink`, in order, as ``receive(_:now:sink:)`` does.
+    /// frame are offered to `sink`, in order, as ``receive(_:now:sink:)-(RawSpan,_,_)`` does.
     public mutating func advance<Sink: LinkSink>(to now: LinkTime, sink: inout Sink) {
         if let deadline = gapDeadline, deadline <= now {
             abandonPartialFrame(now: now, sink: &sink)
