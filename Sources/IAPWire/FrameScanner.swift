@@ -201,8 +201,8 @@ public struct ScanDropCounts: Hashable, Sendable {
 /// Finds iAP2 link packets, iAP1 packets and the iAP2 detect in a byte stream fed in arbitrary
 /// chunks.
 ///
-/// Feed chunks with ``scan(_:onFrame:onDrop:)``; each frame is handed to the callback with the
-/// span it lies in. A frame that lies inside one chunk is a view into that chunk (no copy); a
+/// Feed chunks with ``scan(_:onFrame:onDrop:)-(RawSpan,_,_)`` (or its array twin); each frame
+/// is handed to the callback with the span it lies in. A frame that lies inside one chunk is a view into that chunk (no copy); a
 /// frame that straddles chunks is reassembled by one copy into a buffer the scanner allocates
 /// once, at creation. Malformed input never traps: the scanner drops the first byte of a bad
 /// candidate and looks again from the next byte, so a lying length or a corrupted packet costs
