@@ -186,10 +186,14 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// Starts delivering events to `handler` on `queue` and queues the IN transfers; frames sent
     /// before go out now.
     ///
-    /// - Parameter lendingInSlots: when `queue` is the context's, received bytes come as
-    ///   ``Event/lent(_:)`` (kept without a copy as long as the handler likes) rather than
-    ///   ``Event/borrowed(_:)`` (valid for the call only). At most half the IN slots stay lent:
-    ///   past that, the oldest lease's bytes are copied out of its slot so the pipe keeps going.
+    /// - Parameters:
+    ///   - handlerQueue: (`queue:`) where `handler` runs; the context's own queue spares a hop
+    ///     per event.
+    ///   - lendingInSlots: when that queue is the context's, received bytes come as
+    ///     ``Event/lent(_:)`` (kept without a copy as long as the handler likes) rather than
+    ///     ``Event/borrowed(_:)`` (valid for the call only). At most half the IN slots stay lent:
+    ///     past that, the oldest lease's bytes are copied out of its slot so the pipe keeps going.
+    ///   - handler: gets every event of the pipe, in order, until ``Event/closed(_:)``.
     public func activate(queue handlerQueue: DispatchQueue, lendingInSlots: Bool = false, handler: @escaping @Sendable (Event) -> Void) {
         onQueue { [self] in
             guard case .idle = state else { return }

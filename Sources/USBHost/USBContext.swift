@@ -153,7 +153,10 @@ public final class USBContext: @unchecked Sendable {
     ///
     /// - Throws: ``USBError`` of kind ``USBError/Kind/unavailable`` on a machine without USB.
     /// - Parameters:
+    ///   - queue: the queue the event loop and every callback run on (give it the queue that
+    ///     owns your protocol state, and no hop is needed).
     ///   - function: the interfaces that make a device one this context opens.
+    ///   - options: transfer sizes and counts, hotplug or polling, timeouts.
     public convenience init(queue: DispatchQueue, function: USBFunctionMatch, options: USBOptions = USBOptions()) throws(USBError) {
         let backend = try LibUSBBackend(queue: queue)
         self.init(backend: backend, queue: queue, function: function, options: options)
