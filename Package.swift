@@ -23,6 +23,7 @@ let package = Package(
         .library(name: "ByteRing", targets: ["ByteRing"]),
         .library(name: "USBHost", targets: ["USBHost"]),
         .library(name: "USBTransport", targets: ["USBTransport"]),
+        .library(name: "IAPTransport", targets: ["IAPTransport"]),
         .library(name: "AccessorySimulator", targets: ["AccessorySimulator"]),
         .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
