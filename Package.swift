@@ -29,6 +29,7 @@ let package = Package(
         .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
+        .executable(name: "ea-echo", targets: ["ea-echo"]),
     ],
     targets: [
         // libusb-1.0 as Debian ships it (1.0.26): `apt-get install libusb-1.0-0-dev pkg-config`.
@@ -87,6 +88,14 @@ let package = Package(
             dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
             path: "tools/iapbench",
             swiftSettings: strict
+        ),
+        // A typical ExternalAccessory app ported from iOS (issue 17): only main.swift differs.
+        .executableTarget(
+            name: "ea-echo",
+            dependencies: ["ExternalAccessory", "AccessorySimulator"],
+            path: "tools/examples/EAEcho",
+            exclude: ["README.md"],
+            swiftSettings: [.enableUpcomingFeature("ExistentialAny")]
         ),
         // Shared by the test targets: the .ownThread trait, which runs tests that block their
         // thread (or run for seconds of CPU) off Swift's cooperative pool (issue 16).

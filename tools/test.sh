@@ -77,6 +77,9 @@ timeout 300 tools/cli-checks.sh .build/release/iapctl
 step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"
 timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapctl --mib 4
 
+step "the ExternalAccessory example ported from iOS (tools/examples/EAEcho): in process and over a pseudo-terminal"
+tools/examples/ea-echo-demo.sh --bin .build/release
+
 step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
 # tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it
 # under TCG and runs tools/usb-rig/suite.sh in the guest (USBRigTests, the udev rules, iapbench
