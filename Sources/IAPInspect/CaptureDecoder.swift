@@ -77,7 +77,7 @@ public struct CaptureDecoder: Sendable {
     private var waiting: [Waiting] = []
     private var waitingHead = 0
     private var ended = false
-    /// Counters.
+    /// What the decoder has done so far: bytes fed, frames found, reports handed out.
     public private(set) var statistics = Statistics()
 
     /// The most bytes a decoder holds when fed pieces of at most `pieceSize` bytes: the scanner's

@@ -59,6 +59,7 @@ public struct IAP1Endpoint: Sendable {
         case done
     }
 
+    /// Which side this endpoint plays: the device (host) or the accessory (the simulator).
     public let role: LinkRole
     /// Data packets a session may have sent without acknowledgement.
     public let dataWindow: Int
@@ -165,6 +166,14 @@ public struct IAP1Endpoint: Sendable {
     /// Creates the accessory side with the identity it declares.
     ///
     /// - Parameters:
+    ///   - identity: what the accessory declares (its protocols become IDPS protocol tokens).
+    ///   - sessionBufferLimit: bytes the endpoint holds per session and direction.
+    ///   - maxIncomingPayload: the most payload bytes per packet it takes (64 … 65520), which it
+    ///     declares to the device.
+    ///   - dataWindow: data packets a session may have unacknowledged at once (at least 1).
+    ///   - interByteGap: the silence after which a partial frame is given up on.
+    ///   - randomSeed: seeds the endpoint's random numbers (pass a random value; tests pass a
+    ///     fixed one to be repeatable).
     ///   - style: IDPS (with protocols) or IdentifyDeviceLingoes (legacy: no protocols).
     ///   - waitsForDevice: stay silent until the device sends RequestIdentify (or the iAP2 detect,
     ///     which is answered the iAP1 way and then waits for RequestIdentify); otherwise identify
