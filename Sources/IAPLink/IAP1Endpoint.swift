@@ -178,6 +178,9 @@ public struct IAP1Endpoint: Sendable {
     ///   - waitsForDevice: stay silent until the device sends RequestIdentify (or the iAP2 detect,
     ///     which is answered the iAP1 way and then waits for RequestIdentify); otherwise identify
     ///     at start.
+    ///   - certificate: the DER certificate the accessory sends in RetAccessoryAuthenticationInfo
+    ///     (split into sections as the protocol does); the default is a stand-in of the size a
+    ///     real one has.
     public init(accessory identity: AccessoryIdentity, style: IAP1IdentificationStyle = .idps, waitsForDevice: Bool = false,
                 certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), sessionBufferLimit: Int = 1 << 20,
                 maxIncomingPayload: Int = 8_192, dataWindow: Int = 4,
