@@ -32,6 +32,9 @@ public struct PcapDecoder: Sendable {
     private struct Stream {
         var decoder: CaptureDecoder
         var note: Note
+        /// The link both directions share: what one direction teaches (the SYN's session table,
+        /// StartIDPS turning transaction ids on) holds for the other.
+        var link: [Int]
     }
 
     /// What a decoder found.
@@ -58,6 +61,8 @@ public struct PcapDecoder: Sendable {
     /// Streams of undescribed devices judged by their first bytes: true when they look like iAP.
     private var judged: [StreamKey: Bool] = [:]
     private var setups: [UInt64: [UInt8]] = [:]
+    /// The inspector of each link (a trace interface, or a USB device), shared by its streams.
+    private var inspectors: [[Int]: FrameInspector] = [:]
     private var firstStamp: (Int64, Int)?
     /// Reports of drops and unreadable records not made by a stream (counted here).
     private var direct = CaptureDecoder.Statistics()
@@ -166,8 +171,10 @@ public struct PcapDecoder: Sendable {
         case .frame:
             let key = StreamKey.trace(interface: packet.interface, direction: header.direction)
             let note = Note(direction: header.direction, place: place, fields: fields)
-            guard var stream = stream(for: key, note: note) else { return }
+            guard var stream = stream(for: key, note: note, link: [packet.interface]) else { return }
+            lend(&stream)
             try stream.decoder.feed(payload.span.bytes) { try emit(annotate($0, note, number: packet.number, stamp: packet)) }
+            keep(stream)
             streams[key] = stream
         case .dropped:
             let code = Int(header.dropReason)
@@ -221,8 +228,10 @@ public struct PcapDecoder: Sendable {
             }
             guard judged[key] == true else { statistics.otherTransfers += 1; return }
         }
-        guard var stream = stream(for: key, note: note) else { return }
+        guard var stream = stream(for: key, note: note, link: [-1, Int(record.bus), Int(record.device)]) else { return }
+        lend(&stream)
         try stream.decoder.feed(record.data.span.bytes) { try emit(annotate($0, note, number: packet.number, stamp: packet)) }
+        keep(stream)
         if record.missingByteCount > 0 {
             // The capture left bytes out: what follows in this stream cannot be trusted to line up.
             try stream.decoder.finish { try emit(annotate($0, note, number: packet.number, stamp: packet)) }
@@ -256,6 +265,7 @@ public struct PcapDecoder: Sendable {
                     if case let .usb(bus, device, _) = key, bus == record.bus, device == record.device { retire(key) }
                 }
                 usb.forget(bus: record.bus, device: record.device)
+                inspectors[[-1, Int(record.bus), Int(record.device)]] = nil
                 usb.learn(configuration: record.data, bus: record.bus, device: record.device)
             }
         }
@@ -270,12 +280,22 @@ public struct PcapDecoder: Sendable {
 
     /// The stream of `key`, taken out of the table (put it back when done) so that feeding it
     /// does not copy its buffer.
-    private mutating func stream(for key: StreamKey, note: Note) -> Stream? {
+    private mutating func stream(for key: StreamKey, note: Note, link: [Int]) -> Stream? {
         if let stream = streams.removeValue(forKey: key) { return stream }
         guard streams.count < Self.maxStreams else { return nil }
-        let stream = Stream(decoder: CaptureDecoder(kinds: kinds, transactionIDs: transactionIDs), note: note)
+        let stream = Stream(decoder: CaptureDecoder(kinds: kinds, transactionIDs: transactionIDs), note: note, link: link)
         order.append(key)
         return stream
+    }
+
+    /// Gives a stream its link's inspector before it is fed…
+    private func lend(_ stream: inout Stream) {
+        if let inspector = inspectors[stream.link] { stream.decoder.inspector = inspector }
+    }
+
+    /// …and keeps what the bytes taught it for the link's other stream.
+    private mutating func keep(_ stream: Stream) {
+        inspectors[stream.link] = stream.decoder.inspector
     }
 
     // MARK: Reports
