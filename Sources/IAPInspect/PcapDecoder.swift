@@ -317,9 +317,13 @@ public struct PcapDecoder: Sendable {
         var report = report
         var prefix = "[" + (number.map { "record \($0), " } ?? "end, ")
         if let packet, let first = firstStamp {
-            let nanoseconds = (packet.seconds - first.0) * 1_000_000_000 + Int64(packet.nanoseconds - first.1)
-            let micros = nanoseconds / 1_000
-            prefix += "\(micros / 1_000_000).\(String(String(1_000_000 + micros % 1_000_000).dropFirst())) s, "
+            // Seconds since the first packet; a damaged stamp far from it may not fit, and is left out.
+            let (seconds, overflow) = packet.seconds.subtractingReportingOverflow(first.0)
+            if !overflow, seconds.magnitude < 1 << 32 {
+                let micros = (seconds * 1_000_000_000 + Int64(packet.nanoseconds - first.1)) / 1_000
+                let sign = micros < 0 ? "-" : ""
+                prefix += "\(sign)\(micros.magnitude / 1_000_000).\(String(String(1_000_000 + micros.magnitude % 1_000_000).dropFirst())) s, "
+            }
         }
         prefix += "\(stream.place), \(stream.direction.arrow)] "
         report.summary = prefix + report.summary
