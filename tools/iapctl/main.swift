@@ -19,7 +19,11 @@ let decodeCommand = CommandSpec(
         stays open, shows its frames at once in bounded memory; a mistake in hex text stops the \
         decoding there, after the frames before it. Exit status: 0 when every byte belonged to a \
         valid frame, 65 when bytes were dropped, the input ended inside a frame or the hex text \
-        has a mistake.
+        has a mistake. With --pcap (or a pcap/pcapng file under --format auto) the input is a \
+        capture: a Linux usbmon capture (tcpdump -i usbmonN, Wireshark), whose iAP2 interface's \
+        bulk endpoints are decoded with frames reassembled across transfers, or a trace of \
+        --trace-file FILE.pcapng; each frame is shown with its capture record, time, place and \
+        direction.
         """,
     options: [
         .flag("json", help: "Print one JSON object per frame, one per line (JSON Lines), as they are decoded."),
