@@ -100,6 +100,8 @@ public final class PcapngTraceRecorder: Sendable {
     private let write: @Sendable ([UInt8]) -> Void
     private let clock: @Sendable () -> UInt64
 
+    /// Starts a trace: writes the section header at once.
+    ///
     /// - Parameters:
     ///   - application: the program named in the file's section header.
     ///   - clock: nanoseconds since the Unix epoch, for each packet's time stamp.
