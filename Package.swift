@@ -110,7 +110,7 @@ let package = Package(
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessoryGadgetTests", dependencies: ["AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "SystemCallsTests", dependencies: ["SystemCalls"], swiftSettings: strict),
-        .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryLogging", "IAPTransport", "IAPLink", "IAPWire", "USBHost", "HeapStatistics"], swiftSettings: strict),
+        .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryLogging", "IAPTransport", "IAPLink", "IAPWire", "USBHost", "HeapStatistics", "IAPInspect"], swiftSettings: strict),
         .testTarget(name: "ExternalAccessoryTests", dependencies: ["ExternalAccessory", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPTransport"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).

@@ -6,7 +6,7 @@
 # fuzzes each parser for FUZZ_SECONDS (default 60) seconds, and checks the documentation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd python3
+tools/ensure-deps.sh valgrind xxd python3 tshark
 fuzz_seconds=${FUZZ_SECONDS:-60}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -54,6 +54,9 @@ if grep -q "ThreadSanitizer: " "$log"; then echo "test: ThreadSanitizer reported
 if [ "$tsan_failed" -ne 0 ] || ! grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log"; then
     echo "test: swift test --sanitize=thread --filter ByteRingTests failed or timed out" >&2; exit 1
 fi
+
+step "Wireshark: tshark with tools/wireshark/iap.lua against iapctl decode --pcap (a simulated trace, usbmon, malformed frames)"
+timeout 300 tools/wireshark/check.sh --iapctl .build/debug/iapctl
 
 step "release build and allocation check"
 # The shipping build: the allocation check, the examples and every benchmark number use it.

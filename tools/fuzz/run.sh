@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors)
+[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap)
 
 out=tools/fuzz/out
 bin=$out/bin
@@ -37,11 +37,11 @@ swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module
     -wmo -c -o "$bin/IAPInspect.o" Sources/IAPInspect/*.swift 2>&1 | quiet
 
 declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]="LinkFuzz.swift FuzzSteps.swift" [iap1]="IAP1Fuzz.swift FuzzSteps.swift"
-                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift")
+                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift" [pcap]=PcapFuzz.swift)
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
-    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors)" >&2; exit 64; }
+    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap)" >&2; exit 64; }
     files=()
     for f in $file; do files+=("tools/fuzz/$f"); done
     swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
@@ -56,6 +56,11 @@ for target in "${targets[@]}"; do
     printf '\x40\x40\x00\x11\xEA\x00\x00\x05\x00\x00\xB1\x00\x06\x00\x01\x00\x01' > "$corpus/seed-ea00"
     # The DJI Goggles 3 MFi configuration (PROTOCOL.md §4.2), for the descriptor parser.
     printf '\x09\x02\x40\x00\x02\x01\x04\x80\x01\x09\x04\x00\x00\x02\xff\xf0\x00\x05\x07\x05\x81\x02\x00\x02\x00\x07\x05\x01\x02\x00\x02\x00\x09\x04\x01\x00\x00\xff\xf0\x01\x06\x09\x04\x01\x01\x02\xff\xf0\x01\x06\x07\x05\x82\x02\x00\x02\x00\x07\x05\x02\x02\x00\x02\x00\x01' > "$corpus/seed-dji-config"
+    # Captures for the pcap reader: an iapctl trace and a usbmon capture (tools/wireshark/captures.py).
+    if [ "$target" = pcap ] && command -v python3 >/dev/null; then
+        python3 tools/wireshark/captures.py "$corpus" && mv "$corpus/malformed.pcapng" "$corpus/seed-trace.pcapng" \
+            && mv "$corpus/usbmon.pcap" "$corpus/seed-usbmon.pcap" || true
+    fi
     echo "fuzz: running $target for ${seconds}s"
     if ! (cd "$out/$target" && ASAN_OPTIONS=detect_leaks=0 "../bin/$target" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -detect_leaks=0 \
             -print_final_stats=1 corpus 2>&1 | tail -n 12); then
