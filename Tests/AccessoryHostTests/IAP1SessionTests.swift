@@ -64,7 +64,11 @@ struct IAP1SessionTests {
             _ = try await accessory.openSession(for: "com.example.echo")
         }
         await #expect(throws: AccessoryError.self) { _ = try await accessory.openSession(for: "com.example.missing") }
-        let big = testPattern(2 << 20, seed: 3), other = testPattern(1 << 20, seed: 4)
+        // Less over the pty: iAP1 has no retransmission, and a frame the host gives up on (a
+        // writer held off mid-frame for longer than the line's inter-byte gap, which a loaded
+        // machine does) leaves a session waiting for ever (README: Legacy iAP1 accessories).
+        let scale = wire == .pty ? 8 : 1
+        let big = testPattern((2 << 20) / scale, seed: 3), other = testPattern((1 << 20) / scale, seed: 4)
         async let echoed = NativeTransportTests.echo(echo, big)
         async let sunk: Void = {
             try await sink.write(other)

@@ -85,7 +85,7 @@ struct FacadeTests {
         let loop = RunLoopThread()
         defer { loop.stop() }
         let app = StreamRecorder()
-        let payload = testBytes(wire == .memory ? 2 << 20 : 256 << 10, seed: 3)
+        let payload = testBytes(wire == .memory ? 1 << 20 : 256 << 10, seed: 3)
         #expect(await loop.run { app.open(accessory, "com.example.echo") })
         await loop.run { app.send(payload) }
         await next(app.done.stream)
