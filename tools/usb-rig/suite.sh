@@ -12,6 +12,8 @@ bundle=$REPO/.build/rig-tests/release/AccessoryHostPackageTests.xctest
 
 echo "suite: USBRigTests"
 ACCESSORYHOST_USB_RIG=1 timeout 600 "$bundle" --testing-library swift-testing --filter USBRig 2>&1 | grep -vE "^.{0,12}(◇|↳)"
+echo "suite: the ExternalAccessory facade over USB (after USBRigTests: both bind the first controller)"
+ACCESSORYHOST_USB_RIG=1 timeout 300 "$bundle" --testing-library swift-testing --filter EAFacadeRig 2>&1 | grep -vE "^.{0,12}(◇|↳)"
 echo "suite: udev rules"
 timeout 120 "$here/rules.sh"
 echo "suite: firmware-upgrade example over USB (16 MiB)"

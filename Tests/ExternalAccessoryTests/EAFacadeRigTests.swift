@@ -7,9 +7,10 @@ import Testing
 
 /// The facade on a real kernel USB stack: the simulator as a FunctionFS gadget on dummy_hcd,
 /// found by USB hotplug through EAAccessoryManager. Runs in the qemu guest of tools/usb-rig
-/// (its suite filter takes every suite named …USBRig…); skipped elsewhere.
+/// (suite.sh runs it after USBRigTests, on its own: both bind the first controller); skipped
+/// elsewhere.
 @Suite(.serialized, .enabled(if: ProcessInfo.processInfo.environment["ACCESSORYHOST_USB_RIG"] != nil, "runs in the USB rig (tools/usb-rig)"))
-struct FacadeUSBRigTests {
+struct EAFacadeRigTests {
     @Test("EAAccessoryManager finds the USB accessory, announces it, and an EASession echoes 4 MiB byte-exact; unplugging ends the streams")
     func theFacadeOverUSB() async throws {
         let profile = try #require(SimulatorProfile.builtIn(named: "multi-sensor"))
