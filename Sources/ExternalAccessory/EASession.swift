@@ -159,7 +159,7 @@ final class SessionCore: @unchecked Sendable {
         condition.broadcast()
         condition.unlock()
         let (input, output) = state.withLock { ($0.input, $0.output) }
-        input?.pump.poke()
-        output?.pump.poke()
+        input?.lifecycle.pump.poke()
+        output?.lifecycle.pump.poke()
     }
 }

@@ -14,66 +14,43 @@ internal import AccessoryHost
 /// Thread safety: read and the delegate on one thread (the run loop's), as on iOS; the events
 /// come from any thread and are posted to the run loop.
 public final class EAInputStream: InputStream {
-    // Confinement: `state` behind its lock.
-    private struct State {
-        var status: Stream.Status = .notOpen
-        var openPending = false
-        var bytesSignaled = false
-        var endSignaled = false
-        var error: (any Error)?
-    }
-
     private let core: SessionCore?
-    private let state = Locked(State())
-    /// Posts the delegate's events to the run loops the stream is scheduled on.
-    let pump = RunLoopPump()
+    /// Status, the events owed and the run loops.
+    let lifecycle: StreamLifecycle
 
     init(core: SessionCore) {
         self.core = core
+        lifecycle = StreamLifecycle(fedBySession: true)
         super.init(data: Data())
-        pump.fire = { [weak self] in self?.deliverEvents() }
+        lifecycle.pump.fire = { [weak self] in self?.deliverEvents() }
     }
 
     /// A stream that no session feeds (Foundation's initializer): it fails when opened.
     public override init(data: Data) {
         core = nil
+        lifecycle = StreamLifecycle(fedBySession: false)
         super.init(data: data)
     }
 
-    deinit { pump.removeAll() }
+    deinit { lifecycle.pump.removeAll() }
 
     /// Opens the stream: the delegate hears `openCompleted`, then what is readable.
-    public override func open() {
-        state.withLock { state in
-            guard state.status == .notOpen else { return }
-            if core == nil {
-                state.status = .error
-                state.error = EAStreamError.notFromASession
-            } else {
-                state.status = .open
-                state.openPending = true
-            }
-        }
-        pump.poke()
-    }
+    public override func open() { lifecycle.open() }
 
     /// Closes the stream: no more events or bytes. The session stays open until the
     /// ``EASession`` goes away.
-    public override func close() {
-        state.withLock { $0.status = .closed }
-        pump.removeAll()
-    }
+    public override func close() { lifecycle.close() }
 
     /// Where the stream stands: `notOpen`, `open`, `atEnd` (ended and every byte read),
     /// `closed` or `error`.
-    public override var streamStatus: Stream.Status { state.withLock { $0.status } }
+    public override var streamStatus: Stream.Status { lifecycle.status }
 
     /// Why the stream failed (status `error`), else nil.
-    public override var streamError: (any Error)? { state.withLock { $0.error } }
+    public override var streamError: (any Error)? { lifecycle.error }
 
     /// Whether bytes are readable now.
     public override var hasBytesAvailable: Bool {
-        guard let core, state.withLock({ $0.status == .open }) else { return false }
+        guard let core, lifecycle.status == .open else { return false }
         return core.session.hasBytesAvailable
     }
 
@@ -85,18 +62,17 @@ public final class EAInputStream: InputStream {
         guard len > 0 else { return 0 }
         guard let core else { return -1 }
         while true {
-            let status = state.withLock { $0.status }
+            let status = lifecycle.status
             guard status == .open || status == .atEnd else { return -1 }
             let seen = core.changeCount
             let copied = ReceivedBytes.copy(from: core.session, into: buffer, maxLength: len)
             if copied > 0 {
-                state.withLock { $0.bytesSignaled = false }
-                pump.poke()
+                lifecycle.levelTaken()
                 return copied
             }
             let end = core.end
             if end.ended {
-                pump.poke()
+                lifecycle.pump.poke()
                 return end.error == nil ? 0 : -1
             }
             core.waitForChange(after: seen)
@@ -115,47 +91,19 @@ public final class EAInputStream: InputStream {
 
     /// Posts the delegate's events to `aRunLoop` in `mode` (and keeps that run loop running).
     public override func schedule(in aRunLoop: RunLoop, forMode mode: RunLoop.Mode) {
-        pump.schedule(in: aRunLoop, forMode: mode)
+        lifecycle.pump.schedule(in: aRunLoop, forMode: mode)
     }
 
     /// Stops posting events to `aRunLoop` in `mode`.
     public override func remove(from aRunLoop: RunLoop, forMode mode: RunLoop.Mode) {
-        pump.remove(from: aRunLoop, forMode: mode)
+        lifecycle.pump.remove(from: aRunLoop, forMode: mode)
     }
 
-    /// On the run loop: what happened since the last time, to the delegate.
+    /// On the run loop: what happened since the last time, to the delegate. Bytes still
+    /// readable come before the end.
     private func deliverEvents() {
         guard let core else { return }
-        var events: [Stream.Event] = []
-        let open = state.withLock { state -> Bool in
-            if state.openPending, state.status == .open {
-                state.openPending = false
-                events.append(.openCompleted)
-            }
-            return state.status == .open
-        }
-        if open {
-            let readable = core.session.hasBytesAvailable
-            let end = core.end
-            state.withLock { state in
-                if readable {
-                    if !state.bytesSignaled {
-                        state.bytesSignaled = true
-                        events.append(.hasBytesAvailable)
-                    }
-                } else if end.ended, !state.endSignaled {
-                    state.endSignaled = true
-                    if let error = end.error {
-                        state.status = .error
-                        state.error = error
-                        events.append(.errorOccurred)
-                    } else {
-                        state.status = .atEnd
-                        events.append(.endEncountered)
-                    }
-                }
-            }
-        }
+        let events = lifecycle.owedEvents(level: .hasBytesAvailable) { (core.session.hasBytesAvailable, core.end) }
         for event in events { delegate?.stream(self, handle: event) }
     }
 }
@@ -171,66 +119,43 @@ public final class EAInputStream: InputStream {
 ///
 /// Thread safety: write and the delegate on one thread (the run loop's), as on iOS.
 public final class EAOutputStream: OutputStream {
-    // Confinement: `state` behind its lock.
-    private struct State {
-        var status: Stream.Status = .notOpen
-        var openPending = false
-        var spaceSignaled = false
-        var endSignaled = false
-        var error: (any Error)?
-    }
-
     private let core: SessionCore?
-    private let state = Locked(State())
-    /// Posts the delegate's events to the run loops the stream is scheduled on.
-    let pump = RunLoopPump()
+    /// Status, the events owed and the run loops.
+    let lifecycle: StreamLifecycle
 
     init(core: SessionCore) {
         self.core = core
+        lifecycle = StreamLifecycle(fedBySession: true)
         super.init(toMemory: ())
-        pump.fire = { [weak self] in self?.deliverEvents() }
+        lifecycle.pump.fire = { [weak self] in self?.deliverEvents() }
     }
 
     /// A stream that no session feeds (Foundation's `toMemory()`): it fails when opened.
     public required init(toMemory: ()) {
         core = nil
+        lifecycle = StreamLifecycle(fedBySession: false)
         super.init(toMemory: ())
     }
 
-    deinit { pump.removeAll() }
+    deinit { lifecycle.pump.removeAll() }
 
     /// Opens the stream: the delegate hears `openCompleted`, then `hasSpaceAvailable`.
-    public override func open() {
-        state.withLock { state in
-            guard state.status == .notOpen else { return }
-            if core == nil {
-                state.status = .error
-                state.error = EAStreamError.notFromASession
-            } else {
-                state.status = .open
-                state.openPending = true
-            }
-        }
-        pump.poke()
-    }
+    public override func open() { lifecycle.open() }
 
     /// Closes the stream: no more events; bytes written before stay on their way. The session
     /// stays open until the ``EASession`` goes away.
-    public override func close() {
-        state.withLock { $0.status = .closed }
-        pump.removeAll()
-    }
+    public override func close() { lifecycle.close() }
 
     /// Where the stream stands: `notOpen`, `open`, `atEnd` (the session ended), `closed` or
     /// `error`.
-    public override var streamStatus: Stream.Status { state.withLock { $0.status } }
+    public override var streamStatus: Stream.Status { lifecycle.status }
 
     /// Why the stream failed (status `error`), else nil.
-    public override var streamError: (any Error)? { state.withLock { $0.error } }
+    public override var streamError: (any Error)? { lifecycle.error }
 
     /// Whether a write would take bytes now.
     public override var hasSpaceAvailable: Bool {
-        guard let core, state.withLock({ $0.status == .open }), !core.end.ended else { return false }
+        guard let core, lifecycle.status == .open, !core.end.ended else { return false }
         return core.session.hasSpaceAvailable
     }
 
@@ -242,7 +167,7 @@ public final class EAOutputStream: OutputStream {
         guard len > 0 else { return 0 }
         guard let core else { return -1 }
         while true {
-            guard state.withLock({ $0.status == .open }) else { return -1 }
+            guard lifecycle.status == .open else { return -1 }
             let seen = core.changeCount
             let taken: Int
             do {
@@ -250,12 +175,11 @@ public final class EAOutputStream: OutputStream {
             } catch {
                 // The session ended (or is closing): the end event, with the status it sets,
                 // follows from the session's own report of it.
-                pump.poke()
+                lifecycle.pump.poke()
                 return -1
             }
             if taken > 0 {
-                state.withLock { $0.spaceSignaled = false }
-                pump.poke()
+                lifecycle.levelTaken()
                 return taken
             }
             if core.end.ended { return -1 }
@@ -271,17 +195,78 @@ public final class EAOutputStream: OutputStream {
 
     /// Posts the delegate's events to `aRunLoop` in `mode` (and keeps that run loop running).
     public override func schedule(in aRunLoop: RunLoop, forMode mode: RunLoop.Mode) {
-        pump.schedule(in: aRunLoop, forMode: mode)
+        lifecycle.pump.schedule(in: aRunLoop, forMode: mode)
     }
 
     /// Stops posting events to `aRunLoop` in `mode`.
     public override func remove(from aRunLoop: RunLoop, forMode mode: RunLoop.Mode) {
-        pump.remove(from: aRunLoop, forMode: mode)
+        lifecycle.pump.remove(from: aRunLoop, forMode: mode)
     }
 
-    /// On the run loop: what happened since the last time, to the delegate.
+    /// On the run loop: what happened since the last time, to the delegate. Once the session
+    /// ended there is no space to announce, only the end.
     private func deliverEvents() {
         guard let core else { return }
+        let events = lifecycle.owedEvents(level: .hasSpaceAvailable) {
+            let end = core.end
+            return (!end.ended && core.session.hasSpaceAvailable, end)
+        }
+        for event in events { delegate?.stream(self, handle: event) }
+    }
+}
+
+/// What an ``EASession``'s two streams share in how they behave: their status, the events
+/// they owe their delegate (`openCompleted` once, a level event again only after the
+/// delegate read or wrote, the end once), and the run loops they post to.
+final class StreamLifecycle {
+    // Confinement: `state` behind its lock.
+    private struct State {
+        var status: Stream.Status = .notOpen
+        var openPending = false
+        var levelSignaled = false
+        var endSignaled = false
+        var error: (any Error)?
+    }
+
+    private let state = Locked(State())
+    private let fedBySession: Bool
+    /// Posts the delegate's events to the run loops the stream is scheduled on.
+    let pump = RunLoopPump()
+
+    init(fedBySession: Bool) { self.fedBySession = fedBySession }
+
+    var status: Stream.Status { state.withLock { $0.status } }
+    var error: (any Error)? { state.withLock { $0.error } }
+
+    func open() {
+        state.withLock { state in
+            guard state.status == .notOpen else { return }
+            if fedBySession {
+                state.status = .open
+                state.openPending = true
+            } else {
+                state.status = .error
+                state.error = EAStreamError.notFromASession
+            }
+        }
+        pump.poke()
+    }
+
+    func close() {
+        state.withLock { $0.status = .closed }
+        pump.removeAll()
+    }
+
+    /// The delegate read (or wrote): the level event may be owed again.
+    func levelTaken() {
+        state.withLock { $0.levelSignaled = false }
+        pump.poke()
+    }
+
+    /// The events owed now, in order: `openCompleted` once; then `level` when `now()` says it
+    /// holds and it was not announced since the delegate last acted, else the end (once) when
+    /// the session ended. `now` runs only while the stream is open.
+    func owedEvents(level: Stream.Event, now: () -> (holds: Bool, end: (ended: Bool, error: AccessoryError?))) -> [Stream.Event] {
         var events: [Stream.Event] = []
         let open = state.withLock { state -> Bool in
             if state.openPending, state.status == .open {
@@ -290,28 +275,27 @@ public final class EAOutputStream: OutputStream {
             }
             return state.status == .open
         }
-        if open {
-            let end = core.end
-            let space = !end.ended && core.session.hasSpaceAvailable
-            state.withLock { state in
-                if end.ended {
-                    guard !state.endSignaled else { return }
-                    state.endSignaled = true
-                    if let error = end.error {
-                        state.status = .error
-                        state.error = error
-                        events.append(.errorOccurred)
-                    } else {
-                        state.status = .atEnd
-                        events.append(.endEncountered)
-                    }
-                } else if space, !state.spaceSignaled {
-                    state.spaceSignaled = true
-                    events.append(.hasSpaceAvailable)
+        guard open else { return events }
+        let (holds, end) = now()
+        state.withLock { state in
+            if holds {
+                if !state.levelSignaled {
+                    state.levelSignaled = true
+                    events.append(level)
+                }
+            } else if end.ended, !state.endSignaled {
+                state.endSignaled = true
+                if let error = end.error {
+                    state.status = .error
+                    state.error = error
+                    events.append(.errorOccurred)
+                } else {
+                    state.status = .atEnd
+                    events.append(.endEncountered)
                 }
             }
         }
-        for event in events { delegate?.stream(self, handle: event) }
+        return events
     }
 }
 
