@@ -68,7 +68,7 @@ public struct CaptureDecoder: Sendable {
 
     /// The scanner, taken out while it scans (so its callbacks may change the rest of `self`).
     private var scanner: FrameScanner?
-    private var inspector: FrameInspector
+    var inspector: FrameInspector
     /// Stream bytes from ``windowOffset`` on, starting at index ``windowStart``; the bytes before
     /// that index are dead and go at the next compaction.
     private var window: [UInt8] = []

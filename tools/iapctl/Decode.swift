@@ -26,6 +26,7 @@ enum DecodeCommand {
         }
         var format = command.value("format") ?? "auto"
         var decoder = CaptureDecoder(kinds: kinds, transactionIDs: mode)
+        decoder.certificateReader = readCertificate
         var hex = HexInput.Parser()
         var piece = [UInt8](repeating: 0, count: pieceSize)
         var parsed: [UInt8] = []
