@@ -19,11 +19,13 @@ let package = Package(
         .library(name: "IAPInspect", targets: ["IAPInspect"]),
         .library(name: "AccessoryHost", targets: ["AccessoryHost"]),
         .library(name: "IAPAuthentication", targets: ["IAPAuthentication"]),
+        .library(name: "ExternalAccessory", targets: ["ExternalAccessory"]),
         .library(name: "CLIKit", targets: ["CLIKit"]),
         .library(name: "AccessoryLogging", targets: ["AccessoryLogging"]),
         .library(name: "ByteRing", targets: ["ByteRing"]),
         .library(name: "USBHost", targets: ["USBHost"]),
         .library(name: "USBTransport", targets: ["USBTransport"]),
+        .library(name: "IAPTransport", targets: ["IAPTransport"]),
         .library(name: "AccessorySimulator", targets: ["AccessorySimulator"]),
         .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
@@ -73,6 +75,9 @@ let package = Package(
         .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
         .target(name: "AccessoryHost", dependencies: ["USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication"], swiftSettings: strict),
+        // iOS's ExternalAccessory framework on AccessoryHost: EAAccessoryManager, EAAccessory,
+        // EASession with Foundation streams on run loops, the connect/disconnect notifications.
+        .target(name: "ExternalAccessory", dependencies: ["AccessoryHost", "AccessoryLogging", "IAPTransport"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         // Strings from frames are escaped for people with AccessoryLogging's `escapedForTerminal`.
         .target(name: "IAPInspect", dependencies: ["IAPWire", "AccessoryLogging"], swiftSettings: strict),
@@ -113,6 +118,7 @@ let package = Package(
         .testTarget(name: "IAPAuthenticationTests", dependencies: ["TestSupport", "TestThreads", "IAPAuthentication", "IAPLink", "IAPWire", "IAPInspect",
                                                                    "AccessorySimulator", "AccessoryHost", "IAPTransport"],
                     exclude: ["Fixtures"], swiftSettings: strict),
+        .testTarget(name: "ExternalAccessoryTests", dependencies: ["ExternalAccessory", "AccessoryHost", "AccessorySimulator", "IAPTransport"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
         .testTarget(name: "RulesTests", swiftSettings: strict),

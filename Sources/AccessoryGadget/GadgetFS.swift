@@ -15,18 +15,28 @@ import SystemCalls
 public struct GadgetFSLayout: Sendable, Hashable {
     /// A bulk endpoint pair: the controller's endpoint file names and the addresses used for them.
     public struct BulkPair: Sendable, Hashable {
+        /// The IN endpoint's file name under the GadgetFS mount (e.g. "ep1in-bulk"): the accessory's
+        /// bytes to the host are written there.
         public var inFile: String
+        /// The OUT endpoint's file name under the GadgetFS mount (e.g. "ep2out-bulk"): the host's bytes
+        /// are read there.
         public var outFile: String
+        /// The IN endpoint's address in the descriptors (bit 7 set, e.g. 0x81), which must be the
+        /// controller's endpoint the file stands for.
         public var inAddress: UInt8
+        /// The OUT endpoint's address in the descriptors (e.g. 0x02).
         public var outAddress: UInt8
     }
 
     /// The USB vendor and product ids.
     public var vendorID: UInt16
+    /// idProduct (a firmware update may come back under another one, as a bootloader does).
     public var productID: UInt16
     /// String descriptors 1, 2 and 3: manufacturer, product, serial number.
     public var manufacturer: String
+    /// String descriptor 2: the product name the host reads (iProduct).
     public var product: String
+    /// String descriptor 3: the serial number the host reads (iSerialNumber).
     public var serialNumber: String
     /// The protocols with a native-transport interface each (interface 1, 2, … in this order,
     /// named after the protocol).
@@ -204,6 +214,7 @@ public final class GadgetFSTransport: Transport, Sendable {
 public final class GadgetFSDevice: Sendable {
     /// Where GadgetFS is mounted.
     public let mountPoint: String
+    /// The descriptors and endpoint pairs the device was set up with.
     public let layout: GadgetFSLayout
     /// The iAP2 interface.
     public let transport: GadgetFSTransport

@@ -1,3 +1,4 @@
+public import Dispatch
 public import IAPLink
 public import IAPTransport
 internal import Synchronization
@@ -7,6 +8,9 @@ public import USBHost
 ///
 /// Created when an accessory has been authenticated and identified; ``isConnected`` turns false
 /// when it goes away, and a reconnection is a new `Accessory` with a new ``connectionID``.
+///
+/// Thread safety: immutable but for ``isConnected``; every property and method may be used
+/// from any thread or task.
 public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     /// Unique while the manager runs; never 0 (0 means "no accessory").
     public let connectionID: Int
@@ -38,17 +42,30 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
         self.connection = connection
     }
 
+    /// The ``connectionID`` (`Identifiable`).
     public var id: Int { connectionID }
     /// Whether the accessory is still attached.
     public var isConnected: Bool { connected.load(ordering: .acquiring) }
     func markDisconnected() { connected.store(false, ordering: .releasing) }
 
+    /// The accessory's name, as it declared it in identification (not escaped: see
+    /// ``description``).
     public var name: String { identity.name }
+    /// Its manufacturer, as declared.
     public var manufacturer: String { identity.manufacturer }
+    /// Its model (iAP2 ModelIdentifier), as declared.
     public var modelNumber: String { identity.modelIdentifier }
+    /// Its serial number, as declared.
     public var serialNumber: String { identity.serialNumber }
+    /// Its firmware version, as declared (for example `1.4.2`): what a firmware upgrade script
+    /// compares before and after.
     public var firmwareRevision: String { identity.firmwareVersion }
+    /// Its hardware version, as declared.
     public var hardwareRevision: String { identity.hardwareVersion }
+    /// The kind of dock the accessory is, as EAAccessory's `dockType`: always empty here. No
+    /// identification parameter that carries it is known (PROTOCOL.md lists none), so the host
+    /// has nothing to report; it is kept for code written against EAAccessory.
+    public var dockType: String { "" }
     /// The protocol the accessory speaks: iAP2, or legacy iAP1. Sessions, events and errors are
     /// the same for both; this is the one place that tells them apart.
     public var protocolVersion: IAPProtocolVersion { identity.protocolVersion }
@@ -76,5 +93,15 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     ///   ``AccessoryError/sessionRefused(_:)``.
     public func openSession(for protocolString: String) async throws -> AccessorySession {
         try await connection.openSession(accessory: self, protocolString: protocolString)
+    }
+
+    /// Opens the session for `protocolString` and calls `completion` on `queue` with it or the
+    /// reason it did not open (the errors of ``openSession(for:)``): for code that is not async,
+    /// such as a Foundation run loop or a thread of its own. It never waits for a Swift task.
+    public func openSession(for protocolString: String, queue: DispatchQueue,
+                            completion: @escaping @Sendable (Result<AccessorySession, AccessoryError>) -> Void) {
+        connection.openSession(accessory: self, protocolString: protocolString) { result in
+            queue.async { completion(result) }
+        }
     }
 }

@@ -23,6 +23,11 @@ public enum AccessoryEvent: Sendable {
 ///
 /// One serial Dispatch queue per manager owns all protocol state; transports and timers deliver
 /// on it; your code is called back on queues you choose (or through async sequences).
+///
+/// Thread safety: every method and property may be used from any thread or task, concurrently,
+/// including ``stop()`` while tasks iterate ``events`` or wait in a session's read (they end:
+/// the events finish, reads return nil). ``stop()`` waits (at most 5 s) for USB to be released:
+/// from a Swift task prefer ``shutdown()``, which suspends instead of blocking a thread.
 public final class AccessoryManager: Sendable {
     /// How a manager behaves.
     public struct Configuration: Sendable {
@@ -49,6 +54,7 @@ public final class AccessoryManager: Sendable {
         /// for `--trace`); nil runs them as they are.
         public var transportTap: (@Sendable (any Transport) -> any Transport)?
 
+        /// A configuration; every parameter has the default an application usually wants.
         public init(supportedProtocols: [String] = [], link: LinkConfiguration = .device, answerTimeout: Duration = .seconds(10),
                     sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = VerifyingAuthentication(mode: .record),
                     logger: Logger = Logger(label: "AccessoryHost", handler: NullLogHandler())) {
@@ -101,19 +107,28 @@ public final class AccessoryManager: Sendable {
     /// Event callbacks registered now (tests: a finished wait must not leave one behind).
     var callbackCount: Int { state.withLock { $0.callbacks.count } }
 
-    /// Connect and disconnect events from now on, as an async sequence (one per call).
+    /// Connect and disconnect events from now on, as an async sequence (one per call). It
+    /// finishes when the manager stops (at once when it has stopped already). It keeps the
+    /// newest 1,024 events a slow consumer has not taken yet.
     public var events: AsyncStream<AccessoryEvent> {
         let (stream, continuation) = AsyncStream<AccessoryEvent>.makeStream(bufferingPolicy: .bufferingNewest(1_024))
-        let key = state.withLock { state -> Int in
+        let key = state.withLock { state -> Int? in
+            guard !state.stopped else { return nil }
             state.nextSubscriber += 1
             state.subscribers[state.nextSubscriber] = continuation
             return state.nextSubscriber
         }
+        guard let key else {
+            continuation.finish()
+            return stream
+        }
+        // Registered after the lock was let go: termination (a cancelled consumer) takes it.
         continuation.onTermination = { [weak self] _ in _ = self?.state.withLock { $0.subscribers.removeValue(forKey: key) } }
         return stream
     }
 
-    /// Delivers events to `handler` on `queue` until the returned token's `cancel()`.
+    /// Delivers events to `handler` on `queue` until the returned token's `cancel()` (or the
+    /// token goes away). Events are delivered in order; a manager that stopped delivers none.
     @discardableResult
     public func onEvent(queue: DispatchQueue, _ handler: @escaping @Sendable (AccessoryEvent) -> Void) -> EventSubscription {
         let key = state.withLock { state -> Int in
@@ -275,6 +290,17 @@ public final class AccessoryManager: Sendable {
             return Array(state.subscribers.values)
         }
         for continuation in subscribers { continuation.finish() }
+    }
+
+    /// ``stop()`` for async code: the same, without blocking a thread of Swift's cooperative
+    /// pool while USB is released (the wait runs on a Dispatch queue).
+    public func shutdown() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue(label: "AccessoryHost.shutdown").async {
+                self.stop()
+                continuation.resume()
+            }
+        }
     }
 
     /// Waits for an accessory matching `predicate` (one already connected counts), up to

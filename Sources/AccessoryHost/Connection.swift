@@ -13,6 +13,8 @@ internal import Synchronization
 /// Confinement: every stored `var` is touched on `queue` only (the manager's serial queue, which
 /// also runs the driver), which is what makes the class Sendable.
 final class Connection: @unchecked Sendable {
+    /// What an opening session comes to, called on the queue.
+    typealias OpenCompletion = @Sendable (Result<AccessorySession, AccessoryError>) -> Void
     struct Reader {
         var maxBytes: Int
         var continuation: CheckedContinuation<[UInt8]?, any Error>
@@ -43,7 +45,10 @@ final class Connection: @unchecked Sendable {
     }
     /// One open session, whichever way its bytes travel.
     struct SessionState {
-        var session: AccessorySession
+        /// The protocol (the session object itself is the application's: held here, it would
+        /// keep the connection alive after the accessory went away if the application never
+        /// closed it; its deinit closes it instead).
+        var protocolString: String
         var stream: any SessionStream
         var readers: [Reader] = []
         var writers: [Writer] = []
@@ -84,7 +89,7 @@ final class Connection: @unchecked Sendable {
     private var nextDrainerID = 1
     /// Native sessions being opened, by protocol name (one session per protocol).
     private var pendingNativeOpens: Set<String> = []
-    private var pendingOpens: [UInt16: (name: String, continuation: CheckedContinuation<AccessorySession, any Error>)] = [:]
+    private var pendingOpens: [UInt16: (name: String, complete: OpenCompletion)] = [:]
     /// Closes waiting for the accessory's link to acknowledge their session's stop, by EA session id.
     private var pendingStops: [UInt16: (name: String, continuation: CheckedContinuation<Void, any Error>)] = [:]
     private var downReason: String?
@@ -175,13 +180,13 @@ final class Connection: @unchecked Sendable {
                 if let pending = pendingOpens.removeValue(forKey: id), let accessory {
                     let session = add(LinkSessionStream(id: id), protocolString: name, accessory: accessory)
                     linkKeys[id] = session.key
-                    pending.continuation.resume(returning: session)
+                    pending.complete(.success(session))
                 }
             case let .sessionOpenTimedOut(id, name, after):
                 if let pending = pendingOpens.removeValue(forKey: id) {
                     logger.warning("'\(name)': the accessory did not answer the session's opening within \(after)")
-                    pending.continuation.resume(throwing: AccessoryError.timedOut(
-                        "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(after)"))
+                    pending.complete(.failure(.timedOut(
+                        "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(after)")))
                 }
             case let .sessionStopAcknowledged(id):
                 pendingStops.removeValue(forKey: id)?.continuation.resume()
@@ -193,7 +198,7 @@ final class Connection: @unchecked Sendable {
                 }
             case let .sessionClosed(id, reason):
                 if let pending = pendingOpens.removeValue(forKey: id) {
-                    pending.continuation.resume(throwing: AccessoryError.sessionRefused(reason ?? "closed"))
+                    pending.complete(.failure(.sessionRefused(reason ?? "closed")))
                 } else if let key = linkKeys[id] {
                     end(key, error: reason.map { AccessoryError.disconnected($0) })
                 }
@@ -222,7 +227,7 @@ final class Connection: @unchecked Sendable {
         nextKey += 1
         let session = AccessorySession(protocolString: protocolString, accessory: accessory, key: key,
                                        usesNativeTransport: stream.isNative, connection: self)
-        sessions[key] = SessionState(session: session, stream: stream)
+        sessions[key] = SessionState(protocolString: protocolString, stream: stream)
         sessionKeys.append(key)
         return session
     }
@@ -326,7 +331,7 @@ final class Connection: @unchecked Sendable {
         let gone = accessory
         accessory = nil
         for (id, pending) in pendingOpens {
-            pending.continuation.resume(throwing: AccessoryError.disconnected(reason))
+            pending.complete(.failure(.disconnected(reason)))
             pendingOpens[id] = nil
         }
         for (id, pending) in pendingStops {
@@ -356,26 +361,31 @@ final class Connection: @unchecked Sendable {
 
     func openSession(accessory: Accessory, protocolString: String) async throws -> AccessorySession {
         try await withCheckedThrowingContinuation { continuation in
-            queue.async {
-                guard self.downReason == nil, self.accessory === accessory else {
-                    continuation.resume(throwing: AccessoryError.disconnected(self.downReason ?? "the accessory reconnected"))
-                    return
-                }
-                if let declared = accessory.identity.protocols.first(where: { $0.name == protocolString }),
-                   declared.nativeTransportComponentIdentifier != nil {
-                    return self.openNative(accessory: accessory, protocolString: protocolString, continuation: continuation)
-                }
-                self.driver.perform { machine, now in
-                    do {
-                        let id = try machine.openSession(protocolName: protocolString, now: now)
-                        self.pendingOpens[id] = (protocolString, continuation)
-                    } catch EndpointError.protocolInUse(let name) {
-                        continuation.resume(throwing: AccessoryError.protocolInUse(name))
-                    } catch EndpointError.unsupportedProtocol(let name) {
-                        continuation.resume(throwing: AccessoryError.unsupportedProtocol(name, available: accessory.protocolStrings))
-                    } catch {
-                        continuation.resume(throwing: AccessoryError.disconnected("\(error)"))
-                    }
+            openSession(accessory: accessory, protocolString: protocolString) { continuation.resume(with: $0) }
+        }
+    }
+
+    /// Opens a session and calls `complete` on the queue with it or the reason it did not open.
+    /// From any thread (it hops to the queue).
+    func openSession(accessory: Accessory, protocolString: String, complete: @escaping OpenCompletion) {
+        queue.async {
+            guard self.downReason == nil, self.accessory === accessory else {
+                return complete(.failure(.disconnected(self.downReason ?? "the accessory reconnected")))
+            }
+            if let declared = accessory.identity.protocols.first(where: { $0.name == protocolString }),
+               declared.nativeTransportComponentIdentifier != nil {
+                return self.openNative(accessory: accessory, protocolString: protocolString, complete: complete)
+            }
+            self.driver.perform { machine, now in
+                do {
+                    let id = try machine.openSession(protocolName: protocolString, now: now)
+                    self.pendingOpens[id] = (protocolString, complete)
+                } catch EndpointError.protocolInUse(let name) {
+                    complete(.failure(.protocolInUse(name)))
+                } catch EndpointError.unsupportedProtocol(let name) {
+                    complete(.failure(.unsupportedProtocol(name, available: accessory.protocolStrings)))
+                } catch {
+                    complete(.failure(.disconnected("\(error)")))
                 }
             }
         }
@@ -383,14 +393,13 @@ final class Connection: @unchecked Sendable {
 
     /// Opens a protocol the accessory binds to a native transport: its channel (for USB, the
     /// FF/F0/01 interface in alternate setting 1), no StartExternalAccessoryProtocolSession.
-    private func openNative(accessory: Accessory, protocolString: String,
-                            continuation: CheckedContinuation<AccessorySession, any Error>) {
+    private func openNative(accessory: Accessory, protocolString: String, complete: @escaping OpenCompletion) {
         let inUse = pendingNativeOpens.contains(protocolString)
-            || sessions.values.contains { $0.stream.isNative && $0.session.protocolString == protocolString }
-        guard !inUse else { return continuation.resume(throwing: AccessoryError.protocolInUse(protocolString)) }
+            || sessions.values.contains { $0.stream.isNative && $0.protocolString == protocolString }
+        guard !inUse else { return complete(.failure(.protocolInUse(protocolString))) }
         guard let provider = transport.nativeTransports else {
-            return continuation.resume(throwing: AccessoryError.sessionRefused(
-                "the accessory carries '\(protocolString)' on a native USB interface of its own, and \(transport.description) has none; connect the accessory by USB to open it"))
+            return complete(.failure(.sessionRefused(
+                "the accessory carries '\(protocolString)' on a native USB interface of its own, and \(transport.description) has none; connect the accessory by USB to open it")))
         }
         pendingNativeOpens.insert(protocolString)
         logger.debug("opening '\(protocolString)' on its native transport")
@@ -398,17 +407,17 @@ final class Connection: @unchecked Sendable {
             pendingNativeOpens.remove(protocolString)
             switch result {
             case let .failure(error):
-                continuation.resume(throwing: AccessoryError.sessionRefused(error.description))
+                complete(.failure(.sessionRefused(error.description)))
             case let .success(channel):
                 guard downReason == nil, self.accessory === accessory else {
                     channel.close()
-                    return continuation.resume(throwing: AccessoryError.disconnected(downReason ?? "the accessory reconnected"))
+                    return complete(.failure(.disconnected(downReason ?? "the accessory reconnected")))
                 }
                 let session = add(NativeSessionStream(channel: channel), protocolString: protocolString, accessory: accessory)
                 let key = session.key
                 channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(key, event) }
                 logger.info("session '\(protocolString)' open on \(channel.description)")
-                continuation.resume(returning: session)
+                complete(.success(session))
             }
         }
     }
@@ -587,7 +596,16 @@ final class Connection: @unchecked Sendable {
             handlerQueue.async { handler(.endEncountered) }
             return
         }
-        sessions[session.key]!.handler = StreamEventHandler(queue: handlerQueue, handler: handler)
+        let key = session.key
+        sessions[key]!.handler = StreamEventHandler(queue: handlerQueue, handler: handler) { [weak self] event in
+            guard let self else { return false }
+            return self.onQueue {
+                guard let state = self.sessions[key] else { return false }
+                return self.driver.perform { machine, _ in
+                    event == .hasBytesAvailable ? state.stream.readable(&machine) > 0 : !state.isEnded && state.stream.hasSpace(&machine)
+                }
+            }
+        }
         handlerQueue.async { handler(.openCompleted) }
         withSession(session.key) { _, _ in }
     }
@@ -618,8 +636,14 @@ final class Connection: @unchecked Sendable {
         guard sessions[session.key] != nil else { return }
         let acknowledged = acknowledged(session)
         session.acknowledgedAtClose.withLock { $0 = acknowledged }
-        guard let state = sessions.removeValue(forKey: session.key) else { return }
-        sessionKeys.removeAll { $0 == session.key }
+        close(key: session.key)
+    }
+
+    /// Closes the session under `key` if it is still open (also what a session object that
+    /// goes away without ``AccessorySession/close()`` comes to). On the queue.
+    func close(key: Int) {
+        guard let state = sessions.removeValue(forKey: key) else { return }
+        sessionKeys.removeAll { $0 == key }
         for reader in state.readers { reader.continuation.resume(returning: nil) }
         for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
         for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
@@ -627,25 +651,32 @@ final class Connection: @unchecked Sendable {
         if let id = state.stream.linkSessionID { linkKeys[id] = nil }
         let linkUp = downReason == nil
         driver.perform { machine, now in state.stream.close(&machine, now: now, linkUp: linkUp) }
-        if state.stream.isNative { logger.debug("session '\(session.protocolString)' closed") }
+        if state.stream.isNative { logger.debug("session '\(state.protocolString)' closed") }
     }
 }
 
 /// A session's stream-event handler and its queue. `hasBytesAvailable` and `hasSpaceAvailable`
 /// are coalesced: at most one of each waits on the handler's queue (the next is posted once it
 /// ran), so a handler queue that is slow or held up while the accessory keeps the connection
-/// busy does not collect a block per packet. The others are posted as they happen.
+/// busy does not collect a block per packet. They are levels, checked again when they reach the
+/// handler's queue: one whose bytes (or space) were taken meanwhile (by an earlier handler call,
+/// or by an async read) is not delivered, so a handler never hears of bytes that are not there.
+/// The others are posted as they happen.
 final class StreamEventHandler: Sendable {
     let queue: DispatchQueue
     let handler: @Sendable (SessionStreamEvent) -> Void
+    /// Whether a level event still holds (asked on the handler's queue, just before delivery).
+    private let stillHolds: @Sendable (SessionStreamEvent) -> Bool
     /// Which level events wait on the queue now (``bytesBit``, ``spaceBit``).
     private let posted = Atomic<UInt8>(0)
     private static let bytesBit: UInt8 = 1
     private static let spaceBit: UInt8 = 2
 
-    init(queue: DispatchQueue, handler: @escaping @Sendable (SessionStreamEvent) -> Void) {
+    init(queue: DispatchQueue, handler: @escaping @Sendable (SessionStreamEvent) -> Void,
+         stillHolds: @escaping @Sendable (SessionStreamEvent) -> Bool) {
         self.queue = queue
         self.handler = handler
+        self.stillHolds = stillHolds
     }
 
     /// Posts `event` to the handler's queue, unless the same level event is already waiting there.
@@ -662,7 +693,7 @@ final class StreamEventHandler: Sendable {
         queue.async {
             // Cleared first: what happens while the handler runs posts the event again.
             self.posted.bitwiseAnd(~bit, ordering: .acquiringAndReleasing)
-            self.handler(event)
+            if self.stillHolds(event) { self.handler(event) }
         }
     }
 }

@@ -4,10 +4,19 @@ internal import IAPLink
 
 /// The stream events of a session, as NSStream reports them for an EASession.
 public enum SessionStreamEvent: Hashable, Sendable {
+    /// The session is open: the first event a handler gets.
     case openCompleted
+    /// Bytes are readable now (``AccessorySession/readAvailable(maxBytes:)`` returns some).
+    /// Checked just before delivery: a handler is never told of bytes that are not there. The
+    /// next one comes when more arrive, or when bytes remain after the handler returned.
     case hasBytesAvailable
+    /// A write would take bytes now (``AccessorySession/writeAvailable(_:)`` takes some).
+    /// Checked just before delivery, like ``hasBytesAvailable``.
     case hasSpaceAvailable
+    /// The session ended with an error (for example the accessory went away); followed by
+    /// ``endEncountered``. Bytes already received stay readable.
     case errorOccurred(AccessoryError)
+    /// The stream ended: no bytes will arrive after those already readable, and writes fail.
     case endEncountered
 }
 
@@ -18,6 +27,17 @@ public enum SessionStreamEvent: Hashable, Sendable {
 /// queue you choose (``setEventHandler(queue:_:)``) and the non-blocking ``readAvailable(maxBytes:)``
 /// / ``writeAvailable(_:)``. When the accessory goes away, bytes already received stay
 /// readable, then the stream ends; writes fail with ``AccessoryError/disconnected(_:)``.
+///
+/// The session is also an `AsyncSequence` of the byte chunks received, in order
+/// (`for try await chunk in session { … }`), which ends when the stream ends and throws nothing
+/// for a normal end; see ``chunks(maxBytes:)`` to bound the chunks.
+///
+/// Thread safety: every method may be called from any thread or task, concurrently; each call
+/// hops to the manager's queue (or runs there at once when called on it). Reads are served in
+/// the order they were called, and so are writes; two tasks writing at once interleave whole
+/// writes, never bytes of them. Do not call a session from inside ``withNextChunk(_:)``'s body.
+///
+/// A session that is dropped without ``close()`` is closed when its last reference goes.
 public final class AccessorySession: Sendable {
     /// The protocol string.
     public let protocolString: String
@@ -39,6 +59,11 @@ public final class AccessorySession: Sendable {
         self.key = key
         self.usesNativeTransport = usesNativeTransport
         self.connection = connection
+    }
+
+    deinit {
+        let connection = connection, key = key
+        connection.queue.async { connection.close(key: key) }
     }
 
     /// Writes all of `bytes`, suspending while the accessory (or the link) cannot take more.
@@ -148,5 +173,45 @@ public final class AccessorySession: Sendable {
             throw error
         }
         try await connection.closeAwaitingStop(self, timeout: timeout - (ContinuousClock.now - start))
+    }
+}
+
+extension AccessorySession: AsyncSequence {
+    /// A chunk of received bytes, as ``read(maxBytes:)`` returns it (never empty).
+    public typealias Element = [UInt8]
+
+    /// Iterates the session's received bytes chunk by chunk (each ``read(maxBytes:)``).
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let session: AccessorySession
+        let maxBytes: Int
+
+        /// The next chunk; nil once the stream ended and every byte was read.
+        ///
+        /// - Throws: nothing for a normal end; an error only where ``read(maxBytes:)`` throws.
+        public mutating func next() async throws -> [UInt8]? {
+            try await session.read(maxBytes: maxBytes)
+        }
+    }
+
+    /// An iterator over chunks of at most 1 MiB.
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(session: self, maxBytes: 1 << 20)
+    }
+
+    /// The received bytes as an async sequence of chunks of at most `maxBytes` each: a reader
+    /// that handles records of a known size asks for no more than it can take at once.
+    public func chunks(maxBytes: Int) -> Chunks { Chunks(session: self, maxBytes: Swift.max(1, maxBytes)) }
+
+    /// The session's received bytes in chunks of a bounded size (``chunks(maxBytes:)``).
+    public struct Chunks: AsyncSequence, Sendable {
+        /// A chunk of received bytes (never empty, at most the bound).
+        public typealias Element = [UInt8]
+        let session: AccessorySession
+        let maxBytes: Int
+
+        /// An iterator over the bounded chunks.
+        public func makeAsyncIterator() -> AsyncIterator {
+            AsyncIterator(session: session, maxBytes: maxBytes)
+        }
     }
 }

@@ -76,6 +76,7 @@ public struct SimulatedAccessory: Sendable {
     /// Creates an accessory from a profile.
     ///
     /// - Parameters:
+    ///   - profile: who the accessory is (identity, protocols, behaviours, faults), validated here.
     ///   - sessionBufferLimit: bytes the endpoint holds per session and direction; raised to the
     ///     profile's packet length if smaller (a packet must fit).
     ///   - initialSequence: the link's first sequence number.
@@ -179,8 +180,8 @@ public struct SimulatedAccessory: Sendable {
     /// SET_INTERFACE to alternate setting 1 does) and returns its native session id; nil when
     /// the profile does not declare the protocol as native, or the accessory is gone.
     ///
-    /// A native session's bytes are raw: the owner moves them with ``receiveNative(_:_:now:)``
-    /// (at most ``nativeRoom(_:)``) and ``drainNativeOutput(_:into:)``. Both buffers hold at most
+    /// A native session's bytes are raw: the owner moves them with
+    /// ``receiveNative(_:_:now:)-(_,ArraySlice<UInt8>,_)`` (at most ``nativeRoom(_:)``) and ``drainNativeOutput(_:into:)``. Both buffers hold at most
     /// ``sessionBufferLimit`` bytes, so a host that stops reading stops the accessory's writes.
     public mutating func openNativeSession(protocolName: String, now: LinkTime) -> UInt16? {
         note(now)
@@ -204,7 +205,7 @@ public struct SimulatedAccessory: Sendable {
                                            statistics: snapshot(runtime)))
     }
 
-    /// How many more bytes ``receiveNative(_:_:now:)`` takes for the session now.
+    /// How many more bytes ``receiveNative(_:_:now:)-(_,ArraySlice<UInt8>,_)`` takes for the session now.
     public func nativeRoom(_ id: UInt16) -> Int {
         guard isRunning, let buffers = nativeBuffers[id] else { return 0 }
         return max(0, sessionBufferLimit - buffers.inbound.byteCount)

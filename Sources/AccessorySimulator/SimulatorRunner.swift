@@ -23,11 +23,20 @@ public final class SimulatorRunner: @unchecked Sendable {
 
     /// How the simulator reaches the host.
     public enum Attachment: Sendable {
+        /// In process: each start and each reboot makes a new ``MemoryTransport`` pair and hands its
+        /// host side to the closure (for example `AccessoryManager.attach`); called on the runner's
+        /// queue.
         case memory(@Sendable (MemoryTransport) -> Void)
+        /// Over a wire that stays across reboots (a pseudo-terminal's master side, a USB gadget): the
+        /// accessory restarts behind it and sends the detect again.
         case transport(any Transport)
     }
 
+    /// The queue the accessory runs on (by default one of its own, so an in-process host and
+    /// accessory use two cores); events are delivered there.
     public let queue: DispatchQueue
+    /// The profile the accessory runs: the one it started with, then with the firmware version a
+    /// completed firmware update installed. Read it on ``queue`` (or once the runner is stopped).
     public private(set) var profile: SimulatorProfile
     private let attachment: Attachment
     private var driver: EndpointDriver<SimulatedAccessory>?
@@ -43,6 +52,9 @@ public final class SimulatorRunner: @unchecked Sendable {
     /// open native sessions on its successor.
     private var machineGeneration = 0
 
+    /// A runner for `profile`, attached as `attachment`, on `queue`; nothing runs before
+    /// ``start(events:)``.
+    ///
     /// - Throws: ``SimulatorProfileError`` when the profile has an invalid value.
     public init(profile: SimulatorProfile, attachment: Attachment,
                 queue: DispatchQueue = DispatchQueue(label: "AccessorySimulator.runner")) throws(SimulatorProfileError) {

@@ -66,6 +66,9 @@ public final class ByteRing: @unchecked Sendable {
     /// Creates a ring of `slotCount` slots of `slotCapacity` bytes.
     ///
     /// - Parameters:
+    ///   - slotCount: how many slots (at least 1): how many transfers can be in flight or
+    ///     held by readers at once.
+    ///   - slotCapacity: bytes per slot (at least 1), the largest transfer a slot carries.
     ///   - allocator: asked once per slot; slots it declines come from one heap block. Nil puts
     ///     every slot on the heap.
     ///   - alignment: alignment of the heap block and of each heap slot's capacity rounding.
@@ -248,7 +251,7 @@ extension ByteRing {
 /// A lease is an object, so whoever keeps a view of the bytes keeps the lease alive, and the
 /// lender knows the reader is done when it holds the only reference again
 /// (`isKnownUniquelyReferenced`); only then does the slot go back to the producer. A lender that
-/// needs the slot back earlier (its reader lags, or it is closing) calls ``evacuate()``: the
+/// needs the slot back earlier (its reader lags, or it is closing) calls `evacuate()`: the
 /// bytes move to memory the lease owns (one copy) and every view of them stays valid.
 ///
 /// Confinement: a lease is read, lent and evacuated on one queue, its lender's (for USB, the

@@ -143,6 +143,8 @@ public final class PacketBufferPool: @unchecked Sendable {
     public var bufferCount: Int { buffers.count }
     /// Buffers handed out by ``take()``, and the times none was free.
     public private(set) var taken = 0
+    /// Times ``take()`` returned nil: every buffer was held and the pool could not grow (at its
+    /// limit, or its allocator declined); the caller lays that packet out in an array instead.
     public private(set) var exhausted = 0
     /// Bytes moved out of the pool's memory at ``releaseMemory()`` because the link still held
     /// the packet.

@@ -86,7 +86,7 @@ public struct OptionSpec: Sendable {
 
     /// Describes an option; prefer the ``flag(_:short:help:repeatable:inherited:)``,
     /// ``value(_:short:valueName:help:defaultValue:allowedValues:repeatable:inherited:)`` and
-    /// ``optionalValue(_:valueName:help:defaultValue:allowedValues:inherited:)`` shorthands.
+    /// ``optionalValue(_:short:valueName:help:defaultValue:allowedValues:inherited:)`` shorthands.
     public init(
         long: String,
         short: Character? = nil,

@@ -26,7 +26,9 @@ public struct FrameReport: Sendable {
 public enum TransactionIDMode: String, Sendable, CaseIterable {
     /// Off until an accessory starts IDPS (StartIDPS with a transaction id), then on.
     case auto
+    /// Every iAP1 packet carries a transaction id (after StartIDPS).
     case on
+    /// No iAP1 packet carries one (an accessory identified with IdentifyDeviceLingoes).
     case off
 }
 
@@ -49,6 +51,8 @@ public struct FrameInspector: Sendable {
     /// iAP1 certificate sections collected so far.
     var iap1CertificateSections: [UInt8] = []
 
+    /// An inspector that knows no link sessions yet; `previewLimit` is the most payload bytes shown
+    /// in a hex preview.
     public init(transactionIDMode: TransactionIDMode = .auto, previewLimit: Int = 32) {
         self.transactionIDMode = transactionIDMode
         self.previewLimit = previewLimit

@@ -6,9 +6,13 @@
 public enum HexInput {
     /// Why text could not be read as hex.
     public struct ParseError: Error, Hashable, Sendable, CustomStringConvertible {
+        /// The line of the mistake, counted from 1.
         public var line: Int
+        /// The column of the mistake, counted from 1 in Unicode scalars.
         public var column: Int
+        /// What is wrong, for a person (e.g. "a lone hex digit; bytes take two digits").
         public var reason: String
+        /// An error at `line` and `column` (both counted from 1) saying `reason`.
         public init(line: Int, column: Int, reason: String) {
             self.line = line
             self.column = column
@@ -180,8 +184,10 @@ public enum HexInput {
     /// valid UTF-8 without control characters other than tab, CR and LF. Raw iAP captures fail
     /// this at once (`FF` alone is not UTF-8; headers hold small binary values).
     ///
-    /// - Parameter isPrefix: `bytes` are the first of a longer input, so a UTF-8 character cut
-    ///   off at their end does not count against them.
+    /// - Parameters:
+    ///   - bytes: the start of the input (a block is enough to decide).
+    ///   - isPrefix: `bytes` are the first of a longer input, so a UTF-8 character cut off at
+    ///     their end does not count against them.
     public static func looksLikeText(_ bytes: [UInt8], isPrefix: Bool = false) -> Bool {
         var end = bytes.count
         if isPrefix {

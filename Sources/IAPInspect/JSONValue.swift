@@ -3,11 +3,17 @@ internal import AccessoryLogging
 /// A JSON value whose objects keep their keys in the order they were built, so that output
 /// reads the same every time (`kind` first, details last).
 public indirect enum JSONValue: Hashable, Sendable {
+    /// JSON `null`.
     case null
+    /// JSON `true` or `false`.
     case bool(Bool)
+    /// A JSON number; integers only (every number in a frame report is one).
     case int(Int)
+    /// A JSON string, kept exact; ``serialized()`` escapes quotes, backslashes and controls.
     case string(String)
+    /// A JSON array.
     case array([JSONValue])
+    /// A JSON object whose members are written in this order.
     case object([(String, JSONValue)])
 
     public static func == (lhs: JSONValue, rhs: JSONValue) -> Bool {

@@ -3,8 +3,12 @@ public import IAPWire
 
 /// Counters kept by an ``IAP2Link``.
 public struct LinkStatistics: Hashable, Sendable {
+    /// SYN and data packets handed to the transport, retransmissions included (bare ACKs, EAKs,
+    /// RST and SLP are not counted here).
     public var packetsSent = 0
+    /// iAP2 packets received whose checksums verified, of any kind (duplicates included).
     public var packetsReceived = 0
+    /// Data packets sent again, on a timeout or because an EAK named them.
     public var retransmissions = 0
     /// Packets an EAK named that were not sent again because they had just been (a repeated
     /// EAK, or a flood of them).
@@ -12,15 +16,25 @@ public struct LinkStatistics: Hashable, Sendable {
     /// Retransmissions not made because the transport was still sending the packet from its
     /// transmit buffer (``LinkFrame/buffer(_:)``): the packet had not even left yet.
     public var retransmissionsDeferred = 0
+    /// Data packets received again after they were delivered (the peer missed an ACK); they are
+    /// acknowledged again and not delivered twice.
     public var duplicatesReceived = 0
+    /// Data packets received ahead of a missing one, parked until the gap is filled (and reported
+    /// with an EAK unless the receiver is refusing).
     public var outOfOrderReceived = 0
+    /// Data packets whose sequence number lies beyond the receive window: dropped.
     public var outsideWindowReceived = 0
     /// Packets the sink could not take yet (receiver flow control); the peer sends them again.
     public var refusedByReceiver = 0
+    /// EAKs sent, each listing the out-of-order packets held so the peer resends only what is missing.
     public var eaksSent = 0
+    /// EAKs received from the peer.
     public var eaksReceived = 0
+    /// Bare ACK packets sent (acknowledgements that rode on data packets are not counted).
     public var acksSent = 0
+    /// Payload bytes of data packets sent the first time (retransmissions not counted again).
     public var payloadBytesSent = 0
+    /// Payload bytes delivered in order to the sink (duplicates and refused packets not counted).
     public var payloadBytesDelivered = 0
     /// Payload bytes the link copied on the way out: payloads handed to
     /// ``IAP2Link/send(sessionID:payload:now:)`` are framed by one copy; framed packets
@@ -41,13 +55,15 @@ public struct LinkStatistics: Hashable, Sendable {
     /// Device role: negotiations given up on because the accessory never acknowledged our
     /// SYN|ACK (sent its negotiated number of times); the device then waits for a new SYN.
     public var unansweredNegotiations = 0
+    /// Counters at zero, as a new link starts.
     public init() {}
 }
 
 /// The iAP2 link layer as a deterministic state machine, for both roles.
 ///
-/// Inputs are received bytes (``receive(_:now:sink:)``), the passage of time (``advance(to:)``)
-/// and payloads to send (``send(sessionID:payload:now:)``). Outputs are taken by the owner:
+/// Inputs are received bytes (``receive(_:now:sink:)-(RawSpan,_,_)``, its array twin, or
+/// ``receive(lent:now:sink:)``), the passage of time (``advance(to:)``) and payloads to send
+/// (``send(sessionID:payload:now:)``). Outputs are taken by the owner:
 /// packets to transmit (``takeOutput()``, one link packet or detect per element, to be written one
 /// per USB transfer), events (``takeEvents()``), and payloads handed in order to a ``LinkSink``.
 /// The owner asks ``nextDeadline`` when to call ``advance(to:)`` next. No clocks, threads or
@@ -60,8 +76,12 @@ public struct LinkStatistics: Hashable, Sendable {
 /// held and reported with EAK, EAK honoured by resending exactly the missing packets,
 /// retransmission on timeout until the negotiated maximum, RST and SLP.
 public struct IAP2Link: Sendable {
+    /// Which side this link plays: the device (host) or the accessory.
     public let role: LinkRole
+    /// What this side offers and accepts (limits, timeouts, timing), fixed for the link's life.
     public let configuration: LinkConfiguration
+    /// Where the link is (detecting, negotiating, connected, sleeping, failed); every change is also
+    /// reported as ``LinkEvent/stateChanged(_:)``.
     public private(set) var state: LinkState = .detecting
     /// The parameters this side agreed to, once connected: the last SYN payload it sent (the
     /// device) or accepted (the accessory). Timing values and sessions are common to both sides;
@@ -73,6 +93,7 @@ public struct IAP2Link: Sendable {
     public private(set) var peerLimits: LinkParameters?
     /// This side's own receive limits, once connected.
     public private(set) var receiveLimits: LinkParameters?
+    /// The counters since the link was made (never reset, whatever the link goes through).
     public private(set) var statistics = LinkStatistics()
 
     private var scanner: FrameScanner
@@ -168,6 +189,8 @@ public struct IAP2Link: Sendable {
     /// Creates a link.
     ///
     /// - Parameters:
+    ///   - role: the side this link plays: `.device` for a host, `.accessory` for the simulator.
+    ///   - configuration: what this side offers and accepts (limits, timeouts, timing).
     ///   - initialSequence: the first sequence number (the ISN); pick it at random in production.
     public init(role: LinkRole, configuration: LinkConfiguration, initialSequence: UInt8) {
         self.role = role
@@ -429,7 +452,7 @@ public struct IAP2Link: Sendable {
     }
 
     /// Fires every timer due at `now`; payloads in frames found again in an abandoned partial
-    /// frame are offered to `sink`, in order, as ``receive(_:now:sink:)`` does.
+    /// frame are offered to `sink`, in order, as ``receive(_:now:sink:)-(RawSpan,_,_)`` does.
     public mutating func advance<Sink: LinkSink>(to now: LinkTime, sink: inout Sink) {
         if let deadline = gapDeadline, deadline <= now {
             abandonPartialFrame(now: now, sink: &sink)

@@ -5,15 +5,25 @@ public import IAPLink
 /// A state machine an ``EndpointDriver`` can run: fed bytes and time, asked for output and for
 /// when to wake next. ``IAP2Endpoint`` is one; the simulator's accessory is another.
 public protocol DrivenMachine: SendableMetatype {
+    /// Begins the machine's work at `now`, queuing what it sends first (an accessory's detect,
+    /// for example): called once by ``EndpointDriver/start(update:closed:)``, and for a machine
+    /// that replaces another (``EndpointDriver/replaceMachine(_:)``).
     mutating func start(now: LinkTime)
+    /// Bytes that arrived from the transport at `now`, in any chunks (a frame may be split across
+    /// calls, or several frames share one); what they cause is queued as output and events.
     mutating func receive(_ bytes: [UInt8], now: LinkTime)
     /// Bytes read in place (a USB ring slot); the default copies them into an array.
     mutating func receive(_ bytes: RawSpan, now: LinkTime)
     /// Bytes lent by the transport beyond the call (a USB IN slot), which the machine may keep
     /// views of; the default reads them in place.
     mutating func receive(lent lease: SlotLease, now: LinkTime)
+    /// Lets time pass to `now`: retransmissions, acknowledgement and answer timeouts that are due
+    /// run here. The driver calls it when ``nextDeadline`` is reached (possibly a little later).
     mutating func advance(to now: LinkTime)
+    /// When the machine next needs ``advance(to:)``, on the same clock as `now`; nil when nothing is
+    /// pending (then the driver's timer sleeps).
     var nextDeadline: LinkTime? { get }
+    /// Takes the frames to send, in order, and forgets them; empty when there are none.
     mutating func takeOutput() -> [[UInt8]]
     /// Appends the frames to send to `frames`; the default appends ``takeOutput()``. A machine
     /// that can hand over its own array (swapping storage with an empty one) spares the driver
@@ -63,7 +73,11 @@ extension IAPEndpoint: DrivenMachine {
 public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     // Confinement: every stored property below is read and written on `queue` only (checked with
     // dispatchPrecondition in the entry points), which is what makes the class Sendable.
+    /// The serial queue the machine, the transport's events and the timer run on; every method that
+    /// says "Must be called on queue" means this one.
     public let queue: DispatchQueue
+    /// The transport the machine runs over (activated by ``start(update:closed:)``, cancelled by
+    /// ``stop()``).
     public let transport: any Transport
     private var machine: Machine
     private let clock = ContinuousClock()

@@ -209,6 +209,9 @@ public struct ControlMessage: Hashable, Sendable {
     /// The parameters in wire order (ids may repeat to form lists).
     public var parameters: [Parameter]
 
+    /// A message with `id` and `parameters` in the order they are to be sent. Nothing is checked
+    /// here: ``encode(into:)`` throws ``WireError/tooLong(what:length:maximum:)`` when the message
+    /// or a parameter outgrows its 16-bit length.
     public init(id: MessageID, parameters: [Parameter] = []) {
         self.id = id
         self.parameters = parameters

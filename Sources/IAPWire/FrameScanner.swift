@@ -119,6 +119,8 @@ public struct ScanDrop: Hashable, Sendable, CustomStringConvertible {
     /// Where the dropped bytes start in the whole stream fed to the scanner.
     public var streamOffset: Int
 
+    /// A report of `byteCount` bytes dropped for `reason`, starting `streamOffset` bytes into the
+    /// stream (the scanner makes these; tests and replays build them to compare).
     public init(reason: ScanDropReason, byteCount: Int, streamOffset: Int) {
         self.reason = reason
         self.byteCount = byteCount
@@ -145,6 +147,7 @@ public struct ScanStatistics: Hashable, Sendable {
     /// drop per candidate, and hashing each reason cost more than scanning.
     public var dropsByKind = ScanDropCounts()
 
+    /// Counters at zero, as a new scanner starts.
     public init() {}
 }
 
@@ -198,8 +201,8 @@ public struct ScanDropCounts: Hashable, Sendable {
 /// Finds iAP2 link packets, iAP1 packets and the iAP2 detect in a byte stream fed in arbitrary
 /// chunks.
 ///
-/// Feed chunks with ``scan(_:onFrame:onDrop:)``; each frame is handed to the callback with the
-/// span it lies in. A frame that lies inside one chunk is a view into that chunk (no copy); a
+/// Feed chunks with ``scan(_:onFrame:onDrop:)-(RawSpan,_,_)`` (or its array twin); each frame
+/// is handed to the callback with the span it lies in. A frame that lies inside one chunk is a view into that chunk (no copy); a
 /// frame that straddles chunks is reassembled by one copy into a buffer the scanner allocates
 /// once, at creation. Malformed input never traps: the scanner drops the first byte of a bad
 /// candidate and looks again from the next byte, so a lying length or a corrupted packet costs

@@ -85,6 +85,8 @@ public struct FIDToken: Hashable, Sendable {
     /// The bytes after type and subtype.
     public var data: [UInt8]
 
+    /// A token of kind `type`/`subtype` carrying `data`. Encoding throws for more than 253 data
+    /// bytes: the token's length byte counts type, subtype and data.
     public init(type: UInt8, subtype: UInt8, data: [UInt8]) {
         self.type = type
         self.subtype = subtype
@@ -195,6 +197,9 @@ public struct FIDTokenAck: Hashable, Sendable {
     /// Not Supported.
     public static let notSupported: UInt8 = 3
 
+    /// An acknowledgement of the token of kind `type`/`subtype` with `status` (``accepted``,
+    /// ``requiredFailed``, ``optionalFailed`` or ``notSupported``); `extra` beyond 252 bytes is cut
+    /// so the ack's length byte can count it.
     public init(type: UInt8, subtype: UInt8, status: UInt8, extra: [UInt8] = []) {
         self.type = type
         self.subtype = subtype
@@ -241,11 +246,15 @@ public struct FIDTokenAck: Hashable, Sendable {
 /// Reads the fields of an iAP1 payload front to back, with a typed error naming the field when
 /// the payload is too short. Off the hot path (identification, acks).
 public struct IAP1PayloadReader: Sendable {
+    /// The payload being read.
     public let bytes: [UInt8]
+    /// How many bytes of ``bytes`` have been read: the next field starts here.
     public private(set) var offset = 0
     /// What is being read, for error messages (e.g. "OpenDataSessionForProtocol").
     public let what: String
 
+    /// A reader at the start of `bytes`; `what` names the payload in the errors it throws (e.g.
+    /// "OpenDataSessionForProtocol").
     public init(_ bytes: [UInt8], what: String) {
         self.bytes = bytes
         self.what = what

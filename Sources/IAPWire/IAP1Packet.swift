@@ -42,6 +42,8 @@ public struct IAP1Packet: Hashable, Sendable {
     /// The command's parameters.
     public var payload: [UInt8]
 
+    /// A packet of `command` in `lingo` with `payload`; `transactionID` only when the session uses
+    /// transaction ids (after StartIDPS). Lengths are checked when it is encoded.
     public init(lingo: UInt8, command: UInt16, transactionID: UInt16? = nil, payload: [UInt8] = []) {
         self.lingo = lingo
         self.command = command

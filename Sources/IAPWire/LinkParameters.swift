@@ -29,6 +29,8 @@ public struct LinkSession: Hashable, Sendable {
     /// Session protocol version.
     public var version: UInt8
 
+    /// A session table entry: the session's `id` (1 … 255; 0 is not valid), what it carries and its
+    /// protocol version (1 by default; some accessories advertise 2 for the control session).
     public init(id: UInt8, type: LinkSessionType, version: UInt8 = 1) {
         self.id = id
         self.type = type
@@ -73,6 +75,8 @@ public struct LinkParameters: Hashable, Sendable {
     /// valid payload, payload checksum. Before its link is up a receiver expects nothing longer.
     public static let maxSYNPacketLength = LinkPacket.encodedLength(payloadLength: maxEncodedLength)
 
+    /// Parameters as a SYN carries them; the timeouts are in milliseconds and the lengths in bytes.
+    /// Nothing is range-checked here: ``violations()`` names every value outside its valid range.
     public init(
         version: UInt8 = 1, maxOutstandingPackets: UInt8, maxPacketLength: UInt16, retransmissionTimeout: UInt16,
         cumulativeAckTimeout: UInt16, maxRetransmissions: UInt8, maxCumulativeAcks: UInt8, sessions: [LinkSession]
@@ -143,12 +147,19 @@ public struct LinkParameters: Hashable, Sendable {
 
     /// A field of the fixed part, for naming it in a ``LinkParameterViolation``.
     public enum Field: String, Hashable, Sendable, CaseIterable {
+        /// The link protocol version (valid: 1).
         case version
+        /// The receive window in packets (valid: 1 … 127).
         case maxOutstandingPackets = "max outstanding packets"
+        /// The longest packet accepted, header included, in bytes (valid: 24 … 65535).
         case maxPacketLength = "max packet length"
+        /// The retransmission timeout in milliseconds (valid: 20 … 65535).
         case retransmissionTimeout = "retransmission timeout"
+        /// The longest a receiver waits before acknowledging, in milliseconds (valid: 10 … 32767).
         case cumulativeAckTimeout = "cumulative ACK timeout"
+        /// How often a packet is sent again before the link fails (valid: 1 … 30).
         case maxRetransmissions = "max retransmissions"
+        /// How many packets a receiver may leave unacknowledged (valid: 0 … 127).
         case maxCumulativeAcks = "max cumulative ACKs"
 
         /// The valid range of the field (Apple's reference link code).

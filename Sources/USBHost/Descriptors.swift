@@ -5,6 +5,7 @@
 public struct USBDescriptorError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What was wrong, e.g. "configuration descriptor: wTotalLength 64 but 40 bytes".
     public var message: String
+    /// An error saying `message`, which names the descriptor, the offset and the field that is wrong.
     public init(_ message: String) { self.message = message }
     public var description: String { message }
 }
@@ -17,8 +18,11 @@ public struct USBEndpointDescriptor: Hashable, Sendable, CustomStringConvertible
     public var attributes: UInt8
     /// wMaxPacketSize (bits 0–10 are the size).
     public var maxPacketSize: UInt16
+    /// bInterval: the polling interval of interrupt and isochronous endpoints (in frames or
+    /// microframes, by speed); bulk endpoints ignore it.
     public var interval: UInt8
 
+    /// An endpoint with the descriptor's raw fields (as parsed, or as a test or a gadget declares it).
     public init(address: UInt8, attributes: UInt8, maxPacketSize: UInt16, interval: UInt8 = 0) {
         self.address = address
         self.attributes = attributes
@@ -41,15 +45,23 @@ public struct USBEndpointDescriptor: Hashable, Sendable, CustomStringConvertible
 
 /// One alternate setting of one interface.
 public struct USBInterfaceDescriptor: Hashable, Sendable {
+    /// bInterfaceNumber: what claiming and SET_INTERFACE name.
     public var number: UInt8
+    /// bAlternateSetting: 0 is the setting in force after SET_CONFIGURATION; others are selected with
+    /// SET_INTERFACE.
     public var alternateSetting: UInt8
+    /// bInterfaceClass (0xFF: vendor-specific, as iAP2's interfaces are).
     public var interfaceClass: UInt8
+    /// bInterfaceSubClass (0xF0 for iAP2's interfaces).
     public var interfaceSubclass: UInt8
+    /// bInterfaceProtocol (0x00 for the iAP2 link interface, 0x01 for an EA native transport).
     public var interfaceProtocol: UInt8
     /// iInterface: index of the interface's name string, 0 for none.
     public var nameIndex: UInt8
+    /// The endpoints of this alternate setting, in descriptor order (endpoint 0 is never listed).
     public var endpoints: [USBEndpointDescriptor]
 
+    /// An alternate setting with the descriptor's raw fields and its endpoints.
     public init(number: UInt8, alternateSetting: UInt8 = 0, interfaceClass: UInt8, interfaceSubclass: UInt8, interfaceProtocol: UInt8,
                 nameIndex: UInt8 = 0, endpoints: [USBEndpointDescriptor] = []) {
         self.number = number
@@ -75,12 +87,18 @@ public struct USBInterfaceDescriptor: Hashable, Sendable {
 public struct USBConfigurationDescriptor: Hashable, Sendable {
     /// bConfigurationValue (what SET_CONFIGURATION takes).
     public var value: UInt8
+    /// iConfiguration: index of the configuration's name string, 0 for none.
     public var nameIndex: UInt8
+    /// bmAttributes: bit 7 is always set, bit 6 self-powered, bit 5 remote wake-up.
     public var attributes: UInt8
     /// bMaxPower in units of 2 mA (USB 2) or 8 mA (USB 3).
     public var maxPower: UInt8
+    /// Every alternate setting of every interface, in descriptor order (an interface with several
+    /// settings appears once per setting).
     public var interfaces: [USBInterfaceDescriptor]
 
+    /// A configuration with the descriptor's raw fields and its interfaces (as a test or a gadget
+    /// declares one).
     public init(value: UInt8, nameIndex: UInt8 = 0, attributes: UInt8 = 0x80, maxPower: UInt8 = 0, interfaces: [USBInterfaceDescriptor]) {
         self.value = value
         self.nameIndex = nameIndex
@@ -135,16 +153,24 @@ public struct USBConfigurationDescriptor: Hashable, Sendable {
 
 /// The device descriptor's identifying fields.
 public struct USBDeviceDescriptor: Hashable, Sendable {
+    /// idVendor, the USB-IF vendor id.
     public var vendorID: UInt16
+    /// idProduct, the vendor's product id (an accessory's bootloader often has another one).
     public var productID: UInt16
     /// bcdDevice, the device's release number.
     public var release: UInt16
+    /// bDeviceClass: 0 when each interface names its own class (as iAP2 accessories do).
     public var deviceClass: UInt8
+    /// iManufacturer: index of the manufacturer's name string, 0 for none.
     public var manufacturerIndex: UInt8
+    /// iProduct: index of the product's name string, 0 for none.
     public var productIndex: UInt8
+    /// iSerialNumber: index of the serial number string, 0 for none.
     public var serialNumberIndex: UInt8
+    /// bNumConfigurations: how many configurations the device offers.
     public var configurationCount: UInt8
 
+    /// A device descriptor with the given fields (as a test or a gadget declares one).
     public init(vendorID: UInt16, productID: UInt16, release: UInt16 = 0, deviceClass: UInt8 = 0, manufacturerIndex: UInt8 = 0,
                 productIndex: UInt8 = 0, serialNumberIndex: UInt8 = 0, configurationCount: UInt8 = 1) {
         self.vendorID = vendorID
@@ -180,9 +206,12 @@ public struct USBDeviceDescriptor: Hashable, Sendable {
 
 /// A vendor and product id pair: what lsusb writes as `vvvv:pppp`.
 public struct USBID: Hashable, Sendable, CustomStringConvertible {
+    /// The vendor id (idVendor).
     public var vendorID: UInt16
+    /// The product id (idProduct).
     public var productID: UInt16
 
+    /// The pair `vendorID:productID`.
     public init(vendorID: UInt16, productID: UInt16) {
         self.vendorID = vendorID
         self.productID = productID
@@ -317,9 +346,12 @@ public struct NativeInterfaceLocation: Hashable, Sendable {
     public var alternateSetting: UInt8
     /// iInterface: the index of its name string (the EA protocol name, by convention), 0 for none.
     public var nameIndex: UInt8
+    /// The bulk IN endpoint of that setting: the accessory's bytes for the session.
     public var bulkIn: USBEndpointDescriptor
+    /// The bulk OUT endpoint of that setting: the host's bytes for the session.
     public var bulkOut: USBEndpointDescriptor
 
+    /// A native interface at `number`, opened by selecting `alternateSetting`, with its bulk pair.
     public init(number: UInt8, alternateSetting: UInt8, nameIndex: UInt8, bulkIn: USBEndpointDescriptor, bulkOut: USBEndpointDescriptor) {
         self.number = number
         self.alternateSetting = alternateSetting

@@ -6,11 +6,14 @@ public import Dispatch
 public struct USBPipeStatistics: Sendable, Hashable {
     /// IN transfers completed, and the bytes they carried.
     public var inTransfers = 0
+    /// Bytes the completed IN transfers carried (the accessory's bytes, before any framing is
+    /// checked).
     public var bytesIn = 0
     /// IN transfers that ended with no data (a zero-length packet).
     public var zeroLengthIn = 0
     /// OUT transfers completed, and the bytes they carried.
     public var outTransfers = 0
+    /// Bytes the completed OUT transfers carried (link packets, headers included).
     public var bytesOut = 0
     /// OUT transfers sent with a zero-length packet after them (length a multiple of wMaxPacketSize).
     public var zeroLengthOut = 0
@@ -34,6 +37,8 @@ public struct USBPipeStatistics: Sendable, Hashable {
     public var transmitBuffers = 0
     /// Ring slots in memory usbfs maps for DMA (zero-copy), and on the heap.
     public var deviceMemorySlots = 0
+    /// Ring slots on the heap: the kernel offered no device memory (or ``USBOptions/useDeviceMemory``
+    /// is off), so usbfs copies each transfer.
     public var heapSlots = 0
     /// Bytes per IN transfer (see ``USBOptions/inTransferSize``).
     public var inTransferSize = 0
@@ -42,6 +47,7 @@ public struct USBPipeStatistics: Sendable, Hashable {
     /// Lent IN slots whose bytes were moved out (copied) because the reader held them too long,
     /// or still held them at close, and the bytes so copied.
     public var inSlotsEvacuated = 0
+    /// The bytes moved out of those slots (one copy each, off the normal path).
     public var bytesEvacuated = 0
     /// Transfers still owned by libusb when the teardown gave up waiting for them (leaked rather
     /// than freed under libusb's feet). Always 0 unless the kernel misbehaves.
@@ -180,10 +186,14 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// Starts delivering events to `handler` on `queue` and queues the IN transfers; frames sent
     /// before go out now.
     ///
-    /// - Parameter lendingInSlots: when `queue` is the context's, received bytes come as
-    ///   ``Event/lent(_:)`` (kept without a copy as long as the handler likes) rather than
-    ///   ``Event/borrowed(_:)`` (valid for the call only). At most half the IN slots stay lent:
-    ///   past that, the oldest lease's bytes are copied out of its slot so the pipe keeps going.
+    /// - Parameters:
+    ///   - handlerQueue: (`queue:`) where `handler` runs; the context's own queue spares a hop
+    ///     per event.
+    ///   - lendingInSlots: when that queue is the context's, received bytes come as
+    ///     ``Event/lent(_:)`` (kept without a copy as long as the handler likes) rather than
+    ///     ``Event/borrowed(_:)`` (valid for the call only). At most half the IN slots stay lent:
+    ///     past that, the oldest lease's bytes are copied out of its slot so the pipe keeps going.
+    ///   - handler: gets every event of the pipe, in order, until ``Event/closed(_:)``.
     public func activate(queue handlerQueue: DispatchQueue, lendingInSlots: Bool = false, handler: @escaping @Sendable (Event) -> Void) {
         onQueue { [self] in
             guard case .idle = state else { return }

@@ -14,6 +14,8 @@ public struct USBOptions: Sendable, Hashable {
     public var inTransferSize: Int? = nil
     /// The automatic ``inTransferSize`` with and without scatter-gather.
     public static let largeInTransferSize = 65_536
+    /// The automatic ``inTransferSize`` where the host controller lacks scatter-gather (bytes):
+    /// one 16 KiB URB per transfer, which libusb never splits.
     public static let splitInTransferSize = 16_384
     /// OUT transfers in flight at most; further frames wait in order.
     public var outTransfers = 8
@@ -37,6 +39,7 @@ public struct USBOptions: Sendable, Hashable {
     public var pollInterval: Duration = .seconds(1)
     /// OUT transfer timeout; doubles after each timeout up to the maximum, back after a success.
     public var outTimeoutMilliseconds: UInt32 = 2_000
+    /// The longest the OUT transfer timeout grows to by doubling, in milliseconds.
     public var maxOutTimeoutMilliseconds: UInt32 = 30_000
     /// Transfer errors in a row after which the transport gives up.
     public var maxConsecutiveErrors = 8
@@ -47,24 +50,32 @@ public struct USBOptions: Sendable, Hashable {
     /// Timeout of each string-descriptor read at open.
     public var stringTimeoutMilliseconds: UInt32 = 1_000
 
+    /// The defaults, which suit accessories on any Linux host controller.
     public init() {}
 }
 
 /// A USB device as the host sees it: where it is, what its descriptors say, and where its iAP
 /// interface is (nil when it has none: not an accessory in USB host mode).
 public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
+    /// The bus number (as lsusb and `/dev/bus/usb/BUS/…` show it).
     public var bus: UInt8
+    /// The device address on its bus: assigned at enumeration, new after every replug or reset.
     public var address: UInt8
     /// Hub ports from the root, e.g. [1, 2].
     public var portPath: [UInt8]
+    /// The device descriptor's identifying fields (vendor and product ids, string indexes).
     public var descriptor: USBDeviceDescriptor
+    /// Every configuration the device offers, with its interfaces and endpoints.
     public var configurations: [USBConfigurationDescriptor]
+    /// The bConfigurationValue in force, nil when the device is unconfigured (or it could not be read).
     public var activeConfiguration: UInt8?
     /// Where the function the context looks for is, nil for other devices.
     public var function: USBFunctionLocation?
     /// The strings read at open (nil until then, or when the device has none).
     public var manufacturer: String?
+    /// The product name string (iProduct), read at open.
     public var product: String?
+    /// The serial number string (iSerialNumber), read at open; part of ``stableIdentity``.
     public var serialNumber: String?
     /// The names (iInterface strings) of the native-transport interfaces, by interface number,
     /// read at open: by convention each is the EA protocol the interface carries.
@@ -99,7 +110,9 @@ public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
 
 /// A device came or went.
 public enum USBDeviceEvent: Sendable {
+    /// A device appeared (at start, every device already there arrives once).
     case arrived(USBDeviceInfo)
+    /// A device went away (unplugged, reset or re-enumerated after a reboot): the info it arrived with.
     case left(USBDeviceInfo)
 }
 
@@ -117,7 +130,9 @@ public final class USBContext: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only.
     static let queueKey = DispatchSpecificKey<UInt>()
 
+    /// The queue that runs the event loop, every callback and every call that says "call on queue".
     public let queue: DispatchQueue
+    /// The options the context was made with (transfer sizes and counts, hotplug, timeouts).
     public let options: USBOptions
     /// The interfaces that make a device one this context opens.
     public let function: USBFunctionMatch
@@ -138,7 +153,10 @@ public final class USBContext: @unchecked Sendable {
     ///
     /// - Throws: ``USBError`` of kind ``USBError/Kind/unavailable`` on a machine without USB.
     /// - Parameters:
+    ///   - queue: the queue the event loop and every callback run on (give it the queue that
+    ///     owns your protocol state, and no hop is needed).
     ///   - function: the interfaces that make a device one this context opens.
+    ///   - options: transfer sizes and counts, hotplug or polling, timeouts.
     public convenience init(queue: DispatchQueue, function: USBFunctionMatch, options: USBOptions = USBOptions()) throws(USBError) {
         let backend = try LibUSBBackend(queue: queue)
         self.init(backend: backend, queue: queue, function: function, options: options)

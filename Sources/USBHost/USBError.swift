@@ -22,6 +22,7 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
         case io
     }
 
+    /// The kind of failure: what code decides on (never the message).
     public var kind: Kind
     /// What failed, e.g. "cannot claim interface 0 of 2ca3:1002 at 1-1.2".
     public var message: String
@@ -30,6 +31,8 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
     /// libusb's error code, when the failure came from libusb.
     public var code: Int32?
 
+    /// An error of `kind` saying `message` (what failed, naming the device), with `advice` (what
+    /// to do next) and libusb's `code` when there is one.
     public init(_ kind: Kind, _ message: String, advice: String? = nil, code: Int32? = nil) {
         self.kind = kind
         self.message = message

@@ -150,6 +150,11 @@ public final class USBNativePipe: @unchecked Sendable {
         return false
     }
 
+    /// Lends the received bytes of the oldest IN slot to `body` in place (no copy) and returns what
+    /// it returns; nil when nothing is readable. `body` says how many bytes it consumed (clamped to
+    /// the view); the rest stays readable, and a slot consumed to its end goes back to the kernel.
+    /// After the pipe ended, the bytes it had received are lent from memory of its own. Call on the
+    /// context's queue; the view is valid only inside `body`.
     public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         dispatchPrecondition(condition: .onQueue(queue))
         if drained {
@@ -177,20 +182,31 @@ public final class USBNativePipe: @unchecked Sendable {
     /// IN transfers of a native pipe: twice ``USBOptions/inTransfers``.
     static func inTransferCount(_ options: USBOptions) -> Int { 2 * max(1, options.inTransfers) }
 
+    /// Bytes received and not consumed yet (in the ring, or kept after the end). Call on the
+    /// context's queue.
     public var readableByteCount: Int {
         if drained { return leftover.count - leftoverHead }
         return readable
     }
 
+    /// Whether ``write(_:)`` would take bytes now: the pipe runs and an OUT slot is free. When a
+    /// write took fewer bytes than offered, ``Event/writable`` says when to write again.
     public var isWritable: Bool {
         guard case .running = state else { return false }
         return pipe.outRing.freeSlots > 0
     }
 
+    /// Bytes ``write(_:)`` took whose OUT transfers have not completed yet.
     public var unsentByteCount: Int { unsent }
 
+    /// Bytes the accessory took: what completed OUT transfers carried (including the part of a
+    /// cancelled transfer that went out). After an error, this is how far the stream is known to
+    /// have got.
     public var bytesDelivered: Int { delivered }
 
+    /// Copies as much of `bytes` as free OUT slots hold into bulk OUT transfers and returns how many
+    /// bytes it took (0 when every slot is in flight, or the pipe has ended: ``Event/closed(_:)``
+    /// says why). Taking fewer than offered arms ``Event/writable``. Call on the context's queue.
     public func write(_ bytes: ArraySlice<UInt8>) -> Int {
         dispatchPrecondition(condition: .onQueue(queue))
         guard case .running = state, !bytes.isEmpty else { return 0 }
@@ -227,6 +243,10 @@ public final class USBNativePipe: @unchecked Sendable {
         return taken
     }
 
+    /// Ends the stream: cancels the transfers in flight, selects alternate setting 0 (the accessory's
+    /// end of the session), releases the interface and then delivers ``Event/closed(_:)`` with nil.
+    /// Bytes already received stay readable. Callable from any thread; nothing happens when the pipe
+    /// has already ended.
     public func close() {
         onQueue { [self] in
             guard case .running = state else { return }
