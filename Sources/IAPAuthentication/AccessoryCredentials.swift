@@ -2,7 +2,7 @@ public import IAPLink
 
 /// An accessory's coprocessor for the simulator: its certificate (sent as PKCS#7 SignedData, as
 /// Apple's coprocessors hand it out) and its private key, which signs the device's challenges by
-/// ``SigningRule`` (RSA for coprocessor 2.0, P-256 for 3.0). Made from PEM files (a profile's
+/// the signing rule of `SigningRule.swift` (RSA for coprocessor 2.0, P-256 for 3.0). Made from PEM files (a profile's
 /// `authentication` section) or generated for tests.
 public struct AccessoryCredentials: AuthenticationSigner {
     /// The certificate as the accessory sends it: DER PKCS#7 with the leaf first.
@@ -70,7 +70,7 @@ public struct AccessoryCredentials: AuthenticationSigner {
         }
     }
 
-    /// The response to `challenge`: its signature by the key, as ``SigningRule`` lays it out.
+    /// The response to `challenge`: its signature by the key, laid out as the signing rule says.
     /// Empty when the challenge has not the length the scheme signs (the device then sees a
     /// bad signature).
     public func sign(challenge: [UInt8]) -> [UInt8] {

@@ -16,7 +16,7 @@ public enum AuthenticationMode: String, Hashable, Sendable, CaseIterable {
 
 /// The authentication policy that checks for real, with OpenSSL: it reads the certificate (PKCS#7
 /// or X.509 DER), verifies the response against the challenge with the certificate's key (the
-/// scheme the key implies, ``SigningRule``), and checks the chain to the ``TrustAnchors`` given.
+/// scheme the key implies, by the one signing rule of `SigningRule.swift`), and checks the chain to the ``TrustAnchors`` given.
 ///
 /// What it finds reaches ``AuthenticationOutcome`` (on the accessory's identity); under
 /// ``AuthenticationMode/require`` a failure ends the connection with its reason (iAP2:
@@ -110,7 +110,9 @@ extension AuthenticationMode {
 public enum CertificateReader {
     /// What `certificate` says, or why it cannot be read.
     ///
-    /// - Parameter time: when validity is judged, in seconds since 1970 (nil: the clock).
+    /// - Parameters:
+    ///   - certificate: the certificate as an accessory sends it (PKCS#7 or X.509 DER).
+    ///   - time: when validity is judged, in seconds since 1970 (nil: the clock).
     public static func summary(of certificate: [UInt8], at time: Int? = nil) -> Result<CertificateSummary, AuthenticationFailure> {
         let check = CertificateCheck(certificate, trust: nil, checkValidity: false, at: time)
         if let summary = check.summary { return .success(summary) }

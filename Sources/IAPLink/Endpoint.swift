@@ -143,9 +143,14 @@ public struct IAP2Endpoint: Sendable {
     /// Creates the accessory side with the identity it will declare.
     ///
     /// - Parameters:
+    ///   - identity: what it declares in IdentificationInformation.
+    ///   - configuration: its link parameters.
     ///   - certificate: what it sends as its certificate when it has no `signer`.
     ///   - signer: its coprocessor: the certificate it sends and the signatures of the device's
     ///     challenges. Without one it answers with a stand-in no verifying host accepts.
+    ///   - sessionBufferLimit: bytes held per session and direction.
+    ///   - initialSequence: the link's first sequence number.
+    ///   - randomSeed: the seed of its generator.
     public init(accessory identity: AccessoryIdentity, configuration: LinkConfiguration = .accessory,
                 certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), signer: (any AuthenticationSigner)? = nil,
                 sessionBufferLimit: Int = 1 << 20, initialSequence: UInt8, randomSeed: UInt64) {

@@ -169,6 +169,7 @@ public struct IAP1Endpoint: Sendable {
     /// Creates the accessory side with the identity it declares.
     ///
     /// - Parameters:
+    ///   - identity: what it declares (its strings and protocols, as FID tokens under IDPS).
     ///   - style: IDPS (with protocols) or IdentifyDeviceLingoes (legacy: no protocols).
     ///   - waitsForDevice: stay silent until the device sends RequestIdentify (or the iAP2 detect,
     ///     which is answered the iAP1 way and then waits for RequestIdentify); otherwise identify
@@ -176,6 +177,11 @@ public struct IAP1Endpoint: Sendable {
     ///   - certificate: what it sends as its certificate when it has no `signer`.
     ///   - signer: its coprocessor: the certificate it sends and the signatures of the device's
     ///     challenges. Without one it answers with a stand-in no verifying host accepts.
+    ///   - sessionBufferLimit: bytes held per session and direction.
+    ///   - maxIncomingPayload: the most payload bytes it takes per packet.
+    ///   - dataWindow: data packets a session may have sent without acknowledgement.
+    ///   - interByteGap: how long the line may stay silent inside a packet.
+    ///   - randomSeed: the seed of its generator.
     public init(accessory identity: AccessoryIdentity, style: IAP1IdentificationStyle = .idps, waitsForDevice: Bool = false,
                 certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), signer: (any AuthenticationSigner)? = nil,
                 sessionBufferLimit: Int = 1 << 20,
