@@ -13,6 +13,7 @@ for extra in "$@"; do
         xxd) command -v xxd >/dev/null || need+=(xxd) ;;
         python3) command -v python3 >/dev/null || need+=(python3) ;;
         openssl) command -v openssl >/dev/null || need+=(openssl) ;;
+        tshark) command -v tshark >/dev/null || need+=(tshark) ;;
         *) dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra") ;;
     esac
 done
@@ -28,5 +29,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "ensure-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
+# tshark's wireshark-common asks whether non-root users may capture; answer no, without asking.
+if [[ " ${need[*]} " == *" tshark "* ]]; then
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | $sudo debconf-set-selections
+fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

@@ -6,7 +6,7 @@
 # fuzzes each parser for FUZZ_SECONDS (default 60) seconds, and checks the documentation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd python3 openssl
+tools/ensure-deps.sh valgrind xxd python3 tshark openssl
 fuzz_seconds=${FUZZ_SECONDS:-60}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -55,6 +55,9 @@ if [ "$tsan_failed" -ne 0 ] || ! grep -qE "✔ Test run with [0-9]+ tests? .*pas
     echo "test: swift test --sanitize=thread --filter ByteRingTests failed or timed out" >&2; exit 1
 fi
 
+step "Wireshark: tshark with tools/wireshark/iap.lua against iapctl decode --pcap (a simulated trace, usbmon, malformed frames)"
+timeout 300 tools/wireshark/check.sh --iapctl .build/debug/iapctl
+
 step "release build and allocation check"
 # The shipping build: the allocation check, the examples and every benchmark number use it.
 swift build -c release 2>&1 | tee "$log" | grep -E "error|warning:" && exit 1 || true
@@ -76,6 +79,9 @@ timeout 300 tools/cli-checks.sh .build/release/iapctl
 
 step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"
 timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapctl --mib 4
+
+step "the ExternalAccessory example ported from iOS (tools/examples/EAEcho): in process and over a pseudo-terminal"
+tools/examples/ea-echo-demo.sh --bin .build/release
 
 step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
 # tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it
@@ -101,7 +107,9 @@ step "documentation: every public declaration documented, DocC (the toolchain's 
 # comment listed; then `docc convert` of each of those modules, with its catalogue
 # (Sources/<Module>/<Module>.docc, found by itself) where it has one, warnings failing. About 10 s.
 # `swift package generate-documentation` would need the swift-docc-plugin package, which is
-# not a dependency. The archives are left in .build/docs/archives.
+# not a dependency. The archives are left in .build/docs/archives. test_check.py tests its
+# rules on made-up symbol graphs first.
+python3 tools/docs/test_check.py
 timeout 300 tools/docs/check.py
 
 step "done"

@@ -22,6 +22,8 @@ public struct AccessoryFilter: Sendable, Hashable, CustomStringConvertible {
     /// USB vendor and product ids.
     public var usbIDs: [USBID]
 
+    /// A filter; each list left empty matches every accessory, and an accessory must match
+    /// every list that is not.
     public init(names: [String] = [], serialNumbers: [String] = [], firmwareRevisions: [String] = [],
                 protocols: [String] = [], usbIDs: [USBID] = []) {
         self.names = names

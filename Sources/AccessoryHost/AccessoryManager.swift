@@ -81,6 +81,7 @@ public final class AccessoryManager: Sendable {
         var usbOpening = 0
     }
 
+    /// How the manager was made to behave (fixed for its life).
     public let configuration: Configuration
     /// The queue that owns all protocol state.
     public let queue: DispatchQueue
@@ -93,6 +94,8 @@ public final class AccessoryManager: Sendable {
     /// while it runs: keep that short and never block in it.
     public let taskExecutor: any TaskExecutor
 
+    /// A manager that runs nothing yet: give it transports with ``attach(_:)`` and USB with
+    /// ``startUSB(options:)``; ``stop()`` ends it.
     public init(configuration: Configuration = Configuration()) {
         self.configuration = configuration
         let queue = DispatchQueue(label: "AccessoryHost.manager")
@@ -204,7 +207,7 @@ public final class AccessoryManager: Sendable {
     /// A device that cannot be opened (permissions, another program holds it) is reported as
     /// ``AccessoryEvent/failed(location:reason:)`` with what to do about it.
     ///
-    /// - Throws: ``USBHost/USBError`` of kind `.unavailable` when the machine has no USB (no
+    /// - Throws: `USBError` of kind `.unavailable` when the machine has no USB (no
     ///   usbfs); other transports keep working.
     public func startUSB(options: USBOptions = USBOptions()) throws(USBError) {
         startUSB(context: try USBContext(queue: queue, function: .iAP2, options: options))

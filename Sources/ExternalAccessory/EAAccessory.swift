@@ -7,7 +7,7 @@ public import Foundation
 /// has a default that does nothing, as the optional Objective-C method has on iOS.
 public protocol EAAccessoryDelegate: AnyObject {
     /// The accessory disconnected: called on the main queue, before the
-    /// ``Foundation/NSNotification/Name/EAAccessoryDidDisconnect`` notification.
+    /// `EAAccessoryDidDisconnect` notification.
     func accessoryDidDisconnect(_ accessory: EAAccessory)
 }
 
@@ -24,7 +24,7 @@ extension EAAccessoryDelegate {
 /// main queue.
 public final class EAAccessory: NSObject, @unchecked Sendable {
     /// The AccessoryHost accessory underneath (Linux only): for the native API beside the facade,
-    /// for example ``AccessoryHost/Accessory/usbDevice``.
+    /// for example `Accessory.usbDevice`.
     public let accessory: Accessory
     /// What the app declares and where failures are said (from the manager that listed it).
     let declaredProtocols: Set<String>
@@ -53,7 +53,7 @@ public final class EAAccessory: NSObject, @unchecked Sendable {
     public var firmwareRevision: String { accessory.firmwareRevision }
     /// Its hardware version, as declared.
     public var hardwareRevision: String { accessory.hardwareRevision }
-    /// The kind of dock: always empty (see ``AccessoryHost/Accessory/dockType``).
+    /// The kind of dock: always empty (see `Accessory.dockType`).
     public var dockType: String { accessory.dockType }
     /// Every protocol the accessory declares, in its order (those the app does not declare too:
     /// an ``EASession`` opens only the app's).
@@ -65,7 +65,7 @@ public final class EAAccessory: NSObject, @unchecked Sendable {
         set { delegateBox.withLock { $0.value = newValue } }
     }
 
-    /// The accessory in one line, as ``AccessoryHost/Accessory/description``.
+    /// The accessory in one line, as `Accessory.description`.
     public override var description: String { accessory.description }
 }
 

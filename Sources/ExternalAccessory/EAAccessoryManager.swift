@@ -46,7 +46,7 @@ private let sharedManager = Mutex(SharedManagerState())
 
 /// Lists the accessories connected to the machine and announces their comings and goings: the
 /// ExternalAccessory framework's `EAAccessoryManager`, on top of AccessoryHost's
-/// ``AccessoryHost/AccessoryManager``.
+/// `AccessoryManager`.
 ///
 /// As on iOS, only accessories that declare at least one protocol the app declares are listed
 /// and announced (``declaredProtocols``), notifications are posted only after
@@ -157,8 +157,8 @@ public final class EAAccessoryManager: NSObject, @unchecked Sendable {
         state.withLock { state in state.order.compactMap { state.accessories[$0] } }
     }
 
-    /// Starts posting ``Foundation/NSNotification/Name/EAAccessoryDidConnect`` and
-    /// ``Foundation/NSNotification/Name/EAAccessoryDidDisconnect`` (on `NotificationCenter.default`, on the
+    /// Starts posting `EAAccessoryDidConnect` and
+    /// `EAAccessoryDidDisconnect` (on `NotificationCenter.default`, on the
     /// main queue). Calls nest: each one is undone by one ``unregisterForLocalNotifications()``.
     public func registerForLocalNotifications() {
         state.withLock { $0.registrations += 1 }

@@ -15,14 +15,14 @@ internal import Synchronization
 /// Thread safety: the initializer waits for the accessory to open the session (at most about
 /// a minute; usually milliseconds), blocking the calling thread as iOS's does; call it from the
 /// main thread or a thread of your own, not from a Swift task (use AccessoryHost's
-/// ``AccessoryHost/Accessory/openSession(for:)`` there).
+/// `Accessory.openSession(for:)` there).
 open class EASession: NSObject, @unchecked Sendable {
     /// The accessory the session is with.
     public let accessory: EAAccessory?
     /// The protocol the session speaks.
     public let protocolString: String?
     /// The AccessoryHost session underneath (Linux only): its counters
-    /// (``AccessoryHost/AccessorySession/bytesAcknowledged``) and async API.
+    /// (`AccessorySession.bytesAcknowledged`) and async API.
     public let session: AccessorySession
     private let core: SessionCore
     private let input: EAInputStream

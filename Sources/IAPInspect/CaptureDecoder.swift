@@ -68,6 +68,8 @@ public struct CaptureDecoder: Sendable {
 
     /// The scanner, taken out while it scans (so its callbacks may change the rest of `self`).
     private var scanner: FrameScanner?
+    /// What the stream taught so far (link sessions, iAP1 transaction ids); ``PcapDecoder``
+    /// shares one between the two directions of a link.
     var inspector: FrameInspector
     /// Stream bytes from ``windowOffset`` on, starting at index ``windowStart``; the bytes before
     /// that index are dead and go at the next compaction.
@@ -77,7 +79,7 @@ public struct CaptureDecoder: Sendable {
     private var waiting: [Waiting] = []
     private var waitingHead = 0
     private var ended = false
-    /// Counters.
+    /// What the decoder has done so far: bytes fed, frames found, reports handed out.
     public private(set) var statistics = Statistics()
 
     /// The most bytes a decoder holds when fed pieces of at most `pieceSize` bytes: the scanner's

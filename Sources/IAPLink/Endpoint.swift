@@ -5,6 +5,8 @@ public import ByteRing
 public enum EASessionState: Hashable, Sendable {
     /// Device: StartExternalAccessoryProtocolSession sent, status not yet received.
     case opening
+    /// Open: bytes flow both ways (device: the accessory's status said so; accessory: on
+    /// StartExternalAccessoryProtocolSession).
     case open
     /// Closed, with the reason (nil for a normal close).
     case closed(String?)
@@ -38,6 +40,8 @@ public enum ControlFailure: Hashable, Sendable, CustomStringConvertible {
 
 /// What an ``IAP2Endpoint`` tells its owner.
 public enum EndpointEvent: Hashable, Sendable {
+    /// Something the link reported (state changes, negotiation, drops, protocol violations), passed on
+    /// as it came.
     case link(LinkEvent)
     /// Device: the accessory passed authentication, or the policy let it in although it did
     /// not (its certificate is kept; the outcome says which).
@@ -46,12 +50,17 @@ public enum EndpointEvent: Hashable, Sendable {
     case identified(AccessoryIdentity)
     /// Device: identification rejected, with the reasons; the accessory may try again.
     case identificationRejected(IdentificationRejection)
+    /// The control session ended the connection (no answer in time, authentication refused, a flood
+    /// of requests): the owner should close the transport.
     case controlFailed(ControlFailure)
     /// A control message nobody handles (counted, never fatal).
     case unhandledMessage(MessageID)
     /// A control message that could not be decoded.
     case malformedMessage(String)
+    /// An EA session is open: device, the accessory confirmed it; accessory, the device started it.
     case sessionOpened(sessionID: UInt16, protocolName: String)
+    /// An EA session ended: closed by either side (`reason` nil) or refused or broken (`reason` says
+    /// how). Bytes it received stay readable.
     case sessionClosed(sessionID: UInt16, reason: String?)
     /// Device: the accessory did not answer StartExternalAccessoryProtocolSession within
     /// ``IAP2Endpoint/answerTimeout``; the session is closed (and the accessory told so).
@@ -82,11 +91,18 @@ public enum EndpointEvent: Hashable, Sendable {
 
 /// Errors of the session calls.
 public enum EndpointError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// A session was asked for before the accessory was identified (or on the accessory side, which
+    /// does not open sessions).
     case notIdentified
+    /// The accessory does not declare the protocol.
     case unsupportedProtocol(String)
+    /// A session for the protocol is already open or opening: one per protocol.
     case protocolInUse(String)
+    /// No session has this id (never opened, or forgotten after it closed).
     case unknownSession(UInt16)
+    /// The session exists but is not open (still opening, or closed).
     case sessionNotOpen(UInt16)
+    /// The accessory's SYN declared no External Accessory link session, so no EA data can travel.
     case noExternalAccessoryLinkSession
 
     public var description: String {
@@ -108,6 +124,7 @@ public enum EndpointError: Error, Hashable, Sendable, CustomStringConvertible {
 /// ``IAP2Link``, it does no I/O and reads no clock: the owner feeds bytes and time and takes
 /// output and events.
 public struct IAP2Endpoint: Sendable {
+    /// The link under the endpoint: its state, negotiated parameters and statistics.
     public private(set) var link: IAP2Link
     private var upper: Upper
     /// The array the link's events are taken into, kept for the next time.
@@ -163,11 +180,15 @@ public struct IAP2Endpoint: Sendable {
 
     // MARK: Driving
 
+    /// Starts the link at `now` (an accessory sends its detect; see ``IAP2Link/start(now:)``).
     public mutating func start(now: LinkTime) {
         link.start(now: now)
         settle(now: now)
     }
 
+    /// Feeds bytes received at `now`, in any chunks; what they cause is queued as output
+    /// (``takeOutput()``) and events (``takeEvents()``). EA data in them is copied into the sessions'
+    /// buffers; pass an array or a lease to keep it without a copy.
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         upper.now = now
         link.receive(bytes, now: now, sink: &upper)
@@ -190,6 +211,8 @@ public struct IAP2Endpoint: Sendable {
         settle(now: now)
     }
 
+    /// Lets time pass to `now`: link retransmissions and acknowledgements, partial frames given up,
+    /// answer timeouts of the control session and of EA sessions.
     public mutating func advance(to now: LinkTime) {
         upper.now = now
         link.advance(to: now, sink: &upper)
@@ -197,6 +220,8 @@ public struct IAP2Endpoint: Sendable {
         settle(now: now)
     }
 
+    /// When ``advance(to:)`` is next needed: the earlier of the link's and the control session's
+    /// deadlines; nil when nothing is pending.
     public var nextDeadline: LinkTime? {
         switch (link.nextDeadline, upper.nextDeadline) {
         case let (a?, b?): return min(a, b)
@@ -394,6 +419,7 @@ public struct IAP2Endpoint: Sendable {
     /// Bytes written to a session that the peer's link acknowledged (they reached the peer's
     /// link layer, in order); 0 for a session that is not open.
     public func bytesAcknowledged(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.acknowledged ?? 0 }
+    /// The state of session `sessionID`; nil for an id that was never opened (or was forgotten).
     public func sessionState(_ sessionID: UInt16) -> EASessionState? { upper.sessions[sessionID]?.state }
     /// The open (or opening) sessions and their protocol names.
     public var sessions: [(id: UInt16, protocolName: String)] {

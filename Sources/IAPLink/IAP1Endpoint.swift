@@ -59,6 +59,7 @@ public struct IAP1Endpoint: Sendable {
         case done
     }
 
+    /// Which side this endpoint plays: the device (host) or the accessory (the simulator).
     public let role: LinkRole
     /// Data packets a session may have sent without acknowledgement.
     public let dataWindow: Int
@@ -169,19 +170,23 @@ public struct IAP1Endpoint: Sendable {
     /// Creates the accessory side with the identity it declares.
     ///
     /// - Parameters:
-    ///   - identity: what it declares (its strings and protocols, as FID tokens under IDPS).
+    ///   - identity: what the accessory declares (its protocols become IDPS protocol tokens).
+    ///   - sessionBufferLimit: bytes the endpoint holds per session and direction.
+    ///   - maxIncomingPayload: the most payload bytes per packet it takes (64 … 65520), which it
+    ///     declares to the device.
+    ///   - dataWindow: data packets a session may have unacknowledged at once (at least 1).
+    ///   - interByteGap: the silence after which a partial frame is given up on.
+    ///   - randomSeed: seeds the endpoint's random numbers (pass a random value; tests pass a
+    ///     fixed one to be repeatable).
     ///   - style: IDPS (with protocols) or IdentifyDeviceLingoes (legacy: no protocols).
     ///   - waitsForDevice: stay silent until the device sends RequestIdentify (or the iAP2 detect,
     ///     which is answered the iAP1 way and then waits for RequestIdentify); otherwise identify
     ///     at start.
-    ///   - certificate: what it sends as its certificate when it has no `signer`.
+    ///   - certificate: the DER certificate the accessory sends in RetAccessoryAuthenticationInfo
+    ///     (split into sections as the protocol does) when it has no `signer`; the default is a
+    ///     stand-in of the size a real one has.
     ///   - signer: its coprocessor: the certificate it sends and the signatures of the device's
     ///     challenges. Without one it answers with a stand-in no verifying host accepts.
-    ///   - sessionBufferLimit: bytes held per session and direction.
-    ///   - maxIncomingPayload: the most payload bytes it takes per packet.
-    ///   - dataWindow: data packets a session may have sent without acknowledgement.
-    ///   - interByteGap: how long the line may stay silent inside a packet.
-    ///   - randomSeed: the seed of its generator.
     public init(accessory identity: AccessoryIdentity, style: IAP1IdentificationStyle = .idps, waitsForDevice: Bool = false,
                 certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), signer: (any AuthenticationSigner)? = nil,
                 sessionBufferLimit: Int = 1 << 20,

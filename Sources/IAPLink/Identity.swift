@@ -12,6 +12,9 @@ public struct ExternalAccessoryProtocol: Hashable, Sendable {
     /// The USB host transport component whose native interface carries this protocol, if any.
     public var nativeTransportComponentIdentifier: UInt16?
 
+    /// A declared protocol: its `identifier` (unique within the accessory), its protocol string, the
+    /// match action (0, no action, by default) and, for a native-transport protocol, the identifier of
+    /// the USB host transport component that carries it.
     public init(identifier: UInt8, name: String, matchAction: UInt8 = 0, nativeTransportComponentIdentifier: UInt16? = nil) {
         self.identifier = identifier
         self.name = name
@@ -25,10 +28,16 @@ public struct TransportComponent: Hashable, Sendable {
     /// The IdentificationInformation parameter id of the component kind (e.g. 16 for
     /// USBHostTransportComponent).
     public var kind: UInt16
+    /// The component's identifier, unique within the accessory; a native-transport protocol names it
+    /// (``ExternalAccessoryProtocol/nativeTransportComponentIdentifier``).
     public var identifier: UInt16
+    /// The component's name as the accessory gives it (e.g. "iAP2"), for people.
     public var name: String
+    /// Whether the accessory speaks iAP2 over this component (the TransportSupportsiAP2Connection flag).
     public var supportsIAP2: Bool
 
+    /// A component of `kind` (an IdentificationInformation parameter id, e.g.
+    /// ``IdentificationParameter/usbHostTransportComponent``) with its identifier and name.
     public init(kind: UInt16, identifier: UInt16, name: String, supportsIAP2: Bool = true) {
         self.kind = kind
         self.identifier = identifier
@@ -43,21 +52,43 @@ public struct TransportComponent: Hashable, Sendable {
 /// Everything an accessory said about itself in IdentificationInformation: what EAAccessory
 /// exposes, and more.
 public struct AccessoryIdentity: Hashable, Sendable {
+    /// The accessory's name for people (EAAccessory's `name`; parameter 0).
     public var name: String
+    /// The model (EAAccessory's `modelNumber`; parameter 1).
     public var modelIdentifier: String
+    /// The manufacturer's name (parameter 2).
     public var manufacturer: String
+    /// The serial number (parameter 3): what tells two accessories of one model apart across
+    /// reconnections.
     public var serialNumber: String
+    /// The firmware revision (EAAccessory's `firmwareRevision`; parameter 4): what a firmware upgrade
+    /// changes and waits to see after the accessory's reboot.
     public var firmwareVersion: String
+    /// The hardware revision (EAAccessory's `hardwareRevision`; parameter 5).
     public var hardwareVersion: String
+    /// The control message ids the accessory will send (parameter 6); each must be one an accessory
+    /// sends, or identification is rejected.
     public var messagesSent: [UInt16]
+    /// The control message ids the accessory wants to receive (parameter 7); each must be one the
+    /// device sends, or identification is rejected.
     public var messagesReceived: [UInt16]
+    /// Whether the accessory powers the device: 0 none, 1 Lightning receptacle pass-through, 2
+    /// advanced (parameter 8).
     public var powerProvidingCapability: UInt8
+    /// The most current the accessory draws from the device, in mA (parameter 9).
     public var maximumCurrentDrawnFromDevice: UInt16
+    /// The External Accessory protocols, in the order declared (parameter 10, one group each): what
+    /// sessions can be opened for.
     public var protocols: [ExternalAccessoryProtocol]
+    /// The Apple developer team id of the apps that match the accessory (parameter 11), if declared.
     public var appMatchTeamID: String?
+    /// The language the accessory uses now, e.g. "en" (parameter 12).
     public var currentLanguage: String
+    /// Every language the accessory supports (parameter 13, repeated).
     public var supportedLanguages: [String]
+    /// The transports the accessory declares (serial, USB, Bluetooth: parameters 14–17 and 24).
     public var transportComponents: [TransportComponent]
+    /// The product plan's UID from the MFi portal (parameter 34, 16 hex digits), if declared.
     public var productPlanUID: String?
     /// The protocol the accessory identified with (an application tells iAP1 accessories from
     /// iAP2 ones by this alone).
@@ -67,6 +98,9 @@ public struct AccessoryIdentity: Hashable, Sendable {
     /// until the device side sets it, and on the accessory side).
     public var authentication: AuthenticationOutcome = .notChecked
 
+    /// An identity with the given values; the defaults are what a minimal iAP2 accessory declares
+    /// (English, one USB host transport component, no messages, no protocols). Nothing is validated
+    /// here: the host validates what an accessory sends when it parses it.
     public init(
         name: String, modelIdentifier: String, manufacturer: String, serialNumber: String, firmwareVersion: String,
         hardwareVersion: String, messagesSent: [UInt16] = [], messagesReceived: [UInt16] = [],
@@ -230,7 +264,10 @@ public struct AccessoryIdentity: Hashable, Sendable {
 
 /// Why identification was rejected: the offending parameter ids and what is wrong with each.
 public struct IdentificationRejection: Error, Hashable, Sendable, CustomStringConvertible {
+    /// The IdentificationInformation parameter ids that were wrong, ascending: what IdentificationRejected
+    /// flags (empty for an iAP1 accessory, whose tokens have no such ids).
     public var parameterIDs: [UInt16]
+    /// What is wrong with each, for a person (e.g. "Name is missing").
     public var reasons: [String]
     public var description: String { "identification rejected: " + reasons.joined(separator: "; ") }
 
@@ -274,6 +311,7 @@ extension AuthenticationPolicy {
 
 /// Accepts every certificate and response (what iPhone-impersonating tools do today).
 public struct AcceptingAuthentication: AuthenticationPolicy {
+    /// The policy (it has no settings): every accessory that sends a certificate and a response is in.
     public init() {}
     public func acceptsCertificate(_ certificate: [UInt8]) -> Bool { !certificate.isEmpty }
     public func verifies(certificate: [UInt8], challenge: [UInt8], response: [UInt8]) -> Bool { !response.isEmpty }
@@ -281,6 +319,7 @@ public struct AcceptingAuthentication: AuthenticationPolicy {
 
 /// Rejects every accessory (for tests and for locking a host down).
 public struct RejectingAuthentication: AuthenticationPolicy {
+    /// The policy (it has no settings): no accessory is in.
     public init() {}
     public func acceptsCertificate(_ certificate: [UInt8]) -> Bool { false }
     public func verifies(certificate: [UInt8], challenge: [UInt8], response: [UInt8]) -> Bool { false }

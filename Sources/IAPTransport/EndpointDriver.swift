@@ -25,7 +25,7 @@ public protocol DrivenMachine: SendableMetatype {
     var nextDeadline: LinkTime? { get }
     /// Takes the frames to send, in order, and forgets them; empty when there are none.
     mutating func takeOutput() -> [[UInt8]]
-    /// Appends the frames to send to `frames`; the default appends ``takeOutput()``. A machine
+    /// Appends the frames to send to `frames`; the default appends ``DrivenMachine/takeOutput()``. A machine
     /// that can hand over its own array (swapping storage with an empty one) spares the driver
     /// an allocation per turn.
     mutating func takeOutput(into frames: inout [[UInt8]])

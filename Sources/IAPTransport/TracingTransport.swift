@@ -12,11 +12,17 @@ public final class TracingTransport: Transport {
         case `in`
     }
 
+    /// The transport underneath, which does the work: every call is passed on to it, and its
+    /// capabilities are this transport's.
     public let base: any Transport
     private let observer: @Sendable (Direction, [UInt8]) -> Void
 
-    /// - Parameter observer: called on the transport's queue with each frame sent and each chunk
-    ///   received.
+    /// Wraps `base`, showing `observer` every byte that passes, in order, without changing them.
+    ///
+    /// - Parameters:
+    ///   - base: the transport to watch.
+    ///   - observer: called on the transport's queue with each frame sent and each chunk
+    ///     received; keep it short, the wire waits for it.
     public init(_ base: any Transport, observer: @escaping @Sendable (Direction, [UInt8]) -> Void) {
         self.base = base
         self.observer = observer

@@ -112,9 +112,11 @@ public enum ScanDropReason: Hashable, Sendable, CustomStringConvertible {
 
 /// Bytes a ``FrameScanner`` dropped, and why.
 public struct ScanDrop: Hashable, Sendable, CustomStringConvertible {
-    /// Why.
+    /// Why the bytes were dropped: garbage, a bad checksum, a length that cannot be right, a
+    /// partial frame the line fell silent in.
     public var reason: ScanDropReason
-    /// How many bytes.
+    /// How many consecutive bytes were dropped (a run of garbage is one drop, however many
+    /// chunks it spans).
     public var byteCount: Int
     /// Where the dropped bytes start in the whole stream fed to the scanner.
     public var streamOffset: Int
@@ -225,7 +227,7 @@ public struct FrameScanner: Sendable {
     /// The longest frame the scanner can take: the most bytes it holds for a partial frame, and
     /// the ceiling of ``iap2LengthLimit`` and ``iap1LengthLimit``.
     public let maxFrameLength: Int
-    /// Counters.
+    /// What the scanner has seen since it was made: bytes, frames, reassemblies, drops by kind.
     public private(set) var statistics = ScanStatistics()
 
     /// The longest iAP2 link packet accepted now, between 9 and ``maxFrameLength`` (values

@@ -289,7 +289,9 @@ public struct IAP1PayloadReader: Sendable {
         try take(8, field).reduce(0) { $0 << 8 | UInt64($1) }
     }
 
-    /// The payload being read.
+    /// Reads the next `count` bytes.
+    ///
+    /// - Throws: ``WireError/truncated(what:needed:available:)`` naming `field` when fewer are left.
     public mutating func bytes(_ count: Int, _ field: String) throws(WireError) -> [UInt8] { Array(try take(count, field)) }
 
     /// The rest of the payload.

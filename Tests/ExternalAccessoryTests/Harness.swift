@@ -64,6 +64,9 @@ final class StreamRecorder: NSObject, StreamDelegate, @unchecked Sendable {
     var expected = 0
     /// hasBytesAvailable events with nothing readable.
     var spurious = 0
+    /// While true, hasBytesAvailable is only noted (`firstBytes`), not read: the accessory's
+    /// echo backs up, and so does the transfer.
+    var paused = false
     /// Yields when `expected` bytes were received, or the input ended.
     let done = AsyncStream<Void>.makeStream()
     /// Yields when the first bytes arrived.
@@ -117,13 +120,11 @@ final class StreamRecorder: NSObject, StreamDelegate, @unchecked Sendable {
                 spurious += 1 // announced bytes that were not there
                 return
             }
-            var buffer = [UInt8](repeating: 0, count: 4_096)
-            let count = buffer.withUnsafeMutableBufferPointer { input.read($0.baseAddress!, maxLength: $0.count) }
-            if count > 0 {
-                if received.isEmpty { firstBytes.continuation.yield() }
-                received += buffer[0..<count]
+            if paused {
+                firstBytes.continuation.yield()
+                return
             }
-            if expected > 0, received.count >= expected { done.continuation.yield() }
+            readOnce(input)
         case .hasSpaceAvailable:
             writePending()
         case .endEncountered, .errorOccurred:
@@ -131,6 +132,22 @@ final class StreamRecorder: NSObject, StreamDelegate, @unchecked Sendable {
         default:
             break
         }
+    }
+
+    /// Reads again after a pause (the next events follow from the read).
+    func resume() {
+        paused = false
+        if let input = session?.inputStream, input.hasBytesAvailable { readOnce(input) }
+    }
+
+    private func readOnce(_ input: InputStream) {
+            var buffer = [UInt8](repeating: 0, count: 4_096)
+            let count = buffer.withUnsafeMutableBufferPointer { input.read($0.baseAddress!, maxLength: $0.count) }
+            if count > 0 {
+                if received.isEmpty { firstBytes.continuation.yield() }
+                received += buffer[0..<count]
+            }
+            if expected > 0, received.count >= expected { done.continuation.yield() }
     }
 
     /// The events of one stream, in order.

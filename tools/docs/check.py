@@ -171,11 +171,12 @@ def catalogue_of(description, module):
     return found[0] if found else None
 
 
-def top_level_names(graphs):
-    """Module names and the names of top-level symbols, of every module's graphs."""
+def top_level_names(graphs, extensions=True):
+    """Module names and the names of top-level symbols, of every module's graphs (with
+    `extensions` false, of their own declarations only: not of the types they extend)."""
     names = set(graphs)
-    for directory in graphs.values():
-        for graph_file in directory.glob("*.symbols.json"):
+    for module, directory in graphs.items():
+        for graph_file in directory.glob("*.symbols.json" if extensions else f"{module}.symbols.json"):
             for symbol in json.loads(graph_file.read_text())["symbols"]:
                 names.add(symbol["pathComponents"][0])
     return names
@@ -268,7 +269,7 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
             def one(module):
                 others = {m: d for m, d in graphs.items() if m != module}
-                foreign = top_level_names(others) - top_level_names({module: graphs[module]})
+                foreign = top_level_names(others) - top_level_names({module: graphs[module]}, extensions=False)
                 return convert(module, catalogue_of(description, module), graphs[module], out, foreign)
             results = dict(zip(modules, pool.map(one, modules)))
         problems = [line for module in modules for line in results[module]]

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors certificate)
+[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap certificate)
 
 out=tools/fuzz/out
 bin=$out/bin
@@ -41,11 +41,11 @@ swiftc "${flags[@]}" -module-name IAPAuthentication -I "$bin" -I Sources/COpenSS
     -wmo -c -o "$bin/IAPAuthentication.o" Sources/IAPAuthentication/*.swift 2>&1 | quiet
 
 declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]="LinkFuzz.swift FuzzSteps.swift" [iap1]="IAP1Fuzz.swift FuzzSteps.swift"
-                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift" [certificate]=CertificateFuzz.swift)
+                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift)
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
-    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, certificate)" >&2; exit 64; }
+    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap, certificate)" >&2; exit 64; }
     files=()
     for f in $file; do files+=("tools/fuzz/$f"); done
     extra=()
@@ -63,6 +63,11 @@ for target in "${targets[@]}"; do
     printf '\x40\x40\x00\x11\xEA\x00\x00\x05\x00\x00\xB1\x00\x06\x00\x01\x00\x01' > "$corpus/seed-ea00"
     # The DJI Goggles 3 MFi configuration (PROTOCOL.md §4.2), for the descriptor parser.
     printf '\x09\x02\x40\x00\x02\x01\x04\x80\x01\x09\x04\x00\x00\x02\xff\xf0\x00\x05\x07\x05\x81\x02\x00\x02\x00\x07\x05\x01\x02\x00\x02\x00\x09\x04\x01\x00\x00\xff\xf0\x01\x06\x09\x04\x01\x01\x02\xff\xf0\x01\x06\x07\x05\x82\x02\x00\x02\x00\x07\x05\x02\x02\x00\x02\x00\x01' > "$corpus/seed-dji-config"
+    # Captures for the pcap reader: an iapctl trace and a usbmon capture (tools/wireshark/captures.py).
+    if [ "$target" = pcap ] && command -v python3 >/dev/null; then
+        python3 tools/wireshark/captures.py "$corpus" && mv "$corpus/malformed.pcapng" "$corpus/seed-trace.pcapng" \
+            && mv "$corpus/usbmon.pcap" "$corpus/seed-usbmon.pcap" || true
+    fi
     if [ "$target" = certificate ]; then
         # The test fixtures as X.509 and as PKCS#7 DER, and the real accessory's certificate.
         for pem in Tests/IAPAuthenticationTests/Fixtures/*.pem; do

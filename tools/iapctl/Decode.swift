@@ -25,6 +25,9 @@ enum DecodeCommand {
             throw InputError(description: "cannot read \(path == "-" ? name : "'\(path)'"): \(error)", exitCode: .noInput)
         }
         var format = command.value("format") ?? "auto"
+        if command.flag("pcap") || format == "pcap" {
+            return try DecodePcap.run(input, name: name, first: [], kinds: kinds, mode: mode, output: &output)
+        }
         var decoder = CaptureDecoder(kinds: kinds, transactionIDs: mode)
         decoder.certificateReader = readCertificate
         var hex = HexInput.Parser()
@@ -39,7 +42,10 @@ enum DecodeCommand {
                 throw InputError(description: "cannot read \(path == "-" ? name : "'\(path)'"): \(error)", exitCode: .noInput)
             }
             if count == 0 { break }
-            // The first piece decides: hex text, or raw bytes.
+            // The first piece decides: a pcap or pcapng capture, hex text, or raw bytes.
+            if format == "auto", PcapReader.looksLikeCapture(Array(piece.prefix(min(count, 12)))) {
+                return try DecodePcap.run(input, name: name, first: Array(piece[0..<count]), kinds: kinds, mode: mode, output: &output)
+            }
             if format == "auto" { format = HexInput.looksLikeText(Array(piece[0..<count]), isPrefix: true) ? "hex" : "raw" }
             if format == "raw" {
                 try decoder.feed(piece.span.bytes.extracting(0..<count)) { try output.write($0) }
@@ -107,8 +113,9 @@ struct ReportOutput {
     }
 
     /// The closing line of the text output: frames, dropped bytes and an incomplete tail.
-    mutating func summarize(_ statistics: CaptureDecoder.Statistics) throws {
+    mutating func summarize(_ statistics: CaptureDecoder.Statistics, extra: String = "") throws {
         guard !json else { return }
+        text += extra
         let frames = statistics.frames, dropped = statistics.droppedBytes
         text += "\(frames) frame\(frames == 1 ? "" : "s"), \(dropped) byte\(dropped == 1 ? "" : "s") dropped"
         text += statistics.incompleteBytes > 0 ? ", \(statistics.incompleteBytes) bytes of an incomplete frame at the end\n" : "\n"

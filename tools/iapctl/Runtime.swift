@@ -127,10 +127,18 @@ func loadProfile(_ name: String) throws -> SimulatorProfile {
 final class TraceSink: Sendable {
     private let file: Mutex<UnsafeMutablePointer<FILE>?>
     private let start = ContinuousClock.now
+    /// The pcapng trace instead of text, when asked for (PcapTrace.swift).
+    private let pcap: PcapTraceFile?
 
     init?(_ command: ParsedCommand) throws {
         let path = command.value("trace-file")
-        guard command.flag("trace") || path != nil else { return nil }
+        guard command.flag("trace") || path != nil || command.value("trace-format") != nil else { return nil }
+        if try PcapTraceFile.wanted(command), let path {
+            pcap = try PcapTraceFile(path: path)
+            file = Mutex(nil)
+            return
+        }
+        pcap = nil
         var opened: UnsafeMutablePointer<FILE>?
         if let path {
             guard let handle = fopen(path, "w") else {
@@ -143,6 +151,7 @@ final class TraceSink: Sendable {
 
     /// `transport`, traced: its frames are decoded on a stream of their own.
     func tap(_ transport: any Transport) -> any Transport {
+        if let pcap { return pcap.tap(transport) }
         let stream = TraceStream()
         return TracingTransport(transport) { [self] direction, bytes in
             write(stream.lines(direction, bytes, stamp: stamp(), arrow: direction == .out ? "host → acc" : "acc → host"))
@@ -168,6 +177,7 @@ final class TraceSink: Sendable {
     }
 
     func finish() {
+        pcap?.finish()
         file.withLock { file in
             if let file { fclose(file) }
             file = nil

@@ -19,11 +19,17 @@ let decodeCommand = CommandSpec(
         stays open, shows its frames at once in bounded memory; a mistake in hex text stops the \
         decoding there, after the frames before it. Exit status: 0 when every byte belonged to a \
         valid frame, 65 when bytes were dropped, the input ended inside a frame or the hex text \
-        has a mistake.
+        has a mistake. With --pcap (or a pcap/pcapng file under --format auto) the input is a \
+        capture: a Linux usbmon capture (tcpdump -i usbmonN, Wireshark), whose iAP2 interface's \
+        bulk endpoints are decoded with frames reassembled across transfers, or a trace of \
+        --trace-file FILE.pcapng; each frame is shown with its capture record, time, place and \
+        direction.
         """,
     options: [
         .flag("json", help: "Print one JSON object per frame, one per line (JSON Lines), as they are decoded."),
-        .value("format", valueName: "format", help: "How the input is written.", defaultValue: "auto", allowedValues: ["auto", "hex", "raw"]),
+        .value("format", valueName: "format", help: "How the input is written (auto also knows pcap and pcapng captures).",
+               defaultValue: "auto", allowedValues: ["auto", "hex", "raw", "pcap"]),
+        .flag("pcap", help: "The input is a pcap or pcapng capture: a Linux usbmon capture, or a trace of --trace-file FILE.pcapng."),
         .value("transaction-ids", valueName: "mode", help: "Whether iAP1 packets carry transaction ids (auto: after StartIDPS).",
                defaultValue: "auto", allowedValues: ["auto", "on", "off"]),
         .value("kinds", valueName: "list", help: "Frame kinds to look for, comma separated: iap2, iap1, detect.",
@@ -42,7 +48,9 @@ let hostOptions: [OptionSpec] = [
     .flag("no-detach", help: "Fail instead of detaching a kernel driver bound to an accessory's iAP interface.", inherited: true),
     .value("timeout", valueName: "seconds", help: "How long to wait for accessories to identify.", defaultValue: "3", inherited: true),
     .flag("trace", help: "Print every frame in both directions, decoded and timestamped, to standard error.", inherited: true),
-    .value("trace-file", valueName: "path", help: "Write the trace to a file instead.", inherited: true),
+    .value("trace-file", valueName: "path", help: "Write the trace to a file instead (pcapng for Wireshark when it ends in .pcapng).", inherited: true),
+    .value("trace-format", valueName: "format", help: "The trace file's format (auto: pcapng for a .pcapng file, else text).",
+           allowedValues: ["auto", "text", "pcapng"], inherited: true),
 ]
 let accessoryOption = OptionSpec.value("accessory", short: "a", valueName: "id|serial|name", help: "Which accessory (by connection id, serial number or name).")
 let jsonOption = OptionSpec.flag("json", help: "Machine-readable output: one JSON object per line.")

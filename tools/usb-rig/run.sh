@@ -37,6 +37,7 @@ packages=(
     python3-venv      # virtme-ng is not packaged in bookworm; it goes in a venv
     libusb-1.0-0-dev  # building the package (CLibUSB) and libusb in the guest
     pkg-config        # SwiftPM resolves CLibUSB through pkg-config
+    tcpdump           # usbmon.sh captures the guest's USB traffic with it
 )
 
 build=1

@@ -16,6 +16,8 @@ echo "suite: udev rules"
 timeout 120 "$here/rules.sh"
 echo "suite: firmware-upgrade example over USB (16 MiB)"
 timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
+echo "suite: a usbmon capture of the host and the gadget, decoded by iapctl decode --pcap and by tshark"
+timeout 300 "$here/usbmon.sh"
 echo "suite: iapbench usb (ceiling, EA over iAP2, EA on a native transport)"
 status=0
 timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3 --native || status=$?
