@@ -285,5 +285,18 @@ fi
 kill "$legacy_pid" 2>/dev/null || true
 wait "$legacy_pid" 2>/dev/null || true
 
+# Authentication (--auth, --trust): the test fixtures' signed and forged simulators.
+fixtures=$here/../Tests/IAPAuthenticationTests/Fixtures
+check "require lets a signed accessory in" 0 "$iapctl" --no-usb --simulate="$fixtures/rsa-sensor.json" --auth require --trust "$fixtures/test-ca.pem" info --json
+contains "info --json authentication" out '"authentication":{"status":"verified","accepted":true,"reason":null'
+contains "info --json certificate" out '"subject":"C=US, O=AccessoryHost Tests, OU=Test Accessories, CN=IPA_TEST_RSA_0001"'
+check "require refuses a forged accessory" 69 "$iapctl" --no-usb --simulate="$fixtures/forged-sensor.json" --auth require --trust "$fixtures/test-ca.pem" info
+contains "require names the reason" err 'authentication failed: bad signature: '
+check "record lists a forged accessory and says so" 0 "$iapctl" --no-usb --simulate="$fixtures/forged-sensor.json" --trust "$fixtures/test-ca.pem" list
+contains "record says which failed" out 'authentication: not verified (bad signature: '
+check "require without --trust refuses (unknown issuer)" 69 "$iapctl" --no-usb --simulate="$fixtures/rsa-sensor.json" --auth require list
+contains "unknown issuer named" err 'unknown issuer: no trust anchors were given'
+check "an unreadable --trust is said" 66 "$iapctl" "${sim[@]}" --trust "$work/none.pem" list
+
 [ "$failures" -eq 0 ] || { echo "cli-checks: $failures failed" >&2; exit 1; }
 echo "cli-checks: all passed"

@@ -4,12 +4,15 @@
 set -euo pipefail
 need=()
 pkg-config --exists libusb-1.0 2>/dev/null || need+=(libusb-1.0-0-dev)
+# OpenSSL 3 (libcrypto) for IAPAuthentication's certificate and signature checks.
+pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 for extra in "$@"; do
     case "$extra" in
         valgrind) command -v valgrind >/dev/null || need+=(valgrind) ;;
         xxd) command -v xxd >/dev/null || need+=(xxd) ;;
         python3) command -v python3 >/dev/null || need+=(python3) ;;
+        openssl) command -v openssl >/dev/null || need+=(openssl) ;;
         tshark) command -v tshark >/dev/null || need+=(tshark) ;;
         *) dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra") ;;
     esac

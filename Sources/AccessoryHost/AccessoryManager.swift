@@ -1,5 +1,6 @@
 public import AccessoryLogging
 public import Dispatch
+public import IAPAuthentication
 public import IAPLink
 public import IAPTransport
 internal import Synchronization
@@ -42,7 +43,9 @@ public final class AccessoryManager: Sendable {
         /// than this (plus framing), so an accessory that keeps to that never makes a session
         /// hold more; one that sends larger packets anyway gets at most one packet more.
         public var sessionBufferLimit: Int
-        /// Decides on the accessory's authentication.
+        /// Decides on the accessory's authentication. By default IAPAuthentication's
+        /// `VerifyingAuthentication` in record mode: verified with OpenSSL, reported
+        /// (``Accessory/authentication``), accepted whatever the result.
         public var authentication: any AuthenticationPolicy
         /// Where the manager says what happens (identification, failures, disconnects at info and
         /// above; link and session details at debug). Silent by default.
@@ -53,7 +56,7 @@ public final class AccessoryManager: Sendable {
 
         /// A configuration; every parameter has the default an application usually wants.
         public init(supportedProtocols: [String] = [], link: LinkConfiguration = .device, answerTimeout: Duration = .seconds(10),
-                    sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = AcceptingAuthentication(),
+                    sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = VerifyingAuthentication(mode: .record),
                     logger: Logger = Logger(label: "AccessoryHost", handler: NullLogHandler())) {
             self.logger = logger
             self.supportedProtocols = supportedProtocols

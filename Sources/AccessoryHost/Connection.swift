@@ -212,8 +212,8 @@ final class Connection: @unchecked Sendable {
                 logger.debug("link up: \(parameters.maxOutstandingPackets) packets of \(parameters.maxPacketLength) bytes in flight, retransmission after \(parameters.retransmissionTimeout) ms")
             case let .link(.dropped(drop)):
                 logger.debug("\(drop)")
-            case .authenticated:
-                logger.debug("authenticated")
+            case let .authenticated(_, outcome):
+                logger.log(level: outcome.isVerified || outcome.status == .notChecked ? .debug : .info, "authentication: \(outcome)")
             case .bytesAvailable, .spaceAvailable, .link, .powerUpdate, .accessoryRestarted:
                 break
             }

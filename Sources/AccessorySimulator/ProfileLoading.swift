@@ -44,7 +44,7 @@ extension SimulatorProfile {
                                         problem: "is \(data.count) bytes, too large for a profile; check that the path names a profile JSON file")
         }
         do {
-            return try decode([UInt8](data))
+            return try decode([UInt8](data)).resolvingFiles(relativeTo: path)
         } catch {
             var located = error
             located.file = path

@@ -86,14 +86,15 @@ public struct SimulatedAccessory: Sendable {
     {
         try profile.validate()
         let configuration = profile.linkConfiguration()
+        let signer = try profile.signer()
         self.profile = profile
         self.sessionBufferLimit = max(sessionBufferLimit, Int(configuration.parameters.maxPacketLength))
         if let iap1 = profile.iap1 {
             endpoint = IAPEndpoint(IAP1Endpoint(accessory: profile.identity(), style: iap1.identification,
-                                                waitsForDevice: iap1.waitsForDevice, sessionBufferLimit: self.sessionBufferLimit,
+                                                waitsForDevice: iap1.waitsForDevice, signer: signer, sessionBufferLimit: self.sessionBufferLimit,
                                                 randomSeed: profile.faults.seed))
         } else {
-            endpoint = IAPEndpoint(IAP2Endpoint(accessory: profile.identity(), configuration: configuration,
+            endpoint = IAPEndpoint(IAP2Endpoint(accessory: profile.identity(), configuration: configuration, signer: signer,
                                                 sessionBufferLimit: self.sessionBufferLimit, initialSequence: initialSequence,
                                                 randomSeed: profile.faults.seed))
         }

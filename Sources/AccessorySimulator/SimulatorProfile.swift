@@ -18,9 +18,15 @@ import IAPWire
 ///   "rebootDelayMs": 200,
 ///   "checksumsSessionData": true,
 ///   "faults": { "dropRate": 0.0, "corruptRate": 0.0, "delayMs": 0,
-///               "stopReadingAfterBytes": 4096, "vanishAfterBytes": 65536, "seed": 1 }
+///               "stopReadingAfterBytes": 4096, "vanishAfterBytes": 65536, "seed": 1,
+///               "forged": false },
+///   "authentication": { "certificate": "accessory.pem", "key": "accessory.key" }
 /// }
 /// ```
+///
+/// `authentication` (optional) names PEM files, relative to the profile's directory: the
+/// accessory then sends that certificate and signs challenges with that key (see
+/// ``Authentication``); without it, it sends a stand-in that no verifying host accepts.
 ///
 /// `identity` and `protocols` are required; `link`, every field inside it, `rebootDelayMs`
 /// (default 200), `checksumsSessionData` (default true), `faults` and every field inside it are
@@ -225,10 +231,14 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         public var vanishAfterBytes: Int?
         /// Seed of the fault generator (and of the endpoint's own generator).
         public var seed: UInt64
+        /// Sign challenges with a key other than the certificate's (a forged accessory): a
+        /// verifying host sees a bad signature. Needs ``SimulatorProfile/authentication``.
+        public var forged: Bool
 
         /// Creates faults; the defaults are no faults at all.
         public init(dropRate: Double = 0, corruptRate: Double = 0, delayMs: Int = 0, stopReadingAfterBytes: Int? = nil,
-                    vanishAfterBytes: Int? = nil, seed: UInt64 = 1) {
+                    vanishAfterBytes: Int? = nil, seed: UInt64 = 1, forged: Bool = false) {
+            self.forged = forged
             self.dropRate = dropRate
             self.corruptRate = corruptRate
             self.delayMs = delayMs
@@ -238,7 +248,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         }
 
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case dropRate, corruptRate, delayMs, stopReadingAfterBytes, vanishAfterBytes, seed
+            case dropRate, corruptRate, delayMs, stopReadingAfterBytes, vanishAfterBytes, seed, forged
         }
 
         /// Decodes the faults, refusing unknown fields; missing fields take the defaults.
@@ -251,11 +261,12 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             stopReadingAfterBytes = try container.decodeIfPresent(Int.self, forKey: .stopReadingAfterBytes)
             vanishAfterBytes = try container.decodeIfPresent(Int.self, forKey: .vanishAfterBytes)
             seed = try container.decodeIfPresent(UInt64.self, forKey: .seed) ?? 1
+            forged = try container.decodeIfPresent(Bool.self, forKey: .forged) ?? false
         }
 
         /// Whether any fault is switched on.
         public var isActive: Bool {
-            dropRate > 0 || corruptRate > 0 || delayMs > 0 || stopReadingAfterBytes != nil || vanishAfterBytes != nil
+            dropRate > 0 || corruptRate > 0 || delayMs > 0 || stopReadingAfterBytes != nil || vanishAfterBytes != nil || forged
         }
     }
 
@@ -276,6 +287,8 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     /// (``SessionStatistics/crc32In``). On by default; a benchmark's accessory turns it off so
     /// that the accessory's own checksum does not weigh on the host's figures.
     public var checksumsSessionData: Bool
+    /// The accessory's certificate and key (nil: the stand-in certificate and response).
+    public var authentication: Authentication?
 
     /// The reboot delay when a profile gives none.
     public static let defaultRebootDelayMs = 200
@@ -283,7 +296,8 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     /// Creates a profile.
     public init(accessory: Identity, protocols: [ProtocolSpec], link: LinkOverrides = LinkOverrides(),
                 rebootDelayMs: Int = SimulatorProfile.defaultRebootDelayMs, faults: Faults = Faults(), iap1: IAP1Settings? = nil,
-                checksumsSessionData: Bool = true) {
+                checksumsSessionData: Bool = true, authentication: Authentication? = nil) {
+        self.authentication = authentication
         self.iap1 = iap1
         self.checksumsSessionData = checksumsSessionData
         self.accessory = accessory
@@ -294,7 +308,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1, checksumsSessionData
+        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1, checksumsSessionData, authentication
     }
 
     /// Decodes a profile, refusing unknown fields; optional parts take their defaults. Values are
@@ -309,6 +323,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         faults = try container.decodeIfPresent(Faults.self, forKey: .faults) ?? Faults()
         iap1 = try container.decodeIfPresent(IAP1Settings.self, forKey: .iap1)
         checksumsSessionData = try container.decodeIfPresent(Bool.self, forKey: .checksumsSessionData) ?? true
+        authentication = try container.decodeIfPresent(Authentication.self, forKey: .authentication)
     }
 
     /// Encodes the profile, leaving out parts that hold their defaults.
@@ -321,6 +336,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         if faults != Faults() { try container.encode(faults, forKey: .faults) }
         try container.encodeIfPresent(iap1, forKey: .iap1)
         if !checksumsSessionData { try container.encode(false, forKey: .checksumsSessionData) }
+        try container.encodeIfPresent(authentication, forKey: .authentication)
     }
 
     // MARK: What the endpoint needs
@@ -457,6 +473,9 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         let packetLength = linkConfiguration().parameters.maxPacketLength
         if Int(packetLength) < needed {
             throw fail("link.maxPacketLength", "is \(packetLength); the accessory's largest control message needs packets of at least \(needed) bytes")
+        }
+        if faults.forged, authentication == nil {
+            throw fail("faults.forged", "needs an \"authentication\" section (a certificate and key) to forge signatures for; add one or remove the fault")
         }
         if !(0...3_600_000).contains(rebootDelayMs) {
             throw fail("rebootDelayMs", "is \(rebootDelayMs); give milliseconds between 0 and 3600000")

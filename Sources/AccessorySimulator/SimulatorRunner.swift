@@ -59,6 +59,7 @@ public final class SimulatorRunner: @unchecked Sendable {
     public init(profile: SimulatorProfile, attachment: Attachment,
                 queue: DispatchQueue = DispatchQueue(label: "AccessorySimulator.runner")) throws(SimulatorProfileError) {
         try profile.validate()
+        _ = try profile.signer() // a certificate or key that cannot be used is said now, not at start
         self.profile = profile
         self.attachment = attachment
         self.queue = queue

@@ -45,6 +45,11 @@ public struct FrameInspector: Sendable {
     /// Most payload bytes shown in a hex preview.
     public var previewLimit: Int
     private var transactionIDsSeen = false
+    /// Reads accessories' certificates into the reports (see ``CertificateReading``); nil shows
+    /// them as bytes.
+    public var certificateReader: (@Sendable ([UInt8]) -> CertificateReading)?
+    /// iAP1 certificate sections collected so far.
+    var iap1CertificateSections: [UInt8] = []
 
     /// An inspector that knows no link sessions yet; `previewLimit` is the most payload bytes shown
     /// in a hex preview.
@@ -224,6 +229,7 @@ public struct FrameInspector: Sendable {
                         let (message, length) = try ControlMessage.decode(prefixOf: payload.extracting(offset..<payload.byteCount))
                         details += Self.describe(message)
                         messages.append(Self.json(message))
+                        noteCertificate(in: message, details: &details, fields: &fields)
                         offset += length
                     } catch {
                         details.append("control message at payload offset \(offset): \(error)")
@@ -410,6 +416,7 @@ public struct FrameInspector: Sendable {
         if let id = packetValue.transactionID { summary += " trans=0x\(hex16(id))" }
         summary += "  \(framing.packetLength) bytes, payload \(packetValue.payload.count), checksum ok"
         var details = IAP1Details.describe(packetValue)
+        noteCertificateSection(packetValue, details: &details, fields: &fields)
         if IAP2Detect.isIAP1Reply(packetValue) { details.append("this is the iAP1 answer to the iAP2 detect: the peer does not speak iAP2") }
         if details.isEmpty, !packetValue.payload.isEmpty { details.append("payload: \(preview(packetValue.payload))") }
         return FrameReport(summary: summary, details: details, json: .object(fields), isValid: true)

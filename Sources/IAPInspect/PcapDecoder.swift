@@ -69,6 +69,9 @@ public struct PcapDecoder: Sendable {
     private var finished: [CaptureDecoder.Statistics] = []
     /// Counters.
     public private(set) var statistics = Statistics()
+    /// Reads the certificates accessories send into the reports (see ``CertificateReading``);
+    /// nil leaves them as bytes.
+    public var certificateReader: (@Sendable ([UInt8]) -> CertificateReading)?
     private static let maxStreams = 1024
     private static let maxSetups = 1024
 
@@ -243,6 +246,7 @@ public struct PcapDecoder: Sendable {
                 details: [], json: .object([("kind", .string("missing")), ("length", .int(record.missingByteCount))]), isValid: false),
                 note, number: packet.number, stamp: packet))
             stream.decoder = CaptureDecoder(kinds: kinds, transactionIDs: transactionIDs)
+            stream.decoder.certificateReader = certificateReader
         }
         streams[key] = stream
     }
@@ -283,7 +287,9 @@ public struct PcapDecoder: Sendable {
     private mutating func stream(for key: StreamKey, note: Note, link: [Int]) -> Stream? {
         if let stream = streams.removeValue(forKey: key) { return stream }
         guard streams.count < Self.maxStreams else { return nil }
-        let stream = Stream(decoder: CaptureDecoder(kinds: kinds, transactionIDs: transactionIDs), note: note, link: link)
+        var decoder = CaptureDecoder(kinds: kinds, transactionIDs: transactionIDs)
+        decoder.certificateReader = certificateReader
+        let stream = Stream(decoder: decoder, note: note, link: link)
         order.append(key)
         return stream
     }

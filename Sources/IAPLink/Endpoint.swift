@@ -43,8 +43,9 @@ public enum EndpointEvent: Hashable, Sendable {
     /// Something the link reported (state changes, negotiation, drops, protocol violations), passed on
     /// as it came.
     case link(LinkEvent)
-    /// Device: the accessory passed authentication (its certificate is kept).
-    case authenticated(certificate: [UInt8])
+    /// Device: the accessory passed authentication, or the policy let it in although it did
+    /// not (its certificate is kept; the outcome says which).
+    case authenticated(certificate: [UInt8], outcome: AuthenticationOutcome)
     /// Device: identification accepted. Accessory: the device accepted ours.
     case identified(AccessoryIdentity)
     /// Device: identification rejected, with the reasons; the accessory may try again.
@@ -157,13 +158,24 @@ public struct IAP2Endpoint: Sendable {
     }
 
     /// Creates the accessory side with the identity it will declare.
+    ///
+    /// - Parameters:
+    ///   - identity: what it declares in IdentificationInformation.
+    ///   - configuration: its link parameters.
+    ///   - certificate: what it sends as its certificate when it has no `signer`.
+    ///   - signer: its coprocessor: the certificate it sends and the signatures of the device's
+    ///     challenges. Without one it answers with a stand-in no verifying host accepts.
+    ///   - sessionBufferLimit: bytes held per session and direction.
+    ///   - initialSequence: the link's first sequence number.
+    ///   - randomSeed: the seed of its generator.
     public init(accessory identity: AccessoryIdentity, configuration: LinkConfiguration = .accessory,
-                certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), sessionBufferLimit: Int = 1 << 20,
-                initialSequence: UInt8, randomSeed: UInt64) {
+                certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), signer: (any AuthenticationSigner)? = nil,
+                sessionBufferLimit: Int = 1 << 20, initialSequence: UInt8, randomSeed: UInt64) {
         link = IAP2Link(role: .accessory, configuration: configuration, initialSequence: initialSequence)
         upper = Upper(role: .accessory, identity: identity, policy: AcceptingAuthentication(), bufferLimit: sessionBufferLimit,
                       seed: randomSeed)
-        upper.certificate = certificate
+        upper.certificate = signer?.certificate ?? certificate
+        upper.signer = signer
     }
 
     // MARK: Driving
@@ -246,6 +258,10 @@ public struct IAP2Endpoint: Sendable {
 
     /// The identity, once identification is accepted.
     public var identity: AccessoryIdentity? { upper.identified ? upper.identity : nil }
+
+    /// Device: what the policy concluded about the accessory's authentication on this link so far
+    /// (``AuthenticationOutcome/notChecked`` before the certificate arrives).
+    public var authentication: AuthenticationOutcome { upper.authentication }
 
     /// Link events and upper-layer reactions to them, then moves queued control messages and EA
     /// data into the link as far as its window and queue allow.
@@ -644,6 +660,12 @@ struct Upper: LinkSink, Sendable {
     let bufferLimit: Int
     var random: SplitMix
     var certificate: [UInt8] = []
+    /// Accessory: the coprocessor that signs challenges (nil: the stand-in response).
+    var signer: (any AuthenticationSigner)?
+    /// Device: the policy's conclusion on this link's authentication.
+    var authentication = AuthenticationOutcome.notChecked
+    /// Device: the policy accepted the accessory's authentication on this link.
+    var authenticationPassed = false
     var answerTimeout: Duration = .seconds(10)
     var now: LinkTime = .zero
 
@@ -694,6 +716,8 @@ struct Upper: LinkSink, Sendable {
         if role == .device {
             identified = false
             identity = nil
+            authentication = .notChecked
+            authenticationPassed = false
             send(ControlMessage(id: .requestAuthenticationCertificate))
             step = .awaitingCertificate
             deadline = now + answerTimeout
@@ -837,31 +861,45 @@ struct Upper: LinkSink, Sendable {
         switch (message.id, step) {
         case (.authenticationCertificate, .awaitingCertificate):
             let certificate = message.parameter(0)?.data ?? []
-            guard policy.acceptsCertificate(certificate) else {
+            let examination = policy.examine(certificate: certificate)
+            if let refusal = examination.refusal {
+                authentication = AuthenticationOutcome(status: .notVerified(refusal), accepted: false, certificate: examination.summary)
                 send(ControlMessage(id: .authenticationFailed))
-                fail(.authenticationFailed("the certificate was refused"))
+                fail(.authenticationFailed(refusal.description))
                 return
             }
-            var challenge = [UInt8](repeating: 0, count: policy.challengeLength(certificate: certificate))
+            let length = examination.scheme?.challengeLength ?? policy.challengeLength(certificate: certificate)
+            var challenge = [UInt8](repeating: 0, count: length)
             for index in challenge.indices { challenge[index] = UInt8(truncatingIfNeeded: random.next()) }
             send(ControlMessage(id: .requestAuthenticationChallengeResponse, parameters: [.blob(0, challenge)]))
             step = .awaitingResponse(certificate: certificate, challenge: challenge)
             deadline = now + answerTimeout
         case let (.authenticationResponse, .awaitingResponse(certificate, challenge)):
             let response = message.parameter(0)?.data ?? []
-            guard policy.verifies(certificate: certificate, challenge: challenge, response: response) else {
+            let outcome = policy.outcome(certificate: certificate, challenge: challenge, response: response)
+            authentication = outcome
+            guard outcome.accepted else {
                 send(ControlMessage(id: .authenticationFailed))
-                fail(.authenticationFailed("the challenge response did not verify"))
+                fail(.authenticationFailed(outcome.failure?.description ?? "the challenge response did not verify"))
                 return
             }
+            authenticationPassed = true
             send(ControlMessage(id: .authenticationSucceeded))
-            events.append(.authenticated(certificate: certificate))
+            events.append(.authenticated(certificate: certificate, outcome: outcome))
             send(ControlMessage(id: .startIdentification))
             step = .awaitingIdentification
             deadline = now + answerTimeout
         case (.identificationInformation, .awaitingIdentification), (.identificationInformation, .done):
+            // Identification follows an accepted authentication on this link, never a refused,
+            // missing or unanswered one (whatever the owner does with the failure).
+            guard authenticationPassed else {
+                unhandledMessages += 1
+                events.append(.unhandledMessage(message.id))
+                return
+            }
             switch AccessoryIdentity.validate(message) {
-            case let .success(identity):
+            case var .success(identity):
+                identity.authentication = authentication
                 self.identity = identity
                 identified = true
                 send(ControlMessage(id: .identificationAccepted))
@@ -911,11 +949,9 @@ struct Upper: LinkSink, Sendable {
         case .requestAuthenticationCertificate:
             send(ControlMessage(id: .authenticationCertificate, parameters: [.blob(0, certificate)]))
         case .requestAuthenticationChallengeResponse:
-            // A stand-in signature: a real accessory asks its coprocessor.
+            // A real accessory asks its coprocessor; without a signer, a stand-in.
             let challenge = message.parameter(0)?.data ?? []
-            let length = challenge.count == 20 ? 128 : 64
-            var response = [UInt8](repeating: 0, count: length)
-            for index in response.indices { response[index] = challenge.isEmpty ? 0 : challenge[index % challenge.count] ^ UInt8(index & 0xFF) }
+            let response = signer?.sign(challenge: challenge) ?? standInResponse(to: challenge)
             send(ControlMessage(id: .authenticationResponse, parameters: [.blob(0, response)]))
         case .authenticationSucceeded:
             break

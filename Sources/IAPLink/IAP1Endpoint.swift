@@ -97,6 +97,10 @@ public struct IAP1Endpoint: Sendable {
     private let style: IAP1IdentificationStyle
     private let waitsForDevice: Bool
     private var certificate: [UInt8] = []
+    /// Accessory: the coprocessor that signs challenges (nil: the stand-in response).
+    private var signer: (any AuthenticationSigner)?
+    /// Device: the policy's conclusion on the accessory's authentication.
+    public private(set) var authentication = AuthenticationOutcome.notChecked
     private var certificateTransactionID: UInt16?
     private var certificateSectionsSent = 0
     /// Device role: the accessory sent the iAP2 detect (it started over in iAP2).
@@ -179,10 +183,13 @@ public struct IAP1Endpoint: Sendable {
     ///     which is answered the iAP1 way and then waits for RequestIdentify); otherwise identify
     ///     at start.
     ///   - certificate: the DER certificate the accessory sends in RetAccessoryAuthenticationInfo
-    ///     (split into sections as the protocol does); the default is a stand-in of the size a
-    ///     real one has.
+    ///     (split into sections as the protocol does) when it has no `signer`; the default is a
+    ///     stand-in of the size a real one has.
+    ///   - signer: its coprocessor: the certificate it sends and the signatures of the device's
+    ///     challenges. Without one it answers with a stand-in no verifying host accepts.
     public init(accessory identity: AccessoryIdentity, style: IAP1IdentificationStyle = .idps, waitsForDevice: Bool = false,
-                certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), sessionBufferLimit: Int = 1 << 20,
+                certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), signer: (any AuthenticationSigner)? = nil,
+                sessionBufferLimit: Int = 1 << 20,
                 maxIncomingPayload: Int = 8_192, dataWindow: Int = 4,
                 interByteGap: Duration = LinkConfiguration.defaultInterByteGap, randomSeed: UInt64) {
         role = .accessory
@@ -201,7 +208,8 @@ public struct IAP1Endpoint: Sendable {
         self.style = style
         self.waitsForDevice = waitsForDevice
         // Sections are numbered with one byte: at most 256 of 128 bytes.
-        self.certificate = Array(certificate.prefix(Self.maxCertificateLength))
+        self.certificate = Array((signer?.certificate ?? certificate).prefix(Self.maxCertificateLength))
+        self.signer = signer
     }
 
     // MARK: Driving
@@ -613,6 +621,9 @@ public struct IAP1Endpoint: Sendable {
             // Options 1 (defer) and 2 (now) both mean the accessory can authenticate: the device
             // may ask whenever it likes, and asks at once. 0: no authentication.
             if options & 0x3 == 0 {
+                guard !policy.requiresAuthentication else {
+                    return failAuthentication(.refused("the accessory does not authenticate (IdentifyDeviceLingoes without authentication) and the policy requires it"))
+                }
                 identifiedNow()
             } else {
                 startAuthentication()
@@ -643,12 +654,12 @@ public struct IAP1Endpoint: Sendable {
             let last = try reader.uint8("last section")
             guard current == next, current <= last else {
                 send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.certificateInvalid], answering: tid)
-                return failAuthentication("certificate section \(current) of \(last) arrived where section \(next) was expected")
+                return failAuthentication(.malformedCertificate("certificate section \(current) of \(last) arrived where section \(next) was expected"))
             }
             let collected = sections + reader.rest()
             guard collected.count <= Self.maxCertificateLength else {
                 send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.badParameter], answering: tid)
-                return failAuthentication("the certificate is longer than \(Self.maxCertificateLength) bytes")
+                return failAuthentication(.malformedCertificate("the certificate is longer than \(Self.maxCertificateLength) bytes"))
             }
             deadline = now + answerTimeout
             if current < last {
@@ -656,13 +667,15 @@ public struct IAP1Endpoint: Sendable {
                 acknowledge(command, status: IAP1AckStatus.success, transactionID: tid)
                 return
             }
-            guard policy.acceptsCertificate(collected) else {
+            let examination = policy.examine(certificate: collected)
+            if let refusal = examination.refusal {
                 send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.certificateInvalid], answering: tid)
-                return failAuthentication("the certificate was refused")
+                return failAuthentication(refusal, certificate: examination.summary)
             }
             send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.success], answering: tid)
-            // Authentication 2.0 over iAP1 always uses a 20-byte challenge (PROTOCOL.md §1.8).
-            var challenge = [UInt8](repeating: 0, count: 20)
+            // Authentication 2.0 over iAP1 uses a 20-byte challenge (PROTOCOL.md §1.8); a P-256
+            // certificate (coprocessor 3.0) gets the 32 bytes its scheme signs.
+            var challenge = [UInt8](repeating: 0, count: examination.scheme?.challengeLength ?? 20)
             for index in challenge.indices { challenge[index] = UInt8(truncatingIfNeeded: random.next()) }
             awaitedTransactionID = send(IAP1Command.getAccessoryAuthenticationSignature, challenge + [1])
             step = .awaitingSignature(certificate: collected, challenge: challenge)
@@ -671,12 +684,15 @@ public struct IAP1Endpoint: Sendable {
                 return acknowledge(command, status: IAP1AckStatus.badParameter, transactionID: tid)
             }
             guard matches(packet, awaitedTransactionID) else { return }
-            guard policy.verifies(certificate: certificate, challenge: challenge, response: packet.payload) else {
+            let outcome = policy.outcome(certificate: certificate, challenge: challenge, response: packet.payload)
+            guard outcome.accepted else {
                 send(IAP1Command.ackAccessoryAuthenticationStatus, [IAP1AckStatus.certificateInvalid], answering: tid)
-                return failAuthentication("the challenge response did not verify")
+                authentication = outcome
+                return failAuthentication(outcome.failure ?? .refused("the challenge response did not verify"), certificate: outcome.certificate)
             }
             send(IAP1Command.ackAccessoryAuthenticationStatus, [IAP1AckStatus.success], answering: tid)
-            events.append(.authenticated(certificate: certificate))
+            authentication = outcome
+            events.append(.authenticated(certificate: certificate, outcome: outcome))
             identifiedNow()
         case IAP1Command.accessoryAck:
             let status = try reader.uint8("status")
@@ -700,6 +716,7 @@ public struct IAP1Endpoint: Sendable {
         for id in sessions.keys.sorted() { closeSession(id, reason: "the accessory identified again", notifyPeer: false) }
         identified = false
         identityValue = nil
+        authentication = .notChecked
         tokens = []
         tokenProblems = []
         declaredIndices = []
@@ -835,21 +852,30 @@ public struct IAP1Endpoint: Sendable {
     }
 
     private mutating func startAuthentication() {
+        authentication = .notChecked
         awaitedTransactionID = send(IAP1Command.getAccessoryAuthenticationInfo, [])
         step = .awaitingCertificate(sections: [], next: 0)
         deadline = now + answerTimeout
     }
 
     private mutating func failAuthentication(_ why: String) {
+        failAuthentication(.refused(why))
+    }
+
+    private mutating func failAuthentication(_ failure: AuthenticationFailure, certificate: CertificateSummary? = nil) {
         step = .done
         deadline = nil
-        events.append(.controlFailed(.authenticationFailed(why)))
+        if authentication.accepted || authentication.status == .notChecked {
+            authentication = AuthenticationOutcome(status: .notVerified(failure), accepted: false, certificate: certificate)
+        }
+        events.append(.controlFailed(.authenticationFailed(failure.description)))
     }
 
     private mutating func identifiedNow() {
         step = .done
         deadline = nil
         identified = true
+        identityValue?.authentication = authentication
         if let identityValue { events.append(.identified(identityValue)) }
     }
 
@@ -1103,10 +1129,10 @@ public struct IAP1Endpoint: Sendable {
         case IAP1Command.ackAccessoryAuthenticationInfo:
             if try reader.uint8("status") != IAP1AckStatus.success { events.append(.controlFailed(.authenticationRefusedByDevice)) }
         case IAP1Command.getAccessoryAuthenticationSignature:
-            // A stand-in signature, as the iAP2 accessory makes: a real one asks its coprocessor.
+            // The challenge and a retry counter; a real accessory asks its coprocessor, one without
+            // a signer sends a stand-in.
             let challenge = Array(packet.payload.dropLast())
-            var response = [UInt8](repeating: 0, count: 128)
-            for index in response.indices { response[index] = challenge.isEmpty ? 0 : challenge[index % challenge.count] ^ UInt8(index & 0xFF) }
+            let response = signer?.sign(challenge: challenge) ?? standInResponse(to: challenge)
             send(IAP1Command.retAccessoryAuthenticationSignature, response, answering: tid)
         case IAP1Command.ackAccessoryAuthenticationStatus:
             if try reader.uint8("status") == IAP1AckStatus.success {

@@ -93,6 +93,10 @@ public struct AccessoryIdentity: Hashable, Sendable {
     /// The protocol the accessory identified with (an application tells iAP1 accessories from
     /// iAP2 ones by this alone).
     public var protocolVersion: IAPProtocolVersion
+    /// What the host's authentication policy concluded about the accessory, with its
+    /// certificate's subject, issuer, serial and validity (``AuthenticationOutcome/notChecked``
+    /// until the device side sets it, and on the accessory side).
+    public var authentication: AuthenticationOutcome = .notChecked
 
     /// An identity with the given values; the defaults are what a minimal iAP2 accessory declares
     /// (English, one USB host transport component, no messages, no protocols). Nothing is validated
@@ -275,16 +279,28 @@ public struct IdentificationRejection: Error, Hashable, Sendable, CustomStringCo
 
 /// Decides whether an accessory's authentication is good enough.
 ///
-/// The default, ``AcceptingAuthentication``, records the certificate and accepts any response:
-/// verifying for real needs Apple's root certificate and signing scheme, which are not public.
-/// A real verifier plugs in here.
+/// The endpoints ask ``examine(certificate:)`` when the certificate has come (a refusal ends the
+/// connection before any challenge) and ``outcome(certificate:challenge:response:)`` when the
+/// response has; the outcome reaches the identity (``AccessoryIdentity/authentication``). Both
+/// have defaults built from the three yes-or-no requirements, so a simple policy implements only
+/// those. ``AcceptingAuthentication`` checks nothing; IAPAuthentication's `VerifyingAuthentication`
+/// checks certificates, signatures and trust with OpenSSL.
 public protocol AuthenticationPolicy: Sendable {
-    /// Challenge bytes to send for this certificate (20 for coprocessor 2.0, 32 for 3.0).
+    /// Challenge bytes to send for this certificate (20 for coprocessor 2.0, 32 for 3.0) when
+    /// the examination names no scheme.
     func challengeLength(certificate: [UInt8]) -> Int
     /// Whether to go on after seeing the certificate.
     func acceptsCertificate(_ certificate: [UInt8]) -> Bool
     /// Whether `response` answers `challenge` for `certificate`.
     func verifies(certificate: [UInt8], challenge: [UInt8], response: [UInt8]) -> Bool
+    /// What the certificate says, its scheme, and whether to refuse at once.
+    func examine(certificate: [UInt8]) -> CertificateExamination
+    /// The verdict on `response` to `challenge`; the accessory goes on when it is
+    /// ``AuthenticationOutcome/accepted``.
+    func outcome(certificate: [UInt8], challenge: [UInt8], response: [UInt8]) -> AuthenticationOutcome
+    /// Whether an accessory that does not offer to authenticate (an iAP1 accessory identifying
+    /// without authentication) is refused.
+    var requiresAuthentication: Bool { get }
 }
 
 extension AuthenticationPolicy {
@@ -307,4 +323,6 @@ public struct RejectingAuthentication: AuthenticationPolicy {
     public init() {}
     public func acceptsCertificate(_ certificate: [UInt8]) -> Bool { false }
     public func verifies(certificate: [UInt8], challenge: [UInt8], response: [UInt8]) -> Bool { false }
+    /// An accessory that does not authenticate is refused too.
+    public var requiresAuthentication: Bool { true }
 }

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap)
+[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap certificate)
 
 out=tools/fuzz/out
 bin=$out/bin
@@ -35,16 +35,23 @@ swiftc "${flags[@]}" -module-name AccessoryLogging -I "$bin" -emit-module -emit-
     -wmo -c -o "$bin/AccessoryLogging.o" Sources/AccessoryLogging/*.swift 2>&1 | quiet
 swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module-path "$bin/IAPInspect.swiftmodule" \
     -wmo -c -o "$bin/IAPInspect.o" Sources/IAPInspect/*.swift 2>&1 | quiet
+# The certificate path links Debian's OpenSSL (libcrypto, through Sources/COpenSSL's module map);
+# OpenSSL itself is not instrumented, our wrapper and everything above it are.
+swiftc "${flags[@]}" -module-name IAPAuthentication -I "$bin" -I Sources/COpenSSL -emit-module -emit-module-path "$bin/IAPAuthentication.swiftmodule" \
+    -wmo -c -o "$bin/IAPAuthentication.o" Sources/IAPAuthentication/*.swift 2>&1 | quiet
 
 declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]="LinkFuzz.swift FuzzSteps.swift" [iap1]="IAP1Fuzz.swift FuzzSteps.swift"
-                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift" [pcap]=PcapFuzz.swift)
+                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift)
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
-    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap)" >&2; exit 64; }
+    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap, certificate)" >&2; exit 64; }
     files=()
     for f in $file; do files+=("tools/fuzz/$f"); done
-    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" -o "$bin/$target" 2>&1 | quiet
+    extra=()
+    [ "$target" = certificate ] && extra=(-I Sources/COpenSSL "$bin/IAPAuthentication.o" -lcrypto)
+    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" \
+        "${extra[@]}" -o "$bin/$target" 2>&1 | quiet
     [ -x "$bin/$target" ] || { echo "fuzz: building $target failed" >&2; exit 1; }
     corpus=$out/$target/corpus
     rm -f "$out/$target"/crash-* "$out/$target"/leak-* "$out/$target"/timeout-* "$out/$target"/oom-*
@@ -60,6 +67,16 @@ for target in "${targets[@]}"; do
     if [ "$target" = pcap ] && command -v python3 >/dev/null; then
         python3 tools/wireshark/captures.py "$corpus" && mv "$corpus/malformed.pcapng" "$corpus/seed-trace.pcapng" \
             && mv "$corpus/usbmon.pcap" "$corpus/seed-usbmon.pcap" || true
+    fi
+    if [ "$target" = certificate ]; then
+        # The test fixtures as X.509 and as PKCS#7 DER, and the real accessory's certificate.
+        for pem in Tests/IAPAuthenticationTests/Fixtures/*.pem; do
+            openssl x509 -in "$pem" -outform DER -out "$corpus/seed-$(basename "$pem" .pem).der" 2>/dev/null || true
+            openssl crl2pkcs7 -nocrl -certfile "$pem" -outform DER -out "$corpus/seed-$(basename "$pem" .pem).p7" 2>/dev/null || true
+        done
+        python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.stdout.buffer.write(bytes.fromhex(d["certificate_pkcs7_der_hex"]))' \
+            tools/samples/pioneer-auth.json > "$corpus/seed-pioneer.p7"
+        export CERTIFICATE_FUZZ_TRUST="$PWD/Tests/IAPAuthenticationTests/Fixtures/test-ca.pem"
     fi
     echo "fuzz: running $target for ${seconds}s"
     if ! (cd "$out/$target" && ASAN_OPTIONS=detect_leaks=0 "../bin/$target" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -detect_leaks=0 \

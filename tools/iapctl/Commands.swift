@@ -62,6 +62,7 @@ enum InfoCommand {
         out += "  languages:         \(identity.currentLanguage.escapedForTerminal) "
             + "(supports \(identity.supportedLanguages.map(\.escapedForTerminal).joined(separator: ", ")))\n"
         out += "  current drawn:     up to \(identity.maximumCurrentDrawnFromDevice) mA\n"
+        out += authenticationText(accessory.authentication)
         out += "  protocols:\n"
         for item in identity.protocols {
             let transport = item.nativeTransportComponentIdentifier.map { component in
@@ -139,6 +140,7 @@ func listLine(_ accessory: Accessory) -> String {
     out += accessory.protocolVersion == .iap1 ? "  (iAP1)\n" : "\n"
     out += "    protocols: \(accessory.protocolStrings.map(\.escapedForTerminal).joined(separator: ", "))"
     out += accessory.supportsConfiguredProtocols ? "\n" : "  (none of the supported protocols)\n"
+    out += authenticationListLine(accessory.authentication)
     return out
 }
 

@@ -29,6 +29,7 @@ enum DecodeCommand {
             return try DecodePcap.run(input, name: name, first: [], kinds: kinds, mode: mode, output: &output)
         }
         var decoder = CaptureDecoder(kinds: kinds, transactionIDs: mode)
+        decoder.certificateReader = readCertificate
         var hex = HexInput.Parser()
         var piece = [UInt8](repeating: 0, count: pieceSize)
         var parsed: [UInt8] = []

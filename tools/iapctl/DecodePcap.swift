@@ -8,6 +8,7 @@ enum DecodePcap {
     static func run(_ input: borrowing ChunkedInput, name: String, first: [UInt8], kinds: FrameKinds, mode: TransactionIDMode,
                     output: inout ReportOutput) throws -> ExitCode {
         var decoder = PcapDecoder(kinds: kinds, transactionIDs: mode)
+        decoder.certificateReader = readCertificate
         var piece = first
         var buffer = [UInt8](repeating: 0, count: DecodeCommand.pieceSize)
         do {

@@ -32,6 +32,7 @@ final class HostContext: Sendable {
         logger = Logger(label: "iapctl", logLevel: Logger.verbosity(command.count("verbose")))
         traceSink = try TraceSink(command)
         var configuration = AccessoryManager.Configuration(supportedProtocols: supportedProtocols, logger: logger)
+        configuration.authentication = try AuthenticationOptions.policy(command)
         if let traceSink {
             configuration.transportTap = { transport in traceSink.tap(transport) }
         }
@@ -188,7 +189,11 @@ final class TraceSink: Sendable {
 final class TraceStream: Sendable {
     private struct State {
         var scanners: [TracingTransport.Direction: FrameScanner] = [.in: FrameScanner(), .out: FrameScanner()]
-        var inspector = FrameInspector()
+        var inspector: FrameInspector = {
+            var inspector = FrameInspector()
+            inspector.certificateReader = readCertificate // certificates shown parsed
+            return inspector
+        }()
     }
     private let state = Mutex(State())
 
@@ -258,6 +263,7 @@ func json(_ accessory: Accessory) -> JSONValue {
         ("protocolStrings", .array(accessory.protocolStrings.map { .string($0) })),
         ("supportsConfiguredProtocols", .bool(accessory.supportsConfiguredProtocols)),
         ("transport", .string(accessory.transportKind.rawValue)), ("location", .string(accessory.location)),
+        ("authentication", authenticationJSON(accessory.authentication)),
         ("usb", accessory.usbDevice.map { device in
             .object([("id", .string(device.descriptor.usbID.description)), ("bus", .int(Int(device.bus))),
                      ("address", .int(Int(device.address))), ("port", .string(device.location)),

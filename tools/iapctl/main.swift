@@ -125,7 +125,7 @@ let iapctl = CommandSpec(
     name: "iapctl",
     abstract: "Talk to MFi-style (iAP1/iAP2) accessories from Linux.",
     version: toolVersion(),
-    options: [verboseOption] + hostOptions,
+    options: [verboseOption] + hostOptions + AuthenticationOptions.options,
     subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, simulateCommand, decodeCommand]
 )
 
