@@ -75,7 +75,13 @@ let package = Package(
         // endpoint threads and signal handling.
         .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication"], swiftSettings: strict),
+        .target(name: "AccessoryHost", dependencies: ["USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication",
+                                                      "IAPDaemonProtocol", "SystemCalls"], swiftSettings: strict),
+        // The client protocol of iapd: messages and their framing (pure, fuzzed).
+        .target(name: "IAPDaemonProtocol", dependencies: ["IAPLink"], swiftSettings: strict),
+        // iapd's server: clients over Unix sockets, sessions handed over as sockets of their own.
+        .target(name: "IAPDaemon", dependencies: ["AccessoryHost", "AccessoryLogging", "IAPDaemonProtocol", "IAPLink", "IAPTransport", "SystemCalls"],
+                swiftSettings: strict),
         // iOS's ExternalAccessory framework on AccessoryHost: EAAccessoryManager, EAAccessory,
         // EASession with Foundation streams on run loops, the connect/disconnect notifications.
         .target(name: "ExternalAccessory", dependencies: ["AccessoryHost", "AccessoryLogging", "IAPTransport"], swiftSettings: strict),
@@ -127,6 +133,8 @@ let package = Package(
         .testTarget(name: "IAPAuthenticationTests", dependencies: ["TestSupport", "TestThreads", "IAPAuthentication", "IAPLink", "IAPWire", "IAPInspect",
                                                                    "AccessorySimulator", "AccessoryHost", "IAPTransport"],
                     exclude: ["Fixtures"], swiftSettings: strict),
+        .testTarget(name: "IAPDaemonTests", dependencies: ["IAPDaemon", "IAPDaemonProtocol", "AccessoryHost", "AccessorySimulator", "AccessoryLogging",
+                                                           "IAPTransport", "SystemCalls", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "ExternalAccessoryTests", dependencies: ["ExternalAccessory", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPTransport"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
