@@ -30,6 +30,7 @@ let package = Package(
         .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
+        .executable(name: "iapd", targets: ["iapd"]),
         .executable(name: "ea-echo", targets: ["ea-echo"]),
     ],
     targets: [
@@ -98,6 +99,13 @@ let package = Package(
             dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit",
                            "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication"],
             path: "tools/iapctl",
+            swiftSettings: strict
+        ),
+        .executableTarget(
+            name: "iapd",
+            dependencies: ["AccessoryHost", "AccessoryLogging", "AccessorySimulator", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
+                           "IAPLink", "IAPTransport", "SystemCalls", "USBHost"],
+            path: "tools/iapd",
             swiftSettings: strict
         ),
         .executableTarget(

@@ -323,7 +323,7 @@ final class DaemonClient: @unchecked Sendable {
         for (_, reply) in waiting { reply(.failure(DaemonFailure(.noSuchAccessory, "iapd went away: \(reason)")), nil) }
         let gone = connections
         connections.removeAll()
-        for (_, connection) in gone { connection.stop(reason: "iapd went away: \(reason)") }
+        for (_, connection) in gone { connection.stop(reason: stopped ? reason : "iapd went away: \(reason)") }
         guard reconnect, !stopped else { return }
         scheduleReconnect()
     }
