@@ -287,7 +287,10 @@ final class Core: @unchecked Sendable {
                     release()
                     client.reply(id, .failure(DaemonFailure(.failed, "iapd cannot make the session's socket: \(error)")))
                 case let .success((mine, theirs)):
-                    UnixSocket.setBufferSizes(mine, bytes: 256 * 1024)
+                    // 1 MiB each way and end (the kernel doubles it, within net.core.wmem_max): fewer
+                    // wake-ups per MiB; still a bound.
+                    UnixSocket.setBufferSizes(mine, bytes: 1 << 20)
+                    UnixSocket.setBufferSizes(theirs, bytes: 1 << 20)
                     let sessionID = nextSessionID
                     nextSessionID += 1
                     let logger = self.logger

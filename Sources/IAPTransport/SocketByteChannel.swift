@@ -39,7 +39,7 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
 
     /// A channel over `descriptor` (a connected stream socket; made non-blocking here), which it
     /// now owns.
-    public init(descriptor: Int32, description: String, bufferCapacity: Int = 256 * 1024) {
+    public init(descriptor: Int32, description: String, bufferCapacity: Int = 1 << 20) {
         self.descriptor = descriptor
         self.description = description
         self.bufferCapacity = max(4096, bufferCapacity)
@@ -98,11 +98,9 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
         bytes.withUnsafeBytes { send($0) }
     }
 
-    public var isWritable: Bool {
-        guard !ended else { return false }
-        var probe = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
-        return Glibc.poll(&probe, 1, 0) == 1 && probe.revents & Int16(POLLOUT) != 0
-    }
+    /// Whether a write would take bytes: true until a write found the socket full, then again
+    /// once it drained (no system call).
+    public var isWritable: Bool { !ended && !wantsWritable }
 
     /// Whether the peer closed its end (or shut down its writing), whether or not the channel
     /// has read to that point yet.
