@@ -20,6 +20,8 @@ let package = Package(
         .library(name: "AccessoryHost", targets: ["AccessoryHost"]),
         .library(name: "IAPAuthentication", targets: ["IAPAuthentication"]),
         .library(name: "ExternalAccessory", targets: ["ExternalAccessory"]),
+        .library(name: "IAPDaemon", targets: ["IAPDaemon"]),
+        .library(name: "IAPDaemonProtocol", targets: ["IAPDaemonProtocol"]),
         .library(name: "CLIKit", targets: ["CLIKit"]),
         .library(name: "AccessoryLogging", targets: ["AccessoryLogging"]),
         .library(name: "ByteRing", targets: ["ByteRing"]),
