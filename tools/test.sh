@@ -36,7 +36,10 @@ step "unit and integration tests again: Swift's cooperative pool narrowed to one
 yes > /dev/null & busy1=$!
 yes > /dev/null & busy2=$!
 trap 'kill "$busy1" "$busy2" 2>/dev/null; rm -f "$log"' EXIT
-timeout 600 tools/narrow-pool/run.sh swift test --skip-build 2>&1 | tee "$log" | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true
+# Skipped here only: iapd's 100-client test builds up 100 client managers over the seconds the
+# one-thread pool stretches it to, which the heap-leak test beside reads as growth in every
+# round (it ran in the pass above, at full width).
+timeout 600 tools/narrow-pool/run.sh swift test --skip-build --skip manyClientsAndCycles 2>&1 | tee "$log" | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true
 kill "$busy1" "$busy2"
 trap 'rm -f "$log"' EXIT
 grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1 || true

@@ -14,7 +14,7 @@ internal import SystemCalls
 /// - One session per protocol per accessory, system-wide: a second opener is refused with
 ///   the holder's pid and command line (from `SO_PEERCRED`).
 /// - A session is handed over as a socket of its own (`SCM_RIGHTS`) that carries its bytes
-///   raw, with back-pressure both ways (``SessionBridge``).
+///   raw, with back-pressure both ways (`SessionBridge`).
 /// - A client that goes away releases its sessions at once.
 /// - A request that is malformed or breaks a limit gets an error and the client is dropped;
 ///   others are not affected. Memory per client is bounded (requests, queued replies, sessions).
