@@ -421,21 +421,29 @@ final class Connection: @unchecked Sendable {
         pendingNativeOpens.insert(protocolString)
         logger.debug("opening '\(protocolString)' on its native transport")
         provider.openNativeChannel(for: protocolString, queue: queue) { [self] result in
-            pendingNativeOpens.remove(protocolString)
-            switch result {
-            case let .failure(error):
-                complete(.failure(.sessionRefused(error.description)))
-            case let .success(channel):
-                guard downReason == nil, self.accessory === accessory else {
-                    channel.close()
-                    return complete(.failure(.disconnected(downReason ?? "the accessory reconnected")))
-                }
-                let session = add(NativeSessionStream(channel: channel), protocolString: protocolString, accessory: accessory)
-                let key = session.key
-                channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(key, event) }
-                logger.info("session '\(protocolString)' open on \(channel.description)")
-                complete(.success(session))
+            channelOpened(result.mapError { .sessionRefused($0.description) }, accessory: accessory, protocolString: protocolString,
+                          complete: complete)
+        }
+    }
+
+    /// A channel for an opening session came (native transport or iapd's socket), or why not:
+    /// the session is handed out over it unless the accessory went away meanwhile. On the queue.
+    private func channelOpened(_ result: Result<any ByteChannel, AccessoryError>, accessory: Accessory, protocolString: String,
+                               complete: @escaping OpenCompletion) {
+        pendingNativeOpens.remove(protocolString)
+        switch result {
+        case let .failure(error):
+            complete(.failure(error))
+        case let .success(channel):
+            guard downReason == nil, self.accessory === accessory else {
+                channel.close()
+                return complete(.failure(.disconnected(downReason ?? "the accessory reconnected")))
             }
+            let session = add(NativeSessionStream(channel: channel), protocolString: protocolString, accessory: accessory)
+            let key = session.key
+            channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(key, event) }
+            logger.info("session '\(protocolString)' open on \(channel.description)")
+            complete(.success(session))
         }
     }
 
@@ -446,21 +454,7 @@ final class Connection: @unchecked Sendable {
         guard !inUse else { return complete(.failure(.protocolInUse(protocolString))) }
         pendingNativeOpens.insert(protocolString)
         remote.open(protocolString) { [self] result in
-            pendingNativeOpens.remove(protocolString)
-            switch result {
-            case let .failure(error):
-                complete(.failure(error))
-            case let .success(channel):
-                guard downReason == nil, self.accessory === accessory else {
-                    channel.close()
-                    return complete(.failure(.disconnected(downReason ?? "the accessory reconnected")))
-                }
-                let session = add(NativeSessionStream(channel: channel), protocolString: protocolString, accessory: accessory)
-                let key = session.key
-                channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(key, event) }
-                logger.debug("session '\(protocolString)' open through iapd")
-                complete(.success(session))
-            }
+            channelOpened(result, accessory: accessory, protocolString: protocolString, complete: complete)
         }
     }
 

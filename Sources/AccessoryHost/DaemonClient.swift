@@ -101,9 +101,7 @@ final class DaemonClient: @unchecked Sendable {
     /// Called on the queue each time the daemon's first answer (its accessories) is in.
     private let welcomed: () -> Void
     private var descriptor: Int32 = -1
-    private var readSource: (any DispatchSourceRead)?
-    private var writeSource: (any DispatchSourceWrite)?
-    private var writeSuspended = true
+    private var watch: DescriptorWatch?
     private var output: [UInt8] = []
     private var framer = MessageFramer(limit: DaemonProtocol.maximumReplyLength)
     private var scratch = [UInt8](repeating: 0, count: 64 * 1024)
@@ -129,20 +127,8 @@ final class DaemonClient: @unchecked Sendable {
         guard !stopped else { return _ = close(descriptor) }
         self.descriptor = descriptor
         retryDelay = 0.1
-        let read = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: queue)
-        let write = DispatchSource.makeWriteSource(fileDescriptor: descriptor, queue: queue)
-        read.setEventHandler { [weak self] in self?.receive() }
-        write.setEventHandler { [weak self] in self?.flushOutput() }
-        let group = DispatchGroup()
-        group.enter()
-        group.enter()
-        read.setCancelHandler { group.leave() }
-        write.setCancelHandler { group.leave() }
-        group.notify(queue: queue) { _ = close(descriptor) }
-        readSource = read
-        writeSource = write
-        writeSuspended = true
-        read.resume()
+        watch = DescriptorWatch(descriptor: descriptor, queue: queue,
+                                readable: { [weak self] in self?.receive() }, writable: { [weak self] in self?.flushOutput() })
         request(.hello(version: DaemonProtocol.version, client: UserDatabase.commandLine(of: getpid(), limit: 128))) { [weak self] reply, _ in
             self?.hello(reply)
         }
@@ -208,19 +194,13 @@ final class DaemonClient: @unchecked Sendable {
             case .success(let count):
                 output.removeFirst(count)
             case .failure(let error) where error.kind == .wouldBlock:
-                if writeSuspended, let writeSource {
-                    writeSuspended = false
-                    writeSource.resume()
-                }
+                watch?.watchWritable()
                 return
             case .failure(let error):
                 return drop(reason: "writing to iapd failed: \(error)", reconnect: true)
             }
         }
-        if !writeSuspended, let writeSource {
-            writeSuspended = true
-            writeSource.suspend()
-        }
+        watch?.stopWatchingWritable()
     }
 
     // MARK: Replies and events
@@ -304,13 +284,8 @@ final class DaemonClient: @unchecked Sendable {
     /// tries to connect again (0.1 s, doubling up to 2 s between tries).
     private func drop(reason: String, reconnect: Bool) {
         if descriptor >= 0 {
-            if let readSource { readSource.cancel() }
-            if let writeSource {
-                if writeSuspended { writeSource.resume() }
-                writeSource.cancel()
-            }
-            readSource = nil
-            writeSource = nil
+            watch?.cancel()
+            watch = nil
             descriptor = -1
             if !stopped { logger.warning("lost iapd: \(reason)") }
         }

@@ -4,6 +4,7 @@ internal import Dispatch
 internal import Glibc
 internal import IAPDaemonProtocol
 internal import IAPLink
+internal import IAPTransport
 internal import Synchronization
 internal import SystemCalls
 
@@ -343,9 +344,7 @@ final class Client: @unchecked Sendable {
     let holder: SessionHolder
     private let descriptor: Int32
     private unowned let core: Core
-    private var readSource: (any DispatchSourceRead)?
-    private var writeSource: (any DispatchSourceWrite)?
-    private var writeSuspended = true
+    private var watch: DescriptorWatch?
     /// Queued output: bytes, and the descriptor that goes with their first byte.
     private var output: [(bytes: [UInt8], descriptor: Int32?)] = []
     private var outputOffset = 0
@@ -365,21 +364,8 @@ final class Client: @unchecked Sendable {
     }
 
     func start() {
-        let queue = core.queue
-        let read = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: queue)
-        let write = DispatchSource.makeWriteSource(fileDescriptor: descriptor, queue: queue)
-        read.setEventHandler { [weak self] in self?.receive() }
-        write.setEventHandler { [weak self] in self?.flush() }
-        let descriptor = self.descriptor
-        let group = DispatchGroup()
-        group.enter()
-        group.enter()
-        read.setCancelHandler { group.leave() }
-        write.setCancelHandler { group.leave() }
-        group.notify(queue: queue) { _ = close(descriptor) }
-        readSource = read
-        writeSource = write
-        read.resume()
+        watch = DescriptorWatch(descriptor: descriptor, queue: core.queue,
+                                readable: { [weak self] in self?.receive() }, writable: { [weak self] in self?.flush() })
     }
 
     /// Tells a client it is not served, then closes its socket.
@@ -482,19 +468,13 @@ final class Client: @unchecked Sendable {
                     outputOffset = 0
                 }
             case .failure(let error) where error.kind == .wouldBlock:
-                if writeSuspended, let writeSource {
-                    writeSuspended = false
-                    writeSource.resume()
-                }
+                watch?.watchWritable()
                 return
             case .failure(let error):
                 return drop(reason: "\(error)")
             }
         }
-        if !writeSuspended, let writeSource {
-            writeSuspended = true
-            writeSource.suspend()
-        }
+        watch?.stopWatchingWritable()
     }
 
     /// Closes the client's socket and ends its sessions at once.
@@ -503,13 +483,8 @@ final class Client: @unchecked Sendable {
         dropped = true
         for pending in output { if let passed = pending.descriptor { _ = close(passed) } }
         output.removeAll()
-        if let readSource { readSource.cancel() } else { _ = close(descriptor) }
-        if let writeSource {
-            if writeSuspended { writeSource.resume() }
-            writeSource.cancel()
-        }
-        readSource = nil
-        writeSource = nil
+        if let watch { watch.cancel() } else { _ = close(descriptor) }
+        watch = nil
         for bridge in Array(bridges.values) { bridge.abort() }
         bridges.removeAll()
         core.removed(self)

@@ -28,10 +28,8 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
     private var tail = 0
     private var queue: DispatchQueue?
     private var handler: (@Sendable (ByteChannelEvent) -> Void)?
-    private var readSource: (any DispatchSourceRead)?
-    private var writeSource: (any DispatchSourceWrite)?
-    private var readSuspended = true
-    private var writeSuspended = true
+    private var watch: DescriptorWatch?
+    private var readPaused = false
     private var wantsWritable = false
     private var ended = false
     private var descriptorClosed = false
@@ -48,34 +46,15 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
     }
 
     deinit {
-        // Never activated: the descriptor is closed here. Activated and not ended: the sources
-        // are cancelled (their cancel handlers close it).
-        guard !ended else { return }
-        guard let readSource, let writeSource else { return _ = Glibc.close(descriptor) }
-        if readSuspended { readSource.resume() }
-        readSource.cancel()
-        if writeSuspended { writeSource.resume() }
-        writeSource.cancel()
+        // Never activated: the descriptor is closed here; activated, the watch closes it.
+        if watch == nil, !descriptorClosed { _ = Glibc.close(descriptor) }
     }
 
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
         self.queue = queue
         self.handler = handler
-        let read = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: queue)
-        let write = DispatchSource.makeWriteSource(fileDescriptor: descriptor, queue: queue)
-        read.setEventHandler { [weak self] in self?.fill() }
-        write.setEventHandler { [weak self] in self?.canWrite() }
-        // The descriptor is closed once both sources are done with it.
-        let descriptor = self.descriptor
-        let pending = DispatchGroup()
-        pending.enter()
-        pending.enter()
-        read.setCancelHandler { pending.leave() }
-        write.setCancelHandler { pending.leave() }
-        pending.notify(queue: queue) { _ = Glibc.close(descriptor) }
-        readSource = read
-        writeSource = write
-        resumeReading()
+        watch = DescriptorWatch(descriptor: descriptor, queue: queue,
+                                readable: { [weak self] in self?.fill() }, writable: { [weak self] in self?.canWrite() })
     }
 
     public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
@@ -143,17 +122,11 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
 
     private func waitForWritable() {
         wantsWritable = true
-        if writeSuspended, let writeSource {
-            writeSuspended = false
-            writeSource.resume()
-        }
+        watch?.watchWritable()
     }
 
     private func canWrite() {
-        if !writeSuspended {
-            writeSuspended = true
-            writeSource?.suspend()
-        }
+        watch?.stopWatchingWritable()
         guard wantsWritable, !ended else { return }
         wantsWritable = false
         handler?(.writable)
@@ -195,19 +168,15 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
             head = 0
             tail = 0
         }
-        if readSuspended, !ended, tail < bufferCapacity { resumeReading() }
+        if readPaused, !ended, tail < bufferCapacity {
+            readPaused = false
+            watch?.resumeReading()
+        }
     }
 
     private func pauseReading() {
-        guard !readSuspended else { return }
-        readSuspended = true
-        readSource?.suspend()
-    }
-
-    private func resumeReading() {
-        guard readSuspended, let readSource else { return }
-        readSuspended = false
-        readSource.resume()
+        readPaused = true
+        watch?.pauseReading()
     }
 
     private func fail(_ error: SystemError) {
@@ -220,18 +189,7 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
     private func finish(_ error: TransportError?) {
         guard !ended else { return }
         ended = true
-        if let readSource {
-            if readSuspended { readSource.resume() }
-            readSource.cancel()
-        } else if !descriptorClosed {
-            _ = Glibc.close(descriptor)
-        }
-        if let writeSource {
-            if writeSuspended { writeSource.resume() }
-            writeSource.cancel()
-        }
-        readSuspended = false
-        writeSuspended = false
+        if let watch { watch.cancel() } else if !descriptorClosed { _ = Glibc.close(descriptor) }
         descriptorClosed = true
         let handler = self.handler
         self.handler = nil
