@@ -3,6 +3,7 @@ public import Dispatch
 public import IAPAuthentication
 public import IAPLink
 public import IAPTransport
+internal import ProjectVersion
 internal import Synchronization
 public import USBHost
 internal import USBTransport
@@ -103,6 +104,10 @@ public final class AccessoryManager: Sendable {
         self.taskExecutor = QueueTaskExecutor(queue: queue)
         QueueMark.mark(queue)
     }
+
+    /// The version of AccessoryHost this program runs on (`0.2.0`), the same that `iapctl
+    /// --version` prints.
+    public static var version: String { AccessoryHostVersion.string }
 
     /// The accessories connected now.
     public var connectedAccessories: [Accessory] { state.withLock { $0.accessories } }
