@@ -13,7 +13,7 @@ extension CommandSpec {
         out.section("NAME")
         out.text("\(name) \\- \(ManPageWriter.escaped(abstract))", raw: true)
         out.section("SYNOPSIS")
-        out.synopsis(HelpRenderer.usage(for: [self], width: 1_000))
+        out.synopsis(HelpRenderer.usage(for: [self]))
         if !discussion.isEmpty {
             out.section("DESCRIPTION")
             out.paragraphs(discussion)
@@ -34,7 +34,7 @@ extension CommandSpec {
                 out.subsection(chain.map(\.name).joined(separator: " "))
                 if !command.abstract.isEmpty { out.paragraphs(command.abstract) }
                 if !command.discussion.isEmpty { out.paragraphs(command.discussion) }
-                out.synopsis(HelpRenderer.usage(for: chain, width: 1_000))
+                out.synopsis(HelpRenderer.usage(for: chain))
                 for positional in command.positionals where !positional.help.isEmpty {
                     out.item("\\fI<\(ManPageWriter.escaped(positional.name))>\\fR", positional.help)
                 }
