@@ -9,6 +9,7 @@
 #                 DIR/share/fish/vendor_completions.d
 #   --uninstall   remove what an install with the same prefix (and DESTDIR) put there
 #   --no-build    install what .build/release holds (built before)
+#   --bin DIR     with --no-build: take the executables from DIR instead of .build/release
 #   --no-udev     leave the udev rules out (they go to /etc/udev/rules.d, outside the prefix)
 #   --plugdev     also install the plugdev rule (machines without a seat: servers, SSH)
 # DESTDIR (environment) is prepended to every path, for packaging: DESTDIR=/tmp/stage.
@@ -24,6 +25,7 @@ UDEV_OPTIONAL=(71-mfi-accessory-plugdev.rules)   # only with --plugdev
 SYSTEMD_DIR=systemd             # *.service, *.socket → /etc/systemd/system (the daemon, issue 18)
 
 prefix=/usr/local
+bin=.build/release
 uninstall=0
 build=1
 udev=1
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
         --no-build) build=0; shift ;;
         --no-udev) udev=0; shift ;;
         --plugdev) plugdev=1; shift ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --bin) [ $# -ge 2 ] || { echo "install: --bin needs a directory" >&2; exit 64; }; bin=$2; shift 2 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "install: unknown argument '$1'; see tools/install.sh --help" >&2; exit 64 ;;
     esac
 done
@@ -92,7 +95,6 @@ if [ "$build" -eq 1 ]; then
         exit 1
     fi
 fi
-bin=.build/release
 installed=0
 for name in "${EXECUTABLES[@]}"; do
     if [ ! -x "$bin/$name" ]; then

@@ -387,6 +387,7 @@ enum SendCommand {
             if stop.withLock({ reason in defer { reason = reason ?? .stalled }; return reason == nil }) { stream.close() }
         }
         defer { watchdog.cancel() }
+        session.logger.info("sending \(path) on \(protocolString) to \(accessory.name)")
 
         var sent = 0
         var buffer = [UInt8](repeating: 0, count: chunkSize)
