@@ -20,6 +20,8 @@ let package = Package(
         .library(name: "AccessoryHost", targets: ["AccessoryHost"]),
         .library(name: "IAPAuthentication", targets: ["IAPAuthentication"]),
         .library(name: "ExternalAccessory", targets: ["ExternalAccessory"]),
+        .library(name: "IAPDaemon", targets: ["IAPDaemon"]),
+        .library(name: "IAPDaemonProtocol", targets: ["IAPDaemonProtocol"]),
         .library(name: "CLIKit", targets: ["CLIKit"]),
         .library(name: "AccessoryLogging", targets: ["AccessoryLogging"]),
         .library(name: "ByteRing", targets: ["ByteRing"]),
@@ -30,6 +32,7 @@ let package = Package(
         .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
+        .executable(name: "iapd", targets: ["iapd"]),
         .executable(name: "ea-echo", targets: ["ea-echo"]),
     ],
     targets: [
@@ -75,7 +78,13 @@ let package = Package(
         // endpoint threads and signal handling.
         .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication"], swiftSettings: strict),
+        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication",
+                                                      "IAPDaemonProtocol", "SystemCalls"], swiftSettings: strict),
+        // The client protocol of iapd: messages and their framing (pure, fuzzed).
+        .target(name: "IAPDaemonProtocol", dependencies: ["IAPLink"], swiftSettings: strict),
+        // iapd's server: clients over Unix sockets, sessions handed over as sockets of their own.
+        .target(name: "IAPDaemon", dependencies: ["AccessoryHost", "AccessoryLogging", "IAPDaemonProtocol", "IAPLink", "IAPTransport", "SystemCalls"],
+                swiftSettings: strict),
         // iOS's ExternalAccessory framework on AccessoryHost: EAAccessoryManager, EAAccessory,
         // EASession with Foundation streams on run loops, the connect/disconnect notifications.
         .target(name: "ExternalAccessory", dependencies: ["AccessoryHost", "AccessoryLogging", "IAPTransport"], swiftSettings: strict),
@@ -97,8 +106,15 @@ let package = Package(
             swiftSettings: strict
         ),
         .executableTarget(
+            name: "iapd",
+            dependencies: ["AccessoryHost", "AccessoryLogging", "AccessorySimulator", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
+                           "IAPLink", "IAPTransport", "SystemCalls", "USBHost", "ProjectVersion"],
+            path: "tools/iapd",
+            swiftSettings: strict
+        ),
+        .executableTarget(
             name: "iapbench",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit", "ProjectVersion"],
+            dependencies: ["IAPDaemon", "SystemCalls", "AccessoryLogging", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit", "ProjectVersion"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),
@@ -129,6 +145,8 @@ let package = Package(
         .testTarget(name: "IAPAuthenticationTests", dependencies: ["TestSupport", "TestThreads", "IAPAuthentication", "IAPLink", "IAPWire", "IAPInspect",
                                                                    "AccessorySimulator", "AccessoryHost", "IAPTransport"],
                     exclude: ["Fixtures"], swiftSettings: strict),
+        .testTarget(name: "IAPDaemonTests", dependencies: ["IAPDaemon", "IAPDaemonProtocol", "AccessoryHost", "AccessorySimulator", "AccessoryLogging",
+                                                           "IAPTransport", "SystemCalls", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "ExternalAccessoryTests", dependencies: ["ExternalAccessory", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPTransport"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).

@@ -22,7 +22,12 @@ EXECUTABLES=(iapctl iapbench iapd)
 # Files shipped beside them when they exist in the checkout.
 UDEV_RULES_DIR=rules.d          # *.rules → /etc/udev/rules.d, but for the optional ones:
 UDEV_OPTIONAL=(71-mfi-accessory-plugdev.rules)   # only with --plugdev
-SYSTEMD_DIR=systemd             # *.service, *.socket → /etc/systemd/system (the daemon, issue 18)
+UDEV_WITH_IAPD=(72-mfi-accessory-iapd.rules)     # only when iapd is installed
+# The daemon's files (docs/DAEMON.md), when iapd is installed: *.service and *.socket →
+# /etc/systemd/system (@BINDIR@ → PREFIX/bin), NAME.sysusers → /usr/lib/sysusers.d/NAME.conf,
+# NAME.tmpfiles → /usr/lib/tmpfiles.d/NAME.conf, NAME.conf.example → /etc/NAME.conf (never over
+# one that is there).
+SYSTEMD_DIR=tools/systemd
 
 prefix=/usr/local
 bin=.build/release
@@ -52,6 +57,24 @@ zshdir=$root$prefix/share/zsh/site-functions
 fishdir=$root$prefix/share/fish/vendor_completions.d
 udevdir=$root/etc/udev/rules.d
 systemddir=$root/etc/systemd/system
+sysusersdir=$root/usr/lib/sysusers.d
+tmpfilesdir=$root/usr/lib/tmpfiles.d
+etcdir=$root/etc
+
+# The daemon's files: one "source target" per line.
+daemon_files() {
+    [ -d "$SYSTEMD_DIR" ] || return 0
+    local file base
+    for file in "$SYSTEMD_DIR"/*; do
+        base=$(basename "$file")
+        case "$base" in
+            *.service|*.socket) echo "$file $systemddir/$base" ;;
+            *.sysusers) echo "$file $sysusersdir/${base%.sysusers}.conf" ;;
+            *.tmpfiles) echo "$file $tmpfilesdir/${base%.tmpfiles}.conf" ;;
+            *.conf.example) echo "$file $etcdir/${base%.example}" ;;
+        esac
+    done
+}
 
 # The files each executable gets, relative to the directories above.
 files_of() { # files_of NAME: one "directory file" per line
@@ -74,13 +97,13 @@ if [ "$uninstall" -eq 1 ]; then
             if [ -e "$target" ]; then rm -f "$target"; echo "removed $target"; fi
         done
     fi
-    if [ -d "$SYSTEMD_DIR" ]; then
-        for unit in "$SYSTEMD_DIR"/*.service "$SYSTEMD_DIR"/*.socket; do
-            [ -e "$unit" ] || continue
-            target=$systemddir/$(basename "$unit")
-            if [ -e "$target" ]; then rm -f "$target"; echo "removed $target"; fi
-        done
-    fi
+    while read -r source target; do
+        [ -e "$target" ] || continue
+        # A configuration someone changed stays.
+        if [[ $source == *.conf.example ]] && ! cmp -s "$source" "$target"; then echo "kept $target (changed)"; continue; fi
+        rm -f "$target"
+        echo "removed $target"
+    done < <(daemon_files)
     exit 0
 fi
 
@@ -113,24 +136,35 @@ for name in "${EXECUTABLES[@]}"; do
     installed=$((installed + 1))
 done
 [ "$installed" -gt 0 ] || { echo "install: nothing was built in $bin; run without --no-build" >&2; exit 1; }
+with_iapd=0
+[ -x "$bindir/iapd" ] && [ -x "$bin/iapd" ] && with_iapd=1
 if [ "$udev" -eq 1 ] && [ -d "$UDEV_RULES_DIR" ]; then
     install -d "$udevdir"
     for rule in "$UDEV_RULES_DIR"/*.rules; do
-        if [ "$plugdev" -eq 0 ] && [[ " ${UDEV_OPTIONAL[*]} " == *" $(basename "$rule") "* ]]; then continue; fi
+        name=$(basename "$rule")
+        if [ "$plugdev" -eq 0 ] && [[ " ${UDEV_OPTIONAL[*]} " == *" $name "* ]]; then continue; fi
+        if [ "$with_iapd" -eq 0 ] && [[ " ${UDEV_WITH_IAPD[*]} " == *" $name "* ]]; then continue; fi
         install -m 644 "$rule" "$udevdir/"
-        echo "installed $udevdir/$(basename "$rule")"
+        echo "installed $udevdir/$name"
     done
     if [ -z "$root" ] && command -v udevadm > /dev/null && [ -d /run/udev ]; then
         udevadm control --reload-rules && udevadm trigger --subsystem-match=usb || true
     fi
 fi
-if [ -d "$SYSTEMD_DIR" ]; then
-    install -d "$systemddir"
-    for unit in "$SYSTEMD_DIR"/*.service "$SYSTEMD_DIR"/*.socket; do
-        [ -e "$unit" ] || continue
-        install -m 644 "$unit" "$systemddir/"
-        echo "installed $systemddir/$(basename "$unit")"
-    done
+if [ "$with_iapd" -eq 1 ]; then
+    while read -r source target; do
+        install -d "$(dirname "$target")"
+        if [[ $source == *.conf.example ]] && [ -e "$target" ]; then echo "kept $target (already there)"; continue; fi
+        sed "s|@BINDIR@|$prefix/bin|g" "$source" > "$target"
+        chmod 644 "$target"
+        echo "installed $target"
+    done < <(daemon_files)
+    if [ -z "$root" ] && [ -d /run/systemd/system ]; then
+        systemctl daemon-reload || true
+        systemd-sysusers || true
+        systemd-tmpfiles --create iapd.conf 2> /dev/null || true
+        echo "install: start iapd with: sudo systemctl enable --now iapd.socket (docs/DAEMON.md)"
+    fi
 fi
 case ":$PATH:" in
     *":$prefix/bin:"*) ;;

@@ -3,6 +3,8 @@ public import Dispatch
 public import IAPAuthentication
 public import IAPLink
 public import IAPTransport
+internal import Glibc
+internal import IAPDaemonProtocol
 internal import ProjectVersion
 internal import Synchronization
 public import USBHost
@@ -54,6 +56,13 @@ public final class AccessoryManager: Sendable {
         /// Wraps every transport the manager runs, USB ones included (e.g. a `TracingTransport`
         /// for `--trace`); nil runs them as they are.
         public var transportTap: (@Sendable (any Transport) -> any Transport)?
+        /// Whether ``AccessoryManager/startUSB(options:)`` goes through the accessory daemon
+        /// (`iapd`) when its socket exists: `.automatic` by default, `.never` to open devices
+        /// in this process (what the daemon itself does; `iapctl --direct`).
+        public var daemon: DaemonUse = .automatic
+        /// Where the daemon listens: `IAPD_SOCKET` from the environment, else
+        /// `/run/iapd/iapd.sock`.
+        public var daemonSocketPath: String = AccessoryManager.defaultDaemonSocketPath
 
         /// A configuration; every parameter has the default an application usually wants.
         public init(supportedProtocols: [String] = [], link: LinkConfiguration = .device, answerTimeout: Duration = .seconds(10),
@@ -68,6 +77,22 @@ public final class AccessoryManager: Sendable {
         }
     }
 
+    /// Whether a manager uses the accessory daemon.
+    public enum DaemonUse: Sendable, Hashable {
+        /// Through the daemon when its socket exists, else directly.
+        case automatic
+        /// Always directly (the devices are opened in this process).
+        case never
+    }
+
+    /// `IAPD_SOCKET` from the environment, else `/run/iapd/iapd.sock`.
+    public static var defaultDaemonSocketPath: String {
+        if let value = getenv(DaemonProtocol.socketEnvironmentVariable), let path = String(validatingCString: value), !path.isEmpty {
+            return path
+        }
+        return DaemonProtocol.defaultSocketPath
+    }
+
     private struct State {
         var nextConnectionID = 1
         var nextAccessoryID = 1
@@ -80,6 +105,13 @@ public final class AccessoryManager: Sendable {
         var usb: USBContext?
         /// USB accessories being opened (not yet attached): the manager is not settled.
         var usbOpening = 0
+        /// The connection to the daemon, when accessories come through it.
+        var daemon: DaemonClient?
+        /// Connected to the daemon, its list not in yet: the manager is not settled.
+        var daemonPending = false
+        /// Waits for the manager to settle, called on the queue when the daemon's list is in
+        /// (which need not announce anything).
+        var settleWatchers: [Int: @Sendable () -> Void] = [:]
     }
 
     /// How the manager was made to behave (fixed for its life).
@@ -214,8 +246,85 @@ public final class AccessoryManager: Sendable {
     ///
     /// - Throws: `USBError` of kind `.unavailable` when the machine has no USB (no
     ///   usbfs); other transports keep working.
+    ///
+    /// With ``Configuration/daemon`` `.automatic` (the default) and the daemon's socket present,
+    /// the accessories come through the daemon instead (``connectToDaemon(socketPath:)``): the
+    /// same ``Accessory`` and ``AccessorySession`` API, shared with other processes. When the
+    /// daemon cannot be reached, that is logged and devices are opened here.
     public func startUSB(options: USBOptions = USBOptions()) throws(USBError) {
+        if configuration.daemon == .automatic, access(configuration.daemonSocketPath, F_OK) == 0 {
+            do {
+                try connectToDaemon()
+                return
+            } catch {
+                configuration.logger.warning("\(error); opening USB devices directly")
+            }
+        }
         startUSB(context: try USBContext(queue: queue, function: .iAP2, options: options))
+    }
+
+    /// Takes accessories from the accessory daemon (`iapd`) listening at `socketPath` (by
+    /// default ``Configuration/daemonSocketPath``) instead of opening devices: every accessory
+    /// the daemon owns (USB and serial) is announced like a local one, and sessions are opened
+    /// through it, one per protocol per accessory system-wide. When the daemon restarts, its
+    /// accessories disconnect and come back once it is up again (the manager reconnects).
+    ///
+    /// - Throws: ``DaemonConnectionError`` when the daemon cannot be reached now (not running,
+    ///   not allowed: the message names the group to join).
+    public func connectToDaemon(socketPath: String? = nil) throws(DaemonConnectionError) {
+        let path = socketPath ?? configuration.daemonSocketPath
+        let descriptor = try DaemonConnectionError.connect(path: path)
+        let client = DaemonClient(path: path, queue: queue, logger: configuration.logger,
+                                  attach: { [weak self] record, remote in self?.attachRemote(record, remote) },
+                                  welcomed: { [weak self] in
+                                      let watchers = self?.state.withLock { state -> [@Sendable () -> Void] in
+                                          state.daemonPending = false
+                                          return Array(state.settleWatchers.values)
+                                      } ?? []
+                                      for watcher in watchers { watcher() }
+                                  })
+        let stopped = state.withLock { state -> Bool in
+            guard !state.stopped else { return true }
+            state.daemon = client
+            state.daemonPending = true
+            return false
+        }
+        guard !stopped else { return _ = close(descriptor) }
+        queue.async { client.start(descriptor: descriptor) }
+    }
+
+    /// The daemon's socket when accessories come through the daemon; nil when this process
+    /// opens them itself.
+    public var daemonSocketInUse: String? { state.withLock { $0.daemon?.path } }
+
+    /// Announces an accessory the daemon owns. On the queue.
+    private func attachRemote(_ record: AccessoryRecord, _ remote: RemoteAccessory) -> Connection? {
+        dispatchPrecondition(condition: .onQueue(queue))
+        let transport = DaemonAccessoryTransport(record: record)
+        let (id, stopped) = state.withLock { state -> (Int, Bool) in
+            defer { state.nextConnectionID += 1 }
+            return (state.nextConnectionID, state.stopped)
+        }
+        guard !stopped else { return nil }
+        let endpoint = IAPEndpoint(device: configuration.link, policy: AcceptingAuthentication(), sessionBufferLimit: configuration.sessionBufferLimit,
+                                   initialSequence: 0, randomSeed: 0)
+        let connection = Connection(
+            connectionID: id,
+            makeConnectionID: { [weak self] in
+                self?.state.withLock { state -> Int in
+                    defer { state.nextAccessoryID += 1 }
+                    return state.nextAccessoryID
+                } ?? Int.max
+            },
+            transport: transport, queue: queue, supportedProtocols: Set(configuration.supportedProtocols),
+            logger: configuration.logger, endpoint: endpoint,
+            onConnected: { [weak self] accessory in self?.connected(accessory) },
+            onDisconnected: { [weak self] accessory, reason in self?.disconnected(accessory, reason: reason) },
+            onClosed: { [weak self] _, _ in _ = self?.state.withLock { $0.connections.removeValue(forKey: id) } },
+            remote: remote)
+        state.withLock { $0.connections[id] = connection }
+        connection.start()
+        return connection
     }
 
     /// Starts USB discovery on `context`, which must run on ``queue``.
@@ -278,12 +387,13 @@ public final class AccessoryManager: Sendable {
     /// freed (at most 5 s; called on ``queue`` itself, from a task on ``taskExecutor``, it
     /// cannot wait for that and returns at once).
     public func stop() {
-        let (connections, usb) = state.withLock { state -> ([Connection], USBContext?) in
+        let (connections, usb, daemon) = state.withLock { state -> ([Connection], USBContext?, DaemonClient?) in
             state.stopped = true
-            return (Array(state.connections.values), state.usb)
+            return (Array(state.connections.values), state.usb, state.daemon)
         }
         let onQueue = QueueMark.isCurrent(queue)
         QueueMark.run(on: queue) {
+            daemon?.stop()
             for connection in connections { connection.stop(reason: "the manager stopped") }
             usb?.shutdown()
         }
@@ -347,10 +457,20 @@ public final class AccessoryManager: Sendable {
             let subscription = onEvent(queue: queue) { [weak self] _ in
                 if self?.isSettled ?? true { finish(true) }
             }
+            let key = state.withLock { state -> Int in
+                state.nextSubscriber += 1
+                state.settleWatchers[state.nextSubscriber] = { [weak self] in
+                    if self?.isSettled ?? true { finish(true) }
+                }
+                return state.nextSubscriber
+            }
             queue.async { [weak self] in
                 if self?.isSettled ?? true { finish(true) }
             }
-            return subscription
+            return EventSubscription { [weak self] in
+                subscription.cancel()
+                _ = self?.state.withLock { $0.settleWatchers.removeValue(forKey: key) }
+            }
         }
     }
 
@@ -392,8 +512,8 @@ public final class AccessoryManager: Sendable {
 
     /// On the queue: no connection is still working towards an identified accessory.
     private var isSettled: Bool {
-        let (connections, opening) = state.withLock { ($0.connections.values.map { $0 }, $0.usbOpening) }
-        return opening == 0 && connections.allSatisfy { !$0.isPending }
+        let (connections, opening, daemonPending) = state.withLock { ($0.connections.values.map { $0 }, $0.usbOpening, $0.daemonPending) }
+        return opening == 0 && !daemonPending && connections.allSatisfy { !$0.isPending }
     }
 
     private func connected(_ accessory: Accessory) {

@@ -78,6 +78,9 @@ final class Connection: @unchecked Sendable {
     private let onDisconnected: (Accessory, String) -> Void
     private let onClosed: (_ everIdentified: Bool, String) -> Void
     private var everIdentified = false
+    /// Set for an accessory another process owns (`iapd`): no link runs here, every session is
+    /// a socket the daemon hands over.
+    private let remote: RemoteAccessory?
 
     private(set) var accessory: Accessory?
     /// The sessions handed out, by their key (``AccessorySession/key``).
@@ -101,7 +104,9 @@ final class Connection: @unchecked Sendable {
 
     init(connectionID: Int, makeConnectionID: @escaping () -> Int, transport: any Transport, queue: DispatchQueue,
          supportedProtocols: Set<String>, logger: Logger, endpoint: IAPEndpoint, onConnected: @escaping (Accessory) -> Void,
-         onDisconnected: @escaping (Accessory, String) -> Void, onClosed: @escaping (_ everIdentified: Bool, String) -> Void) {
+         onDisconnected: @escaping (Accessory, String) -> Void, onClosed: @escaping (_ everIdentified: Bool, String) -> Void,
+         remote: RemoteAccessory? = nil) {
+        self.remote = remote
         self.connectionID = connectionID
         self.makeConnectionID = makeConnectionID
         self.transport = transport
@@ -122,8 +127,17 @@ final class Connection: @unchecked Sendable {
         try QueueMark.run(on: queue, body)
     }
 
-    /// Starts the link. On the queue.
+    /// Starts the link (for a remote accessory: announces it). On the queue.
     func start() {
+        if let remote {
+            let accessory = Accessory(connectionID: makeConnectionID(), identity: remote.identity, transport: transport,
+                                      supportsConfiguredProtocols: supportedProtocols.isEmpty
+                                          || remote.identity.protocols.contains { supportedProtocols.contains($0.name) },
+                                      connection: self)
+            self.accessory = accessory
+            everIdentified = true
+            return onConnected(accessory)
+        }
         driver.start(update: { [unowned self] machine, now in self.update(&machine, now: now) },
                      closed: { [weak self] error in self?.transportClosed(error) })
     }
@@ -226,7 +240,7 @@ final class Connection: @unchecked Sendable {
         let key = nextKey
         nextKey += 1
         let session = AccessorySession(protocolString: protocolString, accessory: accessory, key: key,
-                                       usesNativeTransport: stream.isNative, connection: self)
+                                       usesNativeTransport: stream.isNative && remote == nil, connection: self)
         sessions[key] = SessionState(protocolString: protocolString, stream: stream)
         sessionKeys.append(key)
         return session
@@ -372,6 +386,9 @@ final class Connection: @unchecked Sendable {
             guard self.downReason == nil, self.accessory === accessory else {
                 return complete(.failure(.disconnected(self.downReason ?? "the accessory reconnected")))
             }
+            if let remote = self.remote {
+                return self.openRemote(remote, accessory: accessory, protocolString: protocolString, complete: complete)
+            }
             if let declared = accessory.identity.protocols.first(where: { $0.name == protocolString }),
                declared.nativeTransportComponentIdentifier != nil {
                 return self.openNative(accessory: accessory, protocolString: protocolString, complete: complete)
@@ -417,6 +434,31 @@ final class Connection: @unchecked Sendable {
                 let key = session.key
                 channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(key, event) }
                 logger.info("session '\(protocolString)' open on \(channel.description)")
+                complete(.success(session))
+            }
+        }
+    }
+
+    /// Opens a session on an accessory the daemon owns: the daemon checks and opens it, and
+    /// hands over a socket carrying its bytes, served like a native channel.
+    private func openRemote(_ remote: RemoteAccessory, accessory: Accessory, protocolString: String, complete: @escaping OpenCompletion) {
+        let inUse = pendingNativeOpens.contains(protocolString) || sessions.values.contains { $0.protocolString == protocolString }
+        guard !inUse else { return complete(.failure(.protocolInUse(protocolString))) }
+        pendingNativeOpens.insert(protocolString)
+        remote.open(protocolString) { [self] result in
+            pendingNativeOpens.remove(protocolString)
+            switch result {
+            case let .failure(error):
+                complete(.failure(error))
+            case let .success(channel):
+                guard downReason == nil, self.accessory === accessory else {
+                    channel.close()
+                    return complete(.failure(.disconnected(downReason ?? "the accessory reconnected")))
+                }
+                let session = add(NativeSessionStream(channel: channel), protocolString: protocolString, accessory: accessory)
+                let key = session.key
+                channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(key, event) }
+                logger.debug("session '\(protocolString)' open through iapd")
                 complete(.success(session))
             }
         }
@@ -568,6 +610,18 @@ final class Connection: @unchecked Sendable {
         guard state.writers.isEmpty else { return 0 } // earlier writes go first
         return withSession(session.key) { machine, now in
             let taken = state.stream.write(&machine, bytes[...], now: now)
+            sessions[session.key]?.written += taken
+            return taken
+        }
+    }
+
+    func writeNow(_ session: AccessorySession, span bytes: RawSpan) throws -> Int {
+        guard let state = sessions[session.key], !state.isEnded else {
+            throw sessions[session.key]?.ended ?? AccessoryError.sessionClosed
+        }
+        guard state.writers.isEmpty else { return 0 } // earlier writes go first
+        return withSession(session.key) { machine, now in
+            let taken = state.stream.write(&machine, span: bytes, now: now)
             sessions[session.key]?.written += taken
             return taken
         }

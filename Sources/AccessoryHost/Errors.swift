@@ -4,6 +4,9 @@ public enum AccessoryError: Error, Hashable, Sendable, CustomStringConvertible {
     case unsupportedProtocol(String, available: [String])
     /// A session for the protocol is already open on this accessory.
     case protocolInUse(String)
+    /// A session for the protocol is open on this accessory in another process (through
+    /// `iapd`); `holder` names it (pid and command line).
+    case protocolHeldElsewhere(String, holder: String)
     /// The accessory is gone (unplugged, link failed); the reason says which.
     case disconnected(String)
     /// The session was closed (by this side or by the accessory).
@@ -22,6 +25,8 @@ public enum AccessoryError: Error, Hashable, Sendable, CustomStringConvertible {
             return "the accessory does not declare '\(name)'; it declares: " + (available.isEmpty ? "no protocols" : available.joined(separator: ", "))
         case let .protocolInUse(name):
             return "a session for '\(name)' is already open on this accessory (one per protocol); close it first"
+        case let .protocolHeldElsewhere(name, holder):
+            return "a session for '\(name)' is already open on this accessory in \(holder) (one per protocol, system-wide); close it there first"
         case let .disconnected(reason):
             return "the accessory disconnected: \(reason)"
         case .sessionClosed:

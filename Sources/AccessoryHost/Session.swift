@@ -87,6 +87,13 @@ public final class AccessorySession: Sendable {
         return try connection.onQueue { try connection.writeNow(self, array) }
     }
 
+    /// Writes what fits now of `bytes`, from where they lie (no copy before the link's own
+    /// into its packet); returns how many were taken (0 when full). What a relay (the daemon
+    /// forwarding a client's socket) uses.
+    public func writeAvailable(span bytes: RawSpan) throws -> Int {
+        try connection.onQueue { try connection.writeNow(self, span: bytes) }
+    }
+
     /// Lends the next received bytes in place, without copying them, and returns what `body`
     /// returns; nil when nothing is readable now. `body` gets a view of the bytes (valid only
     /// inside it) and says how many it consumed; the rest stays readable.

@@ -20,6 +20,8 @@ protocol SessionStream {
     func borrow<Result>(_ machine: inout IAPEndpoint, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result?
     /// Takes what fits of `bytes` now; returns how many.
     func write(_ machine: inout IAPEndpoint, _ bytes: ArraySlice<UInt8>, now: LinkTime) -> Int
+    /// Takes what fits of `bytes` (lent, not kept) now; returns how many.
+    func write(_ machine: inout IAPEndpoint, span bytes: RawSpan, now: LinkTime) -> Int
     /// Bytes written and not yet handed to the wire.
     func unsent(_ machine: inout IAPEndpoint) -> Int
     /// Whether a write would take bytes now.
@@ -45,6 +47,9 @@ struct LinkSessionStream: SessionStream {
     }
     func write(_ machine: inout IAPEndpoint, _ bytes: ArraySlice<UInt8>, now: LinkTime) -> Int {
         (try? machine.write(id, span: bytes.span.bytes, now: now)) ?? 0
+    }
+    func write(_ machine: inout IAPEndpoint, span bytes: RawSpan, now: LinkTime) -> Int {
+        (try? machine.write(id, span: bytes, now: now)) ?? 0
     }
     func unsent(_ machine: inout IAPEndpoint) -> Int { machine.bytesPending(id) }
     func hasSpace(_ machine: inout IAPEndpoint) -> Bool { machine.spaceAvailable(id) > 0 }
@@ -82,6 +87,10 @@ struct NativeSessionStream: SessionStream {
         try channel.withReadableBytes(body)
     }
     func write(_ machine: inout IAPEndpoint, _ bytes: ArraySlice<UInt8>, now: LinkTime) -> Int { channel.write(bytes) }
+    func write(_ machine: inout IAPEndpoint, span bytes: RawSpan, now: LinkTime) -> Int {
+        if let socket = channel as? SocketByteChannel { return socket.write(span: bytes) }
+        return channel.write(bytes.withUnsafeBytes { Array($0) }[...])
+    }
     func unsent(_ machine: inout IAPEndpoint) -> Int { channel.unsentByteCount }
     func hasSpace(_ machine: inout IAPEndpoint) -> Bool { channel.isWritable }
     func acknowledged(_ machine: inout IAPEndpoint) -> Int { channel.bytesDelivered }

@@ -148,3 +148,43 @@ public enum WallClock {
         return (value < 0 ? "-" : "") + zeros + digits
     }
 }
+
+/// Writes each record as one line for the systemd journal: the priority as a `<N>` prefix
+/// (sd-daemon(3): 7 debug … 2 critical), no timestamp (the journal adds its own), the message
+/// escaped for a terminal, metadata as `key=value`. What a service logs on standard error when
+/// it is not a terminal.
+public struct JournalLogHandler: LogHandler {
+    /// The descriptor the lines are written to.
+    public let fileDescriptor: Int32
+
+    /// Makes a handler writing to `fileDescriptor` (2, standard error, unless told otherwise).
+    public init(fileDescriptor: Int32 = 2) {
+        self.fileDescriptor = fileDescriptor
+    }
+
+    /// Writes the record's line; a failed write is ignored (there is nowhere to report it).
+    public func log(_ record: LogRecord) {
+        _ = FileDescriptorWriter.writeAll(Self.line(for: record), to: fileDescriptor)
+    }
+
+    /// The line written for `record`, newline included, e.g. `<4>iapd: message key=value`.
+    public static func line(for record: LogRecord) -> String {
+        var text = "<\(priority(record.level))>\(record.label): \(record.message.escapedForTerminal)"
+        for key in record.metadata.keys.sorted() {
+            text += " \(key)=\(StderrLogHandler.quoted(record.metadata[key] ?? ""))"
+        }
+        return text + "\n"
+    }
+
+    /// The syslog priority of a level.
+    static func priority(_ level: LogLevel) -> Int {
+        switch level {
+        case .trace, .debug: return 7
+        case .info: return 6
+        case .notice: return 5
+        case .warning: return 4
+        case .error: return 3
+        case .critical: return 2
+        }
+    }
+}

@@ -4,7 +4,7 @@
 
 /// How an accessory's coprocessor answers a challenge: which key it holds and how the challenge
 /// becomes the signed digest.
-public enum AuthenticationScheme: String, Hashable, Sendable, CustomStringConvertible {
+public enum AuthenticationScheme: String, Hashable, Sendable, Codable, CustomStringConvertible {
     /// Coprocessor 2.0: an RSA key (1024-bit on real parts); the 20-byte challenge is the SHA-1
     /// digest of a PKCS#1 v1.5 signature (confirmed on a real capture, PROTOCOL.md §1.8).
     case rsaPKCS1SHA1 = "rsa-pkcs1-sha1"
@@ -30,7 +30,7 @@ public enum AuthenticationScheme: String, Hashable, Sendable, CustomStringConver
 }
 
 /// Why an accessory's authentication did not verify.
-public enum AuthenticationFailure: Error, Hashable, Sendable, CustomStringConvertible {
+public enum AuthenticationFailure: Error, Hashable, Sendable, Codable, CustomStringConvertible {
     /// The certificate could not be read (not DER, truncated, lying lengths, no certificate in
     /// the PKCS#7, too long…); the text says what was wrong.
     case malformedCertificate(String)
@@ -77,7 +77,7 @@ public enum AuthenticationFailure: Error, Hashable, Sendable, CustomStringConver
 }
 
 /// Whether a certificate's validity period holds at the time it was checked.
-public enum CertificateValidity: String, Hashable, Sendable {
+public enum CertificateValidity: String, Hashable, Sendable, Codable {
     /// Within its period.
     case current
     /// Past its notAfter date (common: real accessories outlive their certificates).
@@ -88,7 +88,7 @@ public enum CertificateValidity: String, Hashable, Sendable {
 
 /// What a certificate says, as a person reads it. Strings come from the accessory: escape them
 /// before showing them on a terminal.
-public struct CertificateSummary: Hashable, Sendable {
+public struct CertificateSummary: Hashable, Sendable, Codable {
     /// The subject's distinguished name, e.g. `C=US, O=Apple Inc., OU=Apple iPod Accessories, CN=IPA_…`.
     public var subject: String
     /// The issuer's distinguished name.
@@ -125,9 +125,9 @@ public struct CertificateSummary: Hashable, Sendable {
 
 /// What became of an accessory's authentication: whether it verified (and if not, why), whether
 /// the host let the accessory in anyway, and what its certificate says.
-public struct AuthenticationOutcome: Hashable, Sendable, CustomStringConvertible {
+public struct AuthenticationOutcome: Hashable, Sendable, Codable, CustomStringConvertible {
     /// The verdict.
-    public enum Status: Hashable, Sendable {
+    public enum Status: Hashable, Sendable, Codable {
         /// The certificate chains to a trust anchor and the response is its key's signature of
         /// the challenge (and, when asked, the certificate is within its validity period).
         case verified

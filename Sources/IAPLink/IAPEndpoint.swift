@@ -11,6 +11,9 @@ public import ByteRing
 /// that later sends the iAP2 detect starts over in iAP2. The accessory side speaks what it was
 /// built with.
 public struct IAPEndpoint: Sendable {
+    // (The accessors test `one != nil` and branch rather than `one?.x ?? two!.x`: the `??`
+    // autoclosure captured self, copying both endpoints, a retain and release of every
+    // reference they hold, on every call of the hot path.)
     // Exactly one of the two is set. Optionals (not an enum with payloads) so that calls
     // mutate the running endpoint in place, without copying its buffers.
     private var two: IAP2Endpoint?
@@ -111,7 +114,7 @@ public struct IAPEndpoint: Sendable {
     }
 
     /// When ``advance(to:)`` must be called next, if anything is scheduled.
-    public var nextDeadline: LinkTime? { one?.nextDeadline ?? two?.nextDeadline }
+    public var nextDeadline: LinkTime? { one != nil ? one!.nextDeadline : two!.nextDeadline }
 
     /// Packets to send, in order (each a whole packet with its sync byte, or the detect).
     public mutating func takeOutput() -> [[UInt8]] {
@@ -156,7 +159,7 @@ public struct IAPEndpoint: Sendable {
     }
 
     /// Whether ``takeOutput()`` has anything.
-    public var hasOutput: Bool { !pendingOutput.isEmpty || (one?.hasOutput ?? two!.hasOutput) }
+    public var hasOutput: Bool { !pendingOutput.isEmpty || (one != nil ? one!.hasOutput : two!.hasOutput) }
 
     /// What happened since the last call, in order.
     public mutating func takeEvents() -> [EndpointEvent] {
@@ -289,13 +292,13 @@ public struct IAPEndpoint: Sendable {
     public var dataPlane: DataPlaneStatistics { two?.dataPlane ?? DataPlaneStatistics() }
 
     /// Bytes readable on a session.
-    public func bytesAvailable(_ sessionID: UInt16) -> Int { one?.bytesAvailable(sessionID) ?? two!.bytesAvailable(sessionID) }
+    public func bytesAvailable(_ sessionID: UInt16) -> Int { one != nil ? one!.bytesAvailable(sessionID) : two!.bytesAvailable(sessionID) }
     /// Bytes a session may still queue for sending (0 unless open).
-    public func spaceAvailable(_ sessionID: UInt16) -> Int { one?.spaceAvailable(sessionID) ?? two!.spaceAvailable(sessionID) }
+    public func spaceAvailable(_ sessionID: UInt16) -> Int { one != nil ? one!.spaceAvailable(sessionID) : two!.spaceAvailable(sessionID) }
     /// Bytes written to a session and not yet acknowledged by the peer.
-    public func bytesPending(_ sessionID: UInt16) -> Int { one?.bytesPending(sessionID) ?? two!.bytesPending(sessionID) }
+    public func bytesPending(_ sessionID: UInt16) -> Int { one != nil ? one!.bytesPending(sessionID) : two!.bytesPending(sessionID) }
     /// Bytes of a session the peer acknowledged.
-    public func bytesAcknowledged(_ sessionID: UInt16) -> Int { one?.bytesAcknowledged(sessionID) ?? two!.bytesAcknowledged(sessionID) }
+    public func bytesAcknowledged(_ sessionID: UInt16) -> Int { one != nil ? one!.bytesAcknowledged(sessionID) : two!.bytesAcknowledged(sessionID) }
     /// A session's state; nil for a session this side does not know.
     public func sessionState(_ sessionID: UInt16) -> EASessionState? { one != nil ? one!.sessionState(sessionID) : two!.sessionState(sessionID) }
 }

@@ -1,7 +1,7 @@
 public import IAPWire
 
 /// An External Accessory protocol an accessory declares (IdentificationInformation parameter 10).
-public struct ExternalAccessoryProtocol: Hashable, Sendable {
+public struct ExternalAccessoryProtocol: Hashable, Sendable, Codable {
     /// The id the device uses in StartExternalAccessoryProtocolSession.
     public var identifier: UInt8
     /// The reverse-DNS protocol string apps open sessions for.
@@ -24,7 +24,7 @@ public struct ExternalAccessoryProtocol: Hashable, Sendable {
 }
 
 /// A transport component an accessory declares (IdentificationInformation parameters 14–17, 24).
-public struct TransportComponent: Hashable, Sendable {
+public struct TransportComponent: Hashable, Sendable, Codable {
     /// The IdentificationInformation parameter id of the component kind (e.g. 16 for
     /// USBHostTransportComponent).
     public var kind: UInt16
@@ -51,7 +51,7 @@ public struct TransportComponent: Hashable, Sendable {
 
 /// Everything an accessory said about itself in IdentificationInformation: what EAAccessory
 /// exposes, and more.
-public struct AccessoryIdentity: Hashable, Sendable {
+public struct AccessoryIdentity: Hashable, Sendable, Codable {
     /// The accessory's name for people (EAAccessory's `name`; parameter 0).
     public var name: String
     /// The model (EAAccessory's `modelNumber`; parameter 1).

@@ -60,6 +60,15 @@ public final class SerialTransport: Transport {
         case .success(let opened): descriptor = opened
         case .failure(let error): throw Self.openError(path: path, errno: error.code)
         }
+        // One owner at a time: an advisory lock every AccessoryHost process takes (root
+        // included), and the terminal's exclusive mode for other programs (TIOCEXCL; root
+        // passes it). Two owners of one line would each break the other's link.
+        if flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
+            let code = errno
+            _ = close(descriptor)
+            throw Self.openError(path: path, errno: code == EWOULDBLOCK ? EBUSY : code)
+        }
+        _ = ioctl(descriptor, UInt(TIOCEXCL))
         do throws(TransportError) {
             try Self.configureTerminal(descriptor, name: path, speed: spec.speed, baudRate: spec.baudRate)
             if tcflush(descriptor, TCIFLUSH) != 0 {
@@ -266,7 +275,7 @@ public final class SerialTransport: Transport {
                 "cannot open \(path): the device is busy",
                 kind: .busy,
                 errno: code,
-                advice: "another program has it open (fuser -v \(path) shows which); close it and try again"
+                advice: "another program has it open (iapd, or another iapctl; fuser -v \(path) shows which): close it, or go through iapd (iapctl without --serial)"
             )
         case EIO:
             TransportError(

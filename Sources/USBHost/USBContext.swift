@@ -81,6 +81,24 @@ public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
     /// read at open: by convention each is the EA protocol the interface carries.
     public var nativeInterfaceNames: [UInt8: String] = [:]
 
+    /// A device as given: where it is and its device descriptor (configurations, function
+    /// and strings empty until known): what a client of the accessory daemon rebuilds from the
+    /// daemon's description.
+    public init(bus: UInt8, address: UInt8, portPath: [UInt8], descriptor: USBDeviceDescriptor,
+                configurations: [USBConfigurationDescriptor] = [], activeConfiguration: UInt8? = nil, function: USBFunctionLocation? = nil,
+                manufacturer: String? = nil, product: String? = nil, serialNumber: String? = nil) {
+        self.bus = bus
+        self.address = address
+        self.portPath = portPath
+        self.descriptor = descriptor
+        self.configurations = configurations
+        self.activeConfiguration = activeConfiguration
+        self.function = function
+        self.manufacturer = manufacturer
+        self.product = product
+        self.serialNumber = serialNumber
+    }
+
     /// `bus-port.port…` as the kernel names the device in sysfs, e.g. `1-1.2`: stable while the
     /// device stays in the same port, unlike the address.
     public var location: String {

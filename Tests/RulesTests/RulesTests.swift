@@ -59,14 +59,14 @@ func globMatches(_ pattern: String, _ value: String) -> Bool {
 struct RulesTests {
     @Test func theRulesShipAndAreNumberedBetween51And72() {
         let files = ruleFiles()
-        #expect(files == ["70-mfi-accessory.rules", "71-mfi-accessory-plugdev.rules"])
+        #expect(files == ["70-mfi-accessory.rules", "71-mfi-accessory-plugdev.rules", "72-mfi-accessory-iapd.rules"])
         for name in files {
             let number = Int(name.prefix { $0.isNumber }) ?? 0
             #expect((51...72).contains(number), "\(name) must sort after 50-udev-default and before 73-seat-late")
         }
     }
 
-    @Test(arguments: ["70-mfi-accessory.rules", "71-mfi-accessory-plugdev.rules"])
+    @Test(arguments: ["70-mfi-accessory.rules", "71-mfi-accessory-plugdev.rules", "72-mfi-accessory-iapd.rules"])
     func guardsAndLabelsPair(name: String) {
         let lines = ruleLines(contents(name))
         // Only remove is skipped: a rule that also skipped bind/unbind (e.g. ACTION!="add|change")

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap certificate)
+[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap certificate daemon)
 
 out=tools/fuzz/out
 bin=$out/bin
@@ -40,16 +40,21 @@ swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module
 swiftc "${flags[@]}" -module-name IAPAuthentication -I "$bin" -I Sources/COpenSSL -emit-module -emit-module-path "$bin/IAPAuthentication.swiftmodule" \
     -wmo -c -o "$bin/IAPAuthentication.o" Sources/IAPAuthentication/*.swift 2>&1 | quiet
 
+# iapd's client protocol (the framer and the messages).
+swiftc "${flags[@]}" -module-name IAPDaemonProtocol -I "$bin" -emit-module -emit-module-path "$bin/IAPDaemonProtocol.swiftmodule" \
+    -wmo -c -o "$bin/IAPDaemonProtocol.o" Sources/IAPDaemonProtocol/*.swift 2>&1 | quiet
+
 declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]="LinkFuzz.swift FuzzSteps.swift" [iap1]="IAP1Fuzz.swift FuzzSteps.swift"
-                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift)
+                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBHost/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift [daemon]=DaemonFuzz.swift)
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
-    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap, certificate)" >&2; exit 64; }
+    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap, certificate, daemon)" >&2; exit 64; }
     files=()
     for f in $file; do files+=("tools/fuzz/$f"); done
     extra=()
     [ "$target" = certificate ] && extra=(-I Sources/COpenSSL "$bin/IAPAuthentication.o" -lcrypto)
+    [ "$target" = daemon ] && extra=("$bin/IAPDaemonProtocol.o")
     swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" \
         "${extra[@]}" -o "$bin/$target" 2>&1 | quiet
     [ -x "$bin/$target" ] || { echo "fuzz: building $target failed" >&2; exit 1; }
@@ -67,6 +72,13 @@ for target in "${targets[@]}"; do
     if [ "$target" = pcap ] && command -v python3 >/dev/null; then
         python3 tools/wireshark/captures.py "$corpus" && mv "$corpus/malformed.pcapng" "$corpus/seed-trace.pcapng" \
             && mv "$corpus/usbmon.pcap" "$corpus/seed-usbmon.pcap" || true
+    fi
+    if [ "$target" = daemon ]; then
+        # A session of requests as the library sends them, and the replies it reads.
+        printf '\x00\x00\x00\x2d{"id":1,"request":{"hello":{"client":"x","version":1}}}' > "$corpus/seed-hello"
+        printf '\x00\x00\x00\x46{"id":2,"request":{"open":{"accessory":1,"protocolString":"com.example.echo"}}}' > "$corpus/seed-open"
+        printf '\x00\x00\x00\x21{"id":3,"request":{"list":{}}}' > "$corpus/seed-list"
+        printf '\x00\x00\x00\x3f{"id":2,"reply":{"opened":{"accessory":1,"protocolString":"a","session":1}}}' > "$corpus/seed-opened"
     fi
     if [ "$target" = certificate ]; then
         # The test fixtures as X.509 and as PKCS#7 DER, and the real accessory's certificate.

@@ -79,13 +79,13 @@ enum LoopbackBenchmarks {
     }
 
     /// Echo throughput: every session writes `bytesPerSession` and reads them back, all at once.
-    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int, native: Bool = false) throws -> (bytesPerSecond: Double, seconds: Double) {
+    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int, native: Bool = false, firstProtocol: Int = 1) throws -> (bytesPerSecond: Double, seconds: Double) {
         let accessory = rig.accessory
         let payload = CodecBenchmarks.pattern(bytesPerSession)
         let streams = try blockingAwait {
             var opened: [AccessorySession] = []
             if native { return [try await accessory.openSession(for: "bench.native")] }
-            for index in 1...sessions { opened.append(try await accessory.openSession(for: "bench.echo.\(index)")) }
+            for index in 0..<sessions { opened.append(try await accessory.openSession(for: "bench.echo.\(firstProtocol + index)")) }
             return opened
         }
         let start = ContinuousClock.now
@@ -111,11 +111,11 @@ enum LoopbackBenchmarks {
     /// Round trips of `size`-byte messages through one echo session: p50 and p99 in nanoseconds.
     /// With `onManagerExecutor`, the loop runs on the manager's task executor (no thread hop
     /// when a call resumes).
-    static func roundTrips(_ rig: Rig, size: Int, count: Int, onManagerExecutor: Bool = false) throws -> (p50: Double, p99: Double) {
+    static func roundTrips(_ rig: Rig, size: Int, count: Int, onManagerExecutor: Bool = false, protocolNumber: Int = 1) throws -> (p50: Double, p99: Double) {
         let accessory = rig.accessory
         let executor: (any TaskExecutor)? = onManagerExecutor ? rig.manager.taskExecutor : nil
         let samples = try blockingAwait { try await withTaskExecutorPreference(executor) {
-            let stream = try await accessory.openSession(for: "bench.echo.1")
+            let stream = try await accessory.openSession(for: "bench.echo.\(protocolNumber)")
             let message = [UInt8](repeating: 0x5A, count: size)
             var samples: [Double] = []
             samples.reserveCapacity(count)
@@ -149,6 +149,9 @@ enum LoopbackBenchmarks {
         #if DEBUG
         StandardError.write("warning: this is a debug build; its numbers mean nothing. Use: swift build -c release\n")
         #endif
+        if !overPty, command.flag("daemon") {
+            return try DaemonBenchmarks.runLoopback(command) { name, fields, text in emit(name, fields, text: text) }
+        }
         if !overPty, command.flag("echo-only") {
             let rig = try rig(sessions: 1, overPty: false)
             let (rate, seconds) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20)

@@ -40,7 +40,9 @@ let loopbackCommand = CommandSpec(
     abstract: "The whole stack in one process: app write → host → link → memory → simulator echo → back → app read.",
     options: [.flag("json", help: "Print one JSON object per measurement."),
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "256"),
-              .flag("echo-only", help: "Only the one-session echo, without the baseline (what tools/check-allocations.sh counts).")]
+              .flag("echo-only", help: "Only the one-session echo, without the baseline (what tools/check-allocations.sh counts)."),
+              .flag("daemon", help: "Echo throughput and 64-byte round trips through iapd (a daemon in this process on a Unix socket) beside the direct path, round by round."),
+              .value("rounds", valueName: "n", help: "Rounds of direct + daemon measurements (with --daemon).", defaultValue: "5")]
 )
 let serialCommand = CommandSpec(
     name: "serial",

@@ -45,12 +45,31 @@ final class HostContext: Sendable {
         if let traceSink {
             configuration.transportTap = { transport in traceSink.tap(transport) }
         }
+        configuration.daemon = .never // decided below
         manager = AccessoryManager(configuration: configuration)
         let failures = self.failures
         subscription = manager.onEvent(queue: manager.queue) { event in
             if case let .failed(location, reason) = event { failures.entries.withLock { $0.append("\(location): \(reason)") } }
         }
-        if !command.flag("no-usb") {
+        // Through iapd when its socket exists, unless told --direct or given a source of this
+        // process's own (--serial, --simulate): the daemon owns the accessories then.
+        let daemonPath = configuration.daemonSocketPath
+        let ownSources = !command.values("serial").isEmpty || command.flag("simulate")
+        var throughDaemon = false
+        if !command.flag("direct"), !ownSources, !command.flag("no-usb"), access(daemonPath, F_OK) == 0 {
+            do {
+                try manager.connectToDaemon(socketPath: daemonPath)
+                throughDaemon = true
+                logger.info("going through iapd at \(daemonPath) (--direct to open accessories here instead)")
+            } catch where error.kind == .notRunning {
+                logger.info("\(error); opening accessories directly")
+            } catch {
+                throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
+            }
+        } else {
+            logger.info("opening accessories directly" + (command.flag("direct") ? " (--direct)" : ownSources ? " (--serial/--simulate)" : " (no iapd at \(daemonPath))"))
+        }
+        if !command.flag("no-usb"), !throughDaemon {
             var options = USBOptions()
             options.hotplug = !command.flag("no-hotplug")
             options.detachKernelDriver = !command.flag("no-detach")

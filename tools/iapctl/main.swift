@@ -56,6 +56,7 @@ let hostOptions: [OptionSpec] = [
     .optionalValue("simulate", valueName: "profile", help: "Add the built-in simulated accessory (profile: a built-in name or a JSON "
                    + "file; the value needs '=').", defaultValue: "multi-sensor", inherited: true),
     .flag("no-usb", help: "Do not look for USB accessories.", inherited: true),
+    .flag("direct", help: "Open accessories in this process even when iapd runs (by default iapctl goes through it).", inherited: true),
     .flag("no-hotplug", help: "Poll the USB device list every second instead of using hotplug notifications.", inherited: true),
     .flag("no-detach", help: "Fail instead of detaching a kernel driver bound to an accessory's iAP interface.", inherited: true),
     OptionSpec.value("timeout", valueName: "seconds", help: "How long to wait for accessories to identify.", defaultValue: "3",

@@ -38,6 +38,9 @@ grep -q "ID_MFI_ACCESSORY=1" <<<"$info" || fail "ID_MFI_ACCESSORY is not set on 
 # loses the tag on a later event (the "bind" that follows "add").
 grep -qE "^Q: uaccess$|CURRENT_TAGS=.*:uaccess:" <<<"$info" || fail "the uaccess tag is missing on $node: $info"
 say "70-mfi-accessory.rules: $node has ID_MFI_ACCESSORY=1 and the uaccess tag"
+grep -q "SYSTEMD_WANTS=iapd.service" <<<"$info" || fail "72-mfi-accessory-iapd.rules did not ask systemd for iapd.service on $node: $info"
+grep -qE "^Q: systemd$|CURRENT_TAGS=.*:systemd:" <<<"$info" || fail "the systemd tag is missing on $node: $info"
+say "72-mfi-accessory-iapd.rules: $node wants iapd.service (tag systemd)"
 
 [ "$(stat -c '%G %a' "$node")" = "plugdev 660" ] || fail "$node is $(stat -c '%G %a' "$node"), expected plugdev 660"
 plugdev=$(getent group plugdev | cut -d: -f3)

@@ -1,0 +1,518 @@
+public import AccessoryHost
+public import AccessoryLogging
+internal import Dispatch
+internal import Glibc
+internal import IAPDaemonProtocol
+internal import IAPLink
+internal import Synchronization
+internal import SystemCalls
+
+/// The heart of `iapd`: serves the accessories of one ``AccessoryManager`` to client processes
+/// over Unix stream sockets, in the client protocol of `IAPDaemonProtocol`.
+///
+/// - Every client hears every connect and disconnect once it said hello.
+/// - One session per protocol per accessory, system-wide: a second opener is refused with
+///   the holder's pid and command line (from `SO_PEERCRED`).
+/// - A session is handed over as a socket of its own (`SCM_RIGHTS`) that carries its bytes
+///   raw, with back-pressure both ways (``SessionBridge``).
+/// - A client that goes away releases its sessions at once.
+/// - A request that is malformed or breaks a limit gets an error and the client is dropped;
+///   others are not affected. Memory per client is bounded (requests, queued replies, sessions).
+///
+/// Everything runs on the manager's queue. Thread safety: the methods may be called from any
+/// thread; they hop to that queue.
+public final class DaemonServer: Sendable {
+    /// Limits and policy.
+    public struct Options: Sendable {
+        /// A client must be root, the daemon's own user, or a member of this group (nil: the
+        /// socket file's permissions decide alone).
+        public var group: UInt32?
+        /// Clients served at once; more are refused.
+        public var maximumClients: Int = 1_024
+        /// Sessions one client may hold at once.
+        public var maximumSessionsPerClient: Int = 64
+        /// Bytes of replies and events queued for a client that does not read them; past it
+        /// the client is dropped.
+        public var maximumQueuedOutput: Int = 4 * 1024 * 1024
+        /// The daemon's name and version, sent in the welcome.
+        public var name: String = "iapd"
+
+        /// Options with the defaults.
+        public init(group: UInt32? = nil) {
+            self.group = group
+        }
+    }
+
+    /// The manager whose accessories are served.
+    public let manager: AccessoryManager
+    /// How it serves them.
+    public let options: Options
+    private let logger: Logger
+    private let core: Core
+
+    /// A server for `manager`'s accessories; it serves nothing until given a listening socket
+    /// (``listen(descriptor:)``) or a connected one (``serve(descriptor:)``).
+    public init(manager: AccessoryManager, options: Options = Options(), logger: Logger) {
+        self.manager = manager
+        self.options = options
+        self.logger = logger
+        self.core = Core(manager: manager, options: options, logger: logger)
+        let core = self.core
+        let subscription = manager.onEvent(queue: manager.queue) { event in core.accessoryEvent(event) }
+        manager.queue.async { core.subscription = subscription }
+    }
+
+    /// Accepts clients on `descriptor`, a listening Unix stream socket (the server owns it).
+    public func listen(descriptor: Int32) {
+        let core = self.core
+        manager.queue.async { core.listen(descriptor) }
+    }
+
+    /// Serves one already connected client socket (a socket pair's end in tests).
+    public func serve(descriptor: Int32) {
+        let core = self.core
+        manager.queue.async { core.accepted(descriptor) }
+    }
+
+    /// How many clients are connected now.
+    public var clientCount: Int { QueueRun.sync(manager.queue) { core.clients.count } }
+
+    /// How many sessions clients hold now.
+    public var sessionCount: Int { QueueRun.sync(manager.queue) { core.clients.values.reduce(0) { $0 + $1.bridges.count } } }
+
+    /// Stops accepting and drops every client (their sessions close); the manager runs on.
+    public func stop() {
+        let core = self.core
+        QueueRun.sync(manager.queue) { core.stop() }
+    }
+}
+
+/// Runs a block on a queue and waits for it, or inline when already on it.
+enum QueueRun {
+    static let key = DispatchSpecificKey<ObjectIdentifier>()
+
+    /// Marks `queue` so that ``sync(_:_:)`` knows it is on it.
+    static func mark(_ queue: DispatchQueue) {
+        queue.setSpecific(key: key, value: ObjectIdentifier(queue))
+    }
+
+    static func sync<Result>(_ queue: DispatchQueue, _ body: () -> Result) -> Result {
+        if DispatchQueue.getSpecific(key: key) == ObjectIdentifier(queue) { return body() }
+        return queue.sync(execute: body)
+    }
+}
+
+/// The server's state, confined to the manager's queue.
+final class Core: @unchecked Sendable {
+    let manager: AccessoryManager
+    let options: DaemonServer.Options
+    let logger: Logger
+    var subscription: EventSubscription?
+    var listener: (descriptor: Int32, source: any DispatchSourceRead)?
+    var clients: [Int: Client] = [:]
+    var nextClientID = 1
+    var nextSessionID = 1
+    /// Who holds each protocol of each accessory, by accessory id and protocol string.
+    var holders: [HolderKey: Int] = [:]
+    /// The bridge of each held protocol, once open.
+    var bridgesByKey: [HolderKey: SessionBridge] = [:]
+    /// Opens waiting for a session their client closed to finish closing, by protocol.
+    var waitingOpens: [HolderKey: [() -> Void]] = [:]
+    var stopped = false
+
+    struct HolderKey: Hashable {
+        var accessory: Int
+        var protocolString: String
+    }
+
+    init(manager: AccessoryManager, options: DaemonServer.Options, logger: Logger) {
+        self.manager = manager
+        self.options = options
+        self.logger = logger
+        QueueRun.mark(manager.queue)
+    }
+
+    var queue: DispatchQueue { manager.queue }
+
+    func listen(_ descriptor: Int32) {
+        guard !stopped else { return _ = close(descriptor) }
+        UnixSocket.setNonBlocking(descriptor)
+        let source = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: queue)
+        source.setEventHandler { [weak self] in self?.acceptAll() }
+        source.setCancelHandler { _ = close(descriptor) }
+        listener = (descriptor, source)
+        source.resume()
+    }
+
+    private func acceptAll() {
+        guard let listener else { return }
+        while true {
+            switch UnixSocket.accept(listener.descriptor) {
+            case .success(let descriptor):
+                accepted(descriptor)
+            case .failure(let error) where error.kind == .wouldBlock:
+                return
+            case .failure(let error):
+                // EMFILE and the like: logged; the next client wakes the source again.
+                logger.error("cannot accept a client: \(error)")
+                return
+            }
+        }
+    }
+
+    func accepted(_ descriptor: Int32) {
+        guard !stopped else { return _ = close(descriptor) }
+        let credentials = (try? UnixSocket.peerCredentials(descriptor).get()) ?? PeerCredentials(pid: 0, uid: UInt32.max, gid: UInt32.max)
+        let holder = SessionHolder(pid: credentials.pid, uid: credentials.uid, command: UserDatabase.commandLine(of: credentials.pid))
+        let id = nextClientID
+        nextClientID += 1
+        let client = Client(id: id, descriptor: descriptor, holder: holder, core: self)
+        guard clients.count < options.maximumClients else {
+            logger.warning("refused \(holder): already \(options.maximumClients) clients")
+            client.refuse(DaemonFailure(.failed, "iapd serves at most \(options.maximumClients) clients at once; close some and try again"))
+            return
+        }
+        if let failure = permission(credentials) {
+            logger.notice("refused \(holder): \(failure.message)")
+            client.refuse(failure)
+            return
+        }
+        clients[id] = client
+        client.start()
+        logger.debug("client \(id): \(holder) connected")
+    }
+
+    private func permission(_ credentials: PeerCredentials) -> DaemonFailure? {
+        guard let group = options.group else { return nil }
+        if credentials.uid == 0 || credentials.uid == getuid() { return nil }
+        if UserDatabase.user(credentials.uid, primaryGroup: credentials.gid, isIn: group) { return nil }
+        let name = UserDatabase.groupName(of: group) ?? "\(group)"
+        return DaemonFailure(.permission,
+            "only root and members of the group '\(name)' may use iapd; add the user with `sudo usermod -aG \(name) USER`, then log in again")
+    }
+
+    func removed(_ client: Client) {
+        clients[client.id] = nil
+    }
+
+    func stop() {
+        stopped = true
+        subscription?.cancel()
+        subscription = nil
+        listener?.source.cancel()
+        listener = nil
+        for client in Array(clients.values) { client.drop(reason: nil) }
+        clients.removeAll()
+    }
+
+    // MARK: Accessories
+
+    func accessoryEvent(_ event: AccessoryEvent) {
+        let message: DaemonReply
+        switch event {
+        case let .connected(accessory):
+            message = .connected(Self.record(accessory))
+        case let .disconnected(accessory, reason):
+            message = .disconnected(accessory: accessory.connectionID, reason: reason)
+        case .failed:
+            return
+        }
+        let bytes = MessageFramer.encode(DaemonMessage(id: nil, reply: message))
+        for client in clients.values where client.welcomed { client.send(bytes) }
+    }
+
+    var records: [AccessoryRecord] { manager.connectedAccessories.map(Self.record) }
+
+    static func record(_ accessory: Accessory) -> AccessoryRecord {
+        AccessoryRecord(id: accessory.connectionID, identity: accessory.identity, transportKind: accessory.transportKind.rawValue,
+                        location: accessory.location,
+                        usb: accessory.usbDevice.map { usb in
+                            USBDeviceRecord(bus: usb.bus, address: usb.address, portPath: usb.portPath, vendorID: usb.descriptor.vendorID,
+                                            productID: usb.descriptor.productID, release: usb.descriptor.release,
+                                            manufacturer: usb.manufacturer, product: usb.product, serialNumber: usb.serialNumber)
+                        })
+    }
+
+    // MARK: Sessions
+
+    func open(_ client: Client, request id: UInt32, accessoryID: Int, protocolString: String) {
+        guard client.bridges.count + client.opening < options.maximumSessionsPerClient else {
+            return client.reply(id, .failure(DaemonFailure(.tooManySessions,
+                "this client holds \(options.maximumSessionsPerClient) sessions, the most iapd allows one client; close one first")))
+        }
+        guard let accessory = manager.connectedAccessories.first(where: { $0.connectionID == accessoryID }) else {
+            return client.reply(id, .failure(DaemonFailure(.noSuchAccessory,
+                "no accessory \(accessoryID) is connected (it went away); list the accessories again")))
+        }
+        guard accessory.protocolStrings.contains(protocolString) else {
+            return client.reply(id, .failure(DaemonFailure(.unsupportedProtocol,
+                "the accessory does not declare '\(protocolString)'; it declares: \(accessory.protocolStrings.joined(separator: ", "))")))
+        }
+        let key = HolderKey(accessory: accessoryID, protocolString: protocolString)
+        if let holderID = holders[key], holderID == client.id || bridgesByKey[key]?.isReleasing == true {
+            // Closed by its client (or about to be: the library opens a protocol again only
+            // after closing it) and still delivering its last bytes: this open goes next.
+            waitingOpens[key, default: []].append { [weak self, weak client] in
+                guard let self, let client, !client.dropped else { return }
+                self.open(client, request: id, accessoryID: accessoryID, protocolString: protocolString)
+            }
+            return
+        }
+        if let holderID = holders[key] {
+            let holder = clients[holderID]?.holder
+            return client.reply(id, .failure(DaemonFailure(.protocolInUse,
+                "a session for '\(protocolString)' is already open on this accessory in \(holder?.description ?? "another client") (one per protocol); close it there first",
+                holder: holder)))
+        }
+        holders[key] = client.id
+        client.opening += 1
+        accessory.openSession(for: protocolString, queue: queue) { [weak self, weak client] result in
+            guard let self else { return }
+            client?.opening -= 1
+            // The protocol was reserved for this client: nobody else took it meanwhile.
+            let release = { self.release(key) }
+            guard let client, !client.dropped else {
+                if case let .success(session) = result { session.close() }
+                self.release(key)
+                return
+            }
+            switch result {
+            case let .failure(error):
+                release()
+                client.reply(id, .failure(Self.failure(error)))
+            case let .success(session):
+                switch UnixSocket.pair() {
+                case let .failure(error):
+                    session.close()
+                    release()
+                    client.reply(id, .failure(DaemonFailure(.failed, "iapd cannot make the session's socket: \(error)")))
+                case let .success((mine, theirs)):
+                    // 1 MiB each way and end (the kernel doubles it, within net.core.wmem_max): fewer
+                    // wake-ups per MiB; still a bound.
+                    UnixSocket.setBufferSizes(mine, bytes: 1 << 20)
+                    UnixSocket.setBufferSizes(theirs, bytes: 1 << 20)
+                    let sessionID = nextSessionID
+                    nextSessionID += 1
+                    let logger = self.logger
+                    let bridge = SessionBridge(id: sessionID, session: session, descriptor: mine, queue: queue,
+                                               log: { logger.debug("\($0)") }) { [weak self, weak client] in
+                        client?.bridges[sessionID] = nil
+                        self?.release(key)
+                        logger.debug("session \(sessionID) '\(protocolString)' ended")
+                    }
+                    client.bridges[sessionID] = bridge
+                    bridgesByKey[key] = bridge
+                    bridge.start()
+                    client.reply(id, .opened(accessory: accessoryID, protocolString: protocolString, session: sessionID), passing: theirs)
+                    logger.info("\(client.holder) opened '\(protocolString)' on \(accessory.name)")
+                }
+            }
+        }
+    }
+
+    /// The protocol is free again: the next waiting open (if any) takes it.
+    private func release(_ key: HolderKey) {
+        holders[key] = nil
+        bridgesByKey[key] = nil
+        guard var waiting = waitingOpens.removeValue(forKey: key), !waiting.isEmpty else { return }
+        let next = waiting.removeFirst()
+        if !waiting.isEmpty { waitingOpens[key] = waiting }
+        next()
+        // The rest are answered now: in use by the one that went first (or free again).
+        if let rest = waitingOpens.removeValue(forKey: key) { for open in rest { open() } }
+    }
+
+    static func failure(_ error: AccessoryError) -> DaemonFailure {
+        switch error {
+        case let .unsupportedProtocol(name, available):
+            return DaemonFailure(.unsupportedProtocol, "the accessory does not declare '\(name)'; it declares: \(available.joined(separator: ", "))")
+        case .protocolInUse, .protocolHeldElsewhere:
+            return DaemonFailure(.protocolInUse, error.description)
+        case .disconnected:
+            return DaemonFailure(.noSuchAccessory, error.description)
+        case .sessionClosed, .sessionRefused, .timedOut:
+            return DaemonFailure(.refused, error.description)
+        }
+    }
+}
+
+/// One connected client: its control socket, what it asked for, its sessions.
+final class Client: @unchecked Sendable {
+    // Confinement: the manager's queue.
+    let id: Int
+    let holder: SessionHolder
+    private let descriptor: Int32
+    private unowned let core: Core
+    private var readSource: (any DispatchSourceRead)?
+    private var writeSource: (any DispatchSourceWrite)?
+    private var writeSuspended = true
+    /// Queued output: bytes, and the descriptor that goes with their first byte.
+    private var output: [(bytes: [UInt8], descriptor: Int32?)] = []
+    private var outputOffset = 0
+    private var queuedBytes = 0
+    private var framer = MessageFramer(limit: DaemonProtocol.maximumRequestLength)
+    private var scratch = [UInt8](repeating: 0, count: 16 * 1024)
+    var welcomed = false
+    var dropped = false
+    var opening = 0
+    var bridges: [Int: SessionBridge] = [:]
+
+    init(id: Int, descriptor: Int32, holder: SessionHolder, core: Core) {
+        self.id = id
+        self.descriptor = descriptor
+        self.holder = holder
+        self.core = core
+    }
+
+    func start() {
+        let queue = core.queue
+        let read = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: queue)
+        let write = DispatchSource.makeWriteSource(fileDescriptor: descriptor, queue: queue)
+        read.setEventHandler { [weak self] in self?.receive() }
+        write.setEventHandler { [weak self] in self?.flush() }
+        let descriptor = self.descriptor
+        let group = DispatchGroup()
+        group.enter()
+        group.enter()
+        read.setCancelHandler { group.leave() }
+        write.setCancelHandler { group.leave() }
+        group.notify(queue: queue) { _ = close(descriptor) }
+        readSource = read
+        writeSource = write
+        read.resume()
+    }
+
+    /// Tells a client it is not served, then closes its socket.
+    func refuse(_ failure: DaemonFailure) {
+        let bytes = MessageFramer.encode(DaemonMessage(id: nil, reply: .failure(failure)))
+        _ = bytes.withUnsafeBytes { UnixSocket.send(descriptor, $0) }
+        _ = close(descriptor)
+    }
+
+    private func receive() {
+        while !dropped {
+            let result = scratch.withUnsafeMutableBytes { SystemCall.read(descriptor, into: $0) }
+            switch result {
+            case .success(0):
+                return drop(reason: nil)
+            case .success(let count):
+                framer.append(scratch.prefix(count))
+                do {
+                    while !dropped, let message = try framer.next(ClientMessage.self) { handle(message) }
+                } catch {
+                    return refuseRequest(id: nil, "\(error)")
+                }
+            case .failure(let error) where error.kind == .wouldBlock:
+                return
+            case .failure(let error):
+                return drop(reason: "\(error)")
+            }
+        }
+    }
+
+    private func handle(_ message: ClientMessage) {
+        if let invalid = message.request.invalidity { return refuseRequest(id: message.id, invalid) }
+        switch message.request {
+        case let .hello(version, _):
+            guard version == DaemonProtocol.version else {
+                reply(message.id, .failure(DaemonFailure(.version,
+                    "this iapd speaks protocol \(DaemonProtocol.version), the client \(version): use the library and iapd of one release")))
+                return drop(reason: "protocol version \(version)")
+            }
+            welcomed = true
+            reply(message.id, .welcome(version: DaemonProtocol.version, daemon: core.options.name, accessories: core.records))
+        case .list:
+            guard welcomed else { return refuseRequest(id: message.id, "list before hello") }
+            reply(message.id, .accessories(core.records))
+        case let .open(accessory, protocolString):
+            guard welcomed else { return refuseRequest(id: message.id, "open before hello") }
+            core.open(self, request: message.id, accessoryID: accessory, protocolString: protocolString)
+        case .ping:
+            reply(message.id, .pong)
+        }
+    }
+
+    /// A request that breaks the protocol: the client is told why and dropped.
+    private func refuseRequest(id: UInt32?, _ reason: String) {
+        core.logger.notice("dropping client \(self.id) (\(holder)): \(reason)")
+        reply(id, .failure(DaemonFailure(.badRequest, "iapd dropped this client: \(reason)")))
+        flush()
+        drop(reason: reason)
+    }
+
+    func reply(_ id: UInt32?, _ reply: DaemonReply, passing descriptor: Int32? = nil) {
+        let bytes = MessageFramer.encode(DaemonMessage(id: id, reply: reply))
+        guard !dropped else {
+            if let descriptor { _ = close(descriptor) }
+            return
+        }
+        output.append((bytes, descriptor))
+        queuedBytes += bytes.count
+        flush()
+    }
+
+    func send(_ bytes: [UInt8]) {
+        guard !dropped else { return }
+        output.append((bytes, nil))
+        queuedBytes += bytes.count
+        guard queuedBytes <= core.options.maximumQueuedOutput else {
+            core.logger.notice("dropping client \(id) (\(holder)): it left \(queuedBytes) bytes of events unread")
+            return drop(reason: "too slow")
+        }
+        flush()
+    }
+
+    private func flush() {
+        while !dropped, let first = output.first {
+            let result = first.bytes.withUnsafeBytes { raw -> Result<Int, SystemError> in
+                let rest = UnsafeRawBufferPointer(rebasing: raw[outputOffset...])
+                if outputOffset == 0, let passed = first.descriptor { return UnixSocket.send(descriptor, rest, passing: passed) }
+                return UnixSocket.send(descriptor, rest)
+            }
+            switch result {
+            case .success(let count):
+                if outputOffset == 0, let passed = first.descriptor, count > 0 {
+                    _ = close(passed) // it went with the first byte
+                    output[0].descriptor = nil
+                }
+                outputOffset += count
+                queuedBytes -= count
+                if outputOffset == first.bytes.count {
+                    output.removeFirst()
+                    outputOffset = 0
+                }
+            case .failure(let error) where error.kind == .wouldBlock:
+                if writeSuspended, let writeSource {
+                    writeSuspended = false
+                    writeSource.resume()
+                }
+                return
+            case .failure(let error):
+                return drop(reason: "\(error)")
+            }
+        }
+        if !writeSuspended, let writeSource {
+            writeSuspended = true
+            writeSource.suspend()
+        }
+    }
+
+    /// Closes the client's socket and ends its sessions at once.
+    func drop(reason: String?) {
+        guard !dropped else { return }
+        dropped = true
+        for pending in output { if let passed = pending.descriptor { _ = close(passed) } }
+        output.removeAll()
+        if let readSource { readSource.cancel() } else { _ = close(descriptor) }
+        if let writeSource {
+            if writeSuspended { writeSource.resume() }
+            writeSource.cancel()
+        }
+        readSource = nil
+        writeSource = nil
+        for bridge in Array(bridges.values) { bridge.abort() }
+        bridges.removeAll()
+        core.removed(self)
+        core.logger.debug("client \(id): \(holder) went away\(reason.map { " (\($0))" } ?? "")")
+    }
+}

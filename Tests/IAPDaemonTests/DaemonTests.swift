@@ -1,0 +1,229 @@
+import AccessoryHost
+import Dispatch
+import Foundation
+import IAPDaemon
+import IAPDaemonProtocol
+import SystemCalls
+import Testing
+import TestThreads
+
+/// Issue 18: iapd shares one process's accessories with others over a Unix socket.
+@Suite("iapd: accessories shared between processes over a Unix socket", .timeLimit(.minutes(3)))
+struct DaemonTests {
+    @Test("two clients on two protocols of one accessory at once, both byte-exact")
+    func twoClientsTwoProtocols() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (first, accessoryA) = try await daemon.client()
+        let (second, accessoryB) = try await daemon.client()
+        defer { first.stop(); second.stop() }
+        #expect(accessoryA.name == "Multi Sensor")
+        #expect(accessoryA.protocolStrings.contains("com.example.telemetry"))
+        #expect(first.daemonSocketInUse == daemon.socketPath)
+        let echo1 = try await accessoryA.openSession(for: "com.example.echo")
+        let echo2 = try await accessoryB.openSession(for: "com.example.telemetry")
+        #expect(!echo1.usesNativeTransport)
+        let payloadA = pattern(1 << 20, seed: 1), payloadB = pattern(1 << 20, seed: 2)
+        async let backA = echo(payloadA, over: echo1)
+        async let backB = echo(payloadB, over: echo2)
+        let (receivedA, receivedB) = try await (backA, backB)
+        #expect(receivedA == payloadA)
+        #expect(receivedB == payloadB)
+        #expect(daemon.current.sessionCount == 2)
+        echo1.close()
+        echo2.close()
+    }
+
+    @Test("a second client on a protocol in use is refused with the holder's pid and command line")
+    func secondOpenerIsRefusedNamingTheHolder() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (first, accessoryA) = try await daemon.client()
+        let (second, accessoryB) = try await daemon.client()
+        defer { first.stop(); second.stop() }
+        let held = try await accessoryA.openSession(for: "com.example.echo")
+        do {
+            _ = try await accessoryB.openSession(for: "com.example.echo")
+            Issue.record("the second open succeeded")
+        } catch let AccessoryError.protocolHeldElsewhere(name, holder) {
+            #expect(name == "com.example.echo")
+            #expect(holder.hasPrefix("pid \(getpid()) ("))
+            #expect(holder.contains("AccessoryHostPackageTests"))
+        }
+        // Closed there, it opens here (the daemon waits for the close to finish).
+        held.close()
+        let now = try await accessoryB.openSession(for: "com.example.echo")
+        #expect(try await echo([1, 2, 3], over: now) == [1, 2, 3])
+    }
+
+    @Test("a client that vanishes mid-transfer releases its session at once; the accessory keeps serving the others")
+    func aVanishingClientReleasesItsSessions() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (survivor, accessory) = try await daemon.client()
+        defer { survivor.stop() }
+        let telemetry = try await accessory.openSession(for: "com.example.telemetry")
+        // The vanishing client: a raw connection, a session opened, bytes written and left unread,
+        // then every descriptor closed at once, as a killed process's are.
+        try await runBlocking {
+            var raw = try RawClient(path: daemon.socketPath)
+            raw.send(.hello(version: DaemonProtocol.version, client: "doomed"))
+            guard case let .welcome(_, _, accessories)? = try raw.next()?.0.reply, let record = accessories.first else {
+                Issue.record("no welcome")
+                return
+            }
+            raw.send(.open(accessory: record.id, protocolString: "com.example.echo"), id: 2)
+            guard let (message, descriptor) = try raw.next(), case .opened = message.reply, let descriptor else {
+                Issue.record("no session")
+                return
+            }
+            let bytes = pattern(256 * 1024, seed: 3)
+            _ = bytes.withUnsafeBytes { UnixSocket.send(descriptor, $0) }
+            _ = close(descriptor)
+        }
+        // The survivor goes on byte-exact meanwhile, and gets the released protocol.
+        let payload = pattern(512 * 1024, seed: 4)
+        #expect(try await echo(payload, over: telemetry) == payload)
+        let echoSession = try await openEventually(accessory, "com.example.echo")
+        #expect(try await echo([9, 8, 7], over: echoSession) == [9, 8, 7])
+    }
+
+    @Test("the daemon restarts while clients wait: they see the accessory go, then come back")
+    func daemonRestart() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (client, accessory) = try await daemon.client()
+        defer { client.stop() }
+        let session = try await accessory.openSession(for: "com.example.echo")
+        let events = client.events
+        daemon.stopServer()
+        var iterator = events.makeAsyncIterator()
+        guard case let .disconnected(gone, reason)? = await iterator.next() else {
+            Issue.record("no disconnect")
+            return
+        }
+        #expect(gone === accessory)
+        #expect(reason.contains("iapd"))
+        #expect(!accessory.isConnected)
+        #expect(try await session.read() == nil)
+        try daemon.startServer()
+        guard case let .connected(back)? = await iterator.next() else {
+            Issue.record("no reconnect")
+            return
+        }
+        #expect(back.name == "Multi Sensor")
+        #expect(back.connectionID != accessory.connectionID)
+        let again = try await back.openSession(for: "com.example.echo")
+        #expect(try await echo([5, 6], over: again) == [5, 6])
+    }
+
+    @Test("100 clients connected, then 1,000 open/close cycles: descriptors and memory stay flat")
+    func manyClientsAndCycles() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        var clients: [AccessoryManager] = []
+        defer { for client in clients { client.stop() } }
+        var accessory: Accessory?
+        for _ in 0..<100 {
+            let (client, found) = try await daemon.client()
+            clients.append(client)
+            accessory = found
+        }
+        #expect(daemon.current.clientCount == 100)
+        let target = try #require(accessory)
+        var descriptors: [Int] = []
+        for round in 0..<10 {
+            for _ in 0..<100 {
+                let session = try await openEventually(target, "com.example.echo")
+                try await session.write([UInt8(round)])
+                _ = try await session.read()
+                session.close()
+            }
+            descriptors.append(openDescriptors())
+        }
+        // A leak would add a descriptor or two per cycle: 100 a round.
+        #expect(descriptors.last! - descriptors[1] < 20, "descriptors by round: \(descriptors)")
+        #expect(daemon.current.clientCount == 100)
+    }
+
+    @Test("malformed and hostile requests get an error and their client is dropped; other clients go on")
+    func malformedRequests() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (client, accessory) = try await daemon.client()
+        defer { client.stop() }
+        let session = try await accessory.openSession(for: "com.example.echo")
+        let hostile: [(String, [UInt8])] = [
+            ("a 4 GiB length", [0xFF, 0xFF, 0xFF, 0xFF, 0x7B]),
+            ("a length over the request limit", [0x00, 0x10, 0x00, 0x01]),
+            ("not JSON", [0, 0, 0, 4, 0x6E, 0x6F, 0x70, 0x65]),
+            ("JSON of no request", MessageFramer.encode(["hello": "world"])),
+            ("open before hello", MessageFramer.encode(ClientMessage(id: 1, request: .open(accessory: 1, protocolString: "com.example.echo")))),
+            ("a protocol string of 300 bytes", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: 1, client: "x")))
+                + MessageFramer.encode(ClientMessage(id: 2, request: .open(accessory: 1, protocolString: String(repeating: "a", count: 300))))),
+            ("a control character in the protocol", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: 1, client: "x")))
+                + MessageFramer.encode(ClientMessage(id: 2, request: .open(accessory: 1, protocolString: "com.\u{1b}[2J")))),
+            ("an accessory id of 0", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: 1, client: "x")))
+                + MessageFramer.encode(ClientMessage(id: 2, request: .open(accessory: 0, protocolString: "com.example.echo")))),
+            ("another protocol version", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: 99, client: "x")))),
+        ]
+        for (what, bytes) in hostile {
+            let path = daemon.socketPath
+            try await runBlocking {
+                var raw = try RawClient(path: path)
+                raw.send(bytes)
+                var sawFailure = false
+                while let (message, _) = try raw.next() {
+                    if case let .failure(failure) = message.reply {
+                        sawFailure = true
+                        #expect(failure.code == .badRequest || failure.code == .version, "\(what): \(failure)")
+                    }
+                }
+                #expect(sawFailure, "\(what): no error before the daemon closed the connection")
+            }
+        }
+        // The well-behaved client was not affected.
+        let payload = pattern(64 * 1024, seed: 6)
+        #expect(try await echo(payload, over: session) == payload)
+        #expect(daemon.current.clientCount == 1)
+    }
+
+    @Test("a slow reader holds the accessory off instead of filling the daemon's memory")
+    func aSlowReaderIsHeldOff() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (client, accessory) = try await daemon.client()
+        defer { client.stop() }
+        let session = try await accessory.openSession(for: "com.example.echo")
+        // 16 MiB written, read 4 KiB at a time: the daemon never takes more than its bounded
+        // buffers (the session's socket, the bridge's buffer, the link's window) beyond what
+        // was read, however far the writer would run ahead.
+        let payload = pattern(16 << 20, seed: 7)
+        let writer = Task { try await session.write(payload) }
+        var received = 0
+        var largestLead = 0
+        for try await chunk in session.chunks(maxBytes: 4096) {
+            received += chunk.count
+            largestLead = max(largestLead, session.bytesAcknowledged - received)
+            if received == payload.count { break }
+        }
+        try await writer.value
+        #expect(received == payload.count)
+        #expect(largestLead < 8 << 20, "the daemon took up to \(largestLead) bytes more than were read")
+    }
+}
+
+/// Opens `protocolString`, retrying while a session just closed is still being released.
+func openEventually(_ accessory: Accessory, _ protocolString: String) async throws -> AccessorySession {
+    try await accessory.openSession(for: protocolString)
+}
+
+/// Runs `body`, which blocks (a raw client waiting on its socket), on a Dispatch queue of its
+/// own, never on a thread of Swift's cooperative pool.
+func runBlocking(_ body: @escaping @Sendable () throws -> Void) async throws {
+    try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+        DispatchQueue(label: "test.raw-client").async {
+            continuation.resume(with: Result { try body() })
+        }
+    }
+}

@@ -1,0 +1,94 @@
+import AccessoryHost
+import AccessoryLogging
+import CLIKit
+import Foundation
+import IAPDaemon
+import IAPInspect
+import SystemCalls
+
+/// `--daemon`: the same echo measured directly and through `iapd` (a `DaemonServer` in this
+/// process on a Unix socket, the client a second `AccessoryManager` that connected to it), round
+/// by round, so each daemon figure has its own direct figure from moments before. The two use
+/// two echo protocols of one accessory (a protocol just closed is not free until the accessory
+/// acknowledged the stop).
+enum DaemonBenchmarks {
+    /// A daemon serving `manager` on a socket in a directory of its own, and a client of it.
+    struct Through {
+        let server: DaemonServer
+        let client: AccessoryManager
+        let accessory: Accessory
+        let directory: String
+
+        init(serving manager: AccessoryManager) throws {
+            directory = FileManager.default.temporaryDirectory.appendingPathComponent("iapbench-\(getpid())").path
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+            let path = directory + "/iapd.sock"
+            guard case .success(let descriptor) = UnixSocket.listen(path: path) else { throw ExitCode.unavailable }
+            server = DaemonServer(manager: manager, logger: Logger(label: "iapd", handler: NullLogHandler()))
+            server.listen(descriptor: descriptor)
+            var configuration = AccessoryManager.Configuration(sessionBufferLimit: 4 << 20)
+            configuration.daemonSocketPath = path
+            client = AccessoryManager(configuration: configuration)
+            try client.connectToDaemon()
+            let client = self.client
+            guard let found = try blockingAwait({ await client.waitForAccessory(timeout: .seconds(20)) }) else { throw ExitCode.unavailable }
+            accessory = found
+        }
+
+        func stop() {
+            client.stop()
+            server.stop()
+            try? FileManager.default.removeItem(atPath: directory)
+        }
+    }
+
+    /// One figure per round, direct and through the daemon, and the ratio of each pair.
+    struct Pairs {
+        var direct: [Double] = []
+        var daemon: [Double] = []
+        var ratios: [Double] { zip(daemon, direct).map { $1 > 0 ? $0 / $1 : 0 } }
+        static func median(_ values: [Double]) -> Double {
+            let sorted = values.sorted()
+            return sorted.isEmpty ? 0 : sorted[sorted.count / 2]
+        }
+    }
+
+    static func runLoopback(_ command: ParsedCommand, emit: (String, [(String, JSONValue)], String) -> Void) throws -> ExitCode {
+        let megabytes = try command.integer("mib", in: 1...4_096) ?? 256
+        let rounds = try command.integer("rounds", in: 1...51) ?? 5
+        let rig = try LoopbackBenchmarks.rig(sessions: 2, overPty: false)
+        defer {
+            rig.manager.stop()
+            rig.runner.stop()
+        }
+        let through = try Through(serving: rig.manager)
+        defer { through.stop() }
+        let remote = LoopbackBenchmarks.Rig(manager: through.client, runner: rig.runner, accessory: through.accessory)
+        var throughput = Pairs(), latency = Pairs()
+        for _ in 0..<rounds {
+            throughput.direct.append(try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: megabytes << 20).bytesPerSecond)
+            throughput.daemon.append(try LoopbackBenchmarks.throughput(remote, sessions: 1, bytesPerSession: megabytes << 20, firstProtocol: 2).bytesPerSecond)
+            latency.direct.append(try LoopbackBenchmarks.roundTrips(rig, size: 64, count: 2_000).p50)
+            latency.daemon.append(try LoopbackBenchmarks.roundTrips(remote, size: 64, count: 2_000, protocolNumber: 2).p50)
+        }
+        let direct = Pairs.median(throughput.direct), daemon = Pairs.median(throughput.daemon)
+        let ratio = Pairs.median(throughput.ratios)
+        emit("echo throughput, 1 session, direct (baseline)", [("bytesPerSecond", .int(Int(direct))), ("rounds", .int(rounds))],
+             "baseline: in-process echo, 1 session, direct: \(Report.format(direct / 1e6, digits: 1)) MB/s each way (median of \(rounds) rounds)")
+        emit("echo throughput, 1 session, through iapd",
+             [("bytesPerSecond", .int(Int(daemon))), ("ratio", .string(Report.format(ratio, digits: 2))),
+              ("ratioLowest", .string(Report.format(throughput.ratios.min() ?? 0, digits: 2))),
+              ("ratioHighest", .string(Report.format(throughput.ratios.max() ?? 0, digits: 2)))],
+             "through iapd: \(Report.format(daemon / 1e6, digits: 1)) MB/s each way, \(Report.format(ratio, digits: 2))× direct "
+                + "(median of the rounds' ratios; lowest \(Report.format(throughput.ratios.min() ?? 0, digits: 2)), "
+                + "highest \(Report.format(throughput.ratios.max() ?? 0, digits: 2)))")
+        let added = zip(latency.daemon, latency.direct).map { $0 - $1 }
+        emit("round trip, 64-byte messages, direct (baseline)", [("p50Nanoseconds", .int(Int(Pairs.median(latency.direct))))],
+             "baseline: round trip of 64-byte messages, direct: p50 \(Report.duration(nanoseconds: Pairs.median(latency.direct)))")
+        emit("round trip, 64-byte messages, through iapd",
+             [("p50Nanoseconds", .int(Int(Pairs.median(latency.daemon)))), ("addedNanoseconds", .int(Int(Pairs.median(added))))],
+             "through iapd: p50 \(Report.duration(nanoseconds: Pairs.median(latency.daemon))), "
+                + "\(Report.duration(nanoseconds: Pairs.median(added))) more (median of the rounds' differences)")
+        return .success
+    }
+}

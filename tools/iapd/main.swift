@@ -1,0 +1,233 @@
+// iapd: the system service that owns accessories (USB by hotplug, the serial ports it is told
+// of) and shares them with client processes over a Unix socket, one session per protocol per
+// accessory system-wide. The client protocol is in docs/DAEMON.md.
+
+import AccessoryHost
+import AccessoryLogging
+import AccessorySimulator
+import CLIKit
+import Dispatch
+import Glibc
+import IAPAuthentication
+import IAPDaemon
+import IAPDaemonProtocol
+import IAPLink
+import IAPTransport
+import ProjectVersion
+import SystemCalls
+import USBHost
+
+let iapd = CommandSpec(
+    name: "iapd",
+    abstract: "The accessory daemon: owns MFi accessories and shares them between processes over a Unix socket.",
+    discussion: """
+        Clients (the AccessoryHost library, iapctl) find it at the socket and go through it \
+        unless told --direct. Options can also come from a configuration file: one \
+        `name = value` (or bare `name` for a flag) per line, # for comments, the names of the \
+        long options (serial may repeat); the command line wins. Under systemd the socket comes \
+        from iapd.socket (socket activation). Logs go to standard error, in the journal's form \
+        when that is not a terminal. SIGTERM or SIGINT stop it cleanly.
+        """,
+    version: AccessoryHostVersion.string,
+    options: [
+        .value("socket", valueName: "path", help: "Where to listen (default: $IAPD_SOCKET, else /run/iapd/iapd.sock)."),
+        .value("group", valueName: "name",
+               help: "Only root and this group's members may connect; the socket gets the group and mode 0660 (default: iapd, when that group exists)."),
+        .value("config", valueName: "file", help: "Read options from this file (default: /etc/iapd.conf when it exists)."),
+        .value("serial", valueName: "device[:baud]", help: "Own an accessory on this serial port too (repeatable).", repeatable: true),
+        .flag("no-usb", help: "Do not look for USB accessories."),
+        .optionalValue("simulate", valueName: "profile", help: "Serve a built-in simulated accessory too (for trying things out; default multi-sensor)."),
+        .value("auth", valueName: "policy", help: "Authentication: accept, record (the default) or require.",
+               allowedValues: AuthenticationMode.allCases.map(\.rawValue)),
+        .value("trust", valueName: "file|dir", help: "CA certificates accessories' certificates must chain to."),
+        .flag("check-validity", help: "Count a certificate outside its validity period as a failure."),
+        .value("max-clients", valueName: "n", help: "Clients served at once (default 1024)."),
+        .flag("verbose", short: "v", help: "More detail (-v info, -vv debug).", repeatable: true),
+    ]
+)
+
+/// A failure with the exit status scripts and systemd can act on.
+struct DaemonError: Error, ExitCodeProviding, CustomStringConvertible {
+    var description: String
+    var exitCode: ExitCode
+}
+
+/// The options after the configuration file: the command line's, else the file's.
+struct Settings {
+    var values: [String: [String]] = [:]
+    var flags: Set<String> = []
+
+    init(_ command: ParsedCommand) throws {
+        let explicit = command.value("config")
+        let path = explicit ?? "/etc/iapd.conf"
+        if explicit != nil || access(path, R_OK) == 0 { try read(path) }
+        for name in ["socket", "group", "auth", "trust", "max-clients"] {
+            if let value = command.value(name) { values[name] = [value] }
+        }
+        let serial = command.values("serial")
+        if !serial.isEmpty { values["serial"] = serial }
+        for flag in ["no-usb", "check-validity"] where command.flag(flag) { flags.insert(flag) }
+        if command.flag("simulate") { values["simulate"] = [command.value("simulate") ?? "multi-sensor"] }
+    }
+
+    private mutating func read(_ path: String) throws {
+        guard case .success(let descriptor) = SystemCall.open(path, O_RDONLY | O_CLOEXEC) else {
+            throw DaemonError(description: "cannot read the configuration \(path): \(SystemError.last)", exitCode: .noInput)
+        }
+        defer { _ = close(descriptor) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while bytes.count < 1 << 20 {
+            let count = chunk.withUnsafeMutableBytes { (try? SystemCall.read(descriptor, into: $0).get()) ?? 0 }
+            if count == 0 { break }
+            bytes += chunk.prefix(count)
+        }
+        let known: Set<String> = ["socket", "group", "auth", "trust", "max-clients", "serial", "no-usb", "check-validity", "simulate"]
+        for (number, raw) in String(decoding: bytes, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init)?.trimmed ?? ""
+            if line.isEmpty { continue }
+            let parts = line.split(separator: "=", maxSplits: 1).map { String($0).trimmed }
+            let name = parts[0]
+            guard known.contains(name) else {
+                throw DaemonError(description: "\(path):\(number + 1): unknown setting '\(name)' (known: \(known.sorted().joined(separator: ", ")))",
+                                  exitCode: ExitCode(78))
+            }
+            if parts.count == 1 { flags.insert(name) } else { values[name, default: []].append(parts[1]) }
+        }
+    }
+
+    func value(_ name: String) -> String? { values[name]?.last }
+}
+
+extension String {
+    var trimmed: String {
+        var text = Substring(self)
+        while let first = text.first, first.isWhitespace { text.removeFirst() }
+        while let last = text.last, last.isWhitespace { text.removeLast() }
+        return String(text)
+    }
+}
+
+/// The listening socket: from systemd (socket activation) or made here, with its group and mode.
+func listeningSocket(path: String, group: UInt32?, logger: Logger) throws -> (descriptor: Int32, made: Bool) {
+    if let pid = getenv("LISTEN_PID").flatMap({ Int32(String(cString: $0)) }), pid == getpid(),
+       let count = getenv("LISTEN_FDS").flatMap({ Int(String(cString: $0)) }), count >= 1 {
+        logger.info("listening on the socket systemd passed (socket activation)")
+        unsetenv("LISTEN_PID")
+        unsetenv("LISTEN_FDS")
+        return (3, false)
+    }
+    let directory = path.split(separator: "/").dropLast().joined(separator: "/")
+    if !directory.isEmpty { _ = mkdir("/" + directory, 0o755) }
+    switch UnixSocket.listen(path: path) {
+    case .success(let descriptor):
+        let mode: mode_t = group == nil ? 0o600 : 0o660
+        if let group, chown(path, uid_t.max, group) != 0 {
+            logger.warning("cannot give \(path) to group \(group): \(SystemError.last)")
+        }
+        if chmod(path, mode) != 0 { logger.warning("cannot set the mode of \(path): \(SystemError.last)") }
+        return (descriptor, true)
+    case .failure(let error) where error.code == EADDRINUSE:
+        throw DaemonError(description: "another iapd answers on \(path): stop it first (`sudo systemctl stop iapd`), or give --socket another path",
+                          exitCode: .unavailable)
+    case .failure(let error) where error.kind == .permission:
+        throw DaemonError(description: "cannot listen on \(path): \(error); run iapd as root (or give --socket a path you may write)",
+                          exitCode: .noPermission)
+    case .failure(let error):
+        throw DaemonError(description: "cannot listen on \(path): \(error)", exitCode: .unavailable)
+    }
+}
+
+CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { command in
+    let settings = try Settings(command)
+    let level = Logger.verbosity(command.count("verbose"))
+    let handler: any LogHandler = isatty(2) == 1 ? StderrLogHandler() : JournalLogHandler()
+    let logger = Logger(label: "iapd", logLevel: level, handler: handler)
+
+    var groupID: UInt32?
+    if let name = settings.value("group") {
+        guard let id = UserDatabase.groupID(named: name) else {
+            throw DaemonError(description: "there is no group '\(name)': create it (`sudo groupadd --system \(name)`) or name another with --group",
+                              exitCode: ExitCode(78))
+        }
+        groupID = id
+    } else {
+        groupID = UserDatabase.groupID(named: "iapd")
+    }
+    let path = settings.value("socket") ?? AccessoryManager.defaultDaemonSocketPath
+    let maxClients = Int(settings.value("max-clients") ?? "1024") ?? -1
+    guard (1...65_536).contains(maxClients) else {
+        throw DaemonError(description: "max-clients must be a number from 1 to 65536", exitCode: .usage)
+    }
+
+    var configuration = AccessoryManager.Configuration(logger: logger)
+    configuration.daemon = .never
+    let mode = AuthenticationMode(rawValue: settings.value("auth") ?? "record") ?? .record
+    var trust: TrustAnchors?
+    if let trustPath = settings.value("trust") {
+        do { trust = try TrustAnchors(path: trustPath) } catch {
+            throw DaemonError(description: "trust: \(error)", exitCode: .noInput)
+        }
+    }
+    configuration.authentication = mode.policy(trust: trust, checkValidity: settings.flags.contains("check-validity"))
+    let manager = AccessoryManager(configuration: configuration)
+
+    let (descriptor, made) = try listeningSocket(path: path, group: groupID, logger: logger)
+    var options = DaemonServer.Options(group: groupID)
+    options.maximumClients = maxClients
+    options.name = "iapd \(iapd.version ?? "")"
+    let server = DaemonServer(manager: manager, options: options, logger: logger)
+    server.listen(descriptor: descriptor)
+    logger.notice("listening on \(path)" + (groupID.map { " for root and group \(UserDatabase.groupName(of: $0) ?? "\($0)")" } ?? " for root only"))
+
+    if !settings.flags.contains("no-usb") {
+        var usb = USBOptions()
+        usb.hotplug = true
+        do throws(USBError) { try manager.startUSB(options: usb) } catch where error.kind == .unavailable {
+            logger.notice("no USB on this machine: \(error)")
+        } catch {
+            logger.error("USB: \(error)")
+        }
+    }
+    for text in settings.values["serial"] ?? [] {
+        do {
+            let spec = try SerialPortSpec(parsing: text)
+            manager.attach(try SerialTransport(spec: spec))
+            logger.info("opened \(spec)")
+        } catch {
+            logger.error("serial \(text): \(error)")
+        }
+    }
+    var simulators: [SimulatorRunner] = []
+    if let name = settings.value("simulate") {
+        let profile: SimulatorProfile
+        if let builtIn = SimulatorProfile.builtIn(named: name) { profile = builtIn } else {
+            do { profile = try SimulatorProfile.load(path: name) } catch {
+                throw DaemonError(description: "\(error) (built-in profiles: \(SimulatorProfile.builtInNames.joined(separator: ", ")))", exitCode: .noInput)
+            }
+        }
+        let runner = try SimulatorRunner(profile: profile, attachment: .memory { host in manager.attach(host) })
+        runner.start()
+        simulators.append(runner)
+        logger.info("serving the simulated accessory '\(profile.identity().name)'")
+    }
+
+    // Stop cleanly on SIGTERM and SIGINT: clients hear the accessories go, USB is released.
+    let stopping = DispatchQueue(label: "iapd.signals")
+    var sources: [any DispatchSourceSignal] = []
+    for number in [SIGTERM, SIGINT] {
+        signal(number, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: number, queue: stopping)
+        source.setEventHandler {
+            logger.notice("stopping (signal \(number))")
+            server.stop()
+            manager.stop()
+            for runner in simulators { runner.stop() }
+            if made { unlink(path) }
+            exit(0)
+        }
+        source.resume()
+        sources.append(source)
+    }
+    withExtendedLifetime(sources) { dispatchMain() }
+}
