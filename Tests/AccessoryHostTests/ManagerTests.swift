@@ -352,15 +352,17 @@ struct ManagerTests {
 struct LinkLimitTests {
     @Test("a serial line advertises packets that cross it in about a quarter of a second")
     func serialLinesGetShorterPackets() throws {
-        let pty = try PseudoTerminal()
+        // Two lines: a port has one owner at a time (a second open is refused as busy).
+        let pty = try PseudoTerminal(), other = try PseudoTerminal()
         let slow = try SerialTransport(spec: try SerialPortSpec(parsing: pty.slavePath + ":115200"))
-        let fast = try SerialTransport(spec: try SerialPortSpec(parsing: pty.slavePath + ":3000000"))
+        let fast = try SerialTransport(spec: try SerialPortSpec(parsing: other.slavePath + ":3000000"))
         defer {
             slow.cancel()
             fast.cancel()
         }
         #expect(AccessoryManager.link(.device, over: slow).parameters.maxPacketLength == 2_880)
         #expect(AccessoryManager.link(.device, over: fast).parameters.maxPacketLength == 65_535)
+        withExtendedLifetime(other) {}
         let (memory, _) = MemoryTransport.pair()
         #expect(AccessoryManager.link(.device, over: memory).parameters == LinkConfiguration.device.parameters)
     }
