@@ -158,7 +158,7 @@ struct CompletionWriter {
             # zsh completion for \(root.name), generated from its command specs (\(root.name) --generate-completion-script zsh).
             \(function)() {
                 local cmdpath=\(root.name) word prev=${words[CURRENT-1]} i
-                local -a value_options options subcommands
+                local -a value_options opts subs
                 local argument=""
                 value_options=(\(valueOptionSpellings.joined(separator: " ")))
                 for ((i = 2; i < CURRENT; i++)); do
@@ -201,11 +201,11 @@ struct CompletionWriter {
             let options = HelpRenderer.visibleOptions(for: chain).map { option in
                 "--" + option.long + ":" + HelpRenderer.description(of: option).replacingAll(":", with: "\\:")
             } + ["--help:Show help information."]
-            var body = "options=(\(options.map(Self.quoted).joined(separator: " ")))"
+            var body = "opts=(\(options.map(Self.quoted).joined(separator: " ")))"
             if !command.subcommands.isEmpty {
                 let subs = command.subcommands.map { $0.name + ":" + $0.abstract.replacingAll(":", with: "\\:") }
                     + ["help:Show the help of a subcommand."]
-                body += "; subcommands=(\(subs.map(Self.quoted).joined(separator: " ")))"
+                body += "; subs=(\(subs.map(Self.quoted).joined(separator: " ")))"
             }
             if let argument = command.positionals.first {
                 switch argument.completion {
@@ -220,9 +220,9 @@ struct CompletionWriter {
         out += """
                 esac
                 if [[ $cur == -* ]]; then
-                    _describe -t options option options
-                elif (( ${#subcommands} )); then
-                    _describe -t commands subcommand subcommands
+                    _describe -t options option opts
+                elif (( ${#subs} )); then
+                    _describe -t commands subcommand subs
                 elif [[ $argument == files ]]; then
                     _files
                 elif [[ $argument == directories ]]; then
@@ -247,10 +247,11 @@ struct CompletionWriter {
         out += """
             function _\(function)_path
                 set -l words (commandline -opc)
+                set -e words[1]
                 set -l path \(name)
                 set -l skip 0
                 set -l value_options \(valueOptionSpellings.joined(separator: " "))
-                for word in $words[2..-1]
+                for word in $words
                     if test $skip -eq 1; set skip 0; continue; end
                     if contains -- $word $value_options; set skip 1; continue; end
                     if string match -q -- '-*' $word; continue; end
