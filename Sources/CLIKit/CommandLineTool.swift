@@ -38,7 +38,7 @@ public enum CommandLineTool {
         exit(result.exitCode.rawValue)
     }
 
-    /// Does what ``run(_:arguments:body:)`` does, but returns the exit status and the text the
+    /// Does what ``run(_:arguments:manPageDate:body:)`` does, but returns the exit status and the text the
     /// tool itself would print instead of printing it and exiting. What `body` prints goes
     /// where it would anyway. Intended for tests.
     public static func evaluate(

@@ -1,6 +1,6 @@
 /// The description of one command of a tool: its options, its positional arguments and its
-/// subcommands. The root spec of a tool parses the command line (``parse(_:)``) and renders help
-/// (``helpText(for:)``).
+/// subcommands. The root spec of a tool parses the command line (``parse(_:helpWidth:)``) and renders help
+/// (``helpText(for:width:)``).
 ///
 /// Options marked ``OptionSpec/inherited`` apply to the command that declares them and to all of
 /// its subcommands, at any depth (typical: `-v/--verbose`, `--json`, `--trace` on the root).

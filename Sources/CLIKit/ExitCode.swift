@@ -1,6 +1,6 @@
 /// The status a command-line tool exits with, using the BSD `sysexits.h` conventions.
 ///
-/// A body passed to ``CommandLineTool/run(_:arguments:body:)`` returns one of these. An
+/// A body passed to ``CommandLineTool/run(_:arguments:manPageDate:body:)`` returns one of these. An
 /// `ExitCode` is also an `Error`: throwing one from a body ends the tool with that status and
 /// prints nothing more (the body is expected to have said what went wrong itself).
 public struct ExitCode: RawRepresentable, Sendable, Equatable, Hashable, Error, CustomStringConvertible {
