@@ -78,7 +78,7 @@ let package = Package(
         // endpoint threads and signal handling.
         .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication",
+        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication",
                                                       "IAPDaemonProtocol", "SystemCalls"], swiftSettings: strict),
         // The client protocol of iapd: messages and their framing (pure, fuzzed).
         .target(name: "IAPDaemonProtocol", dependencies: ["IAPLink"], swiftSettings: strict),
@@ -94,25 +94,27 @@ let package = Package(
         // A small logger in the shape of swift-log's (levels, metadata, handlers): the library
         // logs through it without depending on anything of the command line.
         .target(name: "AccessoryLogging", dependencies: ["SystemCalls"], swiftSettings: strict),
+        // The project's version, in one place: the library and every tool read it (issue 20).
+        .target(name: "ProjectVersion", swiftSettings: strict),
         // Small command-line utilities: argument parsing, help, usage errors, terminal output.
         .target(name: "CLIKit", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         .executableTarget(
             name: "iapctl",
             dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit",
-                           "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication"],
+                           "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication", "ProjectVersion"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapd",
             dependencies: ["AccessoryHost", "AccessoryLogging", "AccessorySimulator", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
-                           "IAPLink", "IAPTransport", "SystemCalls", "USBHost"],
+                           "IAPLink", "IAPTransport", "SystemCalls", "USBHost", "ProjectVersion"],
             path: "tools/iapd",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["IAPDaemon", "SystemCalls", "AccessoryLogging", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit"],
+            dependencies: ["IAPDaemon", "SystemCalls", "AccessoryLogging", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit", "ProjectVersion"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),
@@ -149,7 +151,7 @@ let package = Package(
         .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
         .testTarget(name: "RulesTests", swiftSettings: strict),
-        .testTarget(name: "CLIKitTests", dependencies: ["CLIKit", "AccessoryLogging"], swiftSettings: strict),
+        .testTarget(name: "CLIKitTests", dependencies: ["CLIKit", "AccessoryLogging", "ProjectVersion"], swiftSettings: strict),
         .testTarget(name: "AccessoryLoggingTests", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["TestSupport", "ByteRing", "TestThreads"], swiftSettings: strict),

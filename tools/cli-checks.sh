@@ -43,7 +43,7 @@ check "info shows native protocols" 0 "$iapctl" --no-usb --simulate=native-strea
 contains "info --json native" out '"name":"com.example.native.sink","matchAction":0,"native":true'
 head -c 3000000 /dev/urandom > "$work/native.bin"
 check "send through a native transport" 0 "$iapctl" --no-usb --simulate=native-streamer send com.example.native.sink "$work/native.bin" --json
-contains "send --json native" out '"ok":true,"protocol":"com.example.native.sink","accessory":1,"bytes":3000000'
+contains "send --json native" out '"ok":true,"protocol":"com.example.native.sink","accessory":{"connectionID":1,'
 
 # A sink that vanishes after 300000 bytes: send stops, says what was acknowledged, exits 74.
 cat > "$work/vanish.json" <<'JSON'
@@ -145,7 +145,7 @@ check "decode stops at a mistake in hex" 65 "$iapctl" decode "$work/mistake.hex"
 contains "decode shows the frames before a mistake" out '#1 iAP2 ACK seq=0x01 ack=0x40'
 contains "decode names the mistake" err 'mistake.hex, line 2, column 7: '"'"'z'"'"' is not a hex digit'
 check "decode --json" 0 "$iapctl" decode --json "$here/samples/dji-syn.hex"
-contains "decode --json is one object per line" out '{"kind":"iap2","offset":0,"length":23,"control":"SYN"'
+contains "decode --json is one object per line" out '{"schemaVersion":1,"kind":"iap2","offset":0,"length":23,"control":"SYN"'
 
 # open --socket: a client echoes 1 MiB through the session. Python starts iapctl and reads its
 # announcement line from the pipe, then connects.
@@ -297,6 +297,200 @@ contains "record says which failed" out 'authentication: not verified (bad signa
 check "require without --trust refuses (unknown issuer)" 69 "$iapctl" --no-usb --simulate="$fixtures/rsa-sensor.json" --auth require list
 contains "unknown issuer named" err 'unknown issuer: no trust anchors were given'
 check "an unreadable --trust is said" 66 "$iapctl" "${sim[@]}" --trust "$work/none.pem" list
+
+# ---- Issue 20: iapctl for people. Each case below failed before the fix. ----
+fail() { echo "cli-checks: FAILED $1" >&2; failures=$((failures + 1)); }
+lacks() { # lacks NAME FILE TEXT
+    if grep -qF -- "$3" "$work/$2"; then fail "$1: $2 has '$3': $(cat "$work/$2")"; fi
+}
+
+# 1. A choice waits until the sources have settled: accessory 2 on a pty beside the in-process
+# simulator is found every time; an ambiguous selector is an error listing the candidates.
+coproc PTY { exec "$iapctl" simulate -v 2> "$work/pty-sim.err"; }
+pty_pid=$PTY_PID
+if read -r -t 20 -u "${PTY[0]}" pty && [ -n "$pty" ]; then
+    for attempt in 1 2 3; do
+        check "open -a 2 picks the pty accessory (try $attempt)" 0 \
+            "$iapctl" --no-usb --serial "$pty" --simulate open com.example.echo -a 2 --idle 0.2 < /dev/null
+    done
+    check "send -a 2 waits for it too" 0 "$iapctl" --no-usb --serial "$pty" --simulate send com.example.sink "$work/image.bin" -a 2
+    check "a serial number two accessories share is ambiguous (64)" 64 \
+        "$iapctl" --no-usb --serial "$pty" --simulate open com.example.echo -a SIM-MS-0001 < /dev/null
+    contains "ambiguity lists both" err "1 Multi Sensor (serial SIM-MS-0001"
+    contains "ambiguity lists both (2)" err "2 Multi Sensor (serial SIM-MS-0001"
+    check "no -a with two candidates is ambiguous (64)" 64 "$iapctl" --no-usb --serial "$pty" --simulate open com.example.echo < /dev/null
+    contains "ambiguity says how to pick" err "pick one by its connection id"
+    # 6. simulate -v tells what happens in words, not Swift dumps.
+    "$iapctl" --no-usb --serial "$pty" list > /dev/null 2>&1 || true
+else
+    fail "the simulator on a pty did not start: $(cat "$work/pty-sim.err")"
+fi
+kill "$pty_pid" 2>/dev/null || true
+wait "$pty_pid" 2>/dev/null || true
+contains "simulate -v in words" pty-sim.err "simulator: identified as 'Multi Sensor'"
+lacks "simulate -v has no Swift dumps" pty-sim.err "IAPLink."
+
+# 2. send without --verify-echo drains the echo: 5 MiB through an echo finishes (it stalled).
+head -c $((5 << 20)) /dev/urandom > "$work/five.bin"
+check "send 5 MiB to an echo without --verify-echo" 0 timeout 60 "$iapctl" "${sim[@]}" send com.example.echo "$work/five.bin" --stall-timeout 5
+check "--stall-timeout ends a stuck send (74)" 74 timeout 60 "$iapctl" --no-usb "--simulate=$work/stuck.json" send com.example.sink "$work/stuck.bin" --stall-timeout 1
+contains "stall message" err "acknowledged nothing for 1.0 seconds"
+# Ctrl-C: a summary and 130.
+"$iapctl" -v --no-usb "--simulate=$work/stuck.json" send com.example.sink "$work/stuck.bin" --stall-timeout 60 --json > "$work/out" 2> "$work/err" &
+sender=$!
+# -v logs "sending" once Ctrl-C is caught; then the transfer is stuck (the sink stopped reading).
+for _ in $(seq 300); do grep -q "sending" "$work/err" 2>/dev/null && break; sleep 0.1; done
+kill -INT "$sender"
+status=0; wait "$sender" || status=$?
+[ "$status" -eq 130 ] || fail "send interrupted exits 130, not $status: $(cat "$work/err")"
+contains "interrupted summary" err "transfer interrupted: the accessory acknowledged"
+contains "interrupted --json" out '"ok":false'
+
+# 3. send streams from disk: 100 MB in bounded memory; progress with bytes, rate, times on a
+# terminal only.
+head -c 100000000 /dev/zero > "$work/big.bin"
+if python3 - "$iapctl" "$work/big.bin" 2> "$work/rss.err" <<'PY'
+import resource, subprocess, sys
+status = subprocess.run([sys.argv[1], "--no-usb", "--simulate", "send", "com.example.sink", sys.argv[2]], capture_output=True).returncode
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+if status != 0 or peak > 64:
+    sys.exit(f"send of 100 MB: exit {status}, {peak} MiB resident at most (limit 64)")
+print(f"send of 100 MB: {peak} MiB resident at most", file=sys.stderr)
+PY
+then echo "cli-checks: ok send streams 100 MB in bounded memory ($(cat "$work/rss.err"))"; else fail "bounded memory: $(cat "$work/rss.err")"; fi
+rm -f "$work/big.bin"
+check "send on a pipe draws no progress" 0 "$iapctl" "${sim[@]}" send com.example.sink "$work/five.bin"
+[ -s "$work/err" ] && fail "send on a pipe wrote to standard error: $(cat "$work/err")"
+if command -v script > /dev/null; then
+    script -qec "'$iapctl' --no-usb --simulate send com.example.sink '$work/five.bin'" /dev/null > "$work/tty" 2>&1 || true
+    contains "progress on a terminal" tty "of 5.24 MB"
+    contains "progress shows the time" tty "elapsed"
+    # 5. Help wrapped to the terminal's width, between words.
+    script -qec "stty cols 60; '$iapctl' help open" /dev/null | tr -d '\r' > "$work/help60" || true
+    if awk 'length > 60 { bad = 1 } END { exit !bad }' "$work/help60"; then fail "help is wider than a 60-column terminal: $(cat "$work/help60")"; fi
+    contains "help wrapped between words" help60 "Unix"
+fi
+
+# 4. Numbers, values and options a subcommand ignores.
+check "--simulate PROFILE without '=' says how" 64 "$iapctl" --no-usb --simulate legacy-sensor list
+contains "the '=' hint" err "to give --simulate a value, write '--simulate=legacy-sensor'"
+check "--simulate= is a usage error" 64 "$iapctl" --no-usb --simulate= list
+lacks "no raw Swift error" err "CocoaError"
+check "--simulate=nosuch names the profiles once" 66 "$iapctl" --no-usb --simulate=nosuch list
+[ "$(grep -o 'multi-sensor' "$work/err" | wc -l)" -eq 1 ] || fail "the profile names are listed more than once: $(cat "$work/err")"
+check "--simulate=DIRECTORY" 66 "$iapctl" --no-usb "--simulate=$work" list
+lacks "no raw Swift error for a directory" err "CocoaError"
+check "--timeout abc is a usage error" 64 "$iapctl" "${sim[@]}" --timeout abc list
+check "--timeout -1 is a usage error" 64 "$iapctl" "${sim[@]}" --timeout -1 list
+check "--chunk 0 is a usage error" 64 "$iapctl" "${sim[@]}" send com.example.sink "$work/five.bin" --chunk 0
+check "decode refuses --serial" 64 "$iapctl" decode --serial /dev/nonexistent "$here/samples/dji-syn.hex"
+contains "decode names the option" err "option '--serial' does not apply to 'iapctl decode'"
+check "--serial before decode too" 64 "$iapctl" --serial /dev/nonexistent decode "$here/samples/dji-syn.hex"
+check "simulate refuses --timeout" 64 "$iapctl" simulate --timeout 3
+
+# 5. Help: the help subcommand listed, examples, exit codes, usage lines that fit.
+check "top-level help" 0 "$iapctl" --help
+contains "help lists help" out "  help                    Show the help of a subcommand."
+contains "help has examples" out "EXAMPLES:"
+contains "help has exit codes" out "  73    an output file or socket cannot be created"
+awk '/^USAGE:/ && length > 100 { bad = 1 } END { exit bad }' "$work/out" || fail "a usage line is longer than 100 columns"
+check "send's help" 0 "$iapctl" help send
+awk '/^USAGE:/ && length > 100 { bad = 1 } END { exit bad }' "$work/out" || fail "send's usage line is longer than 100 columns: $(grep USAGE "$work/out")"
+
+# 6. A protocol typo: at once, with "did you mean".
+check "a protocol typo is told at once" 69 timeout 10 "$iapctl" "${sim[@]}" --timeout 30 open com.example.ech
+contains "did you mean" err "did you mean 'com.example.echo'?"
+# Permission denied on a pty names its owner, not dialout (root only: as nobody).
+if [ "$(id -u)" -eq 0 ] && command -v setpriv > /dev/null; then
+    coproc PERM { exec "$iapctl" simulate 2> /dev/null; }
+    perm_pid=$PERM_PID
+    if read -r -t 20 -u "${PERM[0]}" perm_pty && [ -n "$perm_pty" ]; then
+        check "a pty of another user: 77" 77 setpriv --reuid=nobody --regid=nogroup --clear-groups "$iapctl" --no-usb --serial "$perm_pty" list
+        contains "the pty's owner named" err "is root's alone"
+        lacks "not dialout for a pty" err "dialout"
+    fi
+    kill "$perm_pid" 2>/dev/null || true
+    wait "$perm_pid" 2>/dev/null || true
+fi
+
+# 7. Exit codes as sysexits says: an uncreatable trace file is 73 like a socket, a bad profile 65.
+check "an uncreatable --trace-file is 73" 73 "$iapctl" "${sim[@]}" --trace-file "$work/no/such/dir/trace.txt" list
+printf '{ "identity": ' > "$work/broken.json"
+check "a malformed profile is 65" 65 "$iapctl" --no-usb "--simulate=$work/broken.json" list
+
+# 9. JSON: every command's output validates against docs/json-schema.json; numbers are numbers.
+"$iapctl" "${sim[@]}" list --json > "$work/list.json"
+"$iapctl" "${sim[@]}" info --json > "$work/info.json"
+"$iapctl" "${sim[@]}" wait --json --protocol com.example.echo > "$work/wait.json"
+"$iapctl" "${sim[@]}" wait --gone --json --serial-number NOPE > "$work/gone.json"
+"$iapctl" "${sim[@]}" watch --json --count 1 > "$work/watch.json"
+"$iapctl" "${sim[@]}" send com.example.echo "$work/native.bin" --verify-echo --json > "$work/send.json"
+"$iapctl" --no-usb "--simulate=$work/vanish.json" send com.example.sink "$work/image.bin" --json > "$work/sendfail.json" 2> /dev/null || true
+"$iapctl" decode --json "$here/samples/dji-syn.hex" > "$work/decode.json"
+"$iapctl" decode --json "$here/samples/iap1-idps.hex" >> "$work/decode.json" || true
+for pair in list:list info:info wait:wait wait:gone watch:watch send:send send:sendfail decode:decode; do
+    if python3 "$here/check-json.py" "${pair%%:*}" "$work/${pair#*:}.json" 2> "$work/schema.err"; then
+        echo "cli-checks: ok ${pair#*:} --json validates against docs/json-schema.json"
+    else
+        fail "${pair#*:} --json against the schema: $(cat "$work/schema.err")"
+    fi
+done
+grep -q '"seconds":[0-9]' "$work/send.json" || fail "send --json seconds is not a number: $(cat "$work/send.json")"
+grep -q '"event":"connected","accessory":{"connectionID"' "$work/watch.json" || fail "watch --json accessory is not the object: $(cat "$work/watch.json")"
+
+# 8. Install under a prefix (DESTDIR), man pages that render, completion that completes, the
+# example that finds iapctl on PATH, and an uninstall that leaves nothing.
+stage=$work/stage
+if DESTDIR=$stage "$here/install.sh" --no-build --bin "$(cd "$(dirname "$iapctl")" && pwd)" --prefix /usr/local > "$work/install.out" 2>&1; then
+    for file in bin/iapctl share/man/man1/iapctl.1 share/bash-completion/completions/iapctl share/zsh/site-functions/_iapctl \
+                share/fish/vendor_completions.d/iapctl.fish; do
+        [ -f "$stage/usr/local/$file" ] || fail "install did not put $file under the prefix: $(cat "$work/install.out")"
+    done
+    [ -f "$stage/etc/udev/rules.d/70-mfi-accessory.rules" ] || fail "install did not put the udev rule in place"
+    if command -v man > /dev/null; then
+        MANWIDTH=80 man -l "$stage/usr/local/share/man/man1/iapctl.1" > "$work/man.txt" 2> "$work/man.err" || fail "man -l iapctl.1 failed: $(cat "$work/man.err")"
+        [ -s "$work/man.err" ] && fail "man -l iapctl.1 warned: $(cat "$work/man.err")"
+        contains "the man page renders its subcommands" man.txt "iapctl send"
+        contains "the man page has the exit status" man.txt "EXIT STATUS"
+    fi
+    completed=$(bash -c 'source "$1"; COMP_WORDS=(iapctl se); COMP_CWORD=1; _iapctl; echo "${COMPREPLY[*]}"' _ "$stage/usr/local/share/bash-completion/completions/iapctl")
+    [ "$completed" = "send" ] || fail "bash completion of 'iapctl se' gave '$completed', not 'send'"
+    completed=$(bash -c 'source "$1"; COMP_WORDS=(iapctl --simulate send --verify); COMP_CWORD=3; _iapctl; echo "${COMPREPLY[*]}"' _ "$stage/usr/local/share/bash-completion/completions/iapctl")
+    [ "$completed" = "--verify-echo" ] || fail "bash completion of 'iapctl send --verify' gave '$completed'"
+    if command -v zsh > /dev/null; then # compsys stubbed: what the function offers
+        completed=$(zsh -c '_describe() { local name=$4; print -l -- ${(P)name} | cut -d: -f1; }; compadd() { shift; print -l -- "$@"; }
+                            _files() { :; }; compset() { :; }; source "$1" > /dev/null; words=(iapctl se); CURRENT=2; _iapctl | grep "^se"' \
+                        _ "$stage/usr/local/share/zsh/site-functions/_iapctl" 2>&1)
+        [ "$completed" = "send" ] || fail "zsh completion of 'iapctl se' gave '$completed', not 'send'"
+    fi
+    if command -v fish > /dev/null; then
+        completed=$(fish -c 'source $argv[1]; complete -C "iapctl se"' "$stage/usr/local/share/fish/vendor_completions.d/iapctl.fish" 2>&1 | cut -f1)
+        [ "$completed" = "send" ] || fail "fish completion of 'iapctl se' gave '$completed', not 'send'"
+    fi
+    # The example finds iapctl on PATH (no IAPCTL): an upgrade of the simulator's firmware updater.
+    coproc FW { exec "$iapctl" simulate --profile firmware-updater 2> /dev/null; }
+    fw_pid=$FW_PID
+    if read -r -t 20 -u "${FW[0]}" fw_pty && [ -n "$fw_pty" ]; then
+        head -c 300000 /dev/urandom > "$work/fw.bin"
+        check "firmware-upgrade.py finds iapctl on PATH" 0 env -u IAPCTL PATH="$stage/usr/local/bin:$PATH" \
+            python3 "$here/examples/firmware-upgrade.py" --serial "$fw_pty" --timeout 30 "$work/fw.bin" 3.0.0
+    fi
+    kill "$fw_pid" 2>/dev/null || true
+    wait "$fw_pid" 2>/dev/null || true
+    check "firmware-upgrade.py without iapctl: 69" 69 env -u IAPCTL PATH=/usr/bin:/bin python3 "$here/examples/firmware-upgrade.py" "$work/fw.bin" 3.0.0
+    check "firmware-upgrade.py usage error: 64" 64 python3 "$here/examples/firmware-upgrade.py" --window 0 "$work/fw.bin" 3.0.0
+    DESTDIR=$stage "$here/install.sh" --uninstall --prefix /usr/local > "$work/uninstall.out" 2>&1 || fail "uninstall failed: $(cat "$work/uninstall.out")"
+    left=$(find "$stage" -type f | head -5)
+    [ -z "$left" ] || fail "uninstall left files behind: $left"
+else
+    fail "install.sh: $(cat "$work/install.out")"
+fi
+if git -C "$here/.." ls-files --error-unmatch '*.pyc' > /dev/null 2>&1; then fail "a .pyc file is committed"; fi
+
+# 10. One version: iapctl --version and the CHANGELOG's newest release agree.
+check "iapctl --version" 0 "$iapctl" --version
+version=$(cut -d' ' -f1 "$work/out")
+grep -q "^## \[$version\] - [0-9]\{4\}-[0-9]\{2\}-[0-9]\{2\}$" "$here/../CHANGELOG.md" || fail "CHANGELOG.md has no '## [$version] - DATE' section"
 
 [ "$failures" -eq 0 ] || { echo "cli-checks: $failures failed" >&2; exit 1; }
 echo "cli-checks: all passed"

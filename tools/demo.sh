@@ -8,7 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/ensure-deps.sh
-swift build -c release --product iapctl 2>&1 | grep -E "error|warning:" >&2 || true
+# The first release build takes minutes: say so, and show its progress on a terminal.
+echo "== building iapctl (swift build -c release; the first build takes a few minutes)" >&2
+if [ -t 2 ]; then
+    swift build -c release --product iapctl 2>&1 | awk '
+        /^\[[0-9]+\/[0-9]+\]/ { printf "\r   %s\033[K", substr($0, 1, 70) > "/dev/stderr"; fflush("/dev/stderr"); next }
+        /error|warning:/ { print > "/dev/stderr" }
+        END { printf "\r\033[K" > "/dev/stderr" }' || true
+else
+    swift build -c release --product iapctl 2>&1 | grep -E "error|warning:|Build complete" >&2 || true
+fi
 iapctl=.build/release/iapctl
 [ -x "$iapctl" ] || { echo "demo: the build failed; run: swift build -c release --product iapctl" >&2; exit 1; }
 if [ $# -gt 0 ]; then exec "$iapctl" "$@"; fi

@@ -6,7 +6,7 @@
 # fuzzes each parser for FUZZ_SECONDS (default 60) seconds, and checks the documentation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd python3 tshark openssl
+tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db
 fuzz_seconds=${FUZZ_SECONDS:-60}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -77,7 +77,7 @@ step "soak: 1,000 connect/disconnect cycles, then 1 GiB through 4 sessions at 5 
 # issue 16 has both figures). Exits 70 when memory or descriptors grew.
 MALLOC_ARENA_MAX=1 timeout 600 .build/release/iapbench soak --cycles 1000 --mib 1024 --loss 5
 
-step "iapctl as scripts see it (exit codes, JSON, the socket)"
+step "iapctl as scripts and people see it (exit codes, JSON against its schema, the socket, help, install, man page, completion)"
 timeout 300 tools/cli-checks.sh .build/release/iapctl
 
 step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"

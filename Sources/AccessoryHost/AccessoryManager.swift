@@ -5,6 +5,7 @@ public import IAPLink
 public import IAPTransport
 internal import Glibc
 internal import IAPDaemonProtocol
+internal import ProjectVersion
 internal import Synchronization
 public import USBHost
 internal import USBTransport
@@ -135,6 +136,10 @@ public final class AccessoryManager: Sendable {
         self.taskExecutor = QueueTaskExecutor(queue: queue)
         QueueMark.mark(queue)
     }
+
+    /// The version of AccessoryHost this program runs on (`0.2.0`), the same that `iapctl
+    /// --version` prints.
+    public static var version: String { AccessoryHostVersion.string }
 
     /// The accessories connected now.
     public var connectedAccessories: [Accessory] { state.withLock { $0.accessories } }

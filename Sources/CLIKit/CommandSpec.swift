@@ -1,6 +1,6 @@
 /// The description of one command of a tool: its options, its positional arguments and its
-/// subcommands. The root spec of a tool parses the command line (``parse(_:)``) and renders help
-/// (``helpText(for:)``).
+/// subcommands. The root spec of a tool parses the command line (``parse(_:helpWidth:)``) and renders help
+/// (``helpText(for:width:)``).
 ///
 /// Options marked ``OptionSpec/inherited`` apply to the command that declares them and to all of
 /// its subcommands, at any depth (typical: `-v/--verbose`, `--json`, `--trace` on the root).
@@ -21,6 +21,14 @@ public struct CommandSpec: Sendable {
     public var subcommands: [CommandSpec]
     /// The version string printed by `--version`; only read on the root spec.
     public var version: String?
+    /// Groups of inherited options (``OptionSpec/group``) that do not apply to this command nor
+    /// to its subcommands: given anyway (before or after the command's name), they are a usage
+    /// error that says so, rather than being accepted and ignored.
+    public var refusedGroups: Set<String>
+    /// Command lines worth copying, shown under `EXAMPLES:` in help and in the man page.
+    public var examples: [CommandExample]
+    /// What each exit status means, shown under `EXIT STATUS:` in help and in the man page.
+    public var exitStatuses: [ExitStatusDescription]
 
     /// Describes a command; every part but the name may be left out.
     public init(
@@ -30,7 +38,10 @@ public struct CommandSpec: Sendable {
         version: String? = nil,
         options: [OptionSpec] = [],
         positionals: [PositionalSpec] = [],
-        subcommands: [CommandSpec] = []
+        subcommands: [CommandSpec] = [],
+        refusedGroups: Set<String> = [],
+        examples: [CommandExample] = [],
+        exitStatuses: [ExitStatusDescription] = []
     ) {
         self.name = name
         self.abstract = abstract
@@ -39,6 +50,9 @@ public struct CommandSpec: Sendable {
         self.options = options
         self.positionals = positionals
         self.subcommands = subcommands
+        self.refusedGroups = refusedGroups
+        self.examples = examples
+        self.exitStatuses = exitStatuses
     }
 
     /// The subcommand with the given name, if this command has one.
@@ -83,6 +97,15 @@ public struct OptionSpec: Sendable {
     public var repeatable: Bool
     /// Whether the option also applies to every subcommand of the command that declares it.
     public var inherited: Bool
+    /// The heading the option is listed under in help (`"accessory"` lists it under
+    /// `ACCESSORY OPTIONS:`); a command refuses a whole group with ``CommandSpec/refusedGroups``.
+    public var group: String?
+    /// What a value must look like; checked while parsing, so a bad value is a usage error
+    /// before the command runs.
+    public var check: ValueCheck?
+    /// What shell completion offers for the value (files, directories, nothing); the
+    /// ``allowedValues`` are offered whatever this says.
+    public var completion: ValueCompletion
 
     /// Describes an option; prefer the ``flag(_:short:help:repeatable:inherited:)``,
     /// ``value(_:short:valueName:help:defaultValue:allowedValues:repeatable:inherited:)`` and
@@ -95,7 +118,10 @@ public struct OptionSpec: Sendable {
         defaultValue: String? = nil,
         allowedValues: [String]? = nil,
         repeatable: Bool = false,
-        inherited: Bool = false
+        inherited: Bool = false,
+        group: String? = nil,
+        check: ValueCheck? = nil,
+        completion: ValueCompletion = .none
     ) {
         self.long = long
         self.short = short
@@ -105,6 +131,30 @@ public struct OptionSpec: Sendable {
         self.allowedValues = allowedValues
         self.repeatable = repeatable
         self.inherited = inherited
+        self.group = group
+        self.check = check
+        self.completion = completion
+    }
+
+    /// This option with its value checked as `check` (see ``ValueCheck``).
+    public func checked(_ check: ValueCheck) -> OptionSpec {
+        var copy = self
+        copy.check = check
+        return copy
+    }
+
+    /// This option with shell completion offering `completion` for its value.
+    public func completing(_ completion: ValueCompletion) -> OptionSpec {
+        var copy = self
+        copy.completion = completion
+        return copy
+    }
+
+    /// This option in the group `name` (listed under its heading; see ``group``).
+    public func inGroup(_ name: String) -> OptionSpec {
+        var copy = self
+        copy.group = name
+        return copy
     }
 
     /// A flag (`--long`, `-s`); `repeatable` marks counted flags like `-vvv` in help.
@@ -188,18 +238,96 @@ public struct PositionalSpec: Sendable {
     public var isOptional: Bool
     /// Whether the argument collects all remaining positional words; only the last may be.
     public var isVariadic: Bool
+    /// What shell completion offers for the argument.
+    public var completion: ValueCompletion
 
     /// Describes a positional argument; required and single unless told otherwise.
-    public init(_ name: String, help: String = "", optional: Bool = false, variadic: Bool = false) {
+    public init(_ name: String, help: String = "", optional: Bool = false, variadic: Bool = false,
+                completion: ValueCompletion = .none) {
         self.name = name
         self.help = help
         self.isOptional = optional
         self.isVariadic = variadic
+        self.completion = completion
     }
 
     /// How the argument appears in a usage line: `<in>`, `[<in>]`, `<in> ...`, `[<in> ...]`.
     var synopsis: String {
         let core = isVariadic ? "<\(name)> ..." : "<\(name)>"
         return isOptional ? "[\(core)]" : core
+    }
+}
+
+/// What an option's value must look like (``OptionSpec/check``). The parser checks every value
+/// given, so `--timeout abc` or `--timeout -1` is a usage error (exit 64) naming the option and
+/// the accepted range, never a silent default.
+public enum ValueCheck: Sendable, Equatable {
+    /// A whole number (decimal, or hexadecimal with `0x`) in the range.
+    case integer(ClosedRange<Int>)
+    /// A decimal number (`2`, `0.5`) in the range: seconds, rates, sizes with a fraction.
+    case number(ClosedRange<Double>)
+
+    /// Nil when `text` passes, else what was expected (`"a number from 0 to 86400"`).
+    func problem(with text: String) -> String? {
+        switch self {
+        case .integer(let range):
+            guard let value = ParsedCommand.parseInteger(text), range.contains(value) else {
+                return "expected a whole number from \(range.lowerBound) to \(range.upperBound)"
+            }
+            return nil
+        case .number(let range):
+            // Double(_:) also takes "nan", "inf" and hexadecimal floats: only plain decimals pass.
+            let plain = !text.isEmpty && text.allSatisfy { $0.isASCII && ($0.isNumber || $0 == "." || $0 == "-" || $0 == "+") }
+            guard plain, let value = Double(text), value.isFinite, range.contains(value) else {
+                return "expected a number from \(ValueCheck.format(range.lowerBound)) to \(ValueCheck.format(range.upperBound))"
+            }
+            return nil
+        }
+    }
+
+    /// `3` for 3.0, `0.5` for 0.5.
+    static func format(_ value: Double) -> String {
+        value == value.rounded() && abs(value) < 1e15 ? String(Int(value)) : String(value)
+    }
+}
+
+/// What shell completion offers for a value (``OptionSpec/completion``,
+/// ``PositionalSpec/completion``).
+public enum ValueCompletion: Sendable, Equatable {
+    /// Nothing: the value is free text (a name, a number).
+    case none
+    /// File names (and directories to walk into).
+    case files
+    /// Directory names only.
+    case directories
+    /// These words.
+    case words([String])
+}
+
+/// A command line shown as an example in help and in the man page.
+public struct CommandExample: Sendable, Equatable {
+    /// The command line, as typed (`iapctl --simulate list`).
+    public var command: String
+    /// What it does, in a few words.
+    public var summary: String
+
+    /// An example: `command`, then `summary`.
+    public init(_ command: String, _ summary: String) {
+        self.command = command
+        self.summary = summary
+    }
+}
+
+/// What one exit status of a command means.
+public struct ExitStatusDescription: Sendable, Equatable {
+    /// The status.
+    public var code: ExitCode
+    /// When the command exits with it.
+    public var meaning: String
+
+    /// Describes `code`.
+    public init(_ code: ExitCode, _ meaning: String) {
+        self.code = code
+        self.meaning = meaning
     }
 }

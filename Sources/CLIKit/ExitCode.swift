@@ -1,6 +1,6 @@
 /// The status a command-line tool exits with, using the BSD `sysexits.h` conventions.
 ///
-/// A body passed to ``CommandLineTool/run(_:arguments:body:)`` returns one of these. An
+/// A body passed to ``CommandLineTool/run(_:arguments:manPageDate:body:)`` returns one of these. An
 /// `ExitCode` is also an `Error`: throwing one from a body ends the tool with that status and
 /// prints nothing more (the body is expected to have said what went wrong itself).
 public struct ExitCode: RawRepresentable, Sendable, Equatable, Hashable, Error, CustomStringConvertible {
@@ -31,12 +31,19 @@ public struct ExitCode: RawRepresentable, Sendable, Equatable, Hashable, Error, 
     public static let unavailable = ExitCode(69)
     /// `70` (`EX_SOFTWARE`): an internal error was detected: a bug in the tool, not in its input.
     public static let software = ExitCode(70)
+    /// `71` (`EX_OSERR`): the operating system refused something the tool needs that is not a
+    /// file or a device of the user's (a pseudo-terminal cannot be created, a gadget cannot be built).
+    public static let osError = ExitCode(71)
+    /// `73` (`EX_CANTCREAT`): an output file or socket the user named cannot be created.
+    public static let cannotCreate = ExitCode(73)
     /// `74` (`EX_IOERR`): reading or writing a file or device failed part way.
     public static let ioError = ExitCode(74)
     /// `75` (`EX_TEMPFAIL`): a temporary failure (timeout, device busy); trying again later may work.
     public static let tempFail = ExitCode(75)
     /// `77` (`EX_NOPERM`): the tool lacks the permission it needs (e.g. to open a USB device node).
     public static let noPermission = ExitCode(77)
+    /// `130` (128 + `SIGINT`): interrupted by Ctrl-C, as shells report it.
+    public static let interrupted = ExitCode(130)
 
     /// True for status `0`.
     public var isSuccess: Bool { rawValue == 0 }
@@ -51,9 +58,12 @@ public struct ExitCode: RawRepresentable, Sendable, Equatable, Hashable, Error, 
         case 66: return "noInput (66)"
         case 69: return "unavailable (69)"
         case 70: return "software (70)"
+        case 71: return "osError (71)"
+        case 73: return "cannotCreate (73)"
         case 74: return "ioError (74)"
         case 75: return "tempFail (75)"
         case 77: return "noPermission (77)"
+        case 130: return "interrupted (130)"
         default: return String(rawValue)
         }
     }

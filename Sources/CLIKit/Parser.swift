@@ -10,9 +10,14 @@ extension CommandSpec {
     /// - A value option takes the next word unless that word looks like an option
     ///   (`-x`, `--x`); `-` alone and negative numbers are taken as values.
     ///
-    /// Help and version requests win over usage errors in the same command line.
-    public func parse(_ arguments: [String]) throws(UsageError) -> ParseOutcome {
-        var engine = ParseEngine(root: self, arguments: arguments)
+    /// - A value that fails its option's ``OptionSpec/check``, or an empty value, is a usage error.
+    /// - An inherited option of a group the selected command refuses (``refusedGroups``) is a
+    ///   usage error, wherever it was given.
+    ///
+    /// Help and version requests win over usage errors in the same command line. Help text is
+    /// wrapped to `helpWidth` columns.
+    public func parse(_ arguments: [String], helpWidth: Int = HelpRenderer.defaultWidth) throws(UsageError) -> ParseOutcome {
+        var engine = ParseEngine(root: self, arguments: arguments, width: helpWidth)
         return try engine.parse()
     }
 }
@@ -28,11 +33,18 @@ private struct ParseEngine {
     var positionalWords: [String] = []
     var helpRequested = false
     var versionRequested = false
+    /// How each given option was spelled (`--serial`, `-a`), for errors raised later.
+    var spellings: [String: String] = [:]
+    /// The optional-value option given just before the current word without `=value`: a bare
+    /// word after it may have been meant as its value.
+    var optionalWithoutValue: String?
+    let width: Int
 
-    init(root: CommandSpec, arguments: [String]) {
+    init(root: CommandSpec, arguments: [String], width: Int) {
         self.root = root
         self.arguments = arguments
         self.chain = [root]
+        self.width = width
     }
 
     var current: CommandSpec { chain[chain.count - 1] }
@@ -46,7 +58,7 @@ private struct ParseEngine {
             }
         } catch {
             if helpRequested || remainingWordsAsk(forHelp: true) {
-                return .help(HelpRenderer.help(for: chain))
+                return .help(HelpRenderer.help(for: chain, width: width))
             }
             if versionRequested || remainingWordsAsk(forHelp: false), let version = root.version {
                 return .version(version)
@@ -54,7 +66,7 @@ private struct ParseEngine {
             throw error
         }
         if helpRequested {
-            return .help(HelpRenderer.help(for: chain))
+            return .help(HelpRenderer.help(for: chain, width: width))
         }
         if versionRequested, let version = root.version {
             return .version(version)
@@ -71,6 +83,8 @@ private struct ParseEngine {
         while index < arguments.count {
             let word = arguments[index]
             index += 1
+            let afterOptional = optionalWithoutValue
+            optionalWithoutValue = nil
             if terminated {
                 positionalWords.append(word)
             } else if word == "--" {
@@ -79,8 +93,16 @@ private struct ParseEngine {
                 try longOption(word)
             } else if isShortOptionGroup(word) {
                 try shortOptions(word)
-            } else if let outcome = try bareWord(word) {
-                return outcome
+            } else {
+                do throws(UsageError) {
+                    if let outcome = try bareWord(word) { return outcome }
+                } catch {
+                    // `--simulate legacy-sensor list`: the word was meant as the option's value.
+                    guard let afterOptional else { throw error }
+                    var hinted = error
+                    hinted.message += "; to give \(afterOptional) a value, write '\(afterOptional)=\(word)'"
+                    throw hinted
+                }
             }
         }
         return nil
@@ -122,7 +144,7 @@ private struct ParseEngine {
             }
             target.append(sub)
         }
-        return HelpRenderer.help(for: target)
+        return HelpRenderer.help(for: target, width: width)
     }
 
     /// `--name`, `--name=value`.
@@ -139,6 +161,9 @@ private struct ParseEngine {
         }
         let visible = HelpRenderer.visibleOptions(for: chain)
         guard let spec = visible.last(where: { $0.long == name }) else {
+            if HelpRenderer.refusedOptions(for: chain).contains(where: { $0.long == name }) {
+                throw doesNotApply("--\(name)")
+            }
             if name == "help" {
                 helpRequested = true
                 return
@@ -161,7 +186,7 @@ private struct ParseEngine {
             if let inline {
                 throw error("flag '\(spelling)' does not take a value (got '\(inline)')")
             }
-            record(spec)
+            record(spec, spelling: spelling)
         case .value:
             if let inline {
                 try record(spec, value: inline, spelling: spelling)
@@ -172,7 +197,8 @@ private struct ParseEngine {
             if let inline {
                 try record(spec, value: inline, spelling: spelling)
             } else {
-                record(spec)
+                record(spec, spelling: spelling)
+                optionalWithoutValue = spelling
             }
         }
     }
@@ -186,6 +212,9 @@ private struct ParseEngine {
             let letter = letters[position]
             position += 1
             guard let spec = visible.last(where: { $0.short == letter }) else {
+                if HelpRenderer.refusedOptions(for: chain).contains(where: { $0.short == letter }) {
+                    throw doesNotApply("-\(letter)")
+                }
                 if letter == "h" {
                     helpRequested = true
                     continue
@@ -207,7 +236,7 @@ private struct ParseEngine {
                     let given = String(letters[(position + 1)...])
                     throw error("option '\(spelling)' does not take a value (got '\(given)')")
                 }
-                record(spec)
+                record(spec, spelling: spelling)
             case .value:
                 if position < letters.count {
                     var attached = letters[position...]
@@ -232,18 +261,28 @@ private struct ParseEngine {
         return value
     }
 
-    mutating func record(_ spec: OptionSpec) {
+    mutating func record(_ spec: OptionSpec, spelling: String) {
         counts[spec.long, default: 0] += 1
+        spellings[spec.long] = spellings[spec.long] ?? spelling
     }
 
     mutating func record(_ spec: OptionSpec, value: String, spelling: String) throws(UsageError) {
-        if let allowed = spec.allowedValues, !allowed.contains(value) {
-            throw error(
-                "invalid value '\(value)' for option \(spec.display(as: spelling)); expected one of: "
-                    + allowed.joined(separator: ", ")
-            )
+        if value.isEmpty {
+            throw error("empty value for option \(spec.display(as: spelling))")
         }
-        counts[spec.long, default: 0] += 1
+        if let allowed = spec.allowedValues, !allowed.contains(value) {
+            var message = "invalid value '\(value)' for option \(spec.display(as: spelling)); expected one of: "
+                + allowed.joined(separator: ", ")
+            if let guess = EditDistance.closest(to: value, among: allowed) {
+                message = "invalid value '\(value)' for option \(spec.display(as: spelling)); did you mean '\(guess)'? "
+                    + "(expected one of: " + allowed.joined(separator: ", ") + ")"
+            }
+            throw error(message)
+        }
+        if let check = spec.check, let problem = check.problem(with: value) {
+            throw error("invalid value '\(value)' for option \(spec.display(as: spelling)): \(problem)")
+        }
+        record(spec, spelling: spelling)
         values[spec.long, default: []].append(value)
     }
 
@@ -307,6 +346,11 @@ private struct ParseEngine {
         if let extra = remaining.first {
             throw error("unexpected argument '\(extra)'")
         }
+        // Options given before a subcommand that refuses them (`iapctl --serial X decode`).
+        let refused = Set(HelpRenderer.refusedOptions(for: chain).map(\.long))
+        for long in counts.keys.sorted() where refused.contains(long) {
+            throw doesNotApply(spellings[long] ?? "--\(long)")
+        }
         var declared: [String: OptionSpec] = [:]
         for command in chain {
             for option in command.options {
@@ -328,6 +372,12 @@ private struct ParseEngine {
 
     func error(_ message: String) -> UsageError {
         UsageError(message, usage: HelpRenderer.usage(for: chain), commandPath: chain.map(\.name))
+    }
+
+    /// An inherited option the selected command refuses: it names the commands it belongs to.
+    func doesNotApply(_ spelling: String) -> UsageError {
+        let path = chain.map(\.name).joined(separator: " ")
+        return error("option '\(spelling)' does not apply to '\(path)'")
     }
 
     func unknownSubcommand(_ word: String, of commands: [CommandSpec]) -> UsageError {

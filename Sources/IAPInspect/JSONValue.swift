@@ -9,6 +9,9 @@ public indirect enum JSONValue: Hashable, Sendable {
     case bool(Bool)
     /// A JSON number; integers only (every number in a frame report is one).
     case int(Int)
+    /// A JSON number with a fraction (seconds, rates); written in the shortest form that reads
+    /// back the same, and as `null` when it is not finite (JSON has no infinity or NaN).
+    case number(Double)
     /// A JSON string, kept exact; ``serialized()`` escapes quotes, backslashes and controls.
     case string(String)
     /// A JSON array.
@@ -21,6 +24,7 @@ public indirect enum JSONValue: Hashable, Sendable {
         case (.null, .null): return true
         case let (.bool(a), .bool(b)): return a == b
         case let (.int(a), .int(b)): return a == b
+        case let (.number(a), .number(b)): return a == b
         case let (.string(a), .string(b)): return a == b
         case let (.array(a), .array(b)): return a == b
         case let (.object(a), .object(b)): return a.count == b.count && zip(a, b).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
@@ -51,6 +55,7 @@ public indirect enum JSONValue: Hashable, Sendable {
         case .null: out += "null"
         case let .bool(value): out += value ? "true" : "false"
         case let .int(value): out += String(value)
+        case let .number(value): out += value.isFinite ? String(value) : "null"
         case let .string(value): Self.writeString(value, to: &out)
         case let .array(values):
             out += "["

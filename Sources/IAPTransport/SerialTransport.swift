@@ -234,6 +234,26 @@ public final class SerialTransport: Transport {
         )
     }
 
+    /// What to do about a device that cannot be opened, naming its real owner and group: a
+    /// pseudo-terminal is its creator's (its group, `tty`, only lets others write to it), a
+    /// serial adapter is usually the `dialout` group's, but some systems use `uucp` or a udev
+    /// rule's own group.
+    static func permissionAdvice(path: String) -> String {
+        var status = stat()
+        guard stat(path, &status) == 0 else {
+            return "check who may open it: ls -l \(path)"
+        }
+        let owner = getpwuid(status.st_uid).map { String(cString: $0.pointee.pw_name) } ?? String(status.st_uid)
+        let group = getgrgid(status.st_gid).map { String(cString: $0.pointee.gr_name) } ?? String(status.st_gid)
+        let groupCanOpen = status.st_mode & 0o060 == 0o060
+        if path.hasPrefix("/dev/pts/") || !groupCanOpen {
+            return "\(path) is \(owner)'s alone (group \(group) may not open it for reading and writing): run as \(owner), "
+                + "or create the pseudo-terminal as this user"
+        }
+        return "\(path) belongs to the group '\(group)': add your user to it (sudo usermod -aG \(group) $USER, then log in again), "
+            + "or install a udev rule that gives the device to a group you are in"
+    }
+
     private static func openError(path: String, errno code: Int32) -> TransportError {
         switch code {
         case ENOENT:
@@ -248,9 +268,7 @@ public final class SerialTransport: Transport {
                 "cannot open \(path): permission denied",
                 kind: .permission,
                 errno: code,
-                advice: path.hasPrefix("/dev/pts/")
-                    ? "a pseudo-terminal belongs to the user who made it; run as that user (ls -l \(path) shows who)"
-                    : "add your user to the group of the device (ls -l \(path); dialout for serial adapters): sudo usermod -aG dialout $USER, then log in again"
+                advice: permissionAdvice(path: path)
             )
         case EBUSY:
             TransportError(

@@ -49,7 +49,7 @@ struct CommandLineToolTests {
         #expect(
             result.stderr == """
                 error: unknown option '--jsn'; did you mean '--json'?
-                USAGE: iapctl decode [--verbose ...] [--json] [--trace] [--format <style>] [--out <file>] [--skip <n>] [--filter <lingo> ...] [<input>]
+                USAGE: iapctl decode [<options>] [<input>]
                 See 'iapctl decode --help'.
 
                 """
@@ -98,7 +98,7 @@ struct CommandLineToolTests {
         #expect(
             result.stderr == """
                 error: invalid value 'apple' for '--vendor <id>': expected an integer
-                USAGE: iapctl probe [--verbose ...] [--json] [--trace] [--simulate[=<profile>]] [--vendor <id>]
+                USAGE: iapctl probe [<options>]
                 See 'iapctl probe --help'.
 
                 """

@@ -22,6 +22,7 @@ struct HelpTests {
               probe                   Probe an attached accessory.
               send                    Send raw bytes.
               session                 Manage sessions.
+              help                    Show the help of a subcommand.
 
               See 'iapctl help <subcommand>' for detailed help.
             """)
@@ -33,7 +34,7 @@ struct HelpTests {
 
             Reads a capture written by 'iapctl record'.
 
-            USAGE: iapctl decode [--verbose ...] [--json] [--trace] [--format <style>] [--out <file>] [--skip <n>] [--filter <lingo> ...] [<input>]
+            USAGE: iapctl decode [<options>] [<input>]
 
             ARGUMENTS:
               <input>                 Capture file (stdin when absent).
@@ -42,7 +43,8 @@ struct HelpTests {
               -v, --verbose           Log more (repeat for more detail).
               -j, --json              Print JSON.
               --trace                 Trace every frame.
-              -f, --format <style>    Output style. (values: text, hex, tree) (default: text)
+              -f, --format <style>    Output style. (values: text, hex, tree) (default:
+                                      text)
               -o, --out <file>        Write to this file.
               --skip <n>              Frames to skip. (default: 0)
               --filter <lingo>        Only these lingoes.
@@ -55,7 +57,7 @@ struct HelpTests {
         #expect(sampleTool.helpText(for: ["probe"]) == """
             OVERVIEW: Probe an attached accessory.
 
-            USAGE: iapctl probe [--verbose ...] [--json] [--trace] [--simulate[=<profile>]] [--vendor <id>]
+            USAGE: iapctl probe [<options>]
 
             OPTIONS:
               -v, --verbose           Log more (repeat for more detail).
@@ -84,6 +86,7 @@ struct HelpTests {
             SUBCOMMANDS:
               open                    Open a session.
               close                   Close a session.
+              help                    Show the help of a subcommand.
 
               See 'iapctl help session <subcommand>' for detailed help.
             """)
@@ -119,7 +122,7 @@ struct HelpTests {
             positionals: [PositionalSpec("files", variadic: true)]
         )
         #expect(spec.helpText() == """
-            USAGE: dump [--human-readable] [--maximum-transfer-size <bytes>] [--level[=<n>]] <files> ...
+            USAGE: dump [<options>] <files> ...
 
             ARGUMENTS:
               <files>

@@ -39,8 +39,9 @@ struct ParserTests {
         #expect(command.positional("input") == nil)
     }
 
-    @Test func valueMayBeEmptyOrDashOrNegative() throws {
-        #expect(try #require(parsed(["decode", "--out="])).value("out") == "")
+    @Test func valueMayBeDashOrNegativeButNotEmpty() throws {
+        #expect(usageError(["decode", "--out="])?.message == "empty value for option '--out <file>'")
+        #expect(usageError(["probe", "--simulate="])?.message == "empty value for option '--simulate'")
         #expect(try #require(parsed(["decode", "--out", "-"])).value("out") == "-")
         #expect(try #require(parsed(["decode", "--skip", "-3"])).value("skip") == "-3")
     }
@@ -168,7 +169,7 @@ struct ParserTests {
         } catch {
             #expect(error.message == "invalid value '70000' for '--vendor <id>': must be in the range 0...65535")
         }
-        for bad in ["", "+", "0x", "--5", "1_000", "99999999999999999999", "0x-5", " 5"] {
+        for bad in ["+", "0x", "--5", "1_000", "99999999999999999999", "0x-5", " 5"] {
             let command = try #require(parsed(["probe", "--vendor=\(bad)"]))
             #expect(throws: UsageError.self, "'\(bad)'") { try command.integer("vendor") }
         }
@@ -332,7 +333,7 @@ struct UsageErrorTests {
         #expect(
             error.description == """
                 missing value for option '--vendor <id>'
-                USAGE: iapctl probe [--verbose ...] [--json] [--trace] [--simulate[=<profile>]] [--vendor <id>]
+                USAGE: iapctl probe [<options>]
                 See 'iapctl probe --help'.
                 """
         )

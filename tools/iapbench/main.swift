@@ -2,6 +2,7 @@
 // in the same run (the machines are noisy); build with `swift build -c release` first.
 
 import CLIKit
+import ProjectVersion
 import IAPInspect
 
 let codecCommand = CommandSpec(
@@ -108,11 +109,11 @@ let soakCommand = CommandSpec(
 let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
-    version: "0.1.0-dev",
+    version: AccessoryHostVersion.string,
     subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, ptysCommand, ptyAccessoriesCommand, soakCommand]
 )
 
-CommandLineTool.run(iapbench) { command in
+CommandLineTool.run(iapbench, manPageDate: AccessoryHostVersion.releaseDate) { command in
     switch command.path.dropFirst().first {
     case "codec": return try CodecCommand.run(command)
     case "loopback": return try LoopbackBenchmarks.run(command, overPty: false)

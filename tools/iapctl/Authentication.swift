@@ -11,11 +11,11 @@ enum AuthenticationOptions {
         .value("auth", valueName: "policy",
                help: "Authentication: accept (check nothing), record (verify and report, accept anyway) or require (refuse what fails).",
                defaultValue: "record", allowedValues: AuthenticationMode.allCases.map(\.rawValue), inherited: true),
-        .value("trust", valueName: "file|dir", help: "CA certificates (PEM file, or a directory of them) accessories' certificates must chain to.",
-               inherited: true),
+        OptionSpec.value("trust", valueName: "file|dir", help: "CA certificates (PEM file, or a directory of them) accessories' certificates must chain to.",
+                         inherited: true).completing(.files),
         .flag("check-validity", help: "Count a certificate outside its validity period as a failure (refused under --auth require).",
               inherited: true),
-    ]
+    ].map { $0.inGroup(OptionGroup.authentication) }
 
     /// The policy the options ask for.
     static func policy(_ command: ParsedCommand) throws -> any AuthenticationPolicy {

@@ -17,7 +17,7 @@ enum ListCommand {
         // to know why one they plugged in is missing.
         let failed = session.reportFailures()
         if command.flag("json") {
-            StandardOutput.write(accessories.map { json($0).serialized() + "\n" }.joined())
+            StandardOutput.write(accessories.map(JSONOutput.accessoryLine).joined())
             return accessories.isEmpty && failed ? .unavailable : .success
         }
         guard !accessories.isEmpty else {
@@ -33,12 +33,10 @@ enum InfoCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let session = try HostContext(command)
         defer { session.shutdown() }
-        let accessories = try discover(session, command: command)
-        let accessory = try select(accessories, command.value("accessory"))
+        let accessory = try chooseAccessory(session, command: command)
         let identity = accessory.identity
         if command.flag("json") {
-            var fields: [(String, JSONValue)] = []
-            if case let .object(base) = json(accessory) { fields = base }
+            var fields: [(String, JSONValue)] = [("accessory", json(accessory))]
             fields.append(("protocols", .array(identity.protocols.map { item in
                 .object([("identifier", .int(Int(item.identifier))), ("name", .string(item.name)),
                          ("matchAction", .int(Int(item.matchAction))),
@@ -47,7 +45,7 @@ enum InfoCommand {
             })))
             fields.append(("languages", .array(identity.supportedLanguages.map { .string($0) })))
             fields.append(("maximumCurrentDrawnFromDevice", .int(Int(identity.maximumCurrentDrawnFromDevice))))
-            StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
+            StandardOutput.write(JSONOutput.line(fields))
             return .success
         }
         // Every string the accessory chose is escaped: it must not act on the terminal.
@@ -100,19 +98,19 @@ enum WatchCommand {
             let line: String
             switch event {
             case let .connected(accessory):
-                line = json ? JSONValue.object([("event", .string("connected")), ("accessory", IapctlJSON.accessory(accessory))]).serialized()
+                line = json ? JSONOutput.line([("event", .string("connected")), ("accessory", iapctlJSON(accessory))])
                     : "connected     \(accessory.connectionID)  \(accessory.name.escapedForTerminal) "
                         + "(\(accessory.serialNumber.escapedForTerminal)) on \(accessory.location.escapedForTerminal)"
             case let .disconnected(accessory, reason):
-                line = json ? JSONValue.object([("event", .string("disconnected")), ("connectionID", .int(accessory.connectionID)),
-                                                ("reason", .string(reason))]).serialized()
+                line = json ? JSONOutput.line([("event", .string("disconnected")), ("accessory", iapctlJSON(accessory)),
+                                               ("reason", .string(reason))])
                     : "disconnected  \(accessory.connectionID)  \(accessory.name.escapedForTerminal): \(reason.escapedForTerminal)"
             case let .failed(location, reason):
-                line = json ? JSONValue.object([("event", .string("failed")), ("location", .string(location)),
-                                                ("reason", .string(reason))]).serialized()
+                line = json ? JSONOutput.line([("event", .string("failed")), ("location", .string(location)),
+                                               ("reason", .string(reason))])
                     : "failed        \(location.escapedForTerminal): \(reason.escapedForTerminal)"
             }
-            StandardOutput.write(line + "\n")
+            StandardOutput.write(json ? line : line + "\n")
             let count = seen.withLock { value -> Int in
                 value += 1
                 return value
@@ -124,10 +122,6 @@ enum WatchCommand {
         signal.cancel()
         return .success
     }
-}
-
-enum IapctlJSON {
-    static func accessory(_ accessory: Accessory) -> JSONValue { json(accessory) }
 }
 
 /// An accessory as `iapctl list` prints it: a line, then its protocols. The accessory's strings

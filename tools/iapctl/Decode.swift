@@ -107,8 +107,7 @@ struct ReportOutput {
 
     mutating func write(_ report: FrameReport) throws {
         count += 1
-        text += json ? report.json.serialized() : "#\(count) " + report.text()
-        text += "\n"
+        text += json ? JSONOutput.line(report.json) : "#\(count) " + report.text() + "\n"
         if text.utf8.count >= DecodeCommand.pieceSize { try flush() }
     }
 

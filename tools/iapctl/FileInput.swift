@@ -47,5 +47,27 @@ struct ChunkedInput: ~Copyable {
         }
     }
 
+    /// The size of a regular file; nil for a pipe, a terminal or a device (no end known).
+    var regularFileSize: Int? {
+        var status = stat()
+        guard fstat(fd, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { return nil }
+        return Int(status.st_size)
+    }
+
+    /// Reads until `buffer` is full or the input ends; 0 only at the end.
+    func readFully(into buffer: inout [UInt8]) throws(FileInput.ReadError) -> Int {
+        var filled = 0
+        while filled < buffer.count {
+            let count = buffer.withUnsafeMutableBytes { raw in Glibc.read(fd, raw.baseAddress! + filled, raw.count - filled) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw FileInput.ReadError(errno: errno)
+            }
+            if count == 0 { break }
+            filled += count
+        }
+        return filled
+    }
+
     deinit { if fd != 0 { close(fd) } }
 }

@@ -10,6 +10,15 @@ import IAPWire
 import Synchronization
 import USBHost
 
+/// The option groups of iapctl's command specs (see `CommandSpec.refusedGroups`): statics, so
+/// that they are there before main.swift's top-level specs are built.
+enum OptionGroup {
+    /// The options that find accessories and trace them (--serial, --simulate, --timeout…).
+    static let accessory = "accessory"
+    /// --auth, --trust, --check-validity.
+    static let authentication = "authentication"
+}
+
 /// A failure with the exit status scripts can act on.
 struct ToolError: Error, ExitCodeProviding, CustomStringConvertible {
     var description: String
@@ -127,14 +136,33 @@ final class FailureLog: Sendable {
     let entries = Mutex<[String]>([])
 }
 
-/// Loads a simulator profile by built-in name or JSON path.
+/// Loads a simulator profile by built-in name or JSON path: 66 when there is no such profile
+/// or file (or it cannot be read), 65 when the file is not a valid profile (sysexits' EX_DATAERR).
 func loadProfile(_ name: String) throws -> SimulatorProfile {
     if let builtIn = SimulatorProfile.builtIn(named: name) { return builtIn }
+    let names = SimulatorProfile.builtInNames
+    var status = stat()
+    guard stat(name, &status) == 0 else {
+        let code = errno
+        if code == ENOENT, !name.contains("/") {
+            let guess = Suggestion.closest(to: name, among: names).map { "did you mean '\($0)'? " } ?? ""
+            throw ToolError(description: "no simulator profile named '\(name)': \(guess)the built-in profiles are \(names.joined(separator: ", ")); "
+                                + "a JSON profile is given by its path (tools/profiles/ has examples)", exitCode: .noInput)
+        }
+        throw ToolError(description: "cannot read the simulator profile '\(name)': \(String(cString: strerror(code))); "
+                            + "give a built-in name (\(names.joined(separator: ", "))) or the path of a JSON profile", exitCode: .noInput)
+    }
+    if status.st_mode & S_IFMT == S_IFDIR {
+        throw ToolError(description: "'\(name)' is a directory, not a simulator profile; give a JSON file in it "
+                            + "or a built-in name (\(names.joined(separator: ", ")))", exitCode: .noInput)
+    }
+    guard access(name, R_OK) == 0 else {
+        throw ToolError(description: "cannot read the simulator profile '\(name)': \(String(cString: strerror(errno)))", exitCode: .noInput)
+    }
     do {
         return try SimulatorProfile.load(path: name)
     } catch {
-        throw ToolError(description: "\(error) (built-in profiles: \(SimulatorProfile.builtInNames.joined(separator: ", ")))",
-                        exitCode: .noInput)
+        throw ToolError(description: "\(error)", exitCode: .dataError)
     }
 }
 
@@ -161,7 +189,7 @@ final class TraceSink: Sendable {
         var opened: UnsafeMutablePointer<FILE>?
         if let path {
             guard let handle = fopen(path, "w") else {
-                throw ToolError(description: "cannot write the trace file '\(path)': \(String(cString: strerror(errno)))", exitCode: .ioError)
+                throw ToolError(description: "cannot create the trace file '\(path)': \(String(cString: strerror(errno)))", exitCode: .cannotCreate)
             }
             opened = handle
         }
@@ -234,42 +262,95 @@ final class TraceStream: Sendable {
     }
 }
 
-/// Picks an accessory by connection id, serial number or name (or the only one there is).
-func select(_ accessories: [Accessory], _ selector: String?, protocolString: String? = nil) throws -> Accessory {
+/// The first of several waits to finish, for a thread that blocks until one does.
+final class FirstOutcome: Sendable {
+    let value = Mutex<Bool?>(nil)
+    let done = DispatchSemaphore(value: 0)
+
+    func report(_ outcome: Bool) {
+        value.withLock { $0 = $0 ?? outcome }
+        done.signal()
+    }
+}
+
+/// The `--timeout` in seconds (checked by the parser: a number from 0 to 86400).
+func timeoutSeconds(_ command: ParsedCommand) -> Double {
+    Double(command.value("timeout") ?? "3") ?? 3
+}
+
+/// Waits until every source has settled (each transport has an identified accessory or has
+/// failed), at most `--timeout`, and returns the accessories connected then.
+func discover(_ session: HostContext, command: ParsedCommand) throws -> [Accessory] {
+    let manager = session.manager
+    let timeout = Duration.milliseconds(Int(timeoutSeconds(command) * 1_000))
+    _ = try blockingAwait { await manager.waitUntilSettled(timeout: timeout) }
+    return manager.connectedAccessories
+}
+
+/// The one accessory a command works on: the one `--accessory` names (connection id, serial
+/// number or name) that speaks `protocolString` when one is given, or the only one there is.
+///
+/// The choice waits until the sources have settled (at most `--timeout`): choosing as soon as
+/// any accessory is up picked the wrong one, or none, while another was still identifying. A
+/// selector or a protocol that matches several accessories is an error listing them (64); none
+/// is an error listing what is connected (69), with a "did you mean" for a near miss.
+func chooseAccessory(_ session: HostContext, command: ParsedCommand, protocolString: String? = nil) throws -> Accessory {
+    let manager = session.manager
+    let seconds = timeoutSeconds(command)
+    let selector = command.value("accessory")
+    let requestedID = selector.flatMap { Int($0) }
+    let byID: (@Sendable (Accessory) -> Bool)? = requestedID.map { id -> @Sendable (Accessory) -> Bool in
+        { accessory in accessory.connectionID == id }
+    }
+    let timeout = Duration.milliseconds(Int(seconds * 1_000))
+    // Whichever comes first: every source settled, or the accessory asked for by connection id.
+    let first = FirstOutcome()
+    Task { first.report(await manager.waitUntilSettled(timeout: timeout)) }
+    if let byID {
+        Task { if await manager.waitForAccessory(timeout: timeout, where: byID) != nil { first.report(true) } }
+    }
+    first.done.wait()
+    let settled = first.value.withLock { $0 } ?? false
+    let accessories = manager.connectedAccessories
     var candidates = accessories
     if let protocolString { candidates = candidates.filter { $0.protocolStrings.contains(protocolString) } }
     if let selector {
-        candidates = candidates.filter {
-            String($0.connectionID) == selector || $0.serialNumber == selector || $0.name == selector
-        }
-    }
-    guard let first = candidates.first else {
-        let what = [selector.map { "matching '\($0)'" }, protocolString.map { "speaking '\($0)'" }].compactMap { $0 }.joined(separator: " ")
-        let seen = accessories.isEmpty ? "no accessories found (connect one, or try --simulate)" :
-            "connected: " + accessories.map { "\($0.connectionID) \($0.name) [\($0.protocolStrings.joined(separator: ", "))]" }.joined(separator: "; ")
-        throw ToolError(description: "no accessory \(what.isEmpty ? "" : what + " ")available; \(seen)", exitCode: .unavailable)
-    }
-    if candidates.count > 1, selector == nil {
-        throw ToolError(description: "several accessories match; pick one with --accessory ID|SERIAL|NAME: "
-            + candidates.map { "\($0.connectionID) \($0.name) (\($0.serialNumber))" }.joined(separator: "; "), exitCode: .usage)
-    }
-    return first
-}
-
-/// Waits up to the `--timeout` for accessories to identify, then returns those connected.
-func discover(_ session: HostContext, command: ParsedCommand, until predicate: (@Sendable (Accessory) -> Bool)? = nil) throws -> [Accessory] {
-    let seconds = Double(command.value("timeout") ?? "3") ?? 3
-    let manager = session.manager
-    let wanted = predicate
-    let timeout = Duration.milliseconds(Int(seconds * 1_000))
-    _ = try blockingAwait {
-        if let wanted {
-            _ = await manager.waitForAccessory(timeout: timeout, where: wanted)
+        if let byID, let exact = candidates.first(where: byID) {
+            candidates = [exact]
         } else {
-            _ = await manager.waitUntilSettled(timeout: timeout)
+            candidates = candidates.filter { $0.serialNumber == selector || $0.name == selector }
         }
     }
-    return manager.connectedAccessories
+    func describe(_ accessory: Accessory) -> String {
+        "\(accessory.connectionID) \(accessory.name) (serial \(accessory.serialNumber), on \(accessory.location))"
+    }
+    if candidates.count > 1 {
+        let what = selector.map { "'\($0)' matches" } ?? (protocolString.map { "several accessories speak '\($0)'" } ?? "several accessories are connected")
+        throw ToolError(description: (selector == nil ? what : "\(what) several accessories") + "; pick one by its connection id "
+                            + "(--accessory \(candidates[0].connectionID)): " + candidates.map(describe).joined(separator: "; "),
+                        exitCode: .usage)
+    }
+    if let only = candidates.first { return only }
+
+    var what: [String] = []
+    if let selector { what.append("matching '\(selector)'") }
+    if let protocolString { what.append("speaking '\(protocolString)'") }
+    var message = "no accessory " + (what.isEmpty ? "found" : what.joined(separator: " "))
+    if !settled { message += " within \(WaitCommand.format(seconds)) s (some were still being identified; a longer --timeout may help)" }
+    if accessories.isEmpty {
+        message += "; none is connected (connect one, or try --simulate)"
+    } else {
+        message += "; connected: " + accessories.map { "\($0.connectionID) \($0.name) [\($0.protocolStrings.joined(separator: ", "))]" }
+            .joined(separator: "; ")
+        if let protocolString,
+           let guess = Suggestion.closest(to: protocolString, among: Array(Set(accessories.flatMap(\.protocolStrings))).sorted()) {
+            message += "; did you mean '\(guess)'?"
+        } else if let selector, byID == nil,
+                  let guess = Suggestion.closest(to: selector, among: accessories.flatMap { [$0.serialNumber, $0.name] }) {
+            message += "; did you mean '\(guess)'?"
+        }
+    }
+    throw ToolError(description: message, exitCode: .unavailable)
 }
 
 func json(_ accessory: Accessory) -> JSONValue {

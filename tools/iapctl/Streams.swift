@@ -34,9 +34,8 @@ enum OpenCommand {
         if let socketPath { try UnixListener.check(socketPath) } // before any accessory is touched
         let session = try HostContext(command, supportedProtocols: [protocolString])
         defer { session.shutdown() }
-        let accessory = try select(try discover(session, command: command) { $0.protocolStrings.contains(protocolString) },
-                                   command.value("accessory"), protocolString: protocolString)
-        let stream = try blockingAwait { try await accessory.openSession(for: protocolString) }
+        let accessory = try chooseAccessory(session, command: command, protocolString: protocolString)
+        let stream = try openSession(accessory, protocolString)
         session.logger.info("opened \(protocolString) on \(accessory.name)")
         let idle = Double(command.value("idle") ?? "1") ?? 1
         guard let socketPath else {
@@ -327,121 +326,257 @@ final class ClientRefuser: Sendable {
     }
 }
 
-/// How long `send` waits for the accessory's acknowledged count to move before it gives up.
+/// How long `open` waits for the accessory's acknowledged count to move before it gives up
+/// (`send` takes `--stall-timeout`).
 let sendProgressTimeout: Duration = .seconds(10)
+
+/// Opens `protocolString` on `accessory`: a refusal or a departure is 69 or 74, not 1.
+func openSession(_ accessory: Accessory, _ protocolString: String) throws -> AccessorySession {
+    do {
+        return try blockingAwait { try await accessory.openSession(for: protocolString) }
+    } catch let error as AccessoryError {
+        switch error {
+        case .disconnected, .sessionClosed, .timedOut: throw ToolError(description: "\(error)", exitCode: .ioError)
+        default: throw ToolError(description: "\(error)", exitCode: .unavailable)
+        }
+    }
+}
 
 enum SendCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let protocolString = command.positional("protocol") ?? ""
         let path = command.positional("file") ?? ""
-        let data: [UInt8]
-        do { data = try FileInput.readAll(path: path) } catch {
+        let verify = command.flag("verify-echo")
+        let jsonOutput = command.flag("json")
+        if verify, path == "-" {
+            throw UsageError("--verify-echo reads the file a second time to compare the echo; standard input cannot be read twice: "
+                                + "give a file", usage: command.path.joined(separator: " ") + " [<options>] <protocol> <file>",
+                             commandPath: command.path)
+        }
+        // Checked before any accessory is touched; the file is streamed, never read whole.
+        let input: ChunkedInput
+        do { input = try ChunkedInput(path: path) } catch {
             throw ToolError(description: "cannot read '\(path)': \(error)", exitCode: .noInput)
         }
+        let total = input.regularFileSize
+        let chunkSize = try command.integer("chunk", in: 1...(16 << 20)) ?? 64 * 1_024
+        let stallTimeout = Duration.milliseconds(Int((Double(command.value("stall-timeout") ?? "10") ?? 10) * 1_000))
         let session = try HostContext(command, supportedProtocols: [protocolString])
         defer { session.shutdown() }
-        let accessory = try select(try discover(session, command: command) { $0.protocolStrings.contains(protocolString) },
-                                   command.value("accessory"), protocolString: protocolString)
-        let stream = try blockingAwait { try await accessory.openSession(for: protocolString) }
-        let verify = command.flag("verify-echo")
-        let json = command.flag("json")
-        let progress = !json && Terminal.isTTY(2)
-        let chunkSize = try command.integer("chunk", in: 1...(16 << 20)) ?? 64 * 1_024
+        let accessory = try chooseAccessory(session, command: command, protocolString: protocolString)
+        let stream = try openSession(accessory, protocolString)
+        let progress = jsonOutput || !Terminal.isTTY(2) ? nil : ProgressLine(total: total)
         let start = ContinuousClock.now
-        let reader: Task<Bool, any Error>? = verify ? Task {
-            var received = 0
-            var matches = true
-            while received < data.count, let chunk = try await stream.read() {
-                if Array(data[received..<min(data.count, received + chunk.count)]) != chunk { matches = false }
-                received += chunk.count
-            }
-            return matches && received == data.count
-        } : nil
-        var sent = 0
-        var lastDraw = ContinuousClock.now
-        // Progress watchdog: an accessory that keeps the link alive (bare ACKs) but acknowledges
-        // none of the data would hold the transfer forever. No new acknowledgement for
-        // `sendProgressTimeout` while bytes are outstanding ends the session, and the send fails.
-        let stalled = Mutex(false)
-        let watchdog = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "iapctl.send.watchdog"))
-        let progressState = Mutex((acknowledged: 0, since: ContinuousClock.now))
-        let total = data.count
-        watchdog.schedule(deadline: .now() + 1, repeating: 1)
-        watchdog.setEventHandler {
-            let acknowledged = stream.bytesAcknowledged
-            let giveUp = progressState.withLock { state -> Bool in
-                if acknowledged != state.acknowledged || acknowledged >= total {
-                    state = (acknowledged, .now)
-                    return false
-                }
-                return ContinuousClock.now - state.since >= sendProgressTimeout
-            }
-            if giveUp, stalled.withLock({ stalled in defer { stalled = true }; return !stalled }) { stream.close() }
+
+        // What the accessory sends back is always read: compared with the file read a second
+        // time (--verify-echo), or dropped. An echo nobody reads fills the session's buffer, and
+        // its flow control then holds the accessory, and so the transfer, for ever.
+        let reader = Task { () -> (matches: Bool, received: Int) in
+            verify ? try await compareEcho(stream, path: path, total: total ?? 0) : (true, try await discard(stream))
         }
-        watchdog.resume()
+        // Ctrl-C and the stall watchdog end the session; the send loop then reports.
+        let stop = Mutex<StopReason?>(nil)
+        Glibc.signal(SIGINT, SIG_IGN)
+        let interrupt = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
+        interrupt.setEventHandler {
+            if stop.withLock({ reason in defer { reason = reason ?? .interrupted }; return reason == nil }) { stream.close() }
+        }
+        interrupt.resume()
+        defer { interrupt.cancel() }
+        let watchdog = StallWatchdog(stream: stream, timeout: stallTimeout) {
+            if stop.withLock({ reason in defer { reason = reason ?? .stalled }; return reason == nil }) { stream.close() }
+        }
         defer { watchdog.cancel() }
+        session.logger.info("sending \(path) on \(protocolString) to \(accessory.name)")
+
+        var sent = 0
+        var buffer = [UInt8](repeating: 0, count: chunkSize)
         do {
-            while sent < data.count {
-                let end = min(data.count, sent + chunkSize)
-                let chunk = Array(data[sent..<end])
-                try blockingAwait { try await stream.write(chunk) }
-                sent = end
-                if progress, ContinuousClock.now - lastDraw > .milliseconds(100) {
-                    lastDraw = .now
-                    drawProgress(sent: sent, total: data.count, since: start)
+            while true {
+                let count: Int
+                do { count = try input.readFully(into: &buffer) } catch {
+                    stream.close()
+                    throw ToolError(description: "cannot read '\(path)' after \(sent) bytes: \(error)", exitCode: .noInput)
                 }
+                if count == 0 { break }
+                let chunk = Array(buffer[0..<count])
+                try blockingAwait { try await stream.write(chunk) }
+                sent += count
+                watchdog.expect(sent)
+                progress?.draw(sent: sent, since: start)
             }
             try blockingAwait { try await stream.flush() }
             // Success means acknowledged by the accessory, not handed to the link.
             try blockingAwait { try await stream.drain() }
+        } catch let error as ToolError {
+            progress?.finish()
+            throw error
         } catch {
-            if progress { StandardError.write("\n") }
+            progress?.finish()
             // Nothing is resent: the script decides, knowing what is sure to have arrived.
             let acknowledged = stream.bytesAcknowledged
-            let reason = stalled.withLock { $0 }
-                ? "the accessory acknowledged nothing for \(sendProgressTimeout) (the link is alive, the data does not move)"
-                : "\(error)"
-            let summary = "transfer broke: the accessory acknowledged \(acknowledged) of \(data.count) bytes "
-                + "(\(sent) had been written to the session; nothing was resent): \(reason)"
-            if json {
-                StandardOutput.write(JSONValue.object([("ok", .bool(false)), ("bytesAcknowledged", .int(acknowledged)),
-                                                       ("bytesHanded", .int(sent)), ("bytes", .int(data.count)),
-                                                       ("error", .string(reason))]).serialized() + "\n")
+            let why = stop.withLock { $0 }
+            let reason: String
+            switch why {
+            case .interrupted?: reason = "interrupted"
+            case .stalled?: reason = "the accessory acknowledged nothing for \(stallTimeout) (the link is alive, the data does not move)"
+            case nil: reason = "\(error)"
             }
-            throw ToolError(description: summary, exitCode: .ioError)
+            let size = total.map { " of \($0)" } ?? ""
+            let summary = "transfer \(why == .interrupted ? "interrupted" : "broke"): the accessory acknowledged \(acknowledged)\(size) bytes "
+                + "(\(sent) had been written to the session; nothing was resent)" + (why == .interrupted ? "" : ": \(reason)")
+            if jsonOutput {
+                StandardOutput.write(JSONOutput.line([
+                    ("ok", .bool(false)), ("protocol", .string(protocolString)), ("accessory", json(accessory)),
+                    ("bytes", total.map { .int($0) } ?? .null), ("bytesHanded", .int(sent)), ("bytesAcknowledged", .int(acknowledged)),
+                    ("seconds", .number(seconds(ContinuousClock.now - start))), ("error", .string(reason)),
+                ]))
+            }
+            throw ToolError(description: summary, exitCode: why == .interrupted ? .interrupted : .ioError)
         }
+        let elapsed = seconds(ContinuousClock.now - start)
         var verified: Bool?
-        if let reader {
+        if verify {
+            // The echo of the last bytes may still be on its way: up to the stall timeout.
             let outcome = try blockingAwait { try await reader.value }
-            verified = outcome
-        }
-        let seconds = Double((ContinuousClock.now - start).components.attoseconds) / 1e18 + Double((ContinuousClock.now - start).components.seconds)
-        let rate = seconds > 0 ? Double(data.count) / seconds : 0
-        if progress { drawProgress(sent: sent, total: data.count, since: start); StandardError.write("\n") }
-        stream.close()
-        if json {
-            var fields: [(String, JSONValue)] = [("ok", .bool(verified ?? true)), ("protocol", .string(protocolString)),
-                                                 ("accessory", .int(accessory.connectionID)), ("bytes", .int(data.count)),
-                                                 ("seconds", .string(String(seconds))), ("bytesPerSecond", .int(Int(rate)))]
-            if let verified { fields.append(("verified", .bool(verified))) }
-            StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
+            verified = outcome.matches && outcome.received == sent
         } else {
-            var line = "sent \(data.count) bytes to \(accessory.name.escapedForTerminal) (\(protocolString.escapedForTerminal)) in \(formatSeconds(seconds)) s, \(formatRate(rate))"
+            reader.cancel()
+        }
+        progress?.draw(sent: sent, since: start, force: true)
+        progress?.finish()
+        stream.close()
+        let rate = elapsed > 0 ? Double(sent) / elapsed : 0
+        if jsonOutput {
+            var fields: [(String, JSONValue)] = [
+                ("ok", .bool(verified ?? true)), ("protocol", .string(protocolString)), ("accessory", json(accessory)),
+                ("bytes", .int(sent)), ("bytesAcknowledged", .int(stream.bytesAcknowledged)),
+                ("seconds", .number(elapsed)), ("bytesPerSecond", .number(rate)),
+            ]
+            if let verified { fields.append(("verified", .bool(verified))) }
+            StandardOutput.write(JSONOutput.line(fields))
+        } else {
+            var line = "sent \(sent) bytes to \(accessory.name.escapedForTerminal) (\(protocolString.escapedForTerminal)) in \(formatSeconds(elapsed)) s, \(formatRate(rate))"
             if let verified { line += verified ? "; the echo matches byte for byte" : "; THE ECHO DIFFERS" }
             StandardOutput.write(line + "\n")
         }
         return verified == false ? .dataError : .success
     }
 
-    static func drawProgress(sent: Int, total: Int, since start: ContinuousClock.Instant) {
-        let width = max(10, min(40, Terminal.columns(2) - 40))
-        let fraction = total == 0 ? 1 : Double(sent) / Double(total)
-        let filled = Int(fraction * Double(width))
-        let elapsed = ContinuousClock.now - start
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        let rate = seconds > 0 ? Double(sent) / seconds : 0
-        StandardError.write("\r[" + String(repeating: "#", count: filled) + String(repeating: " ", count: width - filled) + "] "
-            + "\(Int(fraction * 100))%  \(formatRate(rate))   ")
+    enum StopReason: Equatable { case interrupted, stalled }
+
+    /// Reads the echo and compares it with the file, read again from disk at the same offsets
+    /// (bounded memory whatever the size). Ends when `total` bytes came back or the session did.
+    static func compareEcho(_ stream: AccessorySession, path: String, total: Int) async throws -> (matches: Bool, received: Int) {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return (false, 0) }
+        defer { close(fd) }
+        var expected = [UInt8](repeating: 0, count: 1 << 16)
+        var received = 0
+        var matches = true
+        while received < total, let chunk = try await stream.read() {
+            var offset = 0
+            while matches, offset < chunk.count {
+                let want = min(chunk.count - offset, expected.count)
+                let got = expected.withUnsafeMutableBytes { pread(fd, $0.baseAddress, want, off_t(received + offset)) }
+                guard got > 0 else { matches = false; break } // longer than the file
+                if !chunk[offset..<(offset + got)].elementsEqual(expected[0..<got]) { matches = false }
+                offset += got
+            }
+            received += chunk.count
+        }
+        return (matches, received)
+    }
+
+    /// Reads and drops what the accessory sends until the session ends; returns the count.
+    static func discard(_ stream: AccessorySession) async throws -> Int {
+        var received = 0
+        do {
+            while let chunk = try await stream.read() { received += chunk.count }
+        } catch AccessoryError.sessionClosed {}
+        return received
+    }
+}
+
+/// Closes a send's session when the accessory's acknowledged count has not moved for `timeout`
+/// while bytes are outstanding: an accessory that keeps the link alive (bare ACKs) but
+/// acknowledges none of the data would otherwise hold the transfer for ever.
+final class StallWatchdog {
+    /// What the timer compares, shared with its handler.
+    private final class Progress: Sendable {
+        let state = Mutex((acknowledged: 0, written: 0, since: ContinuousClock.now))
+    }
+    private let timer: any DispatchSourceTimer
+    private let progress = Progress()
+
+    init(stream: AccessorySession, timeout: Duration, onStall: @escaping @Sendable () -> Void) {
+        timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "iapctl.send.watchdog"))
+        let progress = self.progress
+        let tick = min(1.0, max(0.05, seconds(timeout) / 4))
+        timer.schedule(deadline: .now() + tick, repeating: tick)
+        timer.setEventHandler {
+            let acknowledged = stream.bytesAcknowledged
+            let stalled = progress.state.withLock { state -> Bool in
+                if acknowledged != state.acknowledged || acknowledged >= state.written {
+                    state.acknowledged = acknowledged
+                    state.since = .now
+                    return false
+                }
+                return ContinuousClock.now - state.since >= timeout
+            }
+            if stalled { onStall() }
+        }
+        timer.resume()
+    }
+
+    /// `written` bytes have been handed to the session.
+    func expect(_ written: Int) {
+        progress.state.withLock { state in
+            if state.acknowledged >= state.written { state.since = .now } // it was idle, not stalled
+            state.written = written
+        }
+    }
+
+    func cancel() { timer.cancel() }
+}
+
+/// `send`'s progress on a terminal (standard error): a bar, the bytes sent, the rate, the time
+/// so far and the time left, redrawn at most ten times a second.
+final class ProgressLine {
+    let total: Int?
+    private var lastDraw: ContinuousClock.Instant?
+    private var drawn = false
+
+    init(total: Int?) { self.total = total }
+
+    func draw(sent: Int, since start: ContinuousClock.Instant, force: Bool = false) {
+        let now = ContinuousClock.now
+        if !force, let lastDraw, now - lastDraw < .milliseconds(100) { return }
+        lastDraw = now
+        drawn = true
+        let elapsed = seconds(now - start)
+        let rate = elapsed > 0 ? Double(sent) / elapsed : 0
+        var line = ""
+        if let total {
+            let fraction = total == 0 ? 1 : min(1, Double(sent) / Double(total))
+            let width = max(10, min(30, Terminal.columns(2) - 70))
+            let filled = Int(fraction * Double(width))
+            line += "[" + String(repeating: "#", count: filled) + String(repeating: " ", count: width - filled) + "] "
+            line += "\(Int(fraction * 100))%  \(formatBytes(sent)) of \(formatBytes(total))"
+        } else {
+            line += formatBytes(sent)
+        }
+        line += "  \(formatRate(rate))  \(formatClock(elapsed)) elapsed"
+        if let total, rate > 0, sent < total {
+            line += ", \(formatClock(Double(total - sent) / rate)) left"
+        }
+        StandardError.write("\r" + line + "\u{1b}[K")
+    }
+
+    /// Ends the line (once something was drawn).
+    func finish() {
+        if drawn { StandardError.write("\n") }
+        drawn = false
     }
 }
 
@@ -452,6 +587,21 @@ func formatSeconds(_ seconds: Double) -> String {
 func formatRate(_ bytesPerSecond: Double) -> String {
     if bytesPerSecond >= 1e6 { return String(Double(Int(bytesPerSecond / 1e4)) / 100) + " MB/s" }
     return String(Double(Int(bytesPerSecond / 10)) / 100) + " kB/s"
+}
+
+/// `12.34 MB`, `512 B`.
+func formatBytes(_ bytes: Int) -> String {
+    if bytes >= 1_000_000 { return String(Double(bytes / 10_000) / 100) + " MB" }
+    if bytes >= 1_000 { return String(Double(bytes / 10) / 100) + " kB" }
+    return "\(bytes) B"
+}
+
+/// `0:07`, `1:02:03`.
+func formatClock(_ seconds: Double) -> String {
+    let whole = Int(seconds.rounded())
+    let (h, m, s) = (whole / 3_600, whole / 60 % 60, whole % 60)
+    let two = { (n: Int) in n < 10 ? "0\(n)" : "\(n)" }
+    return h > 0 ? "\(h):\(two(m)):\(two(s))" : "\(m):\(two(s))"
 }
 
 enum SimulateCommand {
@@ -576,10 +726,32 @@ enum SimulateCommand {
         let verbose = command.count("verbose") > 0
         return { event in
             guard verbose else { return }
-            switch event {
-            case .endpoint: break
-            default: StandardError.write("simulator: \(String(describing: event).escapedForTerminal)\n")
-            }
+            if let line = describe(event) { StandardError.write("simulator: \(line.escapedForTerminal)\n") }
+        }
+    }
+
+    /// A simulator event in words (nil for the endpoint's own chatter).
+    static func describe(_ event: SimulatorEvent) -> String? {
+        func counts(_ statistics: SessionStatistics) -> String {
+            "\(statistics.bytesIn) bytes in, \(statistics.bytesOut) out"
+        }
+        switch event {
+        case let .identified(identity):
+            return "identified as '\(identity.name)' (serial \(identity.serialNumber), firmware \(identity.firmwareVersion))"
+        case let .sessionOpened(id, name): return "session \(id) opened: \(name)"
+        case let .sessionClosed(id, name, reason, statistics):
+            return "session \(id) closed: \(name), \(counts(statistics))" + (reason.map { " (\($0))" } ?? "")
+        case let .nativeSessionOpened(id, name): return "native session \(id) opened: \(name)"
+        case let .nativeSessionClosed(id, name, statistics): return "native session \(id) closed: \(name), \(counts(statistics))"
+        case let .sourceFinished(id, bytes): return "session \(id) sent its last byte (\(bytes) bytes)"
+        case let .firmwareUpdateBegan(id, version, size): return "session \(id): firmware update to \(version) began (\(size) bytes)"
+        case let .firmwareUpdateFinished(id, status, crc):
+            return "session \(id): firmware update finished: \(status) (CRC-32 0x\(String(crc, radix: 16)))"
+        case let .firmwareUpdateError(id, code, message): return "session \(id): firmware update error \(code): \(message)"
+        case let .readingStopped(bytes): return "stopped reading after \(bytes) bytes (fault)"
+        case let .reboot(version): return "rebooting with firmware \(version)"
+        case .vanish: return "vanished (fault)"
+        case .endpoint: return nil
         }
     }
 
@@ -608,9 +780,4 @@ enum SimulateCommand {
     }
 }
 
-extension ExitCode {
-    /// An operating-system error (EX_OSERR).
-    static let osError = ExitCode(rawValue: 71)
-    /// An output file cannot be created (EX_CANTCREAT).
-    static let cannotCreate = ExitCode(rawValue: 73)
-}
+

@@ -40,7 +40,7 @@ enum WaitCommand {
                                     + still.map(summary).joined(separator: "; "), exitCode: .tempFail)
             }
             if json {
-                StandardOutput.write(JSONValue.object([("gone", .bool(true)), ("filter", .string(filter.description))]).serialized() + "\n")
+                StandardOutput.write(JSONOutput.line([("gone", .bool(true)), ("filter", .string(filter.description))]))
             } else {
                 StandardOutput.write("no accessory matches \(String(describing: filter).escapedForTerminal)\n")
             }
@@ -55,7 +55,7 @@ enum WaitCommand {
             throw ToolError(description: "no accessory matching \(filter) within \(format(seconds)) s; \(seen)", exitCode: .tempFail)
         }
         if json {
-            StandardOutput.write(iapctlJSON(accessory).serialized() + "\n")
+            StandardOutput.write(JSONOutput.accessoryLine(accessory))
         } else {
             StandardOutput.write(listLine(accessory))
         }

@@ -1,7 +1,9 @@
 // iapctl: talk to MFi-style accessories from Linux. This file holds the command table and hands
 // each subcommand to its own file.
 
+import AccessorySimulator
 import CLIKit
+import ProjectVersion
 
 let verboseOption = OptionSpec.flag("verbose", short: "v", help: "Log more (repeat for more detail).", inherited: true)
 
@@ -35,32 +37,46 @@ let decodeCommand = CommandSpec(
         .value("kinds", valueName: "list", help: "Frame kinds to look for, comma separated: iap2, iap1, detect.",
                defaultValue: "iap2,iap1,detect"),
     ],
-    positionals: [PositionalSpec("input", help: "The file to read; '-' or nothing for standard input.", optional: true)]
+    positionals: [PositionalSpec("input", help: "The file to read; '-' or nothing for standard input.", optional: true, completion: .files)],
+    refusedGroups: [OptionGroup.accessory, OptionGroup.authentication],
+    examples: [CommandExample("iapctl decode tools/samples/boya-handshake.hex", "A file of hex, frame by frame."),
+               CommandExample("iapctl decode --pcap accessory.pcap", "A usbmon capture of a real accessory.")],
+    exitStatuses: [ExitStatusDescription(.success, "every byte belonged to a valid frame"),
+                   ExitStatusDescription(.usage, "usage error"),
+                   ExitStatusDescription(.dataError, "bytes were dropped, the input ended inside a frame, or the hex text has a mistake"),
+                   ExitStatusDescription(.noInput, "the input cannot be read")]
 )
 
+/// The options that find accessories (and trace them): every subcommand that talks to an
+/// accessory takes them, before or after its name; `decode` and `simulate` refuse them. A new
+/// one is one line here.
 let hostOptions: [OptionSpec] = [
-    .value("serial", valueName: "device[:baud]", help: "Look for an iAP2 accessory on a serial port (repeatable).",
-           repeatable: true, inherited: true),
-    .optionalValue("simulate", valueName: "profile", help: "Add the built-in simulated accessory (profile: a built-in name or a JSON file).",
-                   defaultValue: "multi-sensor", inherited: true),
+    OptionSpec.value("serial", valueName: "device[:baud]", help: "Look for an accessory on a serial port (repeatable).",
+                     repeatable: true, inherited: true).completing(.files),
+    .optionalValue("simulate", valueName: "profile", help: "Add the built-in simulated accessory (profile: a built-in name or a JSON "
+                   + "file; the value needs '=').", defaultValue: "multi-sensor", inherited: true),
     .flag("no-usb", help: "Do not look for USB accessories.", inherited: true),
     .flag("direct", help: "Open accessories in this process even when iapd runs (by default iapctl goes through it).", inherited: true),
     .flag("no-hotplug", help: "Poll the USB device list every second instead of using hotplug notifications.", inherited: true),
     .flag("no-detach", help: "Fail instead of detaching a kernel driver bound to an accessory's iAP interface.", inherited: true),
-    .value("timeout", valueName: "seconds", help: "How long to wait for accessories to identify.", defaultValue: "3", inherited: true),
+    OptionSpec.value("timeout", valueName: "seconds", help: "How long to wait for accessories to identify.", defaultValue: "3",
+                     inherited: true).checked(.number(0...86_400)),
     .flag("trace", help: "Print every frame in both directions, decoded and timestamped, to standard error.", inherited: true),
-    .value("trace-file", valueName: "path", help: "Write the trace to a file instead (pcapng for Wireshark when it ends in .pcapng).", inherited: true),
+    OptionSpec.value("trace-file", valueName: "path", help: "Write the trace to a file instead (pcapng for Wireshark when it ends "
+                     + "in .pcapng).", inherited: true).completing(.files),
     .value("trace-format", valueName: "format", help: "The trace file's format (auto: pcapng for a .pcapng file, else text).",
            allowedValues: ["auto", "text", "pcapng"], inherited: true),
-]
-let accessoryOption = OptionSpec.value("accessory", short: "a", valueName: "id|serial|name", help: "Which accessory (by connection id, serial number or name).")
-let jsonOption = OptionSpec.flag("json", help: "Machine-readable output: one JSON object per line.")
+].map { $0.inGroup(OptionGroup.accessory) }
+let accessoryOption = OptionSpec.value("accessory", short: "a", valueName: "id|serial|name",
+                                       help: "Which accessory: its connection id, serial number or name (when several match, the "
+                                           + "choice is an error listing them).")
+let jsonOption = OptionSpec.flag("json", help: "Machine-readable output: one JSON object per line (docs/json-schema.json).")
 
 let listCommand = CommandSpec(name: "list", abstract: "List the connected accessories.", options: [jsonOption])
 let infoCommand = CommandSpec(name: "info", abstract: "Everything an accessory declared about itself.", options: [accessoryOption, jsonOption])
 let watchCommand = CommandSpec(
     name: "watch", abstract: "Print accessories connecting and disconnecting until interrupted.",
-    options: [jsonOption, .value("count", valueName: "n", help: "Stop after n events.")])
+    options: [jsonOption, OptionSpec.value("count", valueName: "n", help: "Stop after n events.").checked(.integer(1...1_000_000))])
 let waitCommand = CommandSpec(
     name: "wait", abstract: "Wait for an accessory that matches (or, with --gone, for none to match).",
     discussion: """
@@ -93,20 +109,39 @@ let openCommand = CommandSpec(
         closed), and removes the socket when done. Exit status: 0 done, 69 no \
         such accessory or protocol, 73 the socket cannot be created, 74 the accessory went away.
         """,
-    options: [accessoryOption, .value("idle", valueName: "seconds", help: "Quiet time that ends the session after input ended.", defaultValue: "1"),
-              .value("socket", valueName: "path", help: "Serve the session on a Unix socket at this path instead of standard input and output.")],
-    positionals: [PositionalSpec("protocol", help: "The protocol string, e.g. com.example.echo.")])
+    options: [accessoryOption,
+              OptionSpec.value("idle", valueName: "seconds", help: "Quiet time that ends the session after input ended.", defaultValue: "1")
+                  .checked(.number(0...3_600)),
+              OptionSpec.value("socket", valueName: "path", help: "Serve the session on a Unix socket at this path instead of standard "
+                               + "input and output.").completing(.files)],
+    positionals: [PositionalSpec("protocol", help: "The protocol string, e.g. com.example.echo.")],
+    examples: [CommandExample("echo hi | iapctl --simulate open com.example.echo", "A session on standard input and output."),
+               CommandExample("iapctl open com.example.firmware --socket /tmp/fw.sock", "The session on a Unix socket, for a script.")])
 let sendCommand = CommandSpec(
     name: "send", abstract: "Send a file through a session, with progress and throughput.",
     discussion: """
-        Exit status: 0 sent (and verified), 65 the echo differs, 66 the file cannot be read, 69 no \
-        such accessory or protocol, 74 the transfer broke: nothing is resent, and the message \
-        (and --json's bytesAcknowledged) says how many bytes the accessory acknowledged.
+        The file is read from disk as it is sent, in bounded memory, whatever its size. What the \
+        accessory sends back is read and compared with the file (--verify-echo) or read and \
+        discarded, so an echo nobody checks never holds the transfer up. On a terminal, standard \
+        error shows the bytes sent, the rate, the time so far and the time left; on a pipe, \
+        nothing until the summary. Success means every byte was acknowledged by the accessory. \
+        When the accessory acknowledges nothing for --stall-timeout seconds, or on Ctrl-C, the \
+        transfer stops and says how many bytes the accessory acknowledged; nothing is resent.
         """,
     options: [accessoryOption, jsonOption,
               .flag("verify-echo", help: "Read the accessory's echo back and compare it byte for byte."),
-              .value("chunk", valueName: "bytes", help: "Bytes per write.", defaultValue: "65536")],
-    positionals: [PositionalSpec("protocol", help: "The protocol string."), PositionalSpec("file", help: "The file to send.")])
+              OptionSpec.value("chunk", valueName: "bytes", help: "Bytes per write.", defaultValue: "65536").checked(.integer(1...(16 << 20))),
+              OptionSpec.value("stall-timeout", valueName: "seconds", help: "Give up when the accessory acknowledges nothing for this long.",
+                               defaultValue: "10").checked(.number(0.1...3_600))],
+    positionals: [PositionalSpec("protocol", help: "The protocol string."),
+                  PositionalSpec("file", help: "The file to send ('-' for standard input, without --verify-echo).", completion: .files)],
+    examples: [CommandExample("iapctl --simulate send com.example.echo image.bin --verify-echo", "Send a file and check the echo.")],
+    exitStatuses: [ExitStatusDescription(.success, "sent, acknowledged (and verified)"),
+                   ExitStatusDescription(.dataError, "the echo differs"),
+                   ExitStatusDescription(.noInput, "the file cannot be read"),
+                   ExitStatusDescription(.unavailable, "no such accessory or protocol"),
+                   ExitStatusDescription(.ioError, "the transfer broke or stalled; --json's bytesAcknowledged says how far it got"),
+                   ExitStatusDescription(.interrupted, "interrupted (Ctrl-C), after the same summary")])
 let simulateCommand = CommandSpec(
     name: "simulate", abstract: "Run a simulated accessory on a pseudo-terminal, a serial port or as a USB device, for another host to use.",
     discussion: """
@@ -116,21 +151,55 @@ let simulateCommand = CommandSpec(
         libcomposite and usb_f_fs modules. The gadget is removed again on Ctrl-C or SIGTERM. Exit \
         status: 0 done, 64 usage error, 69 no controller or no gadget support, 77 not root.
         """,
-    options: [.value("profile", valueName: "name|path", help: "A built-in profile name or a JSON profile.", defaultValue: "multi-sensor"),
-              .value("port", valueName: "device[:baud]", help: "Run on this serial port instead of a new pseudo-terminal."),
+    options: [OptionSpec.value("profile", valueName: "name|path", help: "A built-in profile name (\(SimulatorProfile.builtInNames.joined(separator: ", "))) "
+                               + "or a JSON profile.", defaultValue: "multi-sensor").completing(.files),
+              OptionSpec.value("port", valueName: "device[:baud]", help: "Run on this serial port instead of a new pseudo-terminal.").completing(.files),
               .flag("gadget", help: "Be a USB device (configfs gadget with FunctionFS) instead of a pseudo-terminal."),
               .value("udc", valueName: "name", help: "With --gadget: the USB device controller to bind (default: the first in /sys/class/udc)."),
-              .value("usb-id", valueName: "vid:pid", help: "With --gadget: the USB vendor and product ids in hex.", defaultValue: "1209:0001")])
+              .value("usb-id", valueName: "vid:pid", help: "With --gadget: the USB vendor and product ids in hex.", defaultValue: "1209:0001")],
+    refusedGroups: [OptionGroup.accessory, OptionGroup.authentication],
+    examples: [CommandExample("iapctl simulate --profile legacy-sensor", "An iAP1 accessory on a new pseudo-terminal; prints its path.")])
 
 let iapctl = CommandSpec(
     name: "iapctl",
     abstract: "Talk to MFi-style (iAP1/iAP2) accessories from Linux.",
+    discussion: """
+        Accessories are found on USB (unless --no-usb), on the serial ports given with --serial, \
+        and in the simulator (--simulate). A command that needs one accessory waits until every \
+        source has identified its accessory (at most --timeout seconds) or the one asked for with \
+        --accessory has appeared; when several match, it names them and exits 64. The options \
+        of a group apply to every subcommand that talks to accessories, before or after its name. \
+        --json output is described in docs/JSON.md. Completion scripts: iapctl \
+        --generate-completion-script bash|zsh|fish (tools/install.sh installs them and the man page).
+        """,
     version: toolVersion(),
     options: [verboseOption] + hostOptions + AuthenticationOptions.options,
-    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, simulateCommand, decodeCommand]
+    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, simulateCommand, decodeCommand],
+    examples: [
+        CommandExample("iapctl --simulate list", "The built-in simulated accessory."),
+        CommandExample("iapctl --serial /dev/ttyUSB0:115200 info --json", "An accessory on a UART, as JSON."),
+        CommandExample("iapctl --simulate send com.example.echo image.bin --verify-echo", "A file through a session, the echo checked."),
+        CommandExample("iapctl wait --protocol com.example.firmware --timeout 30", "Wait for an accessory (scripts)."),
+        CommandExample("iapctl help send", "The help of one subcommand."),
+    ],
+    exitStatuses: [
+        ExitStatusDescription(.success, "done"),
+        ExitStatusDescription(.failure, "any other failure (the message says what failed)"),
+        ExitStatusDescription(.usage, "usage error, or several accessories match (pick one with --accessory)"),
+        ExitStatusDescription(.dataError, "data did not verify: an echo that differs, a malformed capture or simulator profile"),
+        ExitStatusDescription(.noInput, "an input file cannot be read (the file to send, a profile, --trust)"),
+        ExitStatusDescription(.unavailable, "no such accessory or protocol, no USB device controller"),
+        ExitStatusDescription(.software, "an internal error (a bug: please report it)"),
+        ExitStatusDescription(.osError, "the system refused a resource (a pseudo-terminal, a USB gadget)"),
+        ExitStatusDescription(.cannotCreate, "an output file or socket cannot be created (--trace-file, --socket)"),
+        ExitStatusDescription(.ioError, "the accessory went away or stopped acknowledging mid-transfer"),
+        ExitStatusDescription(.tempFail, "wait timed out"),
+        ExitStatusDescription(.noPermission, "permission denied (the message names the group or udev rule)"),
+        ExitStatusDescription(.interrupted, "interrupted by Ctrl-C"),
+    ]
 )
 
-CommandLineTool.run(iapctl) { command in
+CommandLineTool.run(iapctl, manPageDate: AccessoryHostVersion.releaseDate) { command in
     switch command.path.dropFirst().first {
     case "decode": return try DecodeCommand.run(command)
     case "list": return try ListCommand.run(command)

@@ -13,6 +13,7 @@ import IAPDaemon
 import IAPDaemonProtocol
 import IAPLink
 import IAPTransport
+import ProjectVersion
 import SystemCalls
 import USBHost
 
@@ -27,7 +28,7 @@ let iapd = CommandSpec(
         from iapd.socket (socket activation). Logs go to standard error, in the journal's form \
         when that is not a terminal. SIGTERM or SIGINT stop it cleanly.
         """,
-    version: "0.2.0-dev",
+    version: AccessoryHostVersion.string,
     options: [
         .value("socket", valueName: "path", help: "Where to listen (default: $IAPD_SOCKET, else /run/iapd/iapd.sock)."),
         .value("group", valueName: "name",
@@ -137,7 +138,7 @@ func listeningSocket(path: String, group: UInt32?, logger: Logger) throws -> (de
     }
 }
 
-CommandLineTool.run(iapd) { command in
+CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { command in
     let settings = try Settings(command)
     let level = Logger.verbosity(command.count("verbose"))
     let handler: any LogHandler = isatty(2) == 1 ? StderrLogHandler() : JournalLogHandler()

@@ -57,7 +57,7 @@ say "capture: $(stat -c %s "$capture") bytes"
 "$iapctl" decode --pcap "$capture" > "$results/usbmon-decoded.txt" || true
 python3 - "$work/info.json" "$work/decoded.json" <<'EOF'
 import json, sys
-info = json.loads(open(sys.argv[1]).read().splitlines()[0])
+info = json.loads(open(sys.argv[1]).read().splitlines()[0])["accessory"]
 found = None
 for line in open(sys.argv[2]):
     report = json.loads(line)
@@ -76,7 +76,7 @@ print(f"usbmon: iapctl decode --pcap: IdentificationInformation of {info['name']
 EOF
 
 if command -v tshark >/dev/null; then
-    name=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["name"])' "$work/info.json")
+    name=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["accessory"]["name"])' "$work/info.json")
     tshark -n -X lua_script:"$REPO/tools/wireshark/iap.lua" -r "$capture" -V > "$work/tshark.txt" 2>&1 || true
     if grep -qi "lua error" "$work/tshark.txt"; then die "tshark: the dissector raised a Lua error on the capture"; fi
     count=$(tshark -n -X lua_script:"$REPO/tools/wireshark/iap.lua" -r "$capture" -Y 'iap2.msg == "IdentificationInformation"' \
