@@ -34,7 +34,7 @@ let iapd = CommandSpec(
         .value("group", valueName: "name",
                help: "Only root and this group's members may connect; the socket gets the group and mode 0660 (default: iapd, when that group exists)."),
         .value("config", valueName: "file", help: "Read options from this file (default: /etc/iapd.conf when it exists)."),
-        .value("serial", valueName: "device[:baud]", help: "Own an accessory on this serial port too (repeatable).", repeatable: true),
+        .value("serial", valueName: "device[:baud]", help: "Own an accessory on this serial port too (repeatable); a port that is missing or goes away is tried again every 2 s.", repeatable: true),
         .flag("no-usb", help: "Do not look for USB accessories."),
         .optionalValue("simulate", valueName: "profile", help: "Serve a built-in simulated accessory too (for trying things out; default multi-sensor)."),
         .value("auth", valueName: "policy", help: "Authentication: accept, record (the default) or require.",
@@ -189,15 +189,16 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
             logger.error("USB: \(error)")
         }
     }
+    // Configured serial ports are kept open: opened now, and again whenever they are not (an
+    // adapter unplugged and back, a port that appears later, a link that ended).
+    var specs: [SerialPortSpec] = []
     for text in settings.values["serial"] ?? [] {
-        do {
-            let spec = try SerialPortSpec(parsing: text)
-            manager.attach(try SerialTransport(spec: spec))
-            logger.info("opened \(spec)")
-        } catch {
+        do { specs.append(try SerialPortSpec(parsing: text)) } catch {
             logger.error("serial \(text): \(error)")
         }
     }
+    let serialPorts = SerialPortKeeper(manager: manager, specs: specs, logger: logger)
+    serialPorts.start()
     var simulators: [SimulatorRunner] = []
     if let name = settings.value("simulate") {
         let profile: SimulatorProfile
@@ -223,6 +224,7 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
         let source = DispatchSource.makeSignalSource(signal: number, queue: stopping)
         source.setEventHandler { @Sendable in
             logger.notice("stopping (signal \(number))")
+            serialPorts.stop()
             server.stop()
             manager.stop()
             for runner in runners { runner.stop() }

@@ -1,0 +1,101 @@
+public import AccessoryHost
+public import AccessoryLogging
+internal import Dispatch
+public import IAPTransport
+internal import Synchronization
+
+/// Keeps the serial ports of iapd's configuration open: each is opened at start and opened again
+/// whenever it is not (the adapter was unplugged and comes back, the port did not exist yet, the
+/// accessory's link ended and its transport was closed), by trying every ``interval``.
+///
+/// A port this process still has open is found busy by its own exclusive lock
+/// (``SerialTransport`` locks every port it opens), so a try costs one `open(2)` and changes
+/// nothing on the line. Each distinct failure of a port is logged once, at `error` the first
+/// time and `debug` after, so a port that stays away does not fill the journal.
+///
+/// Thread safety: the methods may be called from any thread.
+public final class SerialPortKeeper: Sendable {
+    private let manager: AccessoryManager
+    private let specs: [SerialPortSpec]
+    private let logger: Logger
+    private let queue = DispatchQueue(label: "iapd.serial-ports")
+    private let state = Mutex<(running: Bool, lastFailure: [String: String], opened: [String: Int])>((false, [:], [:]))
+    /// Dispatch's sources are safe to resume and cancel from any thread; `state.running` says
+    /// which of the two was done (each at most once).
+    private nonisolated(unsafe) let timer: any DispatchSourceTimer
+
+    /// How often a port that is not open is tried again.
+    public let interval: Duration
+
+    /// Keeps `specs` open on `manager`, trying every `interval` (2 s for iapd).
+    public init(manager: AccessoryManager, specs: [SerialPortSpec], interval: Duration = .seconds(2), logger: Logger) {
+        self.manager = manager
+        self.specs = specs
+        self.interval = interval
+        self.logger = logger
+        timer = DispatchSource.makeTimerSource(queue: queue)
+    }
+
+    deinit {
+        // A source never resumed must be resumed before it goes (Dispatch's rule).
+        if !state.withLock({ $0.running }) { timer.resume() }
+        timer.cancel()
+    }
+
+    /// How many times a port was opened so far (each open is one new transport on the manager).
+    public var openCount: Int { state.withLock { $0.opened.values.reduce(0, +) } }
+
+    /// Opens the ports now and starts trying again every ``interval`` (once; later calls do nothing).
+    public func start() {
+        guard !specs.isEmpty else { return }
+        let first = state.withLock { state -> Bool in
+            defer { state.running = true }
+            return !state.running
+        }
+        guard first else { return }
+        let (seconds, attoseconds) = interval.components
+        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        timer.schedule(deadline: .now(), repeating: .nanoseconds(max(1_000_000, nanoseconds)), leeway: .milliseconds(100))
+        timer.setEventHandler { [weak self] in self?.tryAll() }
+        timer.resume()
+    }
+
+    /// Stops trying (ports already open stay with the manager). Once stopped, a keeper does not
+    /// start again.
+    public func stop() {
+        timer.cancel()
+    }
+
+    private func tryAll() {
+        for spec in specs {
+            let key = spec.path
+            do {
+                let transport = try SerialTransport(spec: spec)
+                manager.attach(transport)
+                state.withLock {
+                    $0.opened[key, default: 0] += 1
+                    $0.lastFailure[key] = nil
+                }
+                logger.info("opened \(spec)")
+            } catch where error.kind == .busy {
+                // Still ours (quiet), or another program's (said once).
+                noteFailure(key, "\(error)", quietly: state.withLock { $0.opened[key] != nil })
+            } catch {
+                noteFailure(key, "\(error)", quietly: false)
+            }
+        }
+    }
+
+    /// Logs a port's failure once per distinct text.
+    private func noteFailure(_ key: String, _ text: String, quietly: Bool) {
+        let new = state.withLock { state -> Bool in
+            defer { state.lastFailure[key] = text }
+            return state.lastFailure[key] != text
+        }
+        if new, !quietly {
+            logger.error("serial \(key): \(text)")
+        } else {
+            logger.debug("serial \(key): \(text)")
+        }
+    }
+}
