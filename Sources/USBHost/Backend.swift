@@ -38,7 +38,9 @@ protocol USBBackend: AnyObject, Sendable {
     func startHotplug(_ handler: @escaping (HotplugChange) -> Void) -> Int32
     func stopHotplug()
 
-    func open(_ device: OpaquePointer) -> Result<OpaquePointer, LibUSBStatus>
+    /// Opens the device at `bus`/`address`. *Setup queue* (the real backend reads the active
+    /// configuration from the device, a control transfer).
+    func open(bus: UInt8, address: UInt8) -> Result<OpaquePointer, LibUSBStatus>
     func close(_ handle: OpaquePointer)
     /// 1 when a kernel driver is bound to the interface, 0 when none, or an error.
     func kernelDriverActive(_ handle: OpaquePointer, interface: UInt8) -> Int32
@@ -79,6 +81,8 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
     private let sources = Mutex(SourceTable())
     private var timer: (any DispatchSourceTimer)?
     private let wakeupCount = Atomic<Int>(0)
+    /// The usbfs descriptor each open handle wraps (``open(bus:address:)``), by handle address.
+    private let wrappedDescriptors = Mutex<[UInt: Int32]>([:])
     private var hotplugHandle: libusb_hotplug_callback_handle = 0
     private var hotplugHandler: ((HotplugChange) -> Void)?
     private var stopped = false
@@ -293,14 +297,52 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
 
     // MARK: Handles
 
-    func open(_ device: OpaquePointer) -> Result<OpaquePointer, LibUSBStatus> {
+    /// Opens the usbfs node itself and hands the descriptor to libusb (`libusb_wrap_sys_device`)
+    /// instead of `libusb_open`, which is what keeps libusb 1.0.26 from aborting the process.
+    ///
+    /// The rule: a device handle's libusb mutex must only ever be locked and unlocked in pairs,
+    /// because `libusb_close` destroys it and libusb asserts that the destroy succeeds. libusb
+    /// 1.0.26 (Debian 12) breaks that itself: `libusb_set_interface_alt_setting` on a handle whose
+    /// device libusb has marked detached unlocks the handle's mutex without having locked it
+    /// (libusb issue #1199, fixed in 1.0.27), so the next `libusb_close` fails
+    /// `pthread_mutex_destroy` (EBUSY) and aborts. libusb marks a device detached on its own udev
+    /// thread as soon as the kernel reports the unplug, so no ordering on our queues can keep a
+    /// SET_INTERFACE (a native transport opening or closing) from meeting an accessory that just
+    /// went away. A wrapped handle has a device of its own that libusb never lists and so never
+    /// marks detached: its SET_INTERFACE always reaches the kernel, which answers ENODEV
+    /// (LIBUSB_ERROR_NO_DEVICE) for a vanished device, with the mutex taken and released in pairs.
+    /// The descriptor is ours: closed after `libusb_close` (``close(_:)``).
+    ///
+    /// Setup queue: wrapping reads the descriptors and asks the device for its configuration
+    /// (GET_CONFIGURATION, a control transfer of up to a second).
+    func open(bus: UInt8, address: UInt8) -> Result<OpaquePointer, LibUSBStatus> {
+        let path = "/dev/bus/usb/\(USBDeviceInfo.pad3(bus))/\(USBDeviceInfo.pad3(address))"
+        let descriptor = Glibc.open(path, O_RDWR | O_CLOEXEC)
+        guard descriptor >= 0 else {
+            // libusb's own mapping of open(2) errors (linux_usbfs.c).
+            let code: libusb_error = switch errno {
+            case EACCES, EPERM: LIBUSB_ERROR_ACCESS
+            case ENOENT, ENODEV, ENXIO: LIBUSB_ERROR_NO_DEVICE
+            default: LIBUSB_ERROR_IO
+            }
+            return .failure(LibUSBStatus(code: code.rawValue))
+        }
         var handle: OpaquePointer?
-        let status = libusb_open(device, &handle)
-        guard status == 0, let handle else { return .failure(LibUSBStatus(code: status)) }
+        let status = libusb_wrap_sys_device(context, Int(descriptor), &handle)
+        guard status == 0, let handle else {
+            _ = Glibc.close(descriptor)
+            return .failure(LibUSBStatus(code: status == 0 ? LIBUSB_ERROR_OTHER.rawValue : status))
+        }
+        wrappedDescriptors.withLock { $0[UInt(bitPattern: handle)] = descriptor }
         return .success(handle)
     }
 
-    func close(_ handle: OpaquePointer) { libusb_close(handle) }
+    /// Closes the handle, then the usbfs descriptor it wraps (libusb leaves a wrapped one open).
+    func close(_ handle: OpaquePointer) {
+        libusb_close(handle)
+        let descriptor = wrappedDescriptors.withLock { $0.removeValue(forKey: UInt(bitPattern: handle)) }
+        if let descriptor { _ = Glibc.close(descriptor) }
+    }
     func kernelDriverActive(_ handle: OpaquePointer, interface: UInt8) -> Int32 { libusb_kernel_driver_active(handle, Int32(interface)) }
     func detachKernelDriver(_ handle: OpaquePointer, interface: UInt8) -> Int32 { libusb_detach_kernel_driver(handle, Int32(interface)) }
 

@@ -142,8 +142,8 @@ struct DeviceKey: Hashable { var bus: UInt8; var address: UInt8 }
 /// Everything runs on ``queue`` (give it the queue that owns your protocol state, as
 /// `AccessoryManager` does, and no hop is needed). No thread blocks inside libusb: the loop
 /// calls `libusb_handle_events_timeout_completed` with a zero timeout when a source fires, and
-/// the two calls that wait for the device (SET_CONFIGURATION, CLEAR_FEATURE(HALT)) run on a
-/// separate setup queue.
+/// the calls that wait for the device (opening it, which reads its configuration;
+/// SET_CONFIGURATION, SET_INTERFACE, CLEAR_FEATURE(HALT)) run on a separate setup queue.
 public final class USBContext: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only.
     static let queueKey = DispatchSpecificKey<UInt>()
@@ -160,6 +160,7 @@ public final class USBContext: @unchecked Sendable {
     private var monitor: ((USBDeviceEvent) -> Void)?
     private var pollTimer: (any DispatchSourceTimer)?
     private var shutDown = false
+    /// Opens in flight and transports not yet finished: libusb's context outlives them all.
     private var openTransports = 0
     /// Signalled once the event loop has stopped and libusb's context is gone.
     private let exited = DispatchSemaphore(value: 0)
@@ -279,20 +280,43 @@ public final class USBContext: @unchecked Sendable {
         guard let location = device.function else {
             return completion(.failure(USBError(.notAnAccessory, "\(device) has no interface of class \(function.main) with a bulk pair")))
         }
-        guard let pointer = known[device.key]?.0 ?? findDevice(device.key) else {
+        guard known[device.key] != nil || findDevice(device.key) != nil else {
             return completion(.failure(USBError(.noDevice, "\(device) is no longer connected")))
         }
-        let handle: OpaquePointer
-        switch backend.open(pointer) {
-        case let .success(opened): handle = opened
-        case let .failure(failure):
-            let status = failure.code
-            let error = status == LIBUSB_ERROR_ACCESS.rawValue
-                ? USBError(.access, "cannot open \(device) (\(device.devicePath)): permission denied",
-                           advice: USBError.accessAdvice(devicePath: device.devicePath), code: status)
-                : USBError(code: status, "cannot open \(device) (\(device.devicePath))")
-            return completion(.failure(error))
+        // An open in flight keeps the context alive as an open transport does: its steps use
+        // libusb from the setup queue and from transfer callbacks until it ends.
+        openTransports += 1
+        let completion: (Result<USBAccessoryTransport, USBError>) -> Void = { [self] result in
+            if case .failure = result { transportFinished() }
+            completion(result)
         }
+        // Opening asks the device for its configuration (the backend's open is a setup-queue
+        // call); the rest continues on the queue.
+        let backend = self.backend
+        let carried = Unchecked(value: completion)
+        setupQueue.async { [self] in
+            let opened = Unchecked(value: backend.open(bus: device.bus, address: device.address))
+            queue.async { [self] in
+                let completion = carried.value
+                switch opened.value {
+                case let .success(handle):
+                    readStrings(device, handle: handle, location: location, completion: completion)
+                case let .failure(failure):
+                    let status = failure.code
+                    let error = status == LIBUSB_ERROR_ACCESS.rawValue
+                        ? USBError(.access, "cannot open \(device) (\(device.devicePath)): permission denied",
+                                   advice: USBError.accessAdvice(devicePath: device.devicePath), code: status)
+                        : USBError(code: status, "cannot open \(device) (\(device.devicePath))")
+                    completion(.failure(error))
+                }
+            }
+        }
+    }
+
+    /// Reads the device's strings (and the native interfaces' names) on a freshly opened handle,
+    /// then configures and claims.
+    private func readStrings(_ device: USBDeviceInfo, handle: OpaquePointer, location: USBFunctionLocation,
+                             completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
         let native = location.nativeInterfaces
         StringReader(backend: backend, handle: handle, descriptor: device.descriptor, extra: native.map(\.nameIndex),
                      timeout: options.stringTimeoutMilliseconds).read { [self] strings in
@@ -380,16 +404,19 @@ public final class USBContext: @unchecked Sendable {
             }
             return completion(.failure(error))
         }
-        openTransports += 1
         var options = options
         options.inTransferSize = options.inTransferSize ?? automaticInTransferSize(for: device)
         let transport = USBAccessoryTransport(device: device, backend: backend, handle: handle, location: location, options: options,
                                               queue: queue, setupQueue: setupQueue, contextMarker: marker, description: device.description,
-                                              onFinished: { [self] in
-                                                  openTransports -= 1
-                                                  if shutDown, openTransports == 0 { exit() }
-                                              })
+                                              onFinished: { [self] in transportFinished() })
         completion(.success(transport))
+    }
+
+    /// An open that failed, or a transport that finished its teardown: the context exits with
+    /// the last one when it was shut down.
+    private func transportFinished() {
+        openTransports -= 1
+        if shutDown, openTransports == 0 { exit() }
     }
 
     /// 64 KiB IN transfers where usbfs reports scatter-gather for the device's controller (a

@@ -35,8 +35,9 @@ struct FakeDevice {
 /// is a knob; transfers stay pending until the test completes them (by calling the real
 /// completion callback, as libusb_handle_events would) or a wire answers them.
 ///
-/// Confined to `queue` (the context's event queue) except `clearHalt`/`setConfiguration`, which
-/// the layer calls on its setup queue; the state is behind a lock for that reason.
+/// Confined to `queue` (the context's event queue) except `open`, `clearHalt`,
+/// `setConfiguration` and `setInterfaceAltSetting`, which the layer calls on its setup queue;
+/// the state is behind a lock for that reason.
 final class FakeBackend: USBBackend, @unchecked Sendable {
     struct State {
         var devices: [FakeDevice] = [FakeDevice()]
@@ -156,7 +157,12 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         while let transfer = pending.first { finish(transfer, status: LIBUSB_TRANSFER_NO_DEVICE, actual: 0) }
     }
 
-    func open(_ device: OpaquePointer) -> Result<OpaquePointer, LibUSBStatus> {
+    /// When set, `open` waits for it (an open held on the setup queue).
+    let openGate = Mutex<DispatchSemaphore?>(nil)
+
+    func open(bus: UInt8, address: UInt8) -> Result<OpaquePointer, LibUSBStatus> {
+        dispatchPrecondition(condition: .notOnQueue(queue))
+        openGate.withLock { $0 }?.wait()
         record("open")
         let status = state.withLock { $0.openStatus }
         guard status == 0 else { return .failure(LibUSBStatus(code: status)) }

@@ -105,6 +105,32 @@ struct Harness {
         }
     }
 
+    /// The device is opened on the setup queue (the real backend reads its configuration there),
+    /// and an open still in flight keeps libusb's context alive through a shutdown: it ends
+    /// first, its transport dropped unused gives the device back, and only then the context exits.
+    @Test func aShutdownDuringAnOpenWaitsForTheOpenToEnd() throws {
+        let queue = DispatchQueue(label: "test.usb.open.shutdown")
+        let fake = FakeBackend(queue: queue)
+        let gate = DispatchSemaphore(value: 0)
+        fake.openGate.withLock { $0 = gate }
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
+        let opened = DispatchSemaphore(value: 0)
+        queue.sync {
+            let device = try! context.devices()[0]
+            context.open(device) { result in
+                if case .success = result { opened.signal() } // the transport is dropped here, unused
+            }
+            context.shutdown()
+        }
+        #expect(!context.waitUntilExited(timeout: .now() + .milliseconds(50)), "libusb must outlive an open in flight")
+        #expect(!fake.log.contains("shutdown"))
+        gate.signal()
+        #expect(opened.wait(timeout: .now() + 10) == .success)
+        #expect(context.waitUntilExited(timeout: .now() + 10))
+        #expect(fake.log.filter { $0 != "free device memory" } == ["open", "claim 0", "release 0", "close", "shutdown"])
+        #expect(fake.state.withLock { $0.openHandles } == 0)
+    }
+
     @Test func openingReadsTheStringsAndClaimsOnlyTheIAPInterface() throws {
         let harness = try Harness()
         #expect(harness.transport.description == "usb 1-1.2 2ca3:1002 Goggles 3 (serial GG3-0042)")

@@ -11,7 +11,7 @@ import Glibc
 import IAPLink
 import Synchronization
 import Testing
-import USBHost
+@testable import USBHost
 
 let rigEnabled = getenv("ACCESSORYHOST_USB_RIG") != nil
 
@@ -357,6 +357,55 @@ struct USBRigTests {
         #expect(log[disconnect...].contains("endpoints closed"))
         #expect(log.last == "stopped")
         print("USB rig: GadgetFS disconnect: \(log.joined(separator: "; "))")
+    }
+
+    /// libusb 1.0.26 unlocks a device handle's mutex without having locked it when SET_INTERFACE
+    /// is asked of a device it has already marked detached (libusb #1199), and the
+    /// `libusb_close` after that aborts the process (`usbi_mutex_destroy: Assertion
+    /// pthread_mutex_destroy(mutex) == 0 failed`): what a native session closing as its
+    /// accessory is unplugged did once in this suite. The backend's handles wrap a usbfs
+    /// descriptor of its own, whose device libusb never marks detached: SET_INTERFACE after the
+    /// unplug reaches the kernel, which answers NO_DEVICE, and the close is clean. (With
+    /// `libusb_open`'s handles this test aborts the bundle at the close.)
+    @Test func setInterfaceOnAnUnpluggedDeviceThenCloseDoesNotAbort() throws {
+        let device = try GadgetAccessory(echoProfile(sessions: 1), name: "rigdetach", udc: try #require(udcs().first),
+                                         productID: 0x00BE)
+        defer { device.remove() }
+        let queue = DispatchQueue(label: "rig.detach")
+        let context = try USBContext(queue: queue, function: .iAP2)
+        let seen = Mutex<(arrived: USBDeviceInfo?, left: Bool)>((nil, false))
+        let arrived = DispatchSemaphore(value: 0)
+        let left = DispatchSemaphore(value: 0)
+        try queue.sync {
+            try context.startMonitoring { event in
+                switch event {
+                case let .arrived(info) where info.descriptor.productID == 0x00BE:
+                    seen.withLock { $0.arrived = info }
+                    arrived.signal()
+                case let .left(info) where info.descriptor.productID == 0x00BE:
+                    seen.withLock { $0.left = true }
+                    left.signal()
+                default: break
+                }
+            }
+        }
+        #expect(arrived.wait(timeout: .now() + 30) == .success, "the gadget enumerated")
+        let info = try #require(seen.withLock { $0.arrived })
+        let interface = try #require(info.function).interface.number
+        let backend = context.backend
+        // Off the event queue, as the layer opens and selects alternate settings (setup queue).
+        let handle = try backend.open(bus: info.bus, address: info.address).get()
+        #expect(backend.claimInterface(handle, interface) == 0)
+
+        try device.gadget.unbind()
+        // libusb reports the departure after it marked the device detached.
+        #expect(left.wait(timeout: .now() + 30) == .success, "the unplug reached libusb")
+        let status = backend.setInterfaceAltSetting(handle, interface: interface, alternateSetting: 0)
+        #expect(status == -4, "LIBUSB_ERROR_NO_DEVICE for the vanished device, got \(status)")
+        _ = backend.releaseInterface(handle, interface)
+        queue.sync { backend.close(handle) } // aborted here with libusb_open's handle
+        queue.sync { context.shutdown() }
+        #expect(context.waitUntilExited(timeout: .now() + 10))
     }
 
     @Test func withoutDeviceMemoryTheSlotsComeFromTheHeapAndDataStillFlows() async throws {
