@@ -1,6 +1,7 @@
 import AccessoryHost
 import AccessoryLogging
 import AccessorySimulator
+import BluetoothTransport
 import CLIKit
 import Dispatch
 import Glibc
@@ -54,7 +55,9 @@ final class HostContext: Sendable {
         // Through iapd when its socket exists, unless told --direct or given a source of this
         // process's own (--serial, --simulate): the daemon owns the accessories then.
         let daemonPath = configuration.daemonSocketPath
-        let ownSources = !command.values("serial").isEmpty || command.flag("simulate")
+        let bluetoothTargets = command.values("bluetooth-connect")
+        let wantsBluetooth = command.flag("bluetooth") || !bluetoothTargets.isEmpty
+        let ownSources = !command.values("serial").isEmpty || command.flag("simulate") || wantsBluetooth
         var throughDaemon = false
         if !command.flag("direct"), !ownSources, !command.flag("no-usb"), access(daemonPath, F_OK) == 0 {
             do {
@@ -67,7 +70,7 @@ final class HostContext: Sendable {
                 throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
             }
         } else {
-            logger.info("opening accessories directly" + (command.flag("direct") ? " (--direct)" : ownSources ? " (--serial/--simulate)" : " (no iapd at \(daemonPath))"))
+            logger.info("opening accessories directly" + (command.flag("direct") ? " (--direct)" : ownSources ? " (--serial/--simulate/--bluetooth)" : " (no iapd at \(daemonPath))"))
         }
         if !command.flag("no-usb"), !throughDaemon {
             var options = USBOptions()
@@ -92,6 +95,28 @@ final class HostContext: Sendable {
             } catch {
                 throw ToolError(description: "\(error)", exitCode: error.errno == EACCES ? .noPermission : .unavailable)
             }
+        }
+        if wantsBluetooth {
+            var addresses: [BluetoothAddress] = []
+            for text in bluetoothTargets {
+                guard let address = BluetoothAddress(text) else {
+                    throw UsageError("'\(text)' is not a Bluetooth address (AA:BB:CC:DD:EE:FF; bluetoothctl devices lists them)",
+                                     usage: "iapctl --bluetooth-connect ADDRESS …", commandPath: command.path)
+                }
+                addresses.append(address)
+            }
+            let manager = self.manager
+            let targets = addresses
+            let options = BluetoothOptions(connectsOut: !targets.isEmpty)
+            do {
+                try blockingAwait {
+                    try await manager.startBluetooth(options: options)
+                    for address in targets { try await manager.connectBluetooth(to: address) }
+                }
+            } catch let error as BluetoothError {
+                throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
+            }
+            logger.info("Bluetooth: the iAP2 service is registered with BlueZ" + (addresses.isEmpty ? "" : "; connecting to \(addresses.map(\.description).joined(separator: ", "))"))
         }
         if command.flag("simulate") {
             let name = command.value("simulate") ?? "multi-sensor"
@@ -364,6 +389,7 @@ func json(_ accessory: Accessory) -> JSONValue {
         ("supportsConfiguredProtocols", .bool(accessory.supportsConfiguredProtocols)),
         ("transport", .string(accessory.transportKind.rawValue)), ("location", .string(accessory.location)),
         ("authentication", authenticationJSON(accessory.authentication)),
+        ("bluetoothAddress", accessory.bluetoothAddress.map { .string($0.description) } ?? .null),
         ("usb", accessory.usbDevice.map { device in
             .object([("id", .string(device.descriptor.usbID.description)), ("bus", .int(Int(device.bus))),
                      ("address", .int(Int(device.address))), ("port", .string(device.location)),
