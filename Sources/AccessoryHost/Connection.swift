@@ -180,7 +180,7 @@ final class Connection: @unchecked Sendable {
             case let .controlFailed(failure):
                 logger.warning("\(failure)")
                 if case .noAnswer = failure, let rejection = lastRejection, accessory == nil {
-                    linkLost("\(rejection) (the accessory sent no corrected identification)", machine: &machine)
+                    linkLost("\(rejection); the accessory did not answer with a corrected identification in time", machine: &machine)
                 } else {
                     linkLost("\(failure)", machine: &machine)
                 }

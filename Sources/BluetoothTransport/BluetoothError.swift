@@ -107,6 +107,12 @@ public struct BluetoothError: Error, Hashable, Sendable, CustomStringConvertible
         case "org.bluez.Error.InProgress", "org.bluez.Error.AlreadyConnected":
             return BluetoothError(.failed, "\(name) is being connected already (\(error.message))",
                                   advice: "wait for that connection, or disconnect it: bluetoothctl disconnect \(name)", busError: error)
+        case let name where name.hasPrefix("org.freedesktop.DBus.Error.Spawn.") || name.hasPrefix("org.freedesktop.systemd1."):
+            // org.bluez is activatable on the system bus: the bus tried to start bluetoothd for
+            // this call and could not (no systemd, the unit masked or failing).
+            return BluetoothError(.bluezNotRunning, "BlueZ (bluetoothd) is not running, and the bus could not start it (\(error.message))",
+                                  advice: "start bluetoothd: systemctl start bluetooth; journalctl -u bluetooth says why it does not start",
+                                  busError: error)
         default:
             if error.message.localizedHostDown {
                 return BluetoothError(.unreachable, "\(name) did not answer (\(error.message))",

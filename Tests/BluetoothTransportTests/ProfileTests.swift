@@ -95,8 +95,15 @@ struct ProfileTests {
         error = await attempt(options(bus))
         #expect(error?.kind == .bluezNotRunning)
         #expect(error?.advice.contains("systemctl start bluetooth") == true)
-        // No adapter; an adapter powered off; the one named missing.
+        // bluetoothd would be started on demand, and that failed (the system bus without systemd).
         var bluez = try await FakeBlueZ.start(on: bus, adapters: [])
+        bluez.fail("GetManagedObjects", with: "org.freedesktop.DBus.Error.Spawn.ChildExited", message: "Launch helper exited with unknown return code 1")
+        error = await attempt(options(bus))
+        #expect(error?.kind == .bluezNotRunning)
+        #expect(error?.advice.contains("systemctl start bluetooth") == true)
+        try await bluez.stopReleasingName()
+        // No adapter; an adapter powered off; the one named missing.
+        bluez = try await FakeBlueZ.start(on: bus, adapters: [])
         error = await attempt(options(bus))
         #expect(error?.kind == .noAdapter)
         try await bluez.stopReleasingName()
