@@ -281,12 +281,12 @@ public final class AccessoryManager: Sendable {
     /// (`org.bluez.ProfileManager1.RegisterProfile`, UUID `00000000-deca-fade-deca-deafdecacafe`,
     /// an RFCOMM channel and SDP record of BlueZ's), and every connection of a paired accessory
     /// BlueZ hands over is run like any other transport: the accessory is announced with
-    /// transport ``IAPTransport/TransportKind/bluetooth`` and ``Accessory/bluetoothAddress``, once
+    /// transport `TransportKind.bluetooth` and ``Accessory/bluetoothAddress``, once
     /// its identification declared a BluetoothTransportComponent with the connection's address.
-    /// With ``BluetoothTransport/BluetoothOptions/connectsOut``, ``connectBluetooth(to:)``
+    /// With `BluetoothOptions.connectsOut`, ``connectBluetooth(to:)``
     /// connects out to a paired accessory.
     ///
-    /// - Throws: ``BluetoothTransport/BluetoothError`` saying what to run: no D-Bus, BlueZ not
+    /// - Throws: `BluetoothError` saying what to run: no D-Bus, BlueZ not
     ///   running (`systemctl start bluetooth`), no adapter, adapter off (`bluetoothctl power
     ///   on`), the D-Bus policy (the bluetooth group), the profile taken by another program.
     public func startBluetooth(options: BluetoothOptions = BluetoothOptions()) async throws(BluetoothError) {
@@ -309,9 +309,9 @@ public final class AccessoryManager: Sendable {
 
     /// Connects out to the paired accessory at `address` (BlueZ's `Device1.ConnectProfile` for
     /// the iAP2 UUID); it is announced like any accessory once identified. Needs
-    /// ``startBluetooth(options:)`` with ``BluetoothTransport/BluetoothOptions/connectsOut``.
+    /// ``startBluetooth(options:)`` with `BluetoothOptions.connectsOut`.
     ///
-    /// - Throws: ``BluetoothTransport/BluetoothError``: not paired, pairing refused, iAP2 not
+    /// - Throws: `BluetoothError`: not paired, pairing refused, iAP2 not
     ///   offered, not answering (each with the `bluetoothctl` command), Bluetooth not started.
     public func connectBluetooth(to address: BluetoothAddress) async throws(BluetoothError) {
         guard let profile = state.withLock({ $0.bluetooth }) else {
@@ -322,7 +322,7 @@ public final class AccessoryManager: Sendable {
 
     /// The devices BlueZ knows (paired or seen), for a person choosing one to connect to.
     ///
-    /// - Throws: ``BluetoothTransport/BluetoothError`` when Bluetooth is not started or BlueZ
+    /// - Throws: `BluetoothError` when Bluetooth is not started or BlueZ
     ///   cannot be asked.
     public func bluetoothDevices() async throws(BluetoothError) -> [BluetoothDevice] {
         guard let profile = state.withLock({ $0.bluetooth }) else {
