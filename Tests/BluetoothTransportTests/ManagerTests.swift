@@ -39,6 +39,13 @@ struct BluetoothManagerTests {
         configuration.daemon = .never
         let manager = AccessoryManager(configuration: configuration)
         try await manager.startBluetooth(options: BluetoothOptions(busAddress: bus.address, connectsOut: true))
+        let (runner, _) = try await accessory(declaring: declared, bluez: bluez)
+        return (manager, runner)
+    }
+
+    /// A simulated accessory on a new socket pair, handed to the host through the stand-in;
+    /// returns it and its end of the wire.
+    static func accessory(declaring declared: BluetoothAddress?, bluez: FakeBlueZ) async throws -> (SimulatorRunner, SerialTransport) {
         let (hostEnd, accessoryEnd) = try socketPair()
         var profile = try #require(SimulatorProfile.builtIn(named: "multi-sensor"))
         profile.bluetoothAddress = declared?.bytes
@@ -47,7 +54,55 @@ struct BluetoothManagerTests {
         runner.start()
         try await bluez.newConnection(device: pairedAccessory, descriptor: hostEnd)
         close(hostEnd)
-        return (manager, runner)
+        return (runner, wire)
+    }
+
+    @Test("the connection dropping mid-transfer ends the session with an error; the host goes on, and a new connection identifies again")
+    func dropAndReconnect() async throws {
+        let bus = try await PrivateBus.start()
+        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory])
+        var configuration = AccessoryManager.Configuration(supportedProtocols: ["com.example.echo"])
+        configuration.daemon = .never
+        let manager = AccessoryManager(configuration: configuration)
+        defer { manager.stop(); bluez.stop() }
+        try await manager.startBluetooth(options: BluetoothOptions(busAddress: bus.address))
+        let (first, wire) = try await Self.accessory(declaring: pairedAccessory.address, bluez: bluez)
+        defer { first.stop() }
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        let session = try await accessory.openSession(for: "com.example.echo")
+        let payload = Self.pattern(16 << 20, seed: 5)
+        let writer = Task {
+            var offset = 0
+            while offset < payload.count {
+                let end = min(payload.count, offset + 40_000)
+                try await session.write(payload[offset..<end])
+                offset = end
+            }
+        }
+        // Some of the echo came back: the transfer is under way. Then the accessory's side of
+        // the link goes, as when its controller is removed.
+        var received: [UInt8] = []
+        while received.count < 256 << 10, let bytes = try await session.read(maxBytes: 1 << 16) { received += bytes }
+        #expect(received == Array(payload[..<received.count]))
+        first.queue.async { wire.cancel() }
+        var ended: (any Error)?
+        do {
+            while try await session.read(maxBytes: 1 << 16) != nil {}
+        } catch { ended = error }
+        let failure = await writer.result
+        #expect(ended != nil || (try? failure.get()) == nil, "neither the read nor the write saw the connection go")
+        #expect(await manager.waitUntilNoAccessory(timeout: .seconds(30)))
+        #expect(!accessory.isConnected)
+
+        // BlueZ hands over the next connection: a new accessory, identified again.
+        let (second, _) = try await Self.accessory(declaring: pairedAccessory.address, bluez: bluez)
+        defer { second.stop() }
+        let again = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        #expect(again.connectionID != accessory.connectionID)
+        #expect(again.bluetoothAddress == pairedAccessory.address)
+        let echo = try await again.openSession(for: "com.example.echo")
+        let small = Self.pattern(64 << 10, seed: 6)
+        #expect(try await Self.echo(echo, small) == small)
     }
 
     @Test("identified with its Bluetooth address; two EA sessions echo byte-exact at once")
