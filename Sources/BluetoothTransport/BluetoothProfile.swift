@@ -28,11 +28,15 @@ public struct BluetoothOptions: Sendable, Hashable {
     public var profilePath: String
     /// How long each call to BlueZ may take (connecting out includes the SDP search and paging).
     public var callTimeout: Duration
+    /// Whether to serve a pairing agent too (``BluetoothAgent``: Just Works accepted, as a host
+    /// without a screen does), for machines where no other agent (a desktop's) answers BlueZ.
+    public var registersAgent: Bool
 
     /// Options; every parameter has the default a host usually wants.
     public init(busAddress: String? = nil, channel: UInt16 = 0, connectsOut: Bool = false, requireAuthentication: Bool = true,
                 requireAuthorization: Bool = false, serviceName: String = "iAP2", adapter: String? = nil,
-                profilePath: String = "/org/accessoryhost/iap2", callTimeout: Duration = .seconds(30)) {
+                profilePath: String = "/org/accessoryhost/iap2", callTimeout: Duration = .seconds(30), registersAgent: Bool = false) {
+        self.registersAgent = registersAgent
         self.busAddress = busAddress
         self.channel = channel
         self.connectsOut = connectsOut
@@ -120,6 +124,7 @@ public final class BluetoothProfile: Sendable {
         let profile = BluetoothProfile(options: options, bus: bus)
         do throws(BluetoothError) {
             try await profile.checkAdapters()
+            if options.registersAgent { try await BluetoothAgent.register(on: bus, timeout: options.callTimeout) }
             do {
                 try bus.export(path: options.profilePath) { [weak profile] call in
                     profile?.handle(call, deliver: connection) ?? .error(name: "org.bluez.Error.Rejected", message: "the host stopped")

@@ -37,6 +37,9 @@ final class FakeBlueZ: Sendable {
         var devices: [Device] = []
         var registrations: [Registration] = []
         var connectProfileCalls: [(device: String, uuid: String)] = []
+        /// Agents registered: (sender, path, capability), and the default one's path.
+        var agents: [(sender: String, path: String, capability: String)] = []
+        var defaultAgent: String?
         /// Methods answered with an error instead: member → (error name, message).
         var failures: [String: (String, String)] = [:]
     }
@@ -104,6 +107,20 @@ final class FakeBlueZ: Sendable {
                 return false
             }
             return taken ? .error(name: "org.bluez.Error.NotPermitted", message: "UUID already registered") : .empty
+        case "RegisterAgent":
+            guard let path = call.arguments.first?.string, let capability = call.arguments.last?.string else {
+                return .error(name: "org.bluez.Error.InvalidArguments", message: "Invalid arguments in method call")
+            }
+            state.withLock { $0.agents.append((call.sender, path, capability)) }
+            return .empty
+        case "RequestDefaultAgent":
+            let path = call.arguments.first?.string
+            let known = state.withLock { state -> Bool in
+                guard state.agents.contains(where: { $0.path == path && $0.sender == call.sender }) else { return false }
+                state.defaultAgent = path
+                return true
+            }
+            return known ? .empty : .error(name: "org.bluez.Error.DoesNotExist", message: "Does Not Exist")
         case "UnregisterProfile":
             state.withLock { state in state.registrations.removeAll { $0.sender == call.sender } }
             return .empty
@@ -134,6 +151,12 @@ final class FakeBlueZ: Sendable {
         let registration = try requireRegistration()
         _ = try await bus.call(destination: registration.sender, path: registration.path, interface: "org.bluez.Profile1",
                                member: "RequestDisconnection", arguments: [.objectPath(device.path)])
+    }
+
+    /// Calls `member` of the default agent, as bluetoothd does while pairing.
+    func askAgent(_ member: String, arguments: [BusValue]) async throws -> [BusValue] {
+        guard let agent = state.withLock({ state in state.agents.last(where: { $0.path == state.defaultAgent }) }) else { throw NotRegistered() }
+        return try await bus.call(destination: agent.sender, path: agent.path, interface: "org.bluez.Agent1", member: member, arguments: arguments)
     }
 
     func release() async throws {

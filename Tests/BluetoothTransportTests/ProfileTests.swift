@@ -77,6 +77,31 @@ struct ProfileTests {
         bluez.stop()
     }
 
+    @Test("the pairing agent: registered as the default, NoInputNoOutput, Just Works accepted, PIN codes refused")
+    func agent() async throws {
+        let bus = try await PrivateBus.start()
+        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory])
+        var withAgent = options(bus)
+        withAgent.registersAgent = true
+        let profile = try await BluetoothProfile.register(options: withAgent, queue: DispatchQueue(label: "host")) { _ in }
+        let agents = bluez.state.withLock { $0.agents }
+        #expect(agents.map { $0.capability } == ["NoInputNoOutput"])
+        #expect(agents.map { $0.sender } == [profile.bus.uniqueName])
+        #expect(bluez.state.withLock { $0.defaultAgent } == BluetoothAgent.path)
+        let device = BusValue.objectPath(pairedAccessory.path)
+        #expect(try await bluez.askAgent("RequestConfirmation", arguments: [device, .uint32(123_456)]).isEmpty)
+        #expect(try await bluez.askAgent("RequestAuthorization", arguments: [device]).isEmpty)
+        #expect(try await bluez.askAgent("AuthorizeService", arguments: [device, .string(BluetoothProfile.iAP2UUID)]).isEmpty)
+        do {
+            _ = try await bluez.askAgent("RequestPinCode", arguments: [device])
+            Issue.record("gave a PIN code")
+        } catch {
+            #expect((error as? BusError)?.name == "org.bluez.Error.Rejected")
+        }
+        profile.stop()
+        bluez.stop()
+    }
+
     @Test("each thing that stops Bluetooth is a typed error with the command that fixes it")
     func actionableErrors() async throws {
         let bus = try await PrivateBus.start()

@@ -33,6 +33,9 @@ final class HostContext: Sendable {
     let simulators: Mutex<[SimulatorRunner]> = Mutex([])
     let logger: Logger
     let traceSink: TraceSink?
+    /// Whether accessories may still connect over Bluetooth of their own accord (`--bluetooth`):
+    /// a command then waits (up to `--timeout`) for the first one before it settles.
+    let awaitsBluetooth: Bool
     /// Transports that failed before an accessory was identified on them (a USB device that
     /// cannot be opened…), as "location: reason".
     let failures = FailureLog()
@@ -56,7 +59,8 @@ final class HostContext: Sendable {
         // process's own (--serial, --simulate): the daemon owns the accessories then.
         let daemonPath = configuration.daemonSocketPath
         let bluetoothTargets = command.values("bluetooth-connect")
-        let wantsBluetooth = command.flag("bluetooth") || !bluetoothTargets.isEmpty
+        let wantsBluetooth = command.flag("bluetooth") || !bluetoothTargets.isEmpty || command.flag("bluetooth-agent")
+        awaitsBluetooth = wantsBluetooth && bluetoothTargets.isEmpty
         let ownSources = !command.values("serial").isEmpty || command.flag("simulate") || wantsBluetooth
         var throughDaemon = false
         if !command.flag("direct"), !ownSources, !command.flag("no-usb"), access(daemonPath, F_OK) == 0 {
@@ -107,7 +111,8 @@ final class HostContext: Sendable {
             }
             let manager = self.manager
             let targets = addresses
-            let options = BluetoothOptions(connectsOut: !targets.isEmpty)
+            let channel = UInt16(command.value("bluetooth-channel") ?? "0") ?? 0
+            let options = BluetoothOptions(channel: channel, connectsOut: !targets.isEmpty, registersAgent: command.flag("bluetooth-agent"))
             do {
                 try blockingAwait {
                     try await manager.startBluetooth(options: options)
@@ -308,6 +313,7 @@ func timeoutSeconds(_ command: ParsedCommand) -> Double {
 func discover(_ session: HostContext, command: ParsedCommand) throws -> [Accessory] {
     let manager = session.manager
     let timeout = Duration.milliseconds(Int(timeoutSeconds(command) * 1_000))
+    if session.awaitsBluetooth { _ = try blockingAwait { await manager.waitForAccessory(timeout: timeout) } }
     _ = try blockingAwait { await manager.waitUntilSettled(timeout: timeout) }
     return manager.connectedAccessories
 }
@@ -328,6 +334,11 @@ func chooseAccessory(_ session: HostContext, command: ParsedCommand, protocolStr
         { accessory in accessory.connectionID == id }
     }
     let timeout = Duration.milliseconds(Int(seconds * 1_000))
+    // Over Bluetooth an accessory connects when it likes: wait for one that fits first.
+    if session.awaitsBluetooth {
+        let wanted = protocolString
+        _ = try blockingAwait { await manager.waitForAccessory(timeout: timeout) { wanted.map($0.protocolStrings.contains) ?? true } }
+    }
     // Whichever comes first: every source settled, or the accessory asked for by connection id.
     let first = FirstOutcome()
     Task { first.report(await manager.waitUntilSettled(timeout: timeout)) }

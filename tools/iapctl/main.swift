@@ -59,6 +59,10 @@ let hostOptions: [OptionSpec] = [
           inherited: true),
     OptionSpec.value("bluetooth-connect", valueName: "address", help: "Connect out to this paired Bluetooth accessory (implies --bluetooth; "
                      + "repeatable).", repeatable: true, inherited: true),
+    OptionSpec.value("bluetooth-channel", valueName: "channel", help: "The RFCOMM channel of the iAP2 service (1-30; 0: BlueZ picks a free one).",
+                     defaultValue: "0", inherited: true).checked(.number(0...30)),
+    .flag("bluetooth-agent", help: "Also be BlueZ's pairing agent, accepting Just Works pairing (for a host without a desktop's agent).",
+          inherited: true),
     .flag("no-usb", help: "Do not look for USB accessories.", inherited: true),
     .flag("direct", help: "Open accessories in this process even when iapd runs (by default iapctl goes through it).", inherited: true),
     .flag("no-hotplug", help: "Poll the USB device list every second instead of using hotplug notifications.", inherited: true),
