@@ -405,6 +405,8 @@ awk '/^USAGE:/ && length > 100 { bad = 1 } END { exit bad }' "$work/out" || fail
 # 6. A protocol typo: at once, with "did you mean".
 check "a protocol typo is told at once" 69 timeout 10 "$iapctl" "${sim[@]}" --timeout 30 open com.example.ech
 contains "did you mean" err "did you mean 'com.example.echo'?"
+check "a selector that misses" 69 timeout 10 "$iapctl" "${sim[@]}" --timeout 30 open com.example.echo -a 7
+lacks "no 'did you mean' for a protocol that is spoken" err "did you mean 'com.example.echo'"
 # Permission denied on a pty names its owner, not dialout (root only: as nobody).
 if [ "$(id -u)" -eq 0 ] && command -v setpriv > /dev/null; then
     coproc PERM { exec "$iapctl" simulate 2> /dev/null; }

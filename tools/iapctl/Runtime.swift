@@ -378,8 +378,10 @@ func chooseAccessory(_ session: HostContext, command: ParsedCommand, protocolStr
     } else {
         message += "; connected: " + accessories.map { "\($0.connectionID) \($0.name) [\($0.protocolStrings.joined(separator: ", "))]" }
             .joined(separator: "; ")
-        if let protocolString,
-           let guess = Suggestion.closest(to: protocolString, among: Array(Set(accessories.flatMap(\.protocolStrings))).sorted()) {
+        let spoken = Set(accessories.flatMap(\.protocolStrings))
+        // A protocol some accessory speaks is not a typo: then the selector is what missed.
+        if let protocolString, !spoken.contains(protocolString),
+           let guess = Suggestion.closest(to: protocolString, among: spoken.sorted()) {
             message += "; did you mean '\(guess)'?"
         } else if let selector, byID == nil,
                   let guess = Suggestion.closest(to: selector, among: accessories.flatMap { [$0.serialNumber, $0.name] }) {
