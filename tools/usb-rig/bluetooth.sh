@@ -107,6 +107,24 @@ done
 set_true hci0 Discoverable || say "cannot make hci0 discoverable"
 waitfor 10 "both adapters powered" sh -c "[ \"\$(dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci1 org.freedesktop.DBus.Properties.Get string:org.bluez.Adapter1 string:Powered | grep -c 'boolean true')\" = 1 ]"
 
+# Pair first, as a person would (bluetoothctl scan on, pair, trust): the first rig run showed
+# bluetoothd 5.66 dropping an RFCOMM connection from a device it has no object for yet
+# ("profile.c:create_conn() iAP2 device … not found"), even though the link and Just Works
+# pairing came up right after. The host's adapter discovers the accessory's and pairs; Just
+# Works needs no agent answer (the kernel confirms it when neither side has input or output).
+device=/org/bluez/hci0/dev_${accessory//:/_}
+set_true hci1 Discoverable || say "cannot make hci1 discoverable"
+dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci0 org.bluez.Adapter1.StartDiscovery > /dev/null || say "StartDiscovery failed"
+waitfor 60 "hci0 discovered the accessory's adapter" dbus-send --system --print-reply --dest=org.bluez "$device" \
+    org.freedesktop.DBus.Properties.Get string:org.bluez.Device1 string:Address
+dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci0 org.bluez.Adapter1.StopDiscovery > /dev/null || true
+dbus-send --system --print-reply --reply-timeout=60000 --dest=org.bluez "$device" org.bluez.Device1.Pair >> "$log" 2>&1 \
+    || say "Pair failed (see above)"
+dbus-send --system --print-reply --dest=org.bluez "$device" org.freedesktop.DBus.Properties.Set \
+    string:org.bluez.Device1 string:Trusted variant:boolean:true > /dev/null || say "cannot trust the accessory"
+waitfor 10 "the accessory is paired" sh -c "dbus-send --system --print-reply --dest=org.bluez $device org.freedesktop.DBus.Properties.Get string:org.bluez.Device1 string:Paired | grep -q 'boolean true'"
+dbus-send --system --print-reply --dest=org.bluez "$device" org.bluez.Device1.Disconnect > /dev/null 2>&1 || true
+
 head -c $((mib << 20)) /dev/urandom > "$work/payload"
 
 # Round 1: the host waits for an accessory, sends the payload through com.example.echo and
