@@ -499,5 +499,30 @@ check "iapctl --version" 0 "$iapctl" --version
 version=$(cut -d' ' -f1 "$work/out")
 grep -q "^## \[$version\] - [0-9]\{4\}-[0-9]\{2\}-[0-9]\{2\}$" "$here/../CHANGELOG.md" || fail "CHANGELOG.md has no '## [$version] - DATE' section"
 
+# 11. iapd (beside iapctl) as iapctl meets it: found at $IAPD_SOCKET, said by -v, and stopped
+# cleanly by SIGTERM (exit 0, its socket removed).
+iapd=$(dirname "$iapctl")/iapd
+if [ -x "$iapd" ]; then
+    "$iapd" --socket "$work/iapd.sock" --no-usb --simulate -v 2> "$work/iapd.log" &
+    iapd_pid=$!
+    for _ in $(seq 1 100); do [ -S "$work/iapd.sock" ] && break; sleep 0.1; done # an external process: bounded polls
+    check "iapctl goes through iapd" 0 env IAPD_SOCKET="$work/iapd.sock" "$iapctl" -v list
+    contains "iapctl -v says iapd" err "going through iapd at $work/iapd.sock"
+    contains "the accessory iapd serves" out "Multi Sensor"
+    kill -TERM "$iapd_pid"
+    for _ in $(seq 1 100); do # until it exited (gone, or a zombie not yet waited for)
+        state=$(sed 's/.*) //' "/proc/$iapd_pid/stat" 2>/dev/null | cut -c1 || true)
+        { [ -z "$state" ] || [ "$state" = Z ]; } && break
+        sleep 0.1
+    done
+    kill -KILL "$iapd_pid" 2>/dev/null || true # only if it did not stop: the check below fails then
+    iapd_status=0; wait "$iapd_pid" || iapd_status=$?
+    [ "$iapd_status" -eq 0 ] || fail "iapd exited with $iapd_status on SIGTERM: $(tail -n 20 "$work/iapd.log")"
+    [ ! -e "$work/iapd.sock" ] || fail "iapd left its socket behind after SIGTERM"
+    grep -q "stopping (signal 15)" "$work/iapd.log" || fail "iapd did not log its stop: $(cat "$work/iapd.log")"
+else
+    fail "$iapd is missing (swift build)"
+fi
+
 [ "$failures" -eq 0 ] || { echo "cli-checks: $failures failed" >&2; exit 1; }
 echo "cli-checks: all passed"

@@ -11,13 +11,15 @@ public import ByteRing
 /// that later sends the iAP2 detect starts over in iAP2. The accessory side speaks what it was
 /// built with.
 public struct IAPEndpoint: Sendable {
-    // (The accessors test `one != nil` and branch rather than `one?.x ?? two!.x`: the `??`
-    // autoclosure captured self, copying both endpoints, a retain and release of every
-    // reference they hold, on every call of the hot path.)
-    // Exactly one of the two is set. Optionals (not an enum with payloads) so that calls
-    // mutate the running endpoint in place, without copying its buffers.
-    private var two: IAP2Endpoint?
+    // The iAP2 endpoint is stored as it is, not as an optional: reading an optional stored
+    // property of a borrowed struct (`two!.x`, `two?.x`) loads a copy of the whole endpoint, a
+    // retain and release of every reference it holds, which was a quarter of the daemon path's
+    // time. While iAP1 runs, `two` is a dormant endpoint that never started (`runsIAP1`) and
+    // `one` the running one; iAP1 is slow enough for its optional's cost not to matter.
+    private var two: IAP2Endpoint
     private var one: IAP1Endpoint?
+    /// Whether iAP1 runs (`one` is set); a plain Bool for the hot path's tests.
+    private var runsIAP1 = false
     private let deviceSettings: (configuration: LinkConfiguration, policy: any AuthenticationPolicy, bufferLimit: Int)?
     /// Whether this is the device side (which switches); kept apart so the receive path tests a
     /// plain Bool.
@@ -56,16 +58,18 @@ public struct IAPEndpoint: Sendable {
     /// Wraps an iAP1 endpoint.
     public init(_ endpoint: IAP1Endpoint) {
         one = endpoint
+        runsIAP1 = true
+        two = Self.dormant
         deviceSettings = nil
         switches = false
         random = SplitMix(state: 0)
     }
 
     /// The protocol running now.
-    public var protocolVersion: IAPProtocolVersion { one == nil ? .iap2 : .iap1 }
+    public var protocolVersion: IAPProtocolVersion { runsIAP1 ? .iap1 : .iap2 }
 
     /// The iAP2 endpoint, while iAP2 runs (for inspection: link state, statistics).
-    public var iap2: IAP2Endpoint? { two }
+    public var iap2: IAP2Endpoint? { runsIAP1 ? nil : two }
 
     /// The iAP1 endpoint, while iAP1 runs.
     public var iap1: IAP1Endpoint? { one }
@@ -75,7 +79,7 @@ public struct IAPEndpoint: Sendable {
         get { answerTimeoutValue }
         set {
             answerTimeoutValue = newValue
-            two?.answerTimeout = newValue
+            two.answerTimeout = newValue
             one?.answerTimeout = newValue
         }
     }
@@ -95,42 +99,44 @@ public struct IAPEndpoint: Sendable {
 
     /// Starts: the accessory side identifies unless it waits for the device; the device side waits (the iAP2 device sends the detect).
     public mutating func start(now: LinkTime) {
-        if one != nil { one!.start(now: now) } else { two!.start(now: now) }
+        if runsIAP1 { one!.start(now: now) } else { two.start(now: now) }
     }
 
     /// Feeds bytes from the peer, in any chunking.
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
-        if one != nil { one!.receive(bytes, now: now) } else { two!.receive(bytes, now: now) }
+        if runsIAP1 { one!.receive(bytes, now: now) } else { two.receive(bytes, now: now) }
         if switches { switchIfNeeded(now: now) }
     }
 
     /// Feeds bytes from the peer held in an array (iAP2 keeps views of it instead of copying).
     public mutating func receive(_ bytes: [UInt8], now: LinkTime) {
-        if one != nil { one!.receive(bytes.span.bytes, now: now) } else { two!.receive(bytes, now: now) }
+        if runsIAP1 { one!.receive(bytes.span.bytes, now: now) } else { two.receive(bytes, now: now) }
         if switches { switchIfNeeded(now: now) }
     }
 
     /// Feeds bytes lent by the transport (a USB IN slot; iAP2 keeps views of the lease instead
     /// of copying).
     public mutating func receive(lent lease: SlotLease, now: LinkTime) {
-        if one != nil { lease.withSpan { one!.receive($0, now: now) } } else { two!.receive(lent: lease, now: now) }
+        if runsIAP1 { lease.withSpan { one!.receive($0, now: now) } } else { two.receive(lent: lease, now: now) }
         if switches { switchIfNeeded(now: now) }
     }
 
     /// Fires every timer due at `now`.
     public mutating func advance(to now: LinkTime) {
-        if one != nil { one!.advance(to: now) } else { two!.advance(to: now) }
+        if runsIAP1 { one!.advance(to: now) } else { two.advance(to: now) }
         // A partial frame abandoned after the inter-byte gap may have held the packets that
         // tell which protocol the accessory speaks.
         if switches { switchIfNeeded(now: now) }
     }
 
     /// When ``advance(to:)`` must be called next, if anything is scheduled.
-    public var nextDeadline: LinkTime? { one != nil ? one!.nextDeadline : two!.nextDeadline }
+    public var nextDeadline: LinkTime? {
+        runsIAP1 ? one?.nextDeadline : two.nextDeadline
+    }
 
     /// Packets to send, in order (each a whole packet with its sync byte, or the detect).
     public mutating func takeOutput() -> [[UInt8]] {
-        let output = one != nil ? one!.takeOutput() : two!.takeOutput()
+        let output = runsIAP1 ? one!.takeOutput() : two.takeOutput()
         guard !pendingOutput.isEmpty else { return output }
         defer { pendingOutput.removeAll() }
         return pendingOutput + output
@@ -143,7 +149,7 @@ public struct IAPEndpoint: Sendable {
             frames.append(contentsOf: pendingOutput)
             pendingOutput.removeAll()
         }
-        if one != nil { frames.append(contentsOf: one!.takeOutput()) } else { two!.takeOutput(into: &frames) }
+        if runsIAP1 { frames.append(contentsOf: one!.takeOutput()) } else { two.takeOutput(into: &frames) }
     }
 
     /// Appends the packets to send to `frames` as they lie: iAP2 packets in the transport's
@@ -153,10 +159,10 @@ public struct IAPEndpoint: Sendable {
             for frame in pendingOutput { frames.append(.bytes(frame)) }
             pendingOutput.removeAll()
         }
-        if one != nil {
+        if runsIAP1 {
             for frame in one!.takeOutput() { frames.append(.bytes(frame)) }
         } else {
-            two!.takeFrames(into: &frames)
+            two.takeFrames(into: &frames)
         }
     }
 
@@ -166,16 +172,19 @@ public struct IAPEndpoint: Sendable {
         get { transmitBufferPool }
         set {
             transmitBufferPool = newValue
-            if two != nil { two!.transmitBuffers = newValue }
+            if !runsIAP1 { two.transmitBuffers = newValue }
         }
     }
 
     /// Whether ``takeOutput()`` has anything.
-    public var hasOutput: Bool { !pendingOutput.isEmpty || (one != nil ? one!.hasOutput : two!.hasOutput) }
+    public var hasOutput: Bool {
+        if !pendingOutput.isEmpty { return true }
+        return runsIAP1 ? one?.hasOutput == true : two.hasOutput
+    }
 
     /// What happened since the last call, in order.
     public mutating func takeEvents() -> [EndpointEvent] {
-        let events = one != nil ? one!.takeEvents() : two!.takeEvents()
+        let events = runsIAP1 ? one!.takeEvents() : two.takeEvents()
         guard !pendingEvents.isEmpty else { return events }
         defer { pendingEvents.removeAll() }
         return pendingEvents + events
@@ -188,16 +197,18 @@ public struct IAPEndpoint: Sendable {
             taken.append(contentsOf: pendingEvents)
             pendingEvents.removeAll()
         }
-        if one != nil { taken.append(contentsOf: one!.takeEvents()) } else { two!.takeEvents(into: &taken) }
+        if runsIAP1 { taken.append(contentsOf: one!.takeEvents()) } else { two.takeEvents(into: &taken) }
     }
 
     /// The identity, once identified (and authenticated when the accessory asked for it).
-    public var identity: AccessoryIdentity? { one != nil ? one!.identity : two!.identity }
+    public var identity: AccessoryIdentity? {
+        runsIAP1 ? one?.identity : two.identity
+    }
 
     /// Device role: moves to iAP1 when an iAP1 packet arrived before the iAP2 link came up, and
     /// back to iAP2 when an iAP1 accessory sends the detect.
     private mutating func switchIfNeeded(now: LinkTime) {
-        if one != nil {
+        if runsIAP1 {
             guard one!.sawIAP2Detect, switchCount < Self.maxSwitches, let settings = deviceSettings else { return }
             switchCount += 1
             pendingEvents += one!.takeEvents()
@@ -212,11 +223,12 @@ public struct IAPEndpoint: Sendable {
             pendingEvents.append(.protocolSwitched(.iap2))
             iap2.receive(IAP2Detect.bytes + rest, now: now)
             one = nil
+            runsIAP1 = false
             two = iap2
             return
         }
-        guard two!.link.state != .connected, switchCount < Self.maxSwitches, let settings = deviceSettings else { return }
-        let events = two!.takeEvents()
+        guard two.link.state != .connected, switchCount < Self.maxSwitches, let settings = deviceSettings else { return }
+        let events = two.takeEvents()
         let bodies = events.compactMap { event -> [UInt8]? in
             if case let .link(.iap1Packet(body)) = event { return body }
             return nil
@@ -228,10 +240,10 @@ public struct IAPEndpoint: Sendable {
         // valid iAP1 packet (50 MiB of garbage holds a checksummed IdentifyDeviceLingoes now and
         // then). An identification found among them is not believed: the accessory is asked to
         // identify again, and only its answer identifies it.
-        let amidNoise = two!.link.scanStatistics.droppedBytes > 0
+        let amidNoise = two.link.scanStatistics.droppedBytes > 0
         let believed = amidNoise ? bodies.filter { !Self.isIdentification($0) } : bodies
-        pendingOutput += two!.takeOutput()
-        let partial = two!.takeUnscannedBytes()
+        pendingOutput += two.takeOutput()
+        let partial = two.takeUnscannedBytes()
         var iap1 = IAP1Endpoint(device: settings.policy, sessionBufferLimit: settings.bufferLimit,
                                 interByteGap: settings.configuration.interByteGap, randomSeed: random.next())
         iap1.answerTimeout = answerTimeoutValue
@@ -241,8 +253,14 @@ public struct IAPEndpoint: Sendable {
         // something else) is asked to.
         if !believed.contains(where: Self.isIdentification) { iap1.requestIdentify() }
         iap1.takeOver(bodies: believed, partial: partial, now: now)
-        two = nil
+        two = Self.dormant
         one = iap1
+        runsIAP1 = true
+    }
+
+    /// What `two` holds while iAP1 runs: an endpoint that never starts, with the smallest buffers.
+    private static var dormant: IAP2Endpoint {
+        IAP2Endpoint(device: .device, policy: AcceptingAuthentication(), sessionBufferLimit: 4096, initialSequence: 0, randomSeed: 0)
     }
 
     /// Whether an iAP1 packet body starts an identification (StartIDPS, IdentifyDeviceLingoes).
@@ -254,64 +272,74 @@ public struct IAPEndpoint: Sendable {
 
     /// Device: opens a session for `protocolName`; ``EndpointEvent/sessionOpened(sessionID:protocolName:)`` follows when the accessory agrees.
     public mutating func openSession(protocolName: String, now: LinkTime) throws(EndpointError) -> UInt16 {
-        if one != nil { return try one!.openSession(protocolName: protocolName, now: now) }
-        return try two!.openSession(protocolName: protocolName, now: now)
+        if runsIAP1 { return try one!.openSession(protocolName: protocolName, now: now) }
+        return try two.openSession(protocolName: protocolName, now: now)
     }
 
     /// Closes a session (the device tells the accessory) and forgets it. On iAP2 the stop's
     /// acknowledgement is followed (``IAP2Endpoint/closeSession(_:now:)``); on iAP1 nothing
     /// waits for the answer to CloseDataSession.
     public mutating func closeSession(_ sessionID: UInt16, now: LinkTime) {
-        if one != nil { one!.closeSession(sessionID, now: now) } else { two!.closeSession(sessionID, now: now) }
+        if runsIAP1 { one!.closeSession(sessionID, now: now) } else { two.closeSession(sessionID, now: now) }
     }
 
     /// Whether the stop of a closed session waits for the accessory's acknowledgement
     /// (``IAP2Endpoint/isStopPending(_:)``; always false on iAP1).
     public func isStopPending(_ sessionID: UInt16) -> Bool {
-        two?.isStopPending(sessionID) ?? false
+        !runsIAP1 && two.isStopPending(sessionID)
     }
 
     /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).
     public mutating func write(_ sessionID: UInt16, _ bytes: some Collection<UInt8>, now: LinkTime) throws(EndpointError) -> Int {
-        if one != nil { return try one!.write(sessionID, bytes, now: now) }
-        return try two!.write(sessionID, bytes, now: now)
+        if runsIAP1 { return try one!.write(sessionID, bytes, now: now) }
+        return try two.write(sessionID, bytes, now: now)
     }
 
     /// Queues bytes for a session from a view of them (iAP2: copied once, into the link packets).
     public mutating func write(_ sessionID: UInt16, span bytes: RawSpan, now: LinkTime) throws(EndpointError) -> Int {
-        if one != nil { return try one!.write(sessionID, bytes.withUnsafeBytes { Array($0) }, now: now) }
-        return try two!.write(sessionID, span: bytes, now: now)
+        if runsIAP1 { return try one!.write(sessionID, bytes.withUnsafeBytes { Array($0) }, now: now) }
+        return try two.write(sessionID, span: bytes, now: now)
     }
 
     /// Takes up to `maxBytes` received bytes of a session; the room this makes lets held data in.
     public mutating func read(_ sessionID: UInt16, maxBytes: Int = .max) -> [UInt8] {
-        one != nil ? one!.read(sessionID, maxBytes: maxBytes) : two!.read(sessionID, maxBytes: maxBytes)
+        runsIAP1 ? one!.read(sessionID, maxBytes: maxBytes) : two.read(sessionID, maxBytes: maxBytes)
     }
 
     /// Takes up to `maxBytes` received bytes of a session as a view (iAP2: of the array they
     /// arrived in, no copy; iAP1: of a copy).
     public mutating func readChunk(_ sessionID: UInt16, maxBytes: Int = .max) -> ArraySlice<UInt8> {
-        if one != nil { return one!.read(sessionID, maxBytes: maxBytes)[...] }
-        return two!.readChunk(sessionID, maxBytes: maxBytes)
+        if runsIAP1 { return one!.read(sessionID, maxBytes: maxBytes)[...] }
+        return two.readChunk(sessionID, maxBytes: maxBytes)
     }
 
     /// Lends the next received bytes of a session in place; `body` returns how many it consumed. Nil when nothing is readable.
     public mutating func borrow<Result>(_ sessionID: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        if one != nil { return try one!.borrow(sessionID, body) }
-        return try two!.borrow(sessionID, body)
+        if runsIAP1 { return try one!.borrow(sessionID, body) }
+        return try two.borrow(sessionID, body)
     }
 
     /// The session bytes moved and copied (iAP2; iAP1 is not counted and reports zeros).
-    public var dataPlane: DataPlaneStatistics { two?.dataPlane ?? DataPlaneStatistics() }
+    public var dataPlane: DataPlaneStatistics { runsIAP1 ? DataPlaneStatistics() : two.dataPlane }
 
     /// Bytes readable on a session.
-    public func bytesAvailable(_ sessionID: UInt16) -> Int { one != nil ? one!.bytesAvailable(sessionID) : two!.bytesAvailable(sessionID) }
+    public func bytesAvailable(_ sessionID: UInt16) -> Int {
+        runsIAP1 ? one?.bytesAvailable(sessionID) ?? 0 : two.bytesAvailable(sessionID)
+    }
     /// Bytes a session may still queue for sending (0 unless open).
-    public func spaceAvailable(_ sessionID: UInt16) -> Int { one != nil ? one!.spaceAvailable(sessionID) : two!.spaceAvailable(sessionID) }
+    public func spaceAvailable(_ sessionID: UInt16) -> Int {
+        runsIAP1 ? one?.spaceAvailable(sessionID) ?? 0 : two.spaceAvailable(sessionID)
+    }
     /// Bytes written to a session and not yet acknowledged by the peer.
-    public func bytesPending(_ sessionID: UInt16) -> Int { one != nil ? one!.bytesPending(sessionID) : two!.bytesPending(sessionID) }
+    public func bytesPending(_ sessionID: UInt16) -> Int {
+        runsIAP1 ? one?.bytesPending(sessionID) ?? 0 : two.bytesPending(sessionID)
+    }
     /// Bytes of a session the peer acknowledged.
-    public func bytesAcknowledged(_ sessionID: UInt16) -> Int { one != nil ? one!.bytesAcknowledged(sessionID) : two!.bytesAcknowledged(sessionID) }
+    public func bytesAcknowledged(_ sessionID: UInt16) -> Int {
+        runsIAP1 ? one?.bytesAcknowledged(sessionID) ?? 0 : two.bytesAcknowledged(sessionID)
+    }
     /// A session's state; nil for a session this side does not know.
-    public func sessionState(_ sessionID: UInt16) -> EASessionState? { one != nil ? one!.sessionState(sessionID) : two!.sessionState(sessionID) }
+    public func sessionState(_ sessionID: UInt16) -> EASessionState? {
+        runsIAP1 ? one?.sessionState(sessionID) : two.sessionState(sessionID)
+    }
 }

@@ -1,5 +1,6 @@
 import AccessoryHost
 import AccessoryLogging
+import AccessorySimulator
 import CLIKit
 import Foundation
 import IAPDaemon
@@ -19,14 +20,16 @@ enum DaemonBenchmarks {
         let accessory: Accessory
         let directory: String
 
-        init(serving manager: AccessoryManager) throws {
+        /// `sessionBufferLimit`: each of the client's sessions' write buffer (the direct path's
+        /// own, for a like-for-like comparison).
+        init(serving manager: AccessoryManager, sessionBufferLimit: Int = 4 << 20) throws {
             directory = FileManager.default.temporaryDirectory.appendingPathComponent("iapbench-\(getpid())").path
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             let path = directory + "/iapd.sock"
             guard case .success(let descriptor) = UnixSocket.listen(path: path) else { throw ExitCode.unavailable }
             server = DaemonServer(manager: manager, logger: Logger(label: "iapd", handler: NullLogHandler()))
             server.listen(descriptor: descriptor)
-            var configuration = AccessoryManager.Configuration(sessionBufferLimit: 4 << 20)
+            var configuration = AccessoryManager.Configuration(sessionBufferLimit: sessionBufferLimit)
             configuration.daemonSocketPath = path
             client = AccessoryManager(configuration: configuration)
             try client.connectToDaemon()
@@ -90,5 +93,60 @@ enum DaemonBenchmarks {
              "through iapd: p50 \(Report.duration(nanoseconds: Pairs.median(latency.daemon))), "
                 + "\(Report.duration(nanoseconds: Pairs.median(added))) more (median of the rounds' differences)")
         return .success
+    }
+
+    /// `iapbench usb --daemon`: one simulated accessory on a USB gadget, identified over USB by a
+    /// manager in this process (the direct path) that a `DaemonServer` also serves to a client
+    /// manager (the path through iapd). Each round echoes the same bytes through one session
+    /// directly, then through the daemon (on the accessory's second echo protocol), and reports
+    /// both and their ratio; the summary is the median of the rounds and of their ratios.
+    static func runUSB(_ command: ParsedCommand, profile: SimulatorProfile, udc: String, megabytes: Int, rounds: Int) throws -> ExitCode {
+        let json = command.flag("json")
+        func megabytesPerSecond(_ rate: Double) -> String { Report.format(rate / 1e6, digits: 1) }
+        return try USBBenchmarks.withAccessory(profile: profile, udc: udc) { rig, _ in
+            let through = try Through(serving: rig.manager, sessionBufferLimit: USBBenchmarks.sessionBufferLimit)
+            defer { through.stop() }
+            let remote = LoopbackBenchmarks.Rig(manager: through.client, runner: rig.runner, accessory: through.accessory)
+            var pairs = Pairs()
+            for round in 1...rounds {
+                USBBenchmarks.step("round \(round) of \(rounds): direct")
+                let direct = try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: megabytes << 20).bytesPerSecond
+                USBBenchmarks.step("round \(round) of \(rounds): through iapd")
+                let daemon = try LoopbackBenchmarks.throughput(remote, sessions: 1, bytesPerSession: megabytes << 20, firstProtocol: 2).bytesPerSecond
+                pairs.direct.append(direct)
+                pairs.daemon.append(daemon)
+                let ratio = direct > 0 ? daemon / direct : 0
+                if json {
+                    StandardOutput.write(JSONValue.object([
+                        ("name", .string("EA echo over iAP2, 1 session, round \(round)")), ("direct", .int(Int(direct))),
+                        ("throughIapd", .int(Int(daemon))), ("ratio", .string(Report.format(ratio, digits: 3))),
+                    ]).serialized() + "\n")
+                } else {
+                    StandardOutput.write("round \(round) of \(rounds): EA echo, 1 session: direct \(megabytesPerSecond(direct)) MB/s, "
+                        + "through iapd \(megabytesPerSecond(daemon)) MB/s each way: \(Report.format(ratio, digits: 2))× direct\n")
+                }
+            }
+            let direct = Pairs.median(pairs.direct), daemon = Pairs.median(pairs.daemon)
+            let ratios = pairs.ratios, ratio = Pairs.median(ratios)
+            let lowest = ratios.min() ?? 0, highest = ratios.max() ?? 0
+            if json {
+                StandardOutput.write(JSONValue.object([
+                    ("name", .string("EA echo over iAP2, 1 session, direct (baseline)")), ("bytesPerSecond", .int(Int(direct))),
+                    ("rounds", .array(pairs.direct.map { .int(Int($0)) })),
+                ]).serialized() + "\n")
+                StandardOutput.write(JSONValue.object([
+                    ("name", .string("EA echo over iAP2, 1 session, through iapd")), ("bytesPerSecond", .int(Int(daemon))),
+                    ("rounds", .array(pairs.daemon.map { .int(Int($0)) })), ("ratio", .string(Report.format(ratio, digits: 3))),
+                    ("ratioRange", .array([.string(Report.format(lowest, digits: 3)), .string(Report.format(highest, digits: 3))])),
+                ]).serialized() + "\n")
+            } else {
+                StandardOutput.write("baseline: EA echo over iAP2, 1 session, direct: \(megabytesPerSecond(direct)) MB/s each way "
+                    + "(median of \(rounds) round\(rounds == 1 ? "" : "s"))\n")
+                StandardOutput.write("EA echo over iAP2, 1 session, through iapd: \(megabytesPerSecond(daemon)) MB/s each way, "
+                    + "\(Report.format(ratio, digits: 2))× direct (median of the rounds' ratios; lowest \(Report.format(lowest, digits: 2)), "
+                    + "highest \(Report.format(highest, digits: 2)); goal ≥ 0.90×)\n")
+            }
+            return .success
+        }
     }
 }

@@ -29,6 +29,10 @@ enum USBBenchmarks {
         if let count = try command.integer("transmit-buffers", in: 0...1_024) { options.transmitBuffers = count }
         let megabytes = try command.integer("mib", in: 1...4_096) ?? 64
         let json = command.flag("json")
+        if command.flag("daemon"), command.flag("native") {
+            throw UsageError("--daemon and --native are measured in separate runs: give one of them",
+                             usage: "iapbench usb --daemon [--mib N] [--rounds N]", commandPath: command.path)
+        }
         #if DEBUG
         StandardError.write("warning: this is a debug build; its numbers mean nothing. Use: swift build -c release\n")
         #endif
@@ -63,6 +67,9 @@ enum USBBenchmarks {
         }
         let native = command.flag("native")
         let profile = LoopbackBenchmarks.echoProfile(sessions: 3, maxPacketLength: 65_535, native: native)
+        if command.flag("daemon") {
+            return try DaemonBenchmarks.runUSB(command, profile: profile, udc: udc, megabytes: megabytes, rounds: rounds)
+        }
         var ceilings: [Double] = []
         var sessionRates: [Int: [Double]] = [:]
         var nativeRates: [Double] = []

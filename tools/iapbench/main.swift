@@ -60,7 +60,10 @@ let usbCommand = CommandSpec(
         pipes of the host, without iAP2. Each round measures the ceiling, then the EA figures, \
         right after each other; the report gives the median of the rounds and each EA figure's \
         ratio to its own round's ceiling (median, lowest, highest), since the speed of a machine \
-        (and of an emulated one, very much) drifts between rounds.
+        (and of an emulated one, very much) drifts between rounds. With --daemon: one EA \
+        echo session directly and through iapd (a daemon in this process serving the same \
+        accessory to a client on a Unix socket), each round both, with the ratio of each round \
+        and their median.
         """,
     options: [.flag("json", help: "Print one JSON object per measurement."),
               .flag("verbose", help: "Say on standard error what the gadget sees (bind, enable…)."),
@@ -68,6 +71,7 @@ let usbCommand = CommandSpec(
               .value("session-buffer", valueName: "KiB", help: "Each session's write buffer on the host (default: the library's, 1024)."),
               .value("transmit-buffers", valueName: "n", help: "Most transmit buffers in device memory the link lays packets out in (default: the library's, 64; 0 sends every frame through the OUT slots)."),
               .flag("native", help: "Also an EA session on a native transport (its own FF/F0/01 interface); exit 69 with the reason when it cannot be measured."),
+              .flag("daemon", help: "Instead: one EA echo session directly and through iapd (a daemon in this process on a Unix socket, serving the same accessory), round by round, with the ratio of each round."),
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "64"),
               .value("rounds", valueName: "n", help: "Rounds of ceiling + EA measurements.", defaultValue: "3"),
               .value("udc", valueName: "name", help: "The device controller to bind the gadget to (default: the first).")]

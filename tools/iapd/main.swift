@@ -213,16 +213,19 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
     }
 
     // Stop cleanly on SIGTERM and SIGINT: clients hear the accessories go, USB is released.
+    // The handler runs on its own queue: @Sendable, so that it is not taken for main-actor
+    // code (Swift 6 checks that at run time, and the check stops the program).
     let stopping = DispatchQueue(label: "iapd.signals")
     var sources: [any DispatchSourceSignal] = []
+    let runners = simulators
     for number in [SIGTERM, SIGINT] {
         signal(number, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: number, queue: stopping)
-        source.setEventHandler {
+        source.setEventHandler { @Sendable in
             logger.notice("stopping (signal \(number))")
             server.stop()
             manager.stop()
-            for runner in simulators { runner.stop() }
+            for runner in runners { runner.stop() }
             if made { unlink(path) }
             exit(0)
         }
