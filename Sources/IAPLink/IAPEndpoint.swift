@@ -91,7 +91,7 @@ public struct IAPEndpoint: Sendable {
         get { peerBluetoothAddressValue }
         set {
             peerBluetoothAddressValue = newValue
-            two?.peerBluetoothAddress = newValue
+            two.peerBluetoothAddress = newValue
         }
     }
 
