@@ -30,6 +30,8 @@ let package = Package(
         .library(name: "IAPTransport", targets: ["IAPTransport"]),
         .library(name: "AccessorySimulator", targets: ["AccessorySimulator"]),
         .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
+        .library(name: "DBus", targets: ["DBus"]),
+        .library(name: "BluetoothTransport", targets: ["BluetoothTransport"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
         .executable(name: "iapd", targets: ["iapd"]),
@@ -48,6 +50,18 @@ let package = Package(
             pkgConfig: "openssl",
             providers: [.apt(["libssl-dev", "pkg-config"])]
         ),
+        // libdbus-1 as Debian ships it (1.14): `apt-get install libdbus-1-dev pkg-config`.
+        .systemLibrary(
+            name: "CDBus",
+            pkgConfig: "dbus-1",
+            providers: [.apt(["libdbus-1-dev", "pkg-config"])]
+        ),
+        // Swift over libdbus: a private bus connection driven by Dispatch sources on one queue,
+        // method calls out, objects exported, typed values (file descriptors included).
+        .target(name: "DBus", dependencies: ["CDBus"], swiftSettings: strict),
+        // iAP2 over Bluetooth RFCOMM through BlueZ: the iAP2 profile registered over D-Bus,
+        // each connection's socket as a Transport, connecting out to paired accessories.
+        .target(name: "BluetoothTransport", dependencies: ["DBus", "IAPTransport", "IAPLink", "SystemCalls"], swiftSettings: strict),
         // Authentication that verifies: certificates, signatures and trust anchors through
         // OpenSSL (one wrapper type holds every call), the policies accept / record / require,
         // and the simulator's signing credentials.
@@ -78,7 +92,7 @@ let package = Package(
         // endpoint threads and signal handling.
         .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
         // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication",
+        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "BluetoothTransport", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication",
                                                       "IAPDaemonProtocol", "SystemCalls"], swiftSettings: strict),
         // The client protocol of iapd: messages and their framing (pure, fuzzed).
         .target(name: "IAPDaemonProtocol", dependencies: ["IAPLink"], swiftSettings: strict),
@@ -100,8 +114,8 @@ let package = Package(
         .target(name: "CLIKit", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         .executableTarget(
             name: "iapctl",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "IAPInspect", "CLIKit",
-                           "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication", "ProjectVersion"],
+            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire",
+                           "IAPInspect", "CLIKit", "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication", "ProjectVersion"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
@@ -138,6 +152,9 @@ let package = Package(
         .testTarget(name: "IAPTransportTests", dependencies: ["IAPTransport", "IAPLink", "IAPWire", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessoryGadgetTests", dependencies: ["AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "BluetoothTransportTests", dependencies: ["BluetoothTransport", "DBus", "AccessoryHost", "AccessorySimulator", "IAPTransport",
+                                                                     "IAPLink", "TestSupport", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "SystemCallsTests", dependencies: ["SystemCalls"], swiftSettings: strict),
         .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryLogging", "IAPTransport", "IAPLink", "IAPWire", "USBHost", "HeapStatistics", "IAPInspect"], swiftSettings: strict),
         // The OpenSSL verification, the policies over iAP2 and iAP1 with the simulator, hostile

@@ -39,6 +39,11 @@ contains "wait --gone timeout message" err 'still connected after 2 s, matching 
 check "wait rejects a bad USB id" 64 "$iapctl" "${sim[@]}" wait --usb-id 12345:1
 
 # A native-transport protocol: info says so, and send moves a file through it.
+# Bluetooth without a bus (or BlueZ) says which service to start; a bad address is a usage error.
+check "--bluetooth without a D-Bus system bus exits 69" 69 env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus "$iapctl" --no-usb --bluetooth list
+contains "--bluetooth names the fix" err "systemctl start dbus"
+check "--bluetooth-connect with a bad address exits 64" 64 "$iapctl" --no-usb --bluetooth-connect 00:11:22 list
+check "simulate --bluetooth without a channel exits 64" 64 "$iapctl" simulate --bluetooth 00:11:22:33:44:55
 check "info shows native protocols" 0 "$iapctl" --no-usb --simulate=native-streamer info --json
 contains "info --json native" out '"name":"com.example.native.sink","matchAction":0,"native":true'
 head -c 3000000 /dev/urandom > "$work/native.bin"

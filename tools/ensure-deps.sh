@@ -6,6 +6,8 @@ need=()
 pkg-config --exists libusb-1.0 2>/dev/null || need+=(libusb-1.0-0-dev)
 # OpenSSL 3 (libcrypto) for IAPAuthentication's certificate and signature checks.
 pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev)
+# libdbus-1 for the DBus module (Bluetooth through BlueZ).
+pkg-config --exists dbus-1 2>/dev/null || need+=(libdbus-1-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 for extra in "$@"; do
     case "$extra" in
@@ -18,6 +20,8 @@ for extra in "$@"; do
         python3-jsonschema) python3 -c 'import jsonschema' 2>/dev/null || need+=(python3-jsonschema) ;;
         # `man -l` renders the generated man pages (tools/cli-checks.sh).
         man-db) command -v man >/dev/null || need+=(man-db) ;;
+        # The D-Bus and Bluetooth tests start a private bus of their own (Tests/TestSupport/PrivateBus.swift).
+        dbus-daemon) command -v dbus-daemon >/dev/null || need+=(dbus-daemon) ;;
         *) dpkg -s "$extra" >/dev/null 2>&1 || need+=("$extra") ;;
     esac
 done

@@ -6,7 +6,7 @@
 # fuzzes each parser for FUZZ_SECONDS (default 60) seconds, and checks the documentation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db
+tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon
 fuzz_seconds=${FUZZ_SECONDS:-60}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,3 +1,4 @@
+public import BluetoothTransport
 public import Dispatch
 public import IAPLink
 public import IAPTransport
@@ -27,6 +28,9 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     /// the descriptors' strings); nil on other transports. A script can follow an accessory
     /// that re-enumerates with another product id (a bootloader) by these.
     public let usbDevice: USBDeviceInfo?
+    /// The accessory's Bluetooth address, for accessories on Bluetooth (its identification
+    /// declared it in a BluetoothTransportComponent); nil on other transports.
+    public let bluetoothAddress: BluetoothAddress?
 
     let connection: Connection
     private let connected = Atomic<Bool>(true)
@@ -38,6 +42,7 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
         self.transportKind = transport.kind
         self.location = transport.description
         self.usbDevice = transport.capability(USBDeviceInfo.self)
+        self.bluetoothAddress = transport.capability(BluetoothPeer.self)?.address
         self.supportsConfiguredProtocols = supportsConfiguredProtocols
         self.connection = connection
     }

@@ -1,4 +1,5 @@
 public import AccessoryLogging
+public import BluetoothTransport
 public import Dispatch
 public import IAPAuthentication
 public import IAPLink
@@ -103,6 +104,8 @@ public final class AccessoryManager: Sendable {
         var nextSubscriber = 0
         var stopped = false
         var usb: USBContext?
+        /// The iAP2 profile registered with BlueZ, once ``AccessoryManager/startBluetooth(options:)`` ran.
+        var bluetooth: BluetoothProfile?
         /// USB accessories being opened (not yet attached): the manager is not settled.
         var usbOpening = 0
         /// The connection to the daemon, when accessories come through it.
@@ -192,6 +195,13 @@ public final class AccessoryManager: Sendable {
     /// is given up on after a silence suited to the baud rate
     /// (``LinkConfiguration/interByteGap(baudRate:)``, unless the configuration asks for longer).
     static func link(_ configuration: LinkConfiguration, over transport: any Transport) -> LinkConfiguration {
+        if transport.capability(BluetoothPeer.self) != nil {
+            // RFCOMM over the air pauses longer than USB inside one frame (retransmissions at
+            // the baseband, another link's turn on a shared controller).
+            var adjusted = configuration
+            adjusted.interByteGap = max(configuration.interByteGap, bluetoothInterByteGap)
+            return adjusted
+        }
         guard let baudRate = transport.capability(SerialPortSpec.self)?.baudRate, baudRate > 0 else { return configuration }
         var adjusted = configuration
         let fitting = UInt16(clamping: max(128, baudRate / 40))
@@ -216,6 +226,7 @@ public final class AccessoryManager: Sendable {
                                    sessionBufferLimit: self.configuration.sessionBufferLimit,
                                    initialSequence: UInt8.random(in: 0...255, using: &random), randomSeed: random.next())
         endpoint.answerTimeout = self.configuration.answerTimeout
+        if let peer = transport.capability(BluetoothPeer.self) { endpoint.peerBluetoothAddress = peer.address.bytes }
         let connection = Connection(
             connectionID: id,
             makeConnectionID: { [weak self] in
@@ -261,6 +272,63 @@ public final class AccessoryManager: Sendable {
             }
         }
         startUSB(context: try USBContext(queue: queue, function: .iAP2, options: options))
+    }
+
+    /// The inter-byte gap on Bluetooth: 500 ms.
+    static let bluetoothInterByteGap: Duration = .milliseconds(500)
+
+    /// Starts taking accessories over Bluetooth: the iAP2 service is registered with BlueZ
+    /// (`org.bluez.ProfileManager1.RegisterProfile`, UUID `00000000-deca-fade-deca-deafdecacafe`,
+    /// an RFCOMM channel and SDP record of BlueZ's), and every connection of a paired accessory
+    /// BlueZ hands over is run like any other transport: the accessory is announced with
+    /// transport `TransportKind.bluetooth` and ``Accessory/bluetoothAddress``, once
+    /// its identification declared a BluetoothTransportComponent with the connection's address.
+    /// With `BluetoothOptions.connectsOut`, ``connectBluetooth(to:)``
+    /// connects out to a paired accessory.
+    ///
+    /// - Throws: `BluetoothError` saying what to run: no D-Bus, BlueZ not
+    ///   running (`systemctl start bluetooth`), no adapter, adapter off (`bluetoothctl power
+    ///   on`), the D-Bus policy (the bluetooth group), the profile taken by another program.
+    public func startBluetooth(options: BluetoothOptions = BluetoothOptions()) async throws(BluetoothError) {
+        guard state.withLock({ $0.bluetooth == nil && !$0.stopped }) else {
+            throw BluetoothError(.failed, "Bluetooth is started already (or the manager stopped)", advice: "start it once per manager")
+        }
+        let profile = try await BluetoothProfile.register(options: options, queue: queue) { [weak self] transport in
+            self?.attachOnQueue(transport)
+        }
+        let stopped = state.withLock { state -> Bool in
+            if !state.stopped, state.bluetooth == nil { state.bluetooth = profile }
+            return state.stopped || state.bluetooth !== profile
+        }
+        if stopped {
+            profile.stop()
+            throw BluetoothError(.failed, "the manager stopped (or Bluetooth was started twice) while Bluetooth started", advice: "start it once per manager")
+        }
+        configuration.logger.info("Bluetooth: the iAP2 profile is registered with BlueZ at \(options.profilePath)")
+    }
+
+    /// Connects out to the paired accessory at `address` (BlueZ's `Device1.ConnectProfile` for
+    /// the iAP2 UUID); it is announced like any accessory once identified. Needs
+    /// ``startBluetooth(options:)`` with `BluetoothOptions.connectsOut`.
+    ///
+    /// - Throws: `BluetoothError`: not paired, pairing refused, iAP2 not
+    ///   offered, not answering (each with the `bluetoothctl` command), Bluetooth not started.
+    public func connectBluetooth(to address: BluetoothAddress) async throws(BluetoothError) {
+        guard let profile = state.withLock({ $0.bluetooth }) else {
+            throw BluetoothError(.failed, "Bluetooth is not started", advice: "call startBluetooth(options:) first (iapctl --bluetooth)")
+        }
+        try await profile.connect(to: address)
+    }
+
+    /// The devices BlueZ knows (paired or seen), for a person choosing one to connect to.
+    ///
+    /// - Throws: `BluetoothError` when Bluetooth is not started or BlueZ
+    ///   cannot be asked.
+    public func bluetoothDevices() async throws(BluetoothError) -> [BluetoothDevice] {
+        guard let profile = state.withLock({ $0.bluetooth }) else {
+            throw BluetoothError(.failed, "Bluetooth is not started", advice: "call startBluetooth(options:) first (iapctl --bluetooth)")
+        }
+        return try await profile.devices()
     }
 
     /// Takes accessories from the accessory daemon (`iapd`) listening at `socketPath` (by
@@ -387,10 +455,11 @@ public final class AccessoryManager: Sendable {
     /// freed (at most 5 s; called on ``queue`` itself, from a task on ``taskExecutor``, it
     /// cannot wait for that and returns at once).
     public func stop() {
-        let (connections, usb, daemon) = state.withLock { state -> ([Connection], USBContext?, DaemonClient?) in
+        let (connections, usb, daemon, bluetooth) = state.withLock { state -> ([Connection], USBContext?, DaemonClient?, BluetoothProfile?) in
             state.stopped = true
-            return (Array(state.connections.values), state.usb, state.daemon)
+            return (Array(state.connections.values), state.usb, state.daemon, state.bluetooth)
         }
+        bluetooth?.stop()
         let onQueue = QueueMark.isCurrent(queue)
         QueueMark.run(on: queue) {
             daemon?.stop()

@@ -78,6 +78,9 @@ final class Connection: @unchecked Sendable {
     private let onDisconnected: (Accessory, String) -> Void
     private let onClosed: (_ everIdentified: Bool, String) -> Void
     private var everIdentified = false
+    /// The last identification the host rejected, said again if the accessory never sends a
+    /// corrected one (more use to a person than "did not answer").
+    private var lastRejection: IdentificationRejection?
     /// Set for an accessory another process owns (`iapd`): no link runs here, every session is
     /// a socket the daemon hands over.
     private let remote: RemoteAccessory?
@@ -176,7 +179,11 @@ final class Connection: @unchecked Sendable {
                 onConnected(accessory)
             case let .controlFailed(failure):
                 logger.warning("\(failure)")
-                linkLost("\(failure)", machine: &machine)
+                if case .noAnswer = failure, let rejection = lastRejection, accessory == nil {
+                    linkLost("\(rejection); the accessory did not answer with a corrected identification in time", machine: &machine)
+                } else {
+                    linkLost("\(failure)", machine: &machine)
+                }
             case let .link(.stateChanged(.failed(failure))):
                 logger.warning("link failed: \(failure)")
                 linkLost(failure.description, machine: &machine)
@@ -218,6 +225,7 @@ final class Connection: @unchecked Sendable {
                 }
             case let .identificationRejected(rejection):
                 logger.warning("\(rejection)")
+                lastRejection = rejection
             case let .unhandledMessage(id):
                 logger.debug("unhandled control message \(id)")
             case let .malformedMessage(reason):

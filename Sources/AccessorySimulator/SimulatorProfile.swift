@@ -289,6 +289,11 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     public var checksumsSessionData: Bool
     /// The accessory's certificate and key (nil: the stand-in certificate and response).
     public var authentication: Authentication?
+    /// The Bluetooth address of the adapter the accessory runs on, when it runs over Bluetooth
+    /// (six bytes, most significant first): its identity then declares a
+    /// BluetoothTransportComponent with it. Set by the program that runs it, never read from
+    /// JSON.
+    public var bluetoothAddress: [UInt8]?
 
     /// The reboot delay when a profile gives none.
     public static let defaultRebootDelayMs = 200
@@ -358,8 +363,18 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             protocols: protocols.enumerated().map { index, spec in
                 ExternalAccessoryProtocol(identifier: UInt8(truncatingIfNeeded: index + 1), name: spec.name,
                                           nativeTransportComponentIdentifier: spec.isNative ? Self.usbHostTransportComponentIdentifier : nil)
-            })
+            },
+            transportComponents: [TransportComponent(kind: IdentificationParameter.usbHostTransportComponent,
+                                                     identifier: Self.usbHostTransportComponentIdentifier, name: "iAP2")]
+                + (bluetoothAddress.map {
+                    [TransportComponent(kind: IdentificationParameter.bluetoothTransportComponent, identifier: Self.bluetoothTransportComponentIdentifier,
+                                        name: "Bluetooth", bluetoothAddress: $0)]
+                } ?? []))
     }
+
+    /// The identifier of the Bluetooth transport component a simulated accessory on Bluetooth
+    /// declares (``bluetoothAddress``).
+    public static let bluetoothTransportComponentIdentifier: UInt16 = 2
 
     /// The identifier of the USB host transport component every simulated accessory declares
     /// (the default of `AccessoryIdentity`), which native protocols are bound to.

@@ -22,15 +22,21 @@ public struct EAHostOptions: Sendable {
     /// `/dev/ttyUSB0:115200`). Also read from the `EA_SERIAL_PORTS` environment variable
     /// (comma-separated) when this is empty.
     public var serialPorts: [String]
+    /// Whether to take accessories over Bluetooth as well (the iAP2 service registered with
+    /// BlueZ; paired accessories connect to it). Off by default; also switched on by the
+    /// `EA_BLUETOOTH=1` environment variable. Why it cannot start (BlueZ not running, the
+    /// adapter off…) is logged with the command that fixes it.
+    public var bluetooth: Bool
     /// Where the manager says why an accessory was not listed or a session did not open:
     /// standard error at warning level by default, as iOS logs to the console.
     public var logger: Logger
 
     /// The defaults: declarations looked up, USB followed, serial ports from the environment.
-    public init(supportedProtocols: [String]? = nil, usb: Bool = true, serialPorts: [String] = [],
+    public init(supportedProtocols: [String]? = nil, usb: Bool = true, serialPorts: [String] = [], bluetooth: Bool = false,
                 logger: Logger = Logger(label: "ExternalAccessory", logLevel: .warning, handler: StderrLogHandler())) {
         self.supportedProtocols = supportedProtocols
         self.usb = usb
+        self.bluetooth = bluetooth
         self.serialPorts = serialPorts
         self.logger = logger
     }
@@ -143,6 +149,13 @@ public final class EAAccessoryManager: NSObject, @unchecked Sendable {
                 logger.notice("USB accessories are not followed: \(error)")
             }
         }
+        if options.bluetooth || ProcessInfo.processInfo.environment["EA_BLUETOOTH"] == "1" {
+            let host = self.host
+            let logger = self.logger
+            Task {
+                do { try await host.startBluetooth() } catch { logger.error("Bluetooth accessories are not taken: \(error)") }
+            }
+        }
     }
 
     /// Stops the manager (Linux only): accessories disconnect and their sessions end. The shared
@@ -171,7 +184,8 @@ public final class EAAccessoryManager: NSObject, @unchecked Sendable {
 
     /// iOS's Bluetooth accessory picker. Linux has none: `completion` is called on the main
     /// thread with ``EABluetoothAccessoryPickerError/Code/resultFailed``, whose description says
-    /// what to do instead (pair with `bluetoothctl`; Bluetooth accessories are not supported yet).
+    /// what to do instead (pair with `bluetoothctl`, then take Bluetooth accessories with
+    /// ``EAHostOptions/bluetooth``).
     public func showBluetoothAccessoryPicker(withNameFilter predicate: NSPredicate?,
                                              completion: EABluetoothAccessoryPickerCompletion? = nil) {
         guard let completion else { return }
@@ -295,7 +309,7 @@ public struct EABluetoothAccessoryPickerError: Error, CustomNSError, LocalizedEr
     public var errorDescription: String? {
         switch code {
         case .resultFailed:
-            "There is no Bluetooth accessory picker on Linux: pair the accessory with bluetoothctl (Bluetooth accessories are not supported by AccessoryHost yet; connect it by USB or a serial port)"
+            "There is no Bluetooth accessory picker on Linux: pair the accessory with bluetoothctl (bluetoothctl pair ADDRESS), then take Bluetooth accessories with EAHostOptions(bluetooth: true) or EA_BLUETOOTH=1"
         case .alreadyConnected: "The accessory is already connected"
         case .resultNotFound: "No accessory was found"
         case .resultCancelled: "The picker was cancelled"

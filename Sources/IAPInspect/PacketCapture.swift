@@ -42,6 +42,8 @@ public enum CaptureTransport: UInt8, Sendable, Hashable, CaseIterable {
     case gadget = 4
     /// An EA native-transport USB interface (raw session bytes, no iAP framing).
     case nativePipe = 5
+    /// An RFCOMM channel over Bluetooth.
+    case bluetooth = 6
 
     /// The name shown for it ("USB", "serial", …).
     public var name: String {
@@ -52,6 +54,7 @@ public enum CaptureTransport: UInt8, Sendable, Hashable, CaseIterable {
         case .usb: return "USB"
         case .gadget: return "USB gadget"
         case .nativePipe: return "native pipe"
+        case .bluetooth: return "Bluetooth"
         }
     }
 }

@@ -145,6 +145,14 @@ public struct IAP2Endpoint: Sendable {
         set { upper.answerTimeout = newValue }
     }
 
+    /// Device role, on a Bluetooth connection: the peer's address (six bytes, most significant
+    /// first), which the accessory's BluetoothTransportComponent must declare (see
+    /// ``AccessoryIdentity/validate(_:bluetoothAddress:)``). Nil elsewhere.
+    public var peerBluetoothAddress: [UInt8]? {
+        get { upper.peerBluetoothAddress }
+        set { upper.peerBluetoothAddress = newValue }
+    }
+
     /// Creates the device side.
     public init(device configuration: LinkConfiguration = .device, policy: any AuthenticationPolicy = AcceptingAuthentication(),
                 sessionBufferLimit: Int = 1 << 20, initialSequence: UInt8, randomSeed: UInt64) {
@@ -667,6 +675,7 @@ struct Upper: LinkSink, Sendable {
     /// Device: the policy accepted the accessory's authentication on this link.
     var authenticationPassed = false
     var answerTimeout: Duration = .seconds(10)
+    var peerBluetoothAddress: [UInt8]?
     var now: LinkTime = .zero
 
     var events: [EndpointEvent] = []
@@ -897,7 +906,7 @@ struct Upper: LinkSink, Sendable {
                 events.append(.unhandledMessage(message.id))
                 return
             }
-            switch AccessoryIdentity.validate(message) {
+            switch AccessoryIdentity.validate(message, bluetoothAddress: peerBluetoothAddress) {
             case var .success(identity):
                 identity.authentication = authentication
                 self.identity = identity

@@ -25,6 +25,7 @@ public struct IAPEndpoint: Sendable {
     /// plain Bool.
     private let switches: Bool
     private var answerTimeoutValue: Duration = .seconds(10)
+    private var peerBluetoothAddressValue: [UInt8]?
     private var pendingEvents: [EndpointEvent] = []
     /// Output of an endpoint that was replaced, sent before the new one's.
     private var pendingOutput: [[UInt8]] = []
@@ -80,6 +81,17 @@ public struct IAPEndpoint: Sendable {
             answerTimeoutValue = newValue
             two.answerTimeout = newValue
             one?.answerTimeout = newValue
+        }
+    }
+
+    /// On a Bluetooth connection, the peer's address (six bytes, most significant first), which
+    /// an iAP2 accessory's BluetoothTransportComponent must declare
+    /// (``IAP2Endpoint/peerBluetoothAddress``). iAP1 identification has no such component.
+    public var peerBluetoothAddress: [UInt8]? {
+        get { peerBluetoothAddressValue }
+        set {
+            peerBluetoothAddressValue = newValue
+            two.peerBluetoothAddress = newValue
         }
     }
 
@@ -206,6 +218,7 @@ public struct IAPEndpoint: Sendable {
             var iap2 = IAP2Endpoint(device: settings.configuration, policy: settings.policy, sessionBufferLimit: settings.bufferLimit,
                                     initialSequence: UInt8(truncatingIfNeeded: random.next()), randomSeed: random.next())
             iap2.answerTimeout = answerTimeoutValue
+            iap2.peerBluetoothAddress = peerBluetoothAddressValue
             iap2.transmitBuffers = transmitBufferPool
             pendingEvents.append(.protocolSwitched(.iap2))
             iap2.receive(IAP2Detect.bytes + rest, now: now)

@@ -35,14 +35,19 @@ public struct TransportComponent: Hashable, Sendable, Codable {
     public var name: String
     /// Whether the accessory speaks iAP2 over this component (the TransportSupportsiAP2Connection flag).
     public var supportsIAP2: Bool
+    /// A BluetoothTransportComponent's MAC address (its parameter 3, six bytes as sent); nil
+    /// for other kinds or when not declared.
+    public var bluetoothAddress: [UInt8]?
 
     /// A component of `kind` (an IdentificationInformation parameter id, e.g.
-    /// ``IdentificationParameter/usbHostTransportComponent``) with its identifier and name.
-    public init(kind: UInt16, identifier: UInt16, name: String, supportsIAP2: Bool = true) {
+    /// ``IdentificationParameter/usbHostTransportComponent``) with its identifier and name, and
+    /// for a Bluetooth component its MAC address (six bytes).
+    public init(kind: UInt16, identifier: UInt16, name: String, supportsIAP2: Bool = true, bluetoothAddress: [UInt8]? = nil) {
         self.kind = kind
         self.identifier = identifier
         self.name = name
         self.supportsIAP2 = supportsIAP2
+        self.bluetoothAddress = bluetoothAddress
     }
 
     /// The kind's catalogue name.
@@ -151,6 +156,7 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
         for component in transportComponents {
             var group: [Parameter] = [.uint16(0, component.identifier), .string(1, component.name)]
             if component.supportsIAP2 { group.append(.flag(2)) }
+            if let address = component.bluetoothAddress { group.append(.blob(3, address)) }
             parameters.append(.group(component.kind, group))
         }
         if let productPlanUID { parameters.append(.string(P.productPlanUID, productPlanUID)) }
@@ -162,9 +168,14 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
 
     /// Reads and validates an IdentificationInformation message.
     ///
+    /// - Parameters:
+    ///   - message: the IdentificationInformation.
+    ///   - bluetoothAddress: on a Bluetooth connection, the peer's address (six bytes, most
+    ///     significant first): the accessory must then declare a BluetoothTransportComponent
+    ///     with that MAC address (in that order or reversed), or parameter 17 is rejected.
     /// - Returns: the identity, or the ids of every parameter that is missing or wrong (the
     ///   content of an IdentificationRejected).
-    public static func validate(_ message: ControlMessage) -> Result<AccessoryIdentity, IdentificationRejection> {
+    public static func validate(_ message: ControlMessage, bluetoothAddress: [UInt8]? = nil) -> Result<AccessoryIdentity, IdentificationRejection> {
         typealias P = IdentificationParameter
         var offending = Set<UInt16>()
         var reasons: [String] = []
@@ -251,8 +262,29 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
                     reasons.append("a \(Self.name(kind)) lacks a valid identifier or name")
                     continue
                 }
+                var address: [UInt8]?
+                if kind == P.bluetoothTransportComponent, let parameter = group.first(where: { $0.id == 3 }) {
+                    if parameter.data.count == 6 { address = parameter.data } else {
+                        offending.insert(kind)
+                        reasons.append("a BluetoothTransportComponent's MAC address is \(parameter.data.count) bytes, not 6")
+                    }
+                }
                 identity.transportComponents.append(TransportComponent(
-                    kind: kind, identifier: identifier, name: name, supportsIAP2: group.contains { $0.id == 2 }))
+                    kind: kind, identifier: identifier, name: name, supportsIAP2: group.contains { $0.id == 2 }, bluetoothAddress: address))
+            }
+        }
+        if let bluetoothAddress {
+            let declared = identity.transportComponents.filter { $0.kind == P.bluetoothTransportComponent }
+            let matching = declared.contains { component in
+                component.bluetoothAddress.map { $0 == bluetoothAddress || $0 == bluetoothAddress.reversed() } ?? false
+            }
+            if !matching {
+                offending.insert(P.bluetoothTransportComponent)
+                let connection = bluetoothAddress.map { String($0 >> 4, radix: 16, uppercase: true) + String($0 & 15, radix: 16, uppercase: true) }
+                    .joined(separator: ":")
+                reasons.append(declared.isEmpty
+                    ? "no BluetoothTransportComponent declared on a Bluetooth connection (from \(connection))"
+                    : "no BluetoothTransportComponent has the connection's address \(connection)")
             }
         }
         if offending.isEmpty { return .success(identity) }

@@ -440,8 +440,8 @@ final class SerialCore: Sendable {
                 state.output.append(contentsOf: frame)
                 return
             }
-            let descriptor = state.descriptor
-            let result = frame.withUnsafeBytes { writeAvailableBytes(descriptor, $0) }
+            let descriptor = state.descriptor, isSocket = state.isSocket
+            let result = frame.withUnsafeBytes { writeAvailableBytes(descriptor, $0, socket: isSocket) }
             if let code = result.errorCode {
                 state.close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
             } else if result.written < frame.count {
@@ -627,6 +627,10 @@ struct State {
     var activated = false
     var descriptor: Int32
     let ownsDescriptor: Bool
+    /// Whether the descriptor is a socket (an RFCOMM channel, a socket pair): written with
+    /// `send(MSG_NOSIGNAL)`, so a peer that went away is `EPIPE`, not a SIGPIPE that kills the
+    /// process.
+    let isSocket: Bool
     var queue: DispatchQueue?
     var handler: (@Sendable (TransportEvent) -> Void)?
     /// Whether the watcher should wait for readability (false while a read pass is scheduled).
@@ -647,6 +651,8 @@ struct State {
     init(descriptor: Int32, ownsDescriptor: Bool) {
         self.descriptor = descriptor
         self.ownsDescriptor = ownsDescriptor
+        var status = stat()
+        isSocket = fstat(descriptor, &status) == 0 && status.st_mode & S_IFMT == S_IFSOCK
     }
 
     /// Makes the poller look at the state again.
@@ -656,9 +662,9 @@ struct State {
 
     /// Writes pending output until the kernel stops taking it.
     mutating func flushOutput(name: String) {
-        let descriptor = self.descriptor
+        let descriptor = self.descriptor, isSocket = self.isSocket
         let start = outputStart
-        let result = output.withUnsafeBytes { writeAvailableBytes(descriptor, UnsafeRawBufferPointer(rebasing: $0[start...])) }
+        let result = output.withUnsafeBytes { writeAvailableBytes(descriptor, UnsafeRawBufferPointer(rebasing: $0[start...]), socket: isSocket) }
         outputStart += result.written
         if let code = result.errorCode {
             close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
@@ -712,10 +718,11 @@ private struct WriteResult {
 }
 
 /// Writes `bytes` to a non-blocking descriptor until done or the kernel buffer is full.
-private func writeAvailableBytes(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer) -> WriteResult {
+private func writeAvailableBytes(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, socket: Bool) -> WriteResult {
     var written = 0
     while written < bytes.count {
-        switch SystemCall.write(descriptor, UnsafeRawBufferPointer(rebasing: bytes[written...])) {
+        let rest = UnsafeRawBufferPointer(rebasing: bytes[written...])
+        switch socket ? UnixSocket.send(descriptor, rest) : SystemCall.write(descriptor, rest) {
         case .success(0):
             return WriteResult(written: written, errorCode: nil)
         case .success(let count):

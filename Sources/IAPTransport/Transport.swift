@@ -12,6 +12,8 @@ public enum TransportKind: String, Sendable, Hashable, Codable {
     case usb
     /// This machine as a USB gadget (the simulator behind FunctionFS).
     case gadget
+    /// An RFCOMM channel over Bluetooth Classic (BlueZ).
+    case bluetooth
 }
 
 /// Something that happened on a ``Transport``.

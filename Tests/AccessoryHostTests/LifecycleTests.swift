@@ -86,6 +86,7 @@ struct LifecycleTests {
         for await event in events {
             if case let .failed(_, reason) = event {
                 #expect(reason.contains("did not answer"))
+                #expect(reason.contains("External Accessory protocol id 1 is declared twice"), "\(reason)")
                 break
             }
             if case .connected = event { Issue.record("a rejected accessory was announced"); break }

@@ -175,6 +175,59 @@ struct LinkTests {
         #expect(rejection.message.parameters.allSatisfy { $0.isFlag })
     }
 
+    @Test("on a Bluetooth connection, a BluetoothTransportComponent must declare the connection's address")
+    func bluetoothComponentIsCheckedAgainstTheConnection() {
+        let connection: [UInt8] = [0x00, 0x1A, 0x7D, 0xDA, 0x71, 0x13]
+        func identity(_ components: [TransportComponent]) -> ControlMessage {
+            var identity = AccessoryIdentity.sample
+            identity.transportComponents = components
+            return identity.message
+        }
+        func bluetooth(_ address: [UInt8]?) -> TransportComponent {
+            TransportComponent(kind: 17, identifier: 2, name: "Bluetooth", bluetoothAddress: address)
+        }
+        let usb = TransportComponent(kind: 16, identifier: 1, name: "iAP2")
+        // Declared as written, or in bdaddr_t's reversed order: accepted, the address kept.
+        for declared in [connection, connection.reversed()] {
+            guard case let .success(accepted) = AccessoryIdentity.validate(identity([usb, bluetooth(declared)]), bluetoothAddress: connection) else {
+                Issue.record("rejected \(declared)")
+                continue
+            }
+            #expect(accepted.transportComponents.last?.bluetoothAddress == declared)
+        }
+        // Another address, no address, no Bluetooth component at all: parameter 17 rejected.
+        for components in [[usb, bluetooth([0x00, 0x1A, 0x7D, 0xDA, 0x71, 0x14])], [usb, bluetooth(nil)], [usb]] {
+            guard case let .failure(rejection) = AccessoryIdentity.validate(identity(components), bluetoothAddress: connection) else {
+                Issue.record("accepted \(components)")
+                continue
+            }
+            #expect(rejection.parameterIDs == [17])
+            #expect(rejection.reasons.allSatisfy { $0.contains("00:1A:7D:DA:71:13") })
+        }
+        // Not on Bluetooth: nothing is required; a MAC address that is not six bytes is wrong anyway.
+        #expect((try? AccessoryIdentity.validate(identity([usb]), bluetoothAddress: nil).get()) != nil)
+        let short = ControlMessage(id: .identificationInformation, parameters: identity([usb]).parameters
+            + [.group(17, [.uint16(0, 2), .string(1, "Bluetooth"), .flag(2), .blob(3, [1, 2, 3])])])
+        guard case let .failure(rejection) = AccessoryIdentity.validate(short) else {
+            Issue.record("accepted a 3-byte MAC address")
+            return
+        }
+        #expect(rejection.parameterIDs == [17])
+    }
+
+    @Test("the device endpoint rejects an accessory on Bluetooth that declares another address")
+    func endpointChecksTheBluetoothAddress() {
+        var identity = AccessoryIdentity.sample
+        identity.transportComponents = [TransportComponent(kind: 17, identifier: 2, name: "Bluetooth", bluetoothAddress: [1, 2, 3, 4, 5, 6])]
+        var pair = Pair(identity: identity)
+        pair.device.peerBluetoothAddress = [1, 2, 3, 4, 5, 7]
+        pair.start()
+        #expect(pair.run(until: .seconds(10)) { pair in
+            pair.accessoryEvents.contains { if case .controlFailed(.identificationRejected([17])) = $0 { return true } else { return false } }
+        })
+        #expect(!pair.identified)
+    }
+
     @Test func sessionsOpenOncePerProtocol() throws {
         var pair = Pair()
         pair.start()

@@ -575,3 +575,26 @@ struct SerialTransportTests {
         #expect(slave.recorder.wait { !$0.closes.isEmpty })
     }
 }
+
+/// A transport over a stream socket (an RFCOMM channel, a socket pair): a peer that went away is
+/// a hang-up, never a SIGPIPE that would kill the process.
+@Suite("SerialTransport over a socket")
+struct SocketTransportTests {
+    @Test("writing after the peer closed ends the transport as hung up, without SIGPIPE")
+    func noSIGPIPE() async throws {
+        var ends: [Int32] = [-1, -1]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0)
+        let transport = try SerialTransport(fileDescriptor: ends[0], description: "socket")
+        close(ends[1])
+        let queue = DispatchQueue(label: "socket transport")
+        let reason = await withCheckedContinuation { (continuation: CheckedContinuation<TransportError?, Never>) in
+            let done = Mutex(false)
+            transport.activate(queue: queue) { event in
+                if case let .closed(error) = event, !done.withLock({ let was = $0; $0 = true; return was }) { continuation.resume(returning: error) }
+            }
+            // Written before the poller noticed the hang-up: send(2) gets EPIPE.
+            queue.async { for _ in 0..<4 { transport.send([UInt8](repeating: 0x5A, count: 4096)) } }
+        }
+        #expect(reason?.kind == .hungUp)
+    }
+}

@@ -70,7 +70,10 @@ enum InfoCommand {
         }
         out += "  transport components:\n"
         for component in identity.transportComponents {
-            out += "    \(component.kindName) \(component.identifier) \"\(component.name.escapedForTerminal)\"\(component.supportsIAP2 ? ", iAP2" : "")\n"
+            let address = component.bluetoothAddress.map { bytes in
+                ", MAC " + bytes.map { ($0 < 16 ? "0" : "") + String($0, radix: 16, uppercase: true) }.joined(separator: ":")
+            } ?? ""
+            out += "    \(component.kindName) \(component.identifier) \"\(component.name.escapedForTerminal)\"\(component.supportsIAP2 ? ", iAP2" : "")\(address)\n"
         }
         StandardOutput.write(out)
         return .success

@@ -60,6 +60,7 @@ final class PcapTraceFile: Sendable {
         case .serial: wire = .serial
         case .usb: wire = .usb
         case .gadget: wire = .gadget
+        case .bluetooth: wire = .bluetooth
         }
         let interface = recorder.addInterface(name: transport.description, description: "iAP accessory on \(wire.name): \(transport.description)",
                                               transport: wire)

@@ -1,6 +1,7 @@
 import AccessoryHost
 import AccessoryLogging
 import AccessorySimulator
+import BluetoothTransport
 import CLIKit
 import Dispatch
 import Glibc
@@ -32,6 +33,9 @@ final class HostContext: Sendable {
     let simulators: Mutex<[SimulatorRunner]> = Mutex([])
     let logger: Logger
     let traceSink: TraceSink?
+    /// Whether accessories may still connect over Bluetooth of their own accord (`--bluetooth`):
+    /// a command then waits (up to `--timeout`) for the first one before it settles.
+    let awaitsBluetooth: Bool
     /// Transports that failed before an accessory was identified on them (a USB device that
     /// cannot be opened…), as "location: reason".
     let failures = FailureLog()
@@ -54,7 +58,10 @@ final class HostContext: Sendable {
         // Through iapd when its socket exists, unless told --direct or given a source of this
         // process's own (--serial, --simulate): the daemon owns the accessories then.
         let daemonPath = configuration.daemonSocketPath
-        let ownSources = !command.values("serial").isEmpty || command.flag("simulate")
+        let bluetoothTargets = command.values("bluetooth-connect")
+        let wantsBluetooth = command.flag("bluetooth") || !bluetoothTargets.isEmpty || command.flag("bluetooth-agent")
+        awaitsBluetooth = wantsBluetooth && bluetoothTargets.isEmpty
+        let ownSources = !command.values("serial").isEmpty || command.flag("simulate") || wantsBluetooth
         var throughDaemon = false
         if !command.flag("direct"), !ownSources, !command.flag("no-usb"), access(daemonPath, F_OK) == 0 {
             do {
@@ -67,7 +74,7 @@ final class HostContext: Sendable {
                 throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
             }
         } else {
-            logger.info("opening accessories directly" + (command.flag("direct") ? " (--direct)" : ownSources ? " (--serial/--simulate)" : " (no iapd at \(daemonPath))"))
+            logger.info("opening accessories directly" + (command.flag("direct") ? " (--direct)" : ownSources ? " (--serial/--simulate/--bluetooth)" : " (no iapd at \(daemonPath))"))
         }
         if !command.flag("no-usb"), !throughDaemon {
             var options = USBOptions()
@@ -92,6 +99,29 @@ final class HostContext: Sendable {
             } catch {
                 throw ToolError(description: "\(error)", exitCode: error.errno == EACCES ? .noPermission : .unavailable)
             }
+        }
+        if wantsBluetooth {
+            var addresses: [BluetoothAddress] = []
+            for text in bluetoothTargets {
+                guard let address = BluetoothAddress(text) else {
+                    throw UsageError("'\(text)' is not a Bluetooth address (AA:BB:CC:DD:EE:FF; bluetoothctl devices lists them)",
+                                     usage: "iapctl --bluetooth-connect ADDRESS …", commandPath: command.path)
+                }
+                addresses.append(address)
+            }
+            let manager = self.manager
+            let targets = addresses
+            let channel = UInt16(command.value("bluetooth-channel") ?? "0") ?? 0
+            let options = BluetoothOptions(channel: channel, connectsOut: !targets.isEmpty, registersAgent: command.flag("bluetooth-agent"))
+            do {
+                try blockingAwait {
+                    try await manager.startBluetooth(options: options)
+                    for address in targets { try await manager.connectBluetooth(to: address) }
+                }
+            } catch let error as BluetoothError {
+                throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
+            }
+            logger.info("Bluetooth: the iAP2 service is registered with BlueZ" + (addresses.isEmpty ? "" : "; connecting to \(addresses.map(\.description).joined(separator: ", "))"))
         }
         if command.flag("simulate") {
             let name = command.value("simulate") ?? "multi-sensor"
@@ -283,6 +313,7 @@ func timeoutSeconds(_ command: ParsedCommand) -> Double {
 func discover(_ session: HostContext, command: ParsedCommand) throws -> [Accessory] {
     let manager = session.manager
     let timeout = Duration.milliseconds(Int(timeoutSeconds(command) * 1_000))
+    if session.awaitsBluetooth { _ = try blockingAwait { await manager.waitForAccessory(timeout: timeout) } }
     _ = try blockingAwait { await manager.waitUntilSettled(timeout: timeout) }
     return manager.connectedAccessories
 }
@@ -303,6 +334,11 @@ func chooseAccessory(_ session: HostContext, command: ParsedCommand, protocolStr
         { accessory in accessory.connectionID == id }
     }
     let timeout = Duration.milliseconds(Int(seconds * 1_000))
+    // Over Bluetooth an accessory connects when it likes: wait for one that fits first.
+    if session.awaitsBluetooth {
+        let wanted = protocolString
+        _ = try blockingAwait { await manager.waitForAccessory(timeout: timeout) { wanted.map($0.protocolStrings.contains) ?? true } }
+    }
     // Whichever comes first: every source settled, or the accessory asked for by connection id.
     let first = FirstOutcome()
     Task { first.report(await manager.waitUntilSettled(timeout: timeout)) }
@@ -366,6 +402,7 @@ func json(_ accessory: Accessory) -> JSONValue {
         ("supportsConfiguredProtocols", .bool(accessory.supportsConfiguredProtocols)),
         ("transport", .string(accessory.transportKind.rawValue)), ("location", .string(accessory.location)),
         ("authentication", authenticationJSON(accessory.authentication)),
+        ("bluetoothAddress", accessory.bluetoothAddress.map { .string($0.description) } ?? .null),
         ("usb", accessory.usbDevice.map { device in
             .object([("id", .string(device.descriptor.usbID.description)), ("bus", .int(Int(device.bus))),
                      ("address", .int(Int(device.address))), ("port", .string(device.location)),

@@ -2,6 +2,7 @@ import AccessoryHost
 import AccessoryGadget
 import AccessoryLogging
 import AccessorySimulator
+import BluetoothTransport
 import CLIKit
 import Dispatch
 import Glibc
@@ -619,6 +620,12 @@ enum SimulateCommand {
         for option in ["udc", "usb-id"] where command.count(option) > 0 {
             throw UsageError("--\(option) needs --gadget", usage: gadgetUsage, commandPath: command.path)
         }
+        if let target = command.value("bluetooth") {
+            return try runBluetooth(command, target: target, profile: profile)
+        }
+        if command.value("bluetooth-from") != nil {
+            throw UsageError("--bluetooth-from needs --bluetooth", usage: bluetoothUsage, commandPath: command.path)
+        }
         let transport: any Transport
         var pty: PseudoTerminal?
         if let port = command.value("port") {
@@ -648,6 +655,52 @@ enum SimulateCommand {
         interrupt.wait()
         runner.stop()
         withExtendedLifetime(pty) {}
+        return .success
+    }
+
+    static let bluetoothUsage = "iapctl simulate --bluetooth ADDRESS:CHANNEL [--bluetooth-from ADDRESS] [--profile NAME|PATH]"
+
+    /// `--bluetooth`: the simulator as a Bluetooth accessory, connected over RFCOMM to a host's
+    /// iAP2 channel; its identification declares the local adapter's address. Until Ctrl-C or
+    /// the host hangs up.
+    static func runBluetooth(_ command: ParsedCommand, target: String, profile: SimulatorProfile) throws -> ExitCode {
+        let parts = target.split(separator: ":")
+        guard parts.count == 7, let channel = UInt8(parts[6]), (1...30).contains(channel),
+              let address = BluetoothAddress(parts[0..<6].joined(separator: ":"))
+        else {
+            throw UsageError("'\(target)' is not ADDRESS:CHANNEL, e.g. 00:1A:7D:DA:71:13:3 (channel 1-30)", usage: bluetoothUsage,
+                             commandPath: command.path)
+        }
+        var local: BluetoothAddress?
+        if let text = command.value("bluetooth-from") {
+            guard let parsed = BluetoothAddress(text) else {
+                throw UsageError("'\(text)' is not a Bluetooth address", usage: bluetoothUsage, commandPath: command.path)
+            }
+            local = parsed
+        }
+        let interrupt = Interrupt()
+        let connected: (descriptor: Int32, local: BluetoothAddress)
+        let from = local
+        do {
+            connected = try blockingAwait { try await RFCOMMSocket.connect(to: address, channel: channel, from: from) }
+        } catch let error as BluetoothError {
+            throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
+        }
+        var accessory = profile
+        accessory.bluetoothAddress = connected.local.bytes
+        let transport: BluetoothTransport
+        let runner: SimulatorRunner
+        do {
+            transport = try BluetoothTransport(descriptor: connected.descriptor, peer: BluetoothPeer(address: address, devicePath: ""))
+            runner = try SimulatorRunner(profile: accessory, attachment: .transport(transport))
+        } catch {
+            throw ToolError(description: "\(error)", exitCode: .dataError)
+        }
+        runner.start(events: eventPrinter(command))
+        StandardError.write("simulating '\(profile.identity().name.escapedForTerminal)' over Bluetooth from \(connected.local) to \(address) "
+            + "channel \(channel); press Ctrl-C to stop\n")
+        interrupt.wait()
+        runner.stop()
         return .success
     }
 

@@ -55,6 +55,14 @@ let hostOptions: [OptionSpec] = [
                      repeatable: true, inherited: true).completing(.files),
     .optionalValue("simulate", valueName: "profile", help: "Add the built-in simulated accessory (profile: a built-in name or a JSON "
                    + "file; the value needs '=').", defaultValue: "multi-sensor", inherited: true),
+    .flag("bluetooth", help: "Also take accessories over Bluetooth: register the iAP2 service with BlueZ (paired accessories connect to it).",
+          inherited: true),
+    OptionSpec.value("bluetooth-connect", valueName: "address", help: "Connect out to this paired Bluetooth accessory (implies --bluetooth; "
+                     + "repeatable).", repeatable: true, inherited: true),
+    OptionSpec.value("bluetooth-channel", valueName: "channel", help: "The RFCOMM channel of the iAP2 service (1-30; 0: BlueZ picks a free one).",
+                     defaultValue: "0", inherited: true).checked(.number(0...30)),
+    .flag("bluetooth-agent", help: "Also be BlueZ's pairing agent, accepting Just Works pairing (for a host without a desktop's agent).",
+          inherited: true),
     .flag("no-usb", help: "Do not look for USB accessories.", inherited: true),
     .flag("direct", help: "Open accessories in this process even when iapd runs (by default iapctl goes through it).", inherited: true),
     .flag("no-hotplug", help: "Poll the USB device list every second instead of using hotplug notifications.", inherited: true),
@@ -155,6 +163,9 @@ let simulateCommand = CommandSpec(
                                + "or a JSON profile.", defaultValue: "multi-sensor").completing(.files),
               OptionSpec.value("port", valueName: "device[:baud]", help: "Run on this serial port instead of a new pseudo-terminal.").completing(.files),
               .flag("gadget", help: "Be a USB device (configfs gadget with FunctionFS) instead of a pseudo-terminal."),
+              .value("bluetooth", valueName: "address:channel", help: "Be a Bluetooth accessory: connect over RFCOMM to the host at this "
+                     + "address, on its iAP2 channel (sdptool browse or bluetoothctl on the host shows it)."),
+              .value("bluetooth-from", valueName: "address", help: "With --bluetooth: the local adapter to connect from (default: any)."),
               .value("udc", valueName: "name", help: "With --gadget: the USB device controller to bind (default: the first in /sys/class/udc)."),
               .value("usb-id", valueName: "vid:pid", help: "With --gadget: the USB vendor and product ids in hex.", defaultValue: "1209:0001")],
     refusedGroups: [OptionGroup.accessory, OptionGroup.authentication],

@@ -385,7 +385,7 @@ local p_iap1 = Proto("iap1", "Apple iAP1")
 local p_iapusb = Proto("iapusb", "iAP over USB bulk")
 
 local DIRECTIONS = { [0] = "host → accessory", [1] = "accessory → host" }
-local TRANSPORTS = { [0] = "unknown", [1] = "memory", [2] = "serial", [3] = "USB", [4] = "USB gadget", [5] = "native pipe" }
+local TRANSPORTS = { [0] = "unknown", [1] = "memory", [2] = "serial", [3] = "USB", [4] = "USB gadget", [5] = "native pipe", [6] = "Bluetooth" }
 local CONTENTS = { [0] = "frame", [1] = "dropped bytes", [2] = "native transport data" }
 local DROP_REASONS = { [0] = "none", [1] = "garbage", [2] = "bad iAP2 header checksum", [3] = "bad iAP2 payload checksum",
     [4] = "bad iAP1 checksum", [5] = "invalid length", [6] = "frame too long", [7] = "iAP1 packet while iAP1 is off",

@@ -1,0 +1,318 @@
+public import DBus
+public import Dispatch
+internal import IAPTransport
+internal import Synchronization
+
+/// How the iAP2 service is offered through BlueZ.
+public struct BluetoothOptions: Sendable, Hashable {
+    /// The D-Bus bus BlueZ is on; nil for the system bus (``BusConnection/systemBusAddress``).
+    public var busAddress: String?
+    /// The RFCOMM channel of the service (1–30), or 0 for one BlueZ picks (the kernel's first
+    /// free channel), which the SDP record then names. BlueZ opens no RFCOMM server at all for
+    /// a vendor UUID without this option, so it is always sent.
+    public var channel: UInt16
+    /// Whether the host may also connect out to paired accessories
+    /// (``BluetoothProfile/connect(to:)``): BlueZ then registers the profile in both roles
+    /// (no `Role` option); otherwise `Role` is `server` and only accessories connect.
+    public var connectsOut: Bool
+    /// Whether a connection needs a paired (authenticated) link (`RequireAuthentication`).
+    public var requireAuthentication: Bool
+    /// Whether BlueZ asks its agent before handing over a connection of a device that is not
+    /// trusted (`RequireAuthorization`); off by default, so a paired accessory is enough.
+    public var requireAuthorization: Bool
+    /// The service's name in its SDP record.
+    public var serviceName: String
+    /// Only connections through this adapter (e.g. `hci0`); nil for any.
+    public var adapter: String?
+    /// The object path the profile is served at.
+    public var profilePath: String
+    /// How long each call to BlueZ may take (connecting out includes the SDP search and paging).
+    public var callTimeout: Duration
+    /// Whether to serve a pairing agent too (``BluetoothAgent``: Just Works accepted, as a host
+    /// without a screen does), for machines where no other agent (a desktop's) answers BlueZ.
+    public var registersAgent: Bool
+
+    /// Options; every parameter has the default a host usually wants.
+    public init(busAddress: String? = nil, channel: UInt16 = 0, connectsOut: Bool = false, requireAuthentication: Bool = true,
+                requireAuthorization: Bool = false, serviceName: String = "iAP2", adapter: String? = nil,
+                profilePath: String = "/org/accessoryhost/iap2", callTimeout: Duration = .seconds(30), registersAgent: Bool = false) {
+        self.registersAgent = registersAgent
+        self.busAddress = busAddress
+        self.channel = channel
+        self.connectsOut = connectsOut
+        self.requireAuthentication = requireAuthentication
+        self.requireAuthorization = requireAuthorization
+        self.serviceName = serviceName
+        self.adapter = adapter
+        self.profilePath = profilePath
+        self.callTimeout = callTimeout
+    }
+
+    /// The `RegisterProfile` options (BlueZ's `org.bluez.ProfileManager1`).
+    public var registrationOptions: BusValue {
+        var options: [String: BusValue] = [
+            "Name": .string(serviceName),
+            "Channel": .uint16(channel),
+            "RequireAuthentication": .bool(requireAuthentication),
+            "RequireAuthorization": .bool(requireAuthorization),
+            "AutoConnect": .bool(false),
+        ]
+        if !connectsOut { options["Role"] = .string("server") }
+        return .dictionary(options)
+    }
+}
+
+/// A Bluetooth device BlueZ knows.
+public struct BluetoothDevice: Sendable, Hashable {
+    /// Its address.
+    public var address: BluetoothAddress
+    /// Its name (or alias), as BlueZ has it.
+    public var name: String
+    /// Whether it is paired.
+    public var paired: Bool
+    /// Whether it is connected now (any profile).
+    public var connected: Bool
+    /// Whether its SDP record (as BlueZ last read it) offers iAP2.
+    public var offersIAP2: Bool
+    /// BlueZ's object for it.
+    public var path: String
+}
+
+/// The iAP2 service registered with BlueZ over D-Bus (`org.bluez.ProfileManager1.RegisterProfile`
+/// with UUID ``iAP2UUID``), serving `org.bluez.Profile1`: BlueZ hands each accessory connection
+/// over as a socket (`NewConnection`), which becomes a ``BluetoothTransport`` given to the
+/// owner; `RequestDisconnection` closes that device's transports; `Release` means BlueZ
+/// dropped the profile.
+///
+/// Leaving the bus unregisters the profile (BlueZ watches its owner), so ``stop()`` only closes
+/// the connection and the transports. Thread safety: any thread; the profile's work runs on
+/// the bus connection's queue.
+public final class BluetoothProfile: Sendable {
+    /// iAP2's SDP service class UUID (PROTOCOL.md §2; the same in the wireless CarPlay sources).
+    public static let iAP2UUID = "00000000-deca-fade-deca-deafdecacafe"
+    /// The BlueZ service's bus name.
+    public static let bluezService = "org.bluez"
+
+    /// The options it was registered with.
+    public let options: BluetoothOptions
+    /// The bus connection it runs on.
+    public let bus: BusConnection
+    private let state = Mutex(State())
+
+    private struct State {
+        var transports: [String: [ObjectIdentifier: BluetoothTransport]] = [:]
+        var released = false
+        var stopped = false
+    }
+
+    private init(options: BluetoothOptions, bus: BusConnection) {
+        self.options = options
+        self.bus = bus
+    }
+
+    /// Connects to the bus, checks that BlueZ runs and has a powered adapter, serves the profile
+    /// object and registers it; `connection` then runs on `queue` for every accessory BlueZ
+    /// hands over (the transport is not activated yet).
+    ///
+    /// - Throws: ``BluetoothError`` with the fix: no bus, BlueZ not running, no adapter, adapter
+    ///   off, the D-Bus policy, the profile registered by another program.
+    public static func register(options: BluetoothOptions = BluetoothOptions(), queue: DispatchQueue,
+                                connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BluetoothError) -> BluetoothProfile {
+        let address = options.busAddress ?? BusConnection.systemBusAddress
+        let bus: BusConnection
+        do { bus = try await BusConnection.connect(address: address, queue: queue) } catch { throw BluetoothError.bus(error, address: address) }
+        let profile = BluetoothProfile(options: options, bus: bus)
+        do throws(BluetoothError) {
+            try await profile.checkAdapters()
+            if options.registersAgent { try await BluetoothAgent.register(on: bus, timeout: options.callTimeout) }
+            do {
+                try bus.export(path: options.profilePath) { [weak profile] call in
+                    profile?.handle(call, deliver: connection) ?? .error(name: "org.bluez.Error.Rejected", message: "the host stopped")
+                }
+            } catch {
+                throw BluetoothError(.failed, "cannot serve the profile at \(options.profilePath): \(error)",
+                                     advice: "choose another profile path", busError: error)
+            }
+            do {
+                _ = try await bus.call(destination: bluezService, path: "/org/bluez", interface: "org.bluez.ProfileManager1", member: "RegisterProfile",
+                                       arguments: [.objectPath(options.profilePath), .string(iAP2UUID), options.registrationOptions],
+                                       timeout: options.callTimeout)
+            } catch {
+                throw BluetoothError.bluez(error, doing: "registering the iAP2 profile")
+            }
+        } catch {
+            bus.close()
+            throw error
+        }
+        return profile
+    }
+
+    /// The adapters (controllers) BlueZ has: at least one, and the one asked for, powered.
+    private func checkAdapters() async throws(BluetoothError) {
+        let objects = try await managedObjects(doing: "listing adapters")
+        var adapters: [(name: String, powered: Bool)] = []
+        for (path, interfaces) in objects {
+            guard let adapter = interfaces["org.bluez.Adapter1"]?.dictionary else { continue }
+            adapters.append((String(path.split(separator: "/").last ?? ""), adapter["Powered"]?.bool ?? false))
+        }
+        adapters.sort { $0.name < $1.name }
+        if let wanted = options.adapter {
+            guard let adapter = adapters.first(where: { $0.name == wanted }) else {
+                throw BluetoothError(.noAdapter, "BlueZ has no adapter \(wanted)" + (adapters.isEmpty ? "" : " (it has \(adapters.map(\.name).joined(separator: ", ")))"),
+                                     advice: "bluetoothctl list shows the adapters; plug the adapter in, or name one of those")
+            }
+            guard adapter.powered else {
+                throw BluetoothError(.adapterOff, "the Bluetooth adapter \(wanted) is powered off",
+                                     advice: "power it on: bluetoothctl select \(wanted), then bluetoothctl power on (rfkill unblock bluetooth if it is blocked)")
+            }
+        } else {
+            guard !adapters.isEmpty else {
+                throw BluetoothError(.noAdapter, "BlueZ has no Bluetooth adapter",
+                                     advice: "plug one in (bluetoothctl list shows them; rfkill list shows a blocked one: rfkill unblock bluetooth)")
+            }
+            guard adapters.contains(where: \.powered) else {
+                throw BluetoothError(.adapterOff, "the Bluetooth adapter is powered off (\(adapters.map(\.name).joined(separator: ", ")))",
+                                     advice: "power it on: bluetoothctl power on (rfkill unblock bluetooth if it is blocked)")
+            }
+        }
+    }
+
+    /// BlueZ's objects: path → interface → properties.
+    private func managedObjects(doing what: String) async throws(BluetoothError) -> [String: [String: BusValue]] {
+        let reply: [BusValue]
+        do {
+            reply = try await bus.call(destination: Self.bluezService, path: "/", interface: "org.freedesktop.DBus.ObjectManager",
+                                       member: "GetManagedObjects", timeout: options.callTimeout)
+        } catch {
+            throw BluetoothError.bluez(error, doing: what)
+        }
+        var objects: [String: [String: BusValue]] = [:]
+        for (path, interfaces) in reply.first?.dictionary ?? [:] {
+            var byName: [String: BusValue] = [:]
+            for (name, properties) in interfaces.dictionary ?? [:] { byName[name] = properties }
+            objects[path] = byName
+        }
+        return objects
+    }
+
+    /// The devices BlueZ knows (on ``BluetoothOptions/adapter`` when set), sorted by address.
+    ///
+    /// - Throws: ``BluetoothError`` when BlueZ cannot be asked.
+    public func devices() async throws(BluetoothError) -> [BluetoothDevice] {
+        let objects = try await managedObjects(doing: "listing devices")
+        var devices: [BluetoothDevice] = []
+        for (path, interfaces) in objects {
+            guard let device = interfaces["org.bluez.Device1"]?.dictionary,
+                  let address = device["Address"]?.string.flatMap({ BluetoothAddress($0) }) ?? BluetoothAddress(devicePath: path)
+            else { continue }
+            if let adapter = options.adapter, !path.hasPrefix("/org/bluez/\(adapter)/") { continue }
+            let uuids = (device["UUIDs"]?.elements ?? []).compactMap(\.string).map { $0.lowercased() }
+            devices.append(BluetoothDevice(address: address, name: device["Alias"]?.string ?? device["Name"]?.string ?? "",
+                                           paired: device["Paired"]?.bool ?? false, connected: device["Connected"]?.bool ?? false,
+                                           offersIAP2: uuids.contains(Self.iAP2UUID), path: path))
+        }
+        return devices.sorted { $0.address < $1.address }
+    }
+
+    /// Connects out to the paired accessory at `address` that offers iAP2 (BlueZ's
+    /// `Device1.ConnectProfile`: an SDP search for the UUID, then RFCOMM to its channel). The
+    /// connection arrives like an incoming one, through the registration's handler.
+    ///
+    /// - Throws: ``BluetoothError``: not known or not paired (with the `bluetoothctl` commands),
+    ///   pairing refused, iAP2 not offered, not answering; or the profile registered without
+    ///   ``BluetoothOptions/connectsOut``.
+    public func connect(to address: BluetoothAddress) async throws(BluetoothError) {
+        guard options.connectsOut else {
+            throw BluetoothError(.failed, "the iAP2 profile was registered to accept connections only",
+                                 advice: "start Bluetooth with connectsOut (iapctl --bluetooth-connect does)")
+        }
+        let known = try await devices()
+        guard let device = known.first(where: { $0.address == address }) else {
+            throw BluetoothError(.unknownDevice, "BlueZ knows no device \(address)",
+                                 advice: "pair it first: bluetoothctl scan on, then bluetoothctl pair \(address) and bluetoothctl trust \(address)")
+        }
+        guard device.paired else {
+            throw BluetoothError(.notPaired, "\(address) (\(device.name)) is not paired",
+                                 advice: "pair it: bluetoothctl pair \(address), then bluetoothctl trust \(address)")
+        }
+        do {
+            _ = try await bus.call(destination: Self.bluezService, path: device.path, interface: "org.bluez.Device1", member: "ConnectProfile",
+                                   arguments: [.string(Self.iAP2UUID)], timeout: options.callTimeout)
+        } catch {
+            throw BluetoothError.bluez(error, doing: "connecting to \(address)", device: address)
+        }
+    }
+
+    /// Whether BlueZ released the profile (`Release`): no more connections come.
+    public var isReleased: Bool { state.withLock { $0.released } }
+
+    /// Closes every transport and leaves the bus (BlueZ then drops the profile).
+    public func stop() {
+        let transports = state.withLock { state -> [BluetoothTransport] in
+            state.stopped = true
+            defer { state.transports.removeAll() }
+            return state.transports.values.flatMap(\.values)
+        }
+        for transport in transports { transport.cancel() }
+        bus.close()
+    }
+
+    // MARK: org.bluez.Profile1, on the bus's queue
+
+    private func handle(_ call: BusMethodCall, deliver: @Sendable (BluetoothTransport) -> Void) -> BusReply {
+        switch (call.interface, call.member) {
+        case ("org.bluez.Profile1", "NewConnection"), ("", "NewConnection"):
+            return newConnection(call.arguments, deliver: deliver)
+        case ("org.bluez.Profile1", "RequestDisconnection"), ("", "RequestDisconnection"):
+            guard let path = call.arguments.first?.string else { return .error(name: "org.bluez.Error.InvalidArguments", message: "no device") }
+            let transports = state.withLock { $0.transports.removeValue(forKey: path).map { Array($0.values) } ?? [] }
+            for transport in transports { transport.cancel() }
+            return .empty
+        case ("org.bluez.Profile1", "Release"), ("", "Release"):
+            state.withLock { $0.released = true }
+            return .empty
+        default:
+            return .error(name: BusError.unknownMethod, message: "no method \(call.member) of \(call.interface)")
+        }
+    }
+
+    private func newConnection(_ arguments: [BusValue], deliver: @Sendable (BluetoothTransport) -> Void) -> BusReply {
+        guard arguments.count >= 2, let path = arguments[0].string, case let .unixFD(descriptor) = arguments[1] else {
+            return .error(name: "org.bluez.Error.InvalidArguments", message: "expected (object device, fd, dict properties)")
+        }
+        guard let address = BluetoothAddress(devicePath: path) else {
+            return .error(name: "org.bluez.Error.Rejected", message: "\(path) is not a device")
+        }
+        if let adapter = options.adapter, !path.hasPrefix("/org/bluez/\(adapter)/") {
+            return .error(name: "org.bluez.Error.Rejected", message: "only connections through \(adapter) are taken")
+        }
+        let version = arguments.count > 2 ? arguments[2].dictionary?["Version"]?.integer.flatMap(UInt16.init(exactly:)) : nil
+        guard !state.withLock({ $0.stopped }), let socket = descriptor.take() else {
+            return .error(name: "org.bluez.Error.Rejected", message: "the host stopped")
+        }
+        let box = TransportBox()
+        let transport: BluetoothTransport
+        do {
+            transport = try BluetoothTransport(descriptor: socket, peer: BluetoothPeer(address: address, devicePath: path, profileVersion: version)) {
+                [weak self] in
+                guard let self, let key = box.key else { return }
+                state.withLock { state in
+                    state.transports[path]?.removeValue(forKey: key)
+                    if state.transports[path]?.isEmpty == true { state.transports.removeValue(forKey: path) }
+                }
+            }
+        } catch {
+            return .error(name: "org.bluez.Error.Rejected", message: error.description)
+        }
+        box.key = ObjectIdentifier(transport)
+        state.withLock { $0.transports[path, default: [:]][ObjectIdentifier(transport)] = transport }
+        deliver(transport)
+        return .empty
+    }
+}
+
+/// The key a transport's close handler removes it by, set once the transport exists.
+private final class TransportBox: @unchecked Sendable {
+    // Sendability: set once, on the bus queue, before the transport is activated.
+    var key: ObjectIdentifier?
+}

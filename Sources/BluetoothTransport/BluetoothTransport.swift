@@ -1,0 +1,100 @@
+public import Dispatch
+public import IAPTransport
+internal import Glibc
+
+/// One Bluetooth connection BlueZ handed over: who is at the other end.
+public struct BluetoothPeer: Sendable, Hashable {
+    /// The accessory's address.
+    public var address: BluetoothAddress
+    /// BlueZ's object for the device, e.g. `/org/bluez/hci0/dev_00_1A_7D_DA_71_13`.
+    public var devicePath: String
+    /// The local adapter it came in on, e.g. `hci0` (empty when the path names none).
+    public var adapter: String
+    /// The profile version from the accessory's SDP record, when BlueZ gave one.
+    public var profileVersion: UInt16?
+
+    /// A peer at `address`, known to BlueZ as `devicePath`.
+    public init(address: BluetoothAddress, devicePath: String, profileVersion: UInt16? = nil) {
+        self.address = address
+        self.devicePath = devicePath
+        let elements = devicePath.split(separator: "/")
+        self.adapter = elements.count >= 3 && elements[0] == "org" && elements[1] == "bluez" ? String(elements[2]) : ""
+        self.profileVersion = profileVersion
+    }
+}
+
+/// iAP2 over one RFCOMM connection: the socket BlueZ handed over in `NewConnection` (or one
+/// connected out by ``RFCOMMSocket``), as a ``Transport`` of kind ``TransportKind/bluetooth``.
+///
+/// RFCOMM is a reliable byte stream, so the link runs on it as on a serial line: each link
+/// packet written as it is, what arrives scanned for frames in any chunking. The socket is
+/// driven like every serial line of the process (`SerialTransport`: the one poller thread says
+/// when to read, reads and writes happen on the activation queue, output beyond what the
+/// kernel takes is queued and bounded). Errors say what to do in Bluetooth's terms.
+///
+/// ``capability(_:)`` gives its ``BluetoothPeer``.
+public final class BluetoothTransport: Transport {
+    /// What a person reads, e.g. `bluetooth 00:1A:7D:DA:71:13 (hci0)`.
+    public let description: String
+    /// Always ``TransportKind/bluetooth``.
+    public var kind: TransportKind { .bluetooth }
+    /// Who is at the other end.
+    public let peer: BluetoothPeer
+    private let base: SerialTransport
+    private let closed: @Sendable () -> Void
+
+    /// A transport over `descriptor` (a connected RFCOMM socket, or any connected stream socket
+    /// in tests), which it now owns; `closed` runs once when the transport has closed.
+    ///
+    /// - Throws: ``TransportError`` when the descriptor cannot be used (it is then closed).
+    public init(descriptor: Int32, peer: BluetoothPeer, closed: @escaping @Sendable () -> Void = {}) throws(TransportError) {
+        let description = "bluetooth \(peer.address)" + (peer.adapter.isEmpty ? "" : " (\(peer.adapter))")
+        do {
+            base = try SerialTransport(fileDescriptor: descriptor, description: description, ownsDescriptor: true)
+        } catch {
+            _ = Glibc.close(descriptor)
+            throw error
+        }
+        self.description = description
+        self.peer = peer
+        self.closed = closed
+    }
+
+    /// Starts delivering events to `handler` on `queue` (serial); a close carries Bluetooth advice.
+    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+        let closed = self.closed
+        let address = peer.address
+        base.activate(queue: queue) { event in
+            guard case let .closed(error) = event else { return handler(event) }
+            closed()
+            handler(.closed(error.map { Self.explained($0, address: address) }))
+        }
+    }
+
+    /// Writes `frame` now as far as the socket takes it and queues the rest; never blocks.
+    public func send(_ frame: [UInt8]) { base.send(frame) }
+
+    /// Closes the connection (the RFCOMM channel goes down); the handler receives `.closed(nil)`.
+    public func cancel() { base.cancel() }
+
+    /// Its ``BluetoothPeer``.
+    public func capability<Value>(_ type: Value.Type) -> Value? {
+        type == BluetoothPeer.self ? peer as? Value : nil
+    }
+
+    /// `error` with advice for a Bluetooth link instead of a serial line's.
+    static func explained(_ error: TransportError, address: BluetoothAddress) -> TransportError {
+        var explained = error
+        switch error.kind {
+        case .hungUp:
+            explained.message = "the Bluetooth connection to \(address) ended"
+            explained.advice = "the accessory disconnected, went out of range or was switched off; it connects again by itself, "
+                + "or run iapctl --bluetooth-connect \(address)"
+        case .stalled:
+            explained.advice = "the accessory stopped reading; switch it off and on, then connect again"
+        default:
+            explained.advice = "connect again (iapctl --bluetooth-connect \(address)); journalctl -u bluetooth shows what bluetoothd reports"
+        }
+        return explained
+    }
+}
