@@ -61,6 +61,17 @@ struct CompletionWriter {
     }
 
     /// `'text'` for the shell, with `'` inside written as `'\''`.
+    /// `; argument=…` for a command's first positional (files, directories or a word list), the
+    /// same in the bash and zsh scripts; empty when it completes nothing.
+    static func argumentAssignment(_ command: CommandSpec) -> String {
+        switch command.positionals.first?.completion {
+        case nil, .none?: ""
+        case .files?: "; argument=files"
+        case .directories?: "; argument=directories"
+        case .words(let words)?: "; argument=\(quoted(words.joined(separator: " ")))"
+        }
+    }
+
     static func quoted(_ text: String) -> String {
         "'" + text.replacingAll("'", with: "'\\''") + "'"
     }
@@ -120,14 +131,7 @@ struct CompletionWriter {
             if !command.subcommands.isEmpty {
                 body += "; subcommands=\(Self.quoted((command.subcommands.map(\.name) + ["help"]).joined(separator: " ")))"
             }
-            if let argument = command.positionals.first {
-                switch argument.completion {
-                case .none: break
-                case .files: body += "; argument=files"
-                case .directories: body += "; argument=directories"
-                case .words(let words): body += "; argument=\(Self.quoted(words.joined(separator: " ")))"
-                }
-            }
+            body += Self.argumentAssignment(command)
             out += "        \(Self.quoted(chain.map(\.name).joined(separator: " ")))) \(body) ;;\n"
         }
         out += """
@@ -207,14 +211,7 @@ struct CompletionWriter {
                     + ["help:Show the help of a subcommand."]
                 body += "; subs=(\(subs.map(Self.quoted).joined(separator: " ")))"
             }
-            if let argument = command.positionals.first {
-                switch argument.completion {
-                case .none: break
-                case .files: body += "; argument=files"
-                case .directories: body += "; argument=directories"
-                case .words(let words): body += "; argument=\(Self.quoted(words.joined(separator: " ")))"
-                }
-            }
+            body += Self.argumentAssignment(command)
             out += "        \(Self.quoted(chain.map(\.name).joined(separator: " ")))) \(body) ;;\n"
         }
         out += """
