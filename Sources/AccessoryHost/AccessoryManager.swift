@@ -210,6 +210,14 @@ public final class AccessoryManager: Sendable {
         return adjusted
     }
 
+    /// The next accessory's connection id (one counter for every transport, native or remote).
+    private func takeAccessoryID() -> Int {
+        state.withLock { state -> Int in
+            defer { state.nextAccessoryID += 1 }
+            return state.nextAccessoryID
+        }
+    }
+
     private func attachOnQueue(_ plain: any Transport) {
         dispatchPrecondition(condition: .onQueue(queue))
         let transport = configuration.transportTap?(plain) ?? plain
@@ -229,12 +237,7 @@ public final class AccessoryManager: Sendable {
         if let peer = transport.capability(BluetoothPeer.self) { endpoint.peerBluetoothAddress = peer.address.bytes }
         let connection = Connection(
             connectionID: id,
-            makeConnectionID: { [weak self] in
-                self?.state.withLock { state -> Int in
-                    defer { state.nextAccessoryID += 1 }
-                    return state.nextAccessoryID
-                } ?? Int.max
-            },
+            makeConnectionID: { [weak self] in self?.takeAccessoryID() ?? Int.max },
             transport: transport, queue: self.queue, supportedProtocols: Set(self.configuration.supportedProtocols),
             logger: self.configuration.logger,
             endpoint: endpoint,
@@ -378,12 +381,7 @@ public final class AccessoryManager: Sendable {
                                    initialSequence: 0, randomSeed: 0)
         let connection = Connection(
             connectionID: id,
-            makeConnectionID: { [weak self] in
-                self?.state.withLock { state -> Int in
-                    defer { state.nextAccessoryID += 1 }
-                    return state.nextAccessoryID
-                } ?? Int.max
-            },
+            makeConnectionID: { [weak self] in self?.takeAccessoryID() ?? Int.max },
             transport: transport, queue: queue, supportedProtocols: Set(configuration.supportedProtocols),
             logger: configuration.logger, endpoint: endpoint,
             onConnected: { [weak self] accessory in self?.connected(accessory) },
