@@ -114,10 +114,15 @@ waitfor 10 "both adapters powered" sh -c "[ \"\$(dbus-send --system --print-repl
 # Works needs no agent answer (the kernel confirms it when neither side has input or output).
 device=/org/bluez/hci0/dev_${accessory//:/_}
 set_true hci1 Discoverable || say "cannot make hci1 discoverable"
-dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci0 org.bluez.Adapter1.StartDiscovery > /dev/null || say "StartDiscovery failed"
+# BlueZ ties a discovery to the D-Bus client that started it and stops it when that client
+# leaves (a one-shot dbus-send's discovery ends at once), so a bluetoothctl stays on the bus
+# scanning until the device object appears.
+bluetoothctl --timeout 60 scan on > "$results/bluetoothctl-scan.log" 2>&1 &
+scanner=$!
+pids+=($scanner)
 waitfor 60 "hci0 discovered the accessory's adapter" dbus-send --system --print-reply --dest=org.bluez "$device" \
     org.freedesktop.DBus.Properties.Get string:org.bluez.Device1 string:Address
-dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci0 org.bluez.Adapter1.StopDiscovery > /dev/null || true
+kill "$scanner" 2>/dev/null
 dbus-send --system --print-reply --reply-timeout=60000 --dest=org.bluez "$device" org.bluez.Device1.Pair >> "$log" 2>&1 \
     || say "Pair failed (see above)"
 dbus-send --system --print-reply --dest=org.bluez "$device" org.freedesktop.DBus.Properties.Set \

@@ -38,6 +38,9 @@ packages=(
     libusb-1.0-0-dev  # building the package (CLibUSB) and libusb in the guest
     pkg-config        # SwiftPM resolves CLibUSB through pkg-config
     tcpdump           # usbmon.sh captures the guest's USB traffic with it
+    bluez             # bluetoothd in the guest (bluetooth.sh)
+    bluez-test-tools  # btvirt: two virtual BR/EDR controllers on hci_vhci (bluetooth.sh)
+    dbus-daemon       # the guest's system bus for bluetoothd
 )
 
 build=1
