@@ -97,7 +97,7 @@ let package = Package(
         // The client protocol of iapd: messages and their framing (pure, fuzzed).
         .target(name: "IAPDaemonProtocol", dependencies: ["IAPLink"], swiftSettings: strict),
         // iapd's server: clients over Unix sockets, sessions handed over as sockets of their own.
-        .target(name: "IAPDaemon", dependencies: ["AccessoryHost", "AccessoryLogging", "IAPDaemonProtocol", "IAPLink", "IAPTransport", "SystemCalls"],
+        .target(name: "IAPDaemon", dependencies: ["AccessoryHost", "AccessoryLogging", "BluetoothTransport", "IAPDaemonProtocol", "IAPLink", "IAPTransport", "SystemCalls"],
                 swiftSettings: strict),
         // iOS's ExternalAccessory framework on AccessoryHost: EAAccessoryManager, EAAccessory,
         // EASession with Foundation streams on run loops, the connect/disconnect notifications.
@@ -121,7 +121,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "iapd",
-            dependencies: ["AccessoryHost", "AccessoryLogging", "AccessorySimulator", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
+            dependencies: ["AccessoryHost", "AccessoryLogging", "AccessorySimulator", "BluetoothTransport", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
                            "IAPLink", "IAPTransport", "SystemCalls", "USBHost", "ProjectVersion"],
             path: "tools/iapd",
             swiftSettings: strict
@@ -153,7 +153,7 @@ let package = Package(
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessoryGadgetTests", dependencies: ["AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport", "TestThreads"], swiftSettings: strict),
-        .testTarget(name: "BluetoothTransportTests", dependencies: ["BluetoothTransport", "DBus", "AccessoryHost", "AccessorySimulator", "IAPTransport",
+        .testTarget(name: "BluetoothTransportTests", dependencies: ["BluetoothTransport", "DBus", "AccessoryHost", "AccessoryLogging", "AccessorySimulator", "IAPDaemon", "IAPTransport", "SystemCalls",
                                                                      "IAPLink", "TestSupport", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "SystemCallsTests", dependencies: ["SystemCalls"], swiftSettings: strict),
         .testTarget(name: "AccessoryHostTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryLogging", "IAPTransport", "IAPLink", "IAPWire", "USBHost", "HeapStatistics", "IAPInspect"], swiftSettings: strict),

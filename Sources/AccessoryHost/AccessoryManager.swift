@@ -293,16 +293,23 @@ public final class AccessoryManager: Sendable {
     ///   running (`systemctl start bluetooth`), no adapter, adapter off (`bluetoothctl power
     ///   on`), the D-Bus policy (the bluetooth group), the profile taken by another program.
     public func startBluetooth(options: BluetoothOptions = BluetoothOptions()) async throws(BluetoothError) {
-        guard state.withLock({ $0.bluetooth == nil && !$0.stopped }) else {
+        // A registration BlueZ no longer holds (released, or a bluetoothd that restarted) is
+        // replaced, its open connections kept; a live one is not.
+        guard state.withLock({ ($0.bluetooth?.isReleased ?? true) && !$0.stopped }) else {
             throw BluetoothError(.failed, "Bluetooth is started already (or the manager stopped)", advice: "start it once per manager")
         }
         let profile = try await BluetoothProfile.register(options: options, queue: queue) { [weak self] transport in
             self?.attachOnQueue(transport)
         }
-        let stopped = state.withLock { state -> Bool in
-            if !state.stopped, state.bluetooth == nil { state.bluetooth = profile }
-            return state.stopped || state.bluetooth !== profile
+        let (stopped, released) = state.withLock { state -> (Bool, BluetoothProfile?) in
+            var released: BluetoothProfile?
+            if !state.stopped, state.bluetooth?.isReleased ?? true {
+                released = state.bluetooth
+                state.bluetooth = profile
+            }
+            return (state.stopped || state.bluetooth !== profile, released)
         }
+        released?.retire()
         if stopped {
             profile.stop()
             throw BluetoothError(.failed, "the manager stopped (or Bluetooth was started twice) while Bluetooth started", advice: "start it once per manager")
@@ -322,6 +329,19 @@ public final class AccessoryManager: Sendable {
         }
         try await profile.connect(to: address)
     }
+
+    /// Whether the iAP2 profile is registered with the BlueZ running now:
+    /// ``startBluetooth(options:)`` succeeded, and since then BlueZ has neither released the
+    /// profile nor stopped or restarted (a restarted bluetoothd forgets registrations without
+    /// saying so). When this is false, ``startBluetooth(options:)`` may be called again.
+    public func isBluetoothRegistered() async -> Bool {
+        guard let profile = state.withLock({ $0.bluetooth }) else { return false }
+        return await profile.checkRegistration()
+    }
+
+    /// The Bluetooth devices with an open connection to this host, identified or not yet (empty
+    /// when Bluetooth is not started).
+    public var bluetoothConnections: [BluetoothAddress] { state.withLock { $0.bluetooth }?.connectedAddresses ?? [] }
 
     /// The devices BlueZ knows (paired or seen), for a person choosing one to connect to.
     ///

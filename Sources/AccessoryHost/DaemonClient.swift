@@ -1,4 +1,5 @@
 internal import AccessoryLogging
+internal import BluetoothTransport
 internal import Dispatch
 internal import Glibc
 internal import IAPDaemonProtocol
@@ -66,10 +67,12 @@ final class DaemonAccessoryTransport: Transport {
     let description: String
     let kind: TransportKind
     private let usbDevice: USBDeviceInfo?
+    private let bluetoothPeer: BluetoothPeer?
 
     init(record: AccessoryRecord) {
         description = record.location
         kind = TransportKind(rawValue: record.transportKind) ?? .memory
+        bluetoothPeer = record.bluetoothAddress.flatMap { BluetoothAddress($0) }.map { BluetoothPeer(address: $0, devicePath: "") }
         usbDevice = record.usb.map { usb in
             var info = USBDeviceInfo(bus: usb.bus, address: usb.address, portPath: usb.portPath,
                                      descriptor: USBDeviceDescriptor(vendorID: usb.vendorID, productID: usb.productID, release: usb.release))
@@ -83,7 +86,11 @@ final class DaemonAccessoryTransport: Transport {
     func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {}
     func send(_ frame: [UInt8]) {}
     func cancel() {}
-    func capability<Value>(_ type: Value.Type) -> Value? { type == USBDeviceInfo.self ? usbDevice as? Value : nil }
+    func capability<Value>(_ type: Value.Type) -> Value? {
+        if type == USBDeviceInfo.self { return usbDevice as? Value }
+        if type == BluetoothPeer.self { return bluetoothPeer as? Value }
+        return nil
+    }
 }
 
 /// The manager's connection to `iapd`: hello, the accessories it announces (each a

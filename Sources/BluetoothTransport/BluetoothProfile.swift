@@ -103,6 +103,8 @@ public final class BluetoothProfile: Sendable {
         var transports: [String: [ObjectIdentifier: BluetoothTransport]] = [:]
         var released = false
         var stopped = false
+        /// The unique bus name of the BlueZ the profile was registered with.
+        var bluezOwner: String?
     }
 
     private init(options: BluetoothOptions, bus: BusConnection) {
@@ -144,7 +146,30 @@ public final class BluetoothProfile: Sendable {
             bus.close()
             throw error
         }
+        let owner = await profile.bluezOwner()
+        profile.state.withLock { $0.bluezOwner = owner }
         return profile
+    }
+
+    /// The unique name that owns `org.bluez` on the bus now, or nil when none does (or the bus
+    /// cannot say).
+    private func bluezOwner() async -> String? {
+        let reply = try? await bus.call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+                                        member: "GetNameOwner", arguments: [.string(Self.bluezService)], timeout: options.callTimeout)
+        return reply?.first?.string
+    }
+
+    /// Whether the registration still stands with the BlueZ running now: false once BlueZ
+    /// released the profile, the bus connection dropped, or bluetoothd stopped or restarted
+    /// since (a BlueZ that restarts forgets every profile without calling `Release`); the
+    /// profile then counts as released (``isReleased``) and a new registration is needed.
+    public func checkRegistration() async -> Bool {
+        guard !isReleased else { return false }
+        let current = bus.isConnected ? await bluezOwner() : nil
+        return state.withLock { state in
+            if current == nil || current != state.bluezOwner { state.released = true }
+            return !state.released
+        }
     }
 
     /// The adapters (controllers) BlueZ has: at least one, and the one asked for, powered.
@@ -245,6 +270,20 @@ public final class BluetoothProfile: Sendable {
 
     /// Whether BlueZ released the profile (`Release`): no more connections come.
     public var isReleased: Bool { state.withLock { $0.released } }
+
+    /// The devices with a connection BlueZ handed over that is still open (identified or not
+    /// yet), sorted.
+    public var connectedAddresses: [BluetoothAddress] {
+        state.withLock { state in state.transports.keys.compactMap { BluetoothAddress(devicePath: $0) } }.sorted()
+    }
+
+    /// Leaves the bus and keeps the connections already handed over open: for a registration
+    /// BlueZ no longer holds (``checkRegistration()`` false) that a new one replaces; the
+    /// RFCOMM sockets are the kernel's and outlive a restarted bluetoothd.
+    public func retire() {
+        state.withLock { $0.released = true }
+        bus.close()
+    }
 
     /// Closes every transport and leaves the bus (BlueZ then drops the profile).
     public func stop() {

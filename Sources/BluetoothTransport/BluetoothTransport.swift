@@ -85,7 +85,16 @@ public final class BluetoothTransport: Transport {
     /// `error` with advice for a Bluetooth link instead of a serial line's.
     static func explained(_ error: TransportError, address: BluetoothAddress) -> TransportError {
         var explained = error
+        // The link going down under an open RFCOMM channel (the peer's controller switched
+        // off, out of range: the supervision timeout) reads as ECONNRESET, EHOSTDOWN or
+        // ETIMEDOUT, not as end of file: to a person that is the connection ending too.
+        let linkLost = error.errno.map { [ECONNRESET, EHOSTDOWN, EHOSTUNREACH, ETIMEDOUT, ENOTCONN].contains($0) } ?? false
         switch error.kind {
+        case _ where linkLost && error.kind != .stalled:
+            explained.kind = .hungUp
+            explained.message = "the Bluetooth connection to \(address) was lost (\(error.message))"
+            explained.advice = "the accessory was switched off, went out of range or its adapter went away; it connects again by itself, "
+                + "or run iapctl --bluetooth-connect \(address)"
         case .hungUp:
             explained.message = "the Bluetooth connection to \(address) ended"
             explained.advice = "the accessory disconnected, went out of range or was switched off; it connects again by itself, "

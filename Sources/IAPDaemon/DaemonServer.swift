@@ -231,7 +231,8 @@ final class Core: @unchecked Sendable {
                             USBDeviceRecord(bus: usb.bus, address: usb.address, portPath: usb.portPath, vendorID: usb.descriptor.vendorID,
                                             productID: usb.descriptor.productID, release: usb.descriptor.release,
                                             manufacturer: usb.manufacturer, product: usb.product, serialNumber: usb.serialNumber)
-                        })
+                        },
+                        bluetoothAddress: accessory.bluetoothAddress?.description)
     }
 
     // MARK: Sessions

@@ -175,20 +175,25 @@ public struct AccessoryRecord: Codable, Sendable, Hashable {
     public var id: Int
     /// Everything it declared in identification, and its authentication outcome.
     public var identity: AccessoryIdentity
-    /// The kind of wire (`usb`, `serial`, `memory`, `gadget`).
+    /// The kind of wire (`usb`, `serial`, `memory`, `gadget`, `bluetooth`).
     public var transportKind: String
     /// Where it is attached, as the daemon names it.
     public var location: String
     /// The USB device, for accessories on USB.
     public var usb: USBDeviceRecord?
+    /// The accessory's Bluetooth address (`00:1A:7D:DA:71:13`), for accessories on Bluetooth;
+    /// absent from older daemons' records.
+    public var bluetoothAddress: String?
 
     /// A record.
-    public init(id: Int, identity: AccessoryIdentity, transportKind: String, location: String, usb: USBDeviceRecord? = nil) {
+    public init(id: Int, identity: AccessoryIdentity, transportKind: String, location: String, usb: USBDeviceRecord? = nil,
+                bluetoothAddress: String? = nil) {
         self.id = id
         self.identity = identity
         self.transportKind = transportKind
         self.location = location
         self.usb = usb
+        self.bluetoothAddress = bluetoothAddress
     }
 }
 

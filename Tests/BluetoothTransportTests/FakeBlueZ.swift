@@ -166,7 +166,7 @@ final class FakeBlueZ: Sendable {
 
     struct NotRegistered: Error {}
 
-    private func requireRegistration() throws -> Registration {
+    func requireRegistration() throws -> Registration {
         guard let registration = state.withLock({ $0.registrations.last }) else { throw NotRegistered() }
         return registration
     }

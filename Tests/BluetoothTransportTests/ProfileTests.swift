@@ -221,6 +221,33 @@ struct ProfileTests {
         bluez.stop()
     }
 
+    @Test("the link lost under the channel (ECONNRESET, as when the accessory's controller goes off) is a hang-up with Bluetooth advice")
+    func linkLost() async throws {
+        let bus = try await PrivateBus.start()
+        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory])
+        let queue = DispatchQueue(label: "host")
+        let delivered = Mutex<BluetoothTransport?>(nil)
+        let profile = try await BluetoothProfile.register(options: options(bus), queue: queue) { transport in delivered.withLock { $0 = transport } }
+        let (hostEnd, accessoryEnd) = try socketPair()
+        try await bluez.newConnection(device: pairedAccessory, descriptor: hostEnd)
+        // Bytes the accessory never reads: closing its end with them unread resets the
+        // connection (Linux gives the other end ECONNRESET, as RFCOMM does when the link drops).
+        let unread: [UInt8] = [1, 2, 3, 4]
+        #expect(write(hostEnd, unread, unread.count) == unread.count)
+        close(hostEnd)
+        let transport = try #require(delivered.withLock { $0 })
+        let reason = await firstValue { (done: @escaping @Sendable (TransportError?) -> Void) in
+            transport.activate(queue: queue) { event in if case let .closed(error) = event { done(error) } }
+            close(accessoryEnd)
+        }
+        #expect(reason?.errno == ECONNRESET, "\(String(describing: reason))")
+        #expect(reason?.kind == .hungUp)
+        #expect(reason?.message.contains("Bluetooth connection to 00:1A:7D:DA:71:13 was lost") == true)
+        #expect(reason?.advice?.contains("went out of range") == true)
+        profile.stop()
+        bluez.stop()
+    }
+
     @Test("connecting out: unknown, unpaired and refused devices say which bluetoothctl command to run")
     func connectingOut() async throws {
         let bus = try await PrivateBus.start()

@@ -5,6 +5,7 @@
 import AccessoryHost
 import AccessoryLogging
 import AccessorySimulator
+import BluetoothTransport
 import CLIKit
 import Dispatch
 import Glibc
@@ -36,6 +37,12 @@ let iapd = CommandSpec(
         .value("config", valueName: "file", help: "Read options from this file (default: /etc/iapd.conf when it exists)."),
         .value("serial", valueName: "device[:baud]", help: "Own an accessory on this serial port too (repeatable); a port that is missing or goes away is tried again every 2 s.", repeatable: true),
         .flag("no-usb", help: "Do not look for USB accessories."),
+        .flag("bluetooth", help: "Also take accessories over Bluetooth: register the iAP2 service with BlueZ (tried again every 5 s until bluetoothd and a powered adapter are there)."),
+        .value("bluetooth-connect", valueName: "address",
+               help: "Keep connecting out to this paired Bluetooth accessory whenever it has no connection (repeatable; implies --bluetooth).", repeatable: true),
+        .value("bluetooth-channel", valueName: "channel", help: "The RFCOMM channel of the iAP2 service (1-30; default 0: BlueZ picks a free one)."),
+        .value("bluetooth-adapter", valueName: "name", help: "Only take Bluetooth connections through this adapter (e.g. hci0)."),
+        .flag("bluetooth-agent", help: "Also be BlueZ's pairing agent, accepting Just Works pairing (for a machine without a desktop's agent)."),
         .optionalValue("simulate", valueName: "profile", help: "Serve a built-in simulated accessory too (for trying things out; default multi-sensor)."),
         .value("auth", valueName: "policy", help: "Authentication: accept, record (the default) or require.",
                allowedValues: AuthenticationMode.allCases.map(\.rawValue)),
@@ -61,12 +68,14 @@ struct Settings {
         let explicit = command.value("config")
         let path = explicit ?? "/etc/iapd.conf"
         if explicit != nil || access(path, R_OK) == 0 { try read(path) }
-        for name in ["socket", "group", "auth", "trust", "max-clients"] {
+        for name in ["socket", "group", "auth", "trust", "max-clients", "bluetooth-channel", "bluetooth-adapter"] {
             if let value = command.value(name) { values[name] = [value] }
         }
-        let serial = command.values("serial")
-        if !serial.isEmpty { values["serial"] = serial }
-        for flag in ["no-usb", "check-validity"] where command.flag(flag) { flags.insert(flag) }
+        for name in ["serial", "bluetooth-connect"] {
+            let given = command.values(name)
+            if !given.isEmpty { values[name] = given }
+        }
+        for flag in ["no-usb", "check-validity", "bluetooth", "bluetooth-agent"] where command.flag(flag) { flags.insert(flag) }
         if command.flag("simulate") { values["simulate"] = [command.value("simulate") ?? "multi-sensor"] }
     }
 
@@ -82,7 +91,8 @@ struct Settings {
             if count == 0 { break }
             bytes += chunk.prefix(count)
         }
-        let known: Set<String> = ["socket", "group", "auth", "trust", "max-clients", "serial", "no-usb", "check-validity", "simulate"]
+        let known: Set<String> = ["socket", "group", "auth", "trust", "max-clients", "serial", "no-usb", "check-validity", "simulate",
+                                  "bluetooth", "bluetooth-connect", "bluetooth-channel", "bluetooth-adapter", "bluetooth-agent"]
         for (number, raw) in String(decoding: bytes, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init)?.trimmed ?? ""
             if line.isEmpty { continue }
@@ -136,6 +146,29 @@ func listeningSocket(path: String, group: UInt32?, logger: Logger) throws -> (de
     case .failure(let error):
         throw DaemonError(description: "cannot listen on \(path): \(error)", exitCode: .unavailable)
     }
+}
+
+/// The Bluetooth part of the settings as a keeper, or nil when Bluetooth is not asked for.
+func bluetoothKeeper(settings: Settings, manager: AccessoryManager, logger: Logger) throws -> BluetoothKeeper? {
+    var targets: [BluetoothAddress] = []
+    for text in settings.values["bluetooth-connect"] ?? [] {
+        guard let address = BluetoothAddress(text) else {
+            throw DaemonError(description: "bluetooth-connect: '\(text)' is not a Bluetooth address (AA:BB:CC:DD:EE:FF; bluetoothctl devices lists them)",
+                              exitCode: .usage)
+        }
+        targets.append(address)
+    }
+    guard settings.flags.contains("bluetooth") || settings.flags.contains("bluetooth-agent") || !targets.isEmpty else { return nil }
+    var channel: UInt16 = 0
+    if let text = settings.value("bluetooth-channel") {
+        guard let number = UInt16(text), number <= 30 else {
+            throw DaemonError(description: "bluetooth-channel must be a number from 1 to 30 (or 0: BlueZ picks one)", exitCode: .usage)
+        }
+        channel = number
+    }
+    let options = BluetoothOptions(channel: channel, connectsOut: !targets.isEmpty, adapter: settings.value("bluetooth-adapter"),
+                                   registersAgent: settings.flags.contains("bluetooth-agent"))
+    return BluetoothKeeper(manager: manager, options: options, targets: targets, logger: logger)
 }
 
 CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { command in
@@ -199,6 +232,10 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
     }
     let serialPorts = SerialPortKeeper(manager: manager, specs: specs, logger: logger)
     serialPorts.start()
+    // Bluetooth: the iAP2 profile registered with BlueZ, and again whenever it is not (bluetoothd
+    // not up yet, the adapter off), and the configured accessories connected out to.
+    let bluetoothKeeper = try bluetoothKeeper(settings: settings, manager: manager, logger: logger)
+    bluetoothKeeper?.start()
     var simulators: [SimulatorRunner] = []
     if let name = settings.value("simulate") {
         let profile: SimulatorProfile
@@ -225,6 +262,7 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
         source.setEventHandler { @Sendable in
             logger.notice("stopping (signal \(number))")
             serialPorts.stop()
+            bluetoothKeeper?.stop()
             server.stop()
             manager.stop()
             for runner in runners { runner.stop() }
