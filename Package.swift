@@ -128,7 +128,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["IAPDaemon", "SystemCalls", "AccessoryLogging", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit", "ProjectVersion"],
+            dependencies: ["IAPDaemon", "SystemCalls", "AccessoryLogging", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit", "ProjectVersion"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),

@@ -66,6 +66,58 @@ public enum RFCOMMSocket {
         return .success((descriptor, localAddress))
     }
 
+    /// A listening RFCOMM socket on the local adapter `local`, channel `channel` (1–30), in
+    /// blocking mode and without an SDP record: for a raw RFCOMM peer beside the iAP2 service
+    /// (`iapbench bluetooth`'s baseline echo), never for the iAP2 service itself, which BlueZ
+    /// serves (``BluetoothProfile``).
+    ///
+    /// - Throws: ``BluetoothError``: no Bluetooth in the kernel, no adapter with that address,
+    ///   the channel taken, permission.
+    public static func listen(on local: BluetoothAddress, channel: UInt8) throws(BluetoothError) -> Int32 {
+        let descriptor = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), rfcomm)
+        guard descriptor >= 0 else {
+            let code = errno
+            if code == EAFNOSUPPORT || code == EPROTONOSUPPORT {
+                throw BluetoothError(.noAdapter, "this kernel has no Bluetooth RFCOMM sockets",
+                                     advice: "load the modules: modprobe bluetooth rfcomm (and a controller's driver)")
+            }
+            throw systemError(code, "cannot make an RFCOMM socket", address: local)
+        }
+        guard withSocketAddress(socketAddress(local, channel: channel), { bind(descriptor, $0, $1) }) == 0 else {
+            let code = errno
+            _ = close(descriptor)
+            if code == EADDRINUSE {
+                throw BluetoothError(.failed, "RFCOMM channel \(channel) of \(local) is taken", advice: "choose another channel (1-30)")
+            }
+            throw BluetoothError(.noAdapter, "cannot listen on \(local) channel \(channel): \(String(cString: strerror(code)))",
+                                 advice: "bluetoothctl list shows the adapters' addresses")
+        }
+        guard Glibc.listen(descriptor, 1) == 0 else {
+            let code = errno
+            _ = close(descriptor)
+            throw systemError(code, "cannot listen on \(local) channel \(channel)", address: local)
+        }
+        return descriptor
+    }
+
+    /// Waits for one connection on `listener` (from ``listen(on:channel:)``) and returns it, in
+    /// blocking mode, with the peer's address. Blocks: call it on a thread of its own.
+    ///
+    /// - Throws: ``BluetoothError`` when the wait fails (the listener closed).
+    public static func accept(_ listener: Int32) throws(BluetoothError) -> (descriptor: Int32, peer: BluetoothAddress) {
+        var peer = [UInt8](repeating: 0, count: 10)
+        var length = socklen_t(peer.count)
+        let descriptor = peer.withUnsafeMutableBytes { raw in
+            Glibc.accept(listener, raw.baseAddress!.assumingMemoryBound(to: sockaddr.self), &length)
+        }
+        if descriptor >= 0 { _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC) }
+        guard descriptor >= 0 else {
+            throw BluetoothError(.failed, "accepting an RFCOMM connection failed: \(String(cString: strerror(errno)))",
+                                 advice: "dmesg shows what the kernel reports")
+        }
+        return (descriptor, BluetoothAddress(bytes: Array(peer[2..<8].reversed())) ?? BluetoothAddress(bytes: [0, 0, 0, 0, 0, 0])!)
+    }
+
     private static func withSocketAddress(_ bytes: [UInt8], _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) -> Int32 {
         bytes.withUnsafeBytes { raw in body(raw.baseAddress!.assumingMemoryBound(to: sockaddr.self), socklen_t(raw.count)) }
     }

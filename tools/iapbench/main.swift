@@ -77,6 +77,28 @@ let usbCommand = CommandSpec(
               .value("udc", valueName: "name", help: "The device controller to bind the gadget to (default: the first).")]
 )
 
+let bluetoothCommand = CommandSpec(
+    name: "bluetooth",
+    abstract: "An EA echo session over iAP2 on RFCOMM between two local adapters, beside a raw RFCOMM echo between the same two.",
+    discussion: """
+        Needs BlueZ (bluetoothd) with two powered BR/EDR adapters on this machine that are \
+        paired with each other (tools/usb-rig/bluetooth.sh sets that up on virtual controllers), \
+        and root for the raw RFCOMM sockets. The host registers the iAP2 service on --channel; \
+        the simulated accessory connects to it from the --accessory adapter. The ceiling is a \
+        plain RFCOMM connection between the same adapters on --raw-channel, echoed by a \
+        thread, without iAP2. Each round measures the ceiling, then the EA echo; the report \
+        gives each round's ratio and the median of the ratios.
+        """,
+    options: [.flag("json", help: "Print one JSON object per measurement."),
+              .flag("verbose", help: "Say on standard error what each round does."),
+              .value("host", valueName: "address", help: "The host's adapter (bluetoothctl list shows the addresses)."),
+              .value("accessory", valueName: "address", help: "The adapter the simulated accessory connects from."),
+              .value("channel", valueName: "n", help: "The RFCOMM channel of the host's iAP2 service.", defaultValue: "7"),
+              .value("raw-channel", valueName: "n", help: "The RFCOMM channel of the raw echo.", defaultValue: "9"),
+              .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "4"),
+              .value("rounds", valueName: "n", help: "Rounds of raw + EA measurements.", defaultValue: "3")]
+)
+
 let ptysCommand = CommandSpec(
     name: "ptys",
     abstract: "Many serial accessories on one host: simulated accessories on pseudo-terminals (in a child process), all identified by one AccessoryManager.",
@@ -114,7 +136,7 @@ let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
     version: AccessoryHostVersion.string,
-    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, ptysCommand, ptyAccessoriesCommand, soakCommand]
+    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, bluetoothCommand, ptysCommand, ptyAccessoriesCommand, soakCommand]
 )
 
 CommandLineTool.run(iapbench, manPageDate: AccessoryHostVersion.releaseDate) { command in
@@ -123,6 +145,7 @@ CommandLineTool.run(iapbench, manPageDate: AccessoryHostVersion.releaseDate) { c
     case "loopback": return try LoopbackBenchmarks.run(command, overPty: false)
     case "serial": return try LoopbackBenchmarks.run(command, overPty: true)
     case "usb": return try USBBenchmarks.run(command)
+    case "bluetooth": return try BluetoothBenchmarks.run(command)
     case "ptys": return try ScaleBenchmarks.run(command)
     case "soak": return try SoakBenchmarks.run(command)
     case "pty-accessories": return try ScaleBenchmarks.runAccessories(command)

@@ -3,9 +3,17 @@
 # bluez-test-tools) make two virtual BR/EDR controllers on one virtual air; a system bus and
 # bluetoothd run in the guest. The host side (iapctl --bluetooth, with its NoInputNoOutput
 # pairing agent) registers the iAP2 service on one controller; the simulator (iapctl simulate
-# --bluetooth) connects from the other over RFCOMM, pairing by Just Works on the way. Checks:
-# identified over Bluetooth, a session echoed byte-exact, the accessory's controller powered
-# off mid-transfer ends the transfer with an error, a new connection identifies again.
+# --bluetooth) connects from the other over RFCOMM; the two are paired first as a person would
+# (discovery, Pair, Trust). Checks, each failing loudly:
+#   1. one process (iapctl --bluetooth): identified over Bluetooth with every declared field,
+#      MIB MiB echoed byte-exact;
+#   2. through iapd --bluetooth: the accessory seen by clients with transport bluetooth and its
+#      address, two EA sessions at once from two iapctl processes, MIB MiB each, byte-exact;
+#   3. the accessory's controller powered off in the middle of two transfers: both end with an
+#      error, iapd goes on and no longer lists the accessory;
+#   4. the controller back on, the accessory connecting again: identified again (a new
+#      connection id), echoing; iapd stops cleanly on SIGTERM.
+# With BLUETOOTH_BENCH_MIB set, then `iapbench bluetooth` (EA echo beside a raw RFCOMM echo).
 #
 # Usage (on the host): tools/usb-rig/run.sh [--no-build] -- tools/usb-rig/bluetooth.sh [MIB]
 # Every step is logged to $USB_RIG_RESULTS/bluetooth.log, with bluetoothd's and btvirt's logs
@@ -30,7 +38,16 @@ cleanup() {
 }
 trap cleanup EXIT
 say() { printf 'bluetooth: %s\n' "$*" | tee -a "$log" >&2; }
-fail() { say "FAILED: $*"; exit 1; }
+fail() {
+    say "FAILED: $*"
+    local file
+    for file in "$results"/iapd.log "$results"/bt-*.err "$results"/bt-accessory-*.log; do
+        [ -s "$file" ] || continue
+        printf -- '--- %s (last 12 lines)\n' "${file##*/}" >&2
+        tail -n 12 "$file" >&2
+    done
+    exit 1
+}
 # waitfor SECONDS WHAT COMMAND...: polls the command every 0.2 s (a script may sleep; tests may not).
 waitfor() {
     local limit=$1 what=$2 end
@@ -131,46 +148,158 @@ waitfor 10 "the accessory is paired" sh -c "dbus-send --system --print-reply --d
 dbus-send --system --print-reply --dest=org.bluez "$device" org.bluez.Device1.Disconnect > /dev/null 2>&1 || true
 
 head -c $((mib << 20)) /dev/urandom > "$work/payload"
+head -c $((mib << 20)) /dev/urandom > "$work/payload2"
+# Long enough to be cut off: the accessory's controller goes off a few seconds into it.
+head -c $((64 << 20)) /dev/zero > "$work/long"
+simulator=""
+start_simulator() { # start_simulator NAME: the simulated accessory connects from hci1 to the host's iAP2 channel
+    "$iapctl" simulate --bluetooth "$host:$channel" --bluetooth-from "$accessory" -v > "$results/bt-accessory-$1.log" 2>&1 &
+    simulator=$!
+    pids+=($simulator)
+}
+stop_simulator() {
+    [ -n "$simulator" ] || return 0
+    kill "$simulator" 2>/dev/null; wait "$simulator" 2>/dev/null
+    simulator=""
+}
+# check_identity FILE: the JSON (a send's or a list's) names every field the simulator declares.
+check_identity() {
+    python3 - "$1" "$accessory" <<'PY'
+import json, sys
+document = json.load(open(sys.argv[1]))
+accessory = document["accessory"] if "accessory" in document else document["accessories"][0]
+expected = {"name": "Multi Sensor", "manufacturer": "AccessoryHost Simulator", "modelNumber": "SIM-MS1",
+            "serialNumber": "SIM-MS-0001", "firmwareRevision": "2.1.0", "hardwareRevision": "B",
+            "protocolVersion": "iAP2", "transport": "bluetooth", "bluetoothAddress": sys.argv[2]}
+wrong = {key: accessory.get(key) for key, value in expected.items() if accessory.get(key) != value}
+protocols = accessory.get("protocolStrings", [])
+for name in ("com.example.echo", "com.example.telemetry"):
+    if name not in protocols:
+        wrong["protocolStrings"] = protocols
+if wrong:
+    sys.exit(f"fields not as declared: {wrong}")
+print(f"connectionID {accessory['connectionID']}, {accessory['name']} {accessory['modelNumber']} serial {accessory['serialNumber']} "
+      f"firmware {accessory['firmwareRevision']} hardware {accessory['hardwareRevision']} on {accessory['location']}, {len(protocols)} protocols")
+PY
+}
+connection_id() { # connection_id FILE: the accessory's connectionID in a list's or a send's JSON
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print((d.get("accessory") or d["accessories"][0])["connectionID"])' "$1"
+}
+alive() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" != Z ]; }
+power() { # power ADAPTER true|false
+    dbus-send --system --print-reply --dest=org.bluez "/org/bluez/$1" org.freedesktop.DBus.Properties.Set \
+        string:org.bluez.Adapter1 string:Powered "variant:boolean:$2" > /dev/null
+}
 
-# Round 1: the host waits for an accessory, sends the payload through com.example.echo and
-# checks the echo; the simulator connects from the other controller.
+[ -z "${BLUETOOTH_HOOK:-}" ] || timeout 120 $BLUETOOTH_HOOK "$host" "$accessory" 2>&1 | tee -a "$log"
+if [ -z "${BLUETOOTH_SKIP_ROUNDS:-}" ]; then
+# Round 1, one process: the host (iapctl --bluetooth) waits for an accessory, sends the payload
+# through com.example.echo and checks the echo; the simulator connects from the other controller.
 "$iapctl" --no-usb --bluetooth --bluetooth-agent --bluetooth-channel "$channel" --timeout 180 -v \
     send com.example.echo "$work/payload" --verify-echo --json > "$results/bt-host-1.json" 2> "$results/bt-host-1.err" &
 hostpid=$!
 pids+=($hostpid)
 waitfor 60 "the host registered the iAP2 profile" grep -q "registered with BlueZ" "$results/bt-host-1.err"
 start=$SECONDS
-"$iapctl" simulate --bluetooth "$host:$channel" --bluetooth-from "$accessory" -v > "$results/bt-accessory-1.log" 2>&1 &
-accessorypid=$!
-pids+=($accessorypid)
+start_simulator 1
 status=0
 wait "$hostpid" || status=$?
 took=$((SECONDS - start))
-say "round 1: host exit $status after ${took} s: $(tr -d '\n' < "$results/bt-host-1.json" | cut -c1-400)"
-[ "$status" = 0 ] || { say "host stderr: $(tail -5 "$results/bt-host-1.err" | tr '\n' ' ')"; say "accessory: $(tail -5 "$results/bt-accessory-1.log" | tr '\n' ' ')"; fail "round 1"; }
-grep -q '"bluetooth"' "$results/bt-host-1.json" || say "note: the JSON does not say transport bluetooth"
-kill "$accessorypid" 2>/dev/null; wait "$accessorypid" 2>/dev/null
-say "ok: round 1, $mib MiB echoed byte-exact over RFCOMM in ${took} s (pairing included)"
-dbus-send --system --print-reply --dest=org.bluez "/org/bluez/hci0/dev_${accessory//:/_}" org.freedesktop.DBus.Properties.Get \
-    string:org.bluez.Device1 string:Paired >> "$log" 2>&1 || say "note: hci0 has no device object for the accessory"
+[ "$status" = 0 ] || { say "host stderr: $(tail -5 "$results/bt-host-1.err" | tr '\n' ' ')"; say "accessory: $(tail -5 "$results/bt-accessory-1.log" | tr '\n' ' ')"; fail "round 1: the host exited $status"; }
+identity=$(check_identity "$results/bt-host-1.json") || fail "round 1: $identity"
+say "ok: round 1 (one process): identified over Bluetooth: $identity"
+grep -q '"verified":true' "$results/bt-host-1.json" || fail "round 1: the echo was not verified"
+say "ok: round 1: $mib MiB echoed byte-exact over RFCOMM through com.example.echo in ${took} s (connection and identification included)"
+stop_simulator
 
-# Round 2: the accessory's controller powered off in the middle of a transfer: the host's send
-# ends with an error (74), not a hang.
-"$iapctl" --no-usb --bluetooth --bluetooth-agent --bluetooth-channel "$channel" --timeout 180 -v \
-    send com.example.echo "$work/payload" --verify-echo --json > "$results/bt-host-2.json" 2> "$results/bt-host-2.err" &
-hostpid=$!
-pids+=($hostpid)
-waitfor 60 "the host registered again" grep -q "registered with BlueZ" "$results/bt-host-2.err"
-"$iapctl" simulate --bluetooth "$host:$channel" --bluetooth-from "$accessory" -v > "$results/bt-accessory-2.log" 2>&1 &
-accessorypid=$!
-pids+=($accessorypid)
-waitfor 120 "the accessory identified again" grep -q "identified" "$results/bt-host-2.err"
-sleep 1
-dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci1 org.freedesktop.DBus.Properties.Set \
-    string:org.bluez.Adapter1 string:Powered variant:boolean:false > /dev/null || say "cannot power hci1 off"
-status=0
-timeout 120 tail --pid="$hostpid" -f /dev/null || say "the host did not end within 120 s of the power-off"
-wait "$hostpid" || status=$?
-say "round 2: host exit $status after the accessory's controller went off: $(tr -d '\n' < "$results/bt-host-2.json" | cut -c1-300) $(tail -2 "$results/bt-host-2.err" | tr '\n' ' ')"
-[ "$status" != 0 ] || say "note: the transfer finished before the controller went off"
+# Round 2, through iapd (as a system would run it): iapd takes Bluetooth, clients go through it.
+iapd=$REPO/.build/release/iapd
+[ -x "$iapd" ] || fail "$iapd is missing (swift build -c release)"
+export IAPD_SOCKET=$work/iapd.sock
+"$iapd" --no-usb --bluetooth --bluetooth-channel "$channel" --socket "$IAPD_SOCKET" -v > "$results/iapd.log" 2>&1 &
+iapdpid=$!
+pids+=($iapdpid)
+waitfor 60 "iapd registered the iAP2 profile" grep -q "registered with BlueZ" "$results/iapd.log"
+start_simulator 2
+"$iapctl" wait --protocol com.example.echo --timeout 120 --json > "$results/bt-wait-2.json" 2> "$results/bt-wait-2.err" \
+    || fail "round 2: no accessory through iapd ($(tail -3 "$results/bt-wait-2.err" | tr '\n' ' '))"
+"$iapctl" list --json > "$results/bt-list-2.json" 2> "$results/bt-list-2.err" || fail "round 2: iapctl list through iapd failed"
+identity=$(check_identity "$results/bt-list-2.json") || fail "round 2: $identity"
+say "ok: round 2 (iapd): the accessory is seen through iapd: $identity"
+# A watcher through iapd for the rest: it sees the accessory go in round 3 and come back in 4.
+"$iapctl" -v watch --json > "$results/bt-watch.out" 2> "$results/bt-watch.err" &
+watcher=$!
+pids+=($watcher)
+waitfor 30 "a watcher is connected to iapd" grep -q '"event":"connected"' "$results/bt-watch.out"
+start=$SECONDS
+"$iapctl" send com.example.echo "$work/payload" --verify-echo --json > "$results/bt-send-echo.json" 2> "$results/bt-send-echo.err" &
+echo_pid=$!
+"$iapctl" send com.example.telemetry "$work/payload2" --verify-echo --json > "$results/bt-send-telemetry.json" 2> "$results/bt-send-telemetry.err" &
+telemetry_pid=$!
+pids+=($echo_pid $telemetry_pid)
+wait "$echo_pid" || fail "round 2: the send on com.example.echo failed: $(tail -2 "$results/bt-send-echo.err" | tr '\n' ' ')"
+wait "$telemetry_pid" || fail "round 2: the send on com.example.telemetry failed: $(tail -2 "$results/bt-send-telemetry.err" | tr '\n' ' ')"
+took=$((SECONDS - start))
+for file in bt-send-echo bt-send-telemetry; do
+    grep -q '"verified":true' "$results/$file.json" || fail "round 2: $file was not verified"
+done
+say "ok: round 2: two EA sessions at once through iapd (two iapctl processes), $mib MiB each, byte-exact, in ${took} s"
+
+# Round 3: the accessory's controller goes off in the middle of two transfers: both sends end
+# with an error, iapd goes on (and answers), the accessory is gone from it.
+"$iapctl" send com.example.echo "$work/long" --verify-echo --json > "$results/bt-cut-echo.json" 2> "$results/bt-cut-echo.err" &
+echo_pid=$!
+"$iapctl" send com.example.telemetry "$work/long" --verify-echo --json > "$results/bt-cut-telemetry.json" 2> "$results/bt-cut-telemetry.err" &
+telemetry_pid=$!
+pids+=($echo_pid $telemetry_pid)
+sleep 3 # a script may sleep: let both transfers get going
+alive "$echo_pid" && alive "$telemetry_pid" || fail "round 3: a transfer of 64 MiB ended within 3 s"
+power hci1 false || fail "cannot power hci1 off"
+cut=$SECONDS
+for pid in "$echo_pid" "$telemetry_pid"; do
+    timeout 120 tail --pid="$pid" -f /dev/null || fail "round 3: a send did not end within 120 s of the power-off"
+done
+status_echo=0; wait "$echo_pid" || status_echo=$?
+status_telemetry=0; wait "$telemetry_pid" || status_telemetry=$?
+[ "$status_echo" != 0 ] && [ "$status_telemetry" != 0 ] || fail "round 3: a send succeeded though the accessory went away (exits $status_echo, $status_telemetry)"
+say "ok: round 3: the accessory's controller powered off mid-transfer: both sends ended with an error within $((SECONDS - cut)) s (exits $status_echo and $status_telemetry): $(tail -1 "$results/bt-cut-echo.err" | cut -c1-240)"
+alive "$iapdpid" || fail "round 3: iapd died ($(tail -5 "$results/iapd.log" | tr '\n' ' '))"
+"$iapctl" wait --gone --timeout 60 > /dev/null 2>&1 || fail "round 3: iapd still lists the accessory"
+say "ok: round 3: iapd keeps running and no longer lists the accessory"
+stop_simulator
+
+# Round 4: the accessory comes back (its controller on, the simulator connecting again): iapd
+# identifies it again, as a new connection.
+power hci1 true || fail "cannot power hci1 on"
+waitfor 20 "hci1 powered again" sh -c "dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci1 org.freedesktop.DBus.Properties.Get string:org.bluez.Adapter1 string:Powered | grep -q 'boolean true'"
+start_simulator 4
+"$iapctl" wait --protocol com.example.echo --timeout 120 > /dev/null 2> "$results/bt-wait-4.err" \
+    || fail "round 4: the accessory was not identified again through iapd ($(tail -3 "$results/bt-wait-4.err" | tr '\n' ' '))"
+"$iapctl" list --json > "$results/bt-list-4.json" 2>&1 || fail "round 4: iapctl list through iapd failed"
+identity=$(check_identity "$results/bt-list-4.json") || fail "round 4: $identity"
+waitfor 30 "the watcher saw the accessory come back" sh -c "[ \$(grep -c '\"event\":\"connected\"' '$results/bt-watch.out') -ge 2 ]"
+gone=$(grep -n '"event":"disconnected"' "$results/bt-watch.out" | tail -n 1 || true)
+back=$(grep -n '"event":"connected"' "$results/bt-watch.out" | tail -n 1 || true)
+[ -n "$gone" ] && [ "${gone%%:*}" -lt "${back%%:*}" ] || fail "round 4: the watcher saw no disconnect before the accessory came back: $(cat "$results/bt-watch.out")"
+before=$(grep -o '"connectionID":[0-9]*' <<<"$gone" | head -n 1)
+after=$(grep -o '"connectionID":[0-9]*' <<<"$back" | head -n 1)
+[ -n "$after" ] && [ "$before" != "$after" ] || fail "round 4: the same connection after a reconnection ($before, $after)"
+grep -q '"transport":"bluetooth"' <<<"$back" || fail "round 4: the watcher's accessory is not on bluetooth: $back"
+kill -INT "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+printf 'hello over bluetooth\n' > "$work/small"
+"$iapctl" send com.example.echo "$work/small" --verify-echo > /dev/null 2>&1 || fail "round 4: an echo after the reconnection failed"
+say "ok: round 4: identified again through iapd (the watcher saw it go, then ${after#*:} after ${before#*:}) and echoing: $identity"
+stop_simulator
+kill -TERM "$iapdpid"
+status=0; wait "$iapdpid" || status=$?
+[ "$status" = 0 ] || fail "iapd exited $status on SIGTERM"
+say "ok: iapd stopped cleanly on SIGTERM ($(grep -c . "$results/iapd.log") log lines)"
+unset IAPD_SOCKET
+fi
+
+# The numbers: an EA echo over iAP2 on RFCOMM beside a raw RFCOMM echo between the same adapters.
+if [ -n "${BLUETOOTH_BENCH_MIB:-}" ]; then
+    timeout 900 "$REPO/.build/release/iapbench" bluetooth --host "$host" --accessory "$accessory" --mib "$BLUETOOTH_BENCH_MIB" \
+        --rounds "${BLUETOOTH_BENCH_ROUNDS:-3}" ${BLUETOOTH_BENCH_VERBOSE:+--verbose} 2>&1 | tee -a "$log" || fail "iapbench bluetooth failed"
+fi
 say "done"
