@@ -84,6 +84,13 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     /// docs/ARCHITECTURE.md). Do not call it from the manager's queue.
     public var dataPlaneStatistics: DataPlaneStatistics { connection.dataPlaneStatistics() }
 
+    /// The host's iAP2 link counters on this connection: packets sent and received,
+    /// retransmissions (and those held back), acknowledgements, out-of-order and refused
+    /// packets; nil for iAP1 accessories and for those seen through iapd. A link that
+    /// retransmits on a reliable wire (USB, RFCOMM) is sending faster than the accessory
+    /// acknowledges. Do not call it from the manager's queue.
+    public var linkStatistics: LinkStatistics? { connection.linkStatistics() }
+
     /// The accessory in one line: id, name, maker, model, serial, firmware and where it is. The
     /// accessory's strings are quoted exactly: escape the line (`escapedForTerminal` of
     /// AccessoryLogging) before showing it on a terminal.

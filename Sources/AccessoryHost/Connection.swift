@@ -157,6 +157,12 @@ final class Connection: @unchecked Sendable {
         onQueue { driver.perform { machine, _ in machine.dataPlane } }
     }
 
+    /// The iAP2 link's counters, nil on iAP1. Off the queue.
+    func linkStatistics() -> LinkStatistics? {
+        guard remote == nil else { return nil }
+        return onQueue { driver.perform { machine, _ in machine.linkStatistics } }
+    }
+
     /// Whether this connection is still working towards its first identified accessory.
     var isPending: Bool { !everIdentified && downReason == nil }
 

@@ -125,6 +125,12 @@ public struct SimulatedAccessory: Sendable {
         settle()
     }
 
+    /// Tells the link how far the transport has got with its output (so time in the
+    /// transport's queue is not taken for the host's silence).
+    public mutating func noteOutputProgress(_ progress: TransportOutputProgress) {
+        endpoint.noteOutputProgress(progress)
+    }
+
     /// Fires every timer due at `now`: the link's, the delay fault's, the reboot.
     public mutating func advance(to now: LinkTime) {
         note(now)

@@ -77,9 +77,9 @@ public final class BluetoothTransport: Transport {
     /// Closes the connection (the RFCOMM channel goes down); the handler receives `.closed(nil)`.
     public func cancel() { base.cancel() }
 
-    /// Its ``BluetoothPeer``.
+    /// Its ``BluetoothPeer``, and what its socket's transport gives (its output progress).
     public func capability<Value>(_ type: Value.Type) -> Value? {
-        type == BluetoothPeer.self ? peer as? Value : nil
+        type == BluetoothPeer.self ? peer as? Value : base.capability(type)
     }
 
     /// `error` with advice for a Bluetooth link instead of a serial line's.

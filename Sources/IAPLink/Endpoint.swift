@@ -219,6 +219,10 @@ public struct IAP2Endpoint: Sendable {
         settle(now: now)
     }
 
+    /// Tells the link how far the transport has got with its output
+    /// (``IAP2Link/noteOutputProgress(_:)``).
+    public mutating func noteOutputProgress(_ progress: TransportOutputProgress) { link.noteOutputProgress(progress) }
+
     /// Lets time pass to `now`: link retransmissions and acknowledgements, partial frames given up,
     /// answer timeouts of the control session and of EA sessions.
     public mutating func advance(to now: LinkTime) {

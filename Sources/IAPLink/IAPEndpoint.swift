@@ -322,6 +322,15 @@ public struct IAPEndpoint: Sendable {
     /// The session bytes moved and copied (iAP2; iAP1 is not counted and reports zeros).
     public var dataPlane: DataPlaneStatistics { runsIAP1 ? DataPlaneStatistics() : two.dataPlane }
 
+    /// Tells the iAP2 link how far the transport has got with its output
+    /// (``IAP2Link/noteOutputProgress(_:)``); iAP1 keeps no retransmission timers.
+    public mutating func noteOutputProgress(_ progress: TransportOutputProgress) {
+        if !runsIAP1 { two.noteOutputProgress(progress) }
+    }
+
+    /// The iAP2 link's counters (packets, retransmissions, acknowledgements); nil on iAP1.
+    public var linkStatistics: LinkStatistics? { runsIAP1 ? nil : two.link.statistics }
+
     /// Bytes readable on a session.
     public func bytesAvailable(_ sessionID: UInt16) -> Int {
         runsIAP1 ? one?.bytesAvailable(sessionID) ?? 0 : two.bytesAvailable(sessionID)

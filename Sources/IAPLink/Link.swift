@@ -13,8 +13,9 @@ public struct LinkStatistics: Hashable, Sendable {
     /// Packets an EAK named that were not sent again because they had just been (a repeated
     /// EAK, or a flood of them).
     public var eakRetransmissionsSkipped = 0
-    /// Retransmissions not made because the transport was still sending the packet from its
-    /// transmit buffer (``LinkFrame/buffer(_:)``): the packet had not even left yet.
+    /// Retransmissions not made because the packet had most likely not even left yet: the
+    /// transport was still sending it from its transmit buffer (``LinkFrame/buffer(_:)``), or
+    /// still had output queued and moving (``IAP2Link/noteOutputProgress(_:)``).
     public var retransmissionsDeferred = 0
     /// Data packets received again after they were delivered (the peer missed an ACK); they are
     /// acknowledged again and not delivered twice.
@@ -128,6 +129,9 @@ public struct IAP2Link: Sendable {
         /// Retransmissions by timer since the peer was last heard from: the link fails when one
         /// packet's count passes the negotiated maximum.
         var silentRetransmissions = 0
+        /// The transport's written-bytes count (``TransportOutputProgress/writtenBytes``, as
+        /// last noted) when the packet's timer started.
+        var writtenMark: UInt64 = 0
     }
     /// A received packet parked until it can be delivered in order: a view of the storage it
     /// arrived in when it can be kept (no copy), else a copy.
@@ -273,6 +277,21 @@ public struct IAP2Link: Sendable {
 
     /// Packets sent and not yet acknowledged.
     public var inFlightCount: Int { unacked.count }
+
+    /// The transport's output progress as last noted (``noteOutputProgress(_:)``); nil for a
+    /// transport that does not report it (USB, memory).
+    private var outputProgress: TransportOutputProgress?
+
+    /// Tells the link how far the transport has got with its output, just before time passes
+    /// (``advance(to:sink:)``). A packet whose retransmission timer runs out while the
+    /// transport still has output queued and has written some since the timer started is most
+    /// likely still waiting in that queue, not lost: its timer starts again instead
+    /// (``LinkStatistics/retransmissionsDeferred``), so a window of large packets on a slow
+    /// line does not send every packet twice. A transport that wrote nothing for a whole
+    /// timeout (the peer stopped reading) gets the ordinary retransmissions and their limit.
+    public mutating func noteOutputProgress(_ progress: TransportOutputProgress) {
+        outputProgress = progress
+    }
     /// Data packets the peer has acknowledged, per link session, since the link was made. Packets
     /// are acknowledged in the order they were first sent (ACKs are cumulative), so a layer that
     /// remembers what each packet carried can tell how much of it arrived.
@@ -491,6 +510,13 @@ public struct IAP2Link: Sendable {
         // Counted per packet, so a window of packets whose timers fire at different moments is
         // one round, not one round per packet.
         for index in unacked.indices where unacked[index].sentAt + timeout <= now {
+            if let progress = outputProgress, progress.queuedBytes > 0, progress.writtenBytes > unacked[index].writtenMark {
+                // Still queued behind output that is moving: the timer starts again.
+                unacked[index].sentAt = now
+                unacked[index].writtenMark = progress.writtenBytes
+                statistics.retransmissionsDeferred += 1
+                continue
+            }
             unacked[index].silentRetransmissions += 1
             if unacked[index].silentRetransmissions > Int(parameters.maxRetransmissions) {
                 fail(.maxRetransmissionsExceeded(sequence: unacked[index].sequence, count: unacked[index].transmissions))
@@ -898,7 +924,8 @@ public struct IAP2Link: Sendable {
             swap(&packet, &next.packet)
             transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
             statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
-            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, sentAt: now, transmissions: 1))
+            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, sentAt: now, transmissions: 1,
+                                    writtenMark: outputProgress?.writtenBytes ?? 0))
         }
     }
 
@@ -947,6 +974,7 @@ public struct IAP2Link: Sendable {
                                 checksummed: true)
         swap(&packet, &unacked[index].packet)
         unacked[index].sentAt = now
+        unacked[index].writtenMark = outputProgress?.writtenBytes ?? 0
         if sent {
             unacked[index].transmissions += 1
             statistics.retransmissions += 1

@@ -229,3 +229,19 @@ public struct DataPlaneStatistics: Hashable, Sendable {
         return result
     }
 }
+
+/// How far a byte-stream transport has got with its output: what a link compares so that time a
+/// packet spends waiting in the transport's own queue (behind earlier packets, on a slow line
+/// such as RFCOMM or a UART) is not taken for the peer's silence.
+public struct TransportOutputProgress: Sendable, Hashable {
+    /// Bytes accepted for sending that have not been handed to the kernel yet.
+    public var queuedBytes: Int
+    /// Bytes handed to the kernel since the transport opened.
+    public var writtenBytes: UInt64
+
+    /// A reading of `queuedBytes` waiting and `writtenBytes` written.
+    public init(queuedBytes: Int, writtenBytes: UInt64) {
+        self.queuedBytes = queuedBytes
+        self.writtenBytes = writtenBytes
+    }
+}

@@ -35,6 +35,11 @@ public protocol DrivenMachine: SendableMetatype {
     /// Told the transport's transmit buffers (``PacketBufferPool``), when it lends any, to lay
     /// outgoing packets out in; the default ignores them.
     mutating func useTransmitBuffers(_ pool: PacketBufferPool)
+    /// Told, before each ``advance(to:)``, how far a byte-stream transport has got with its
+    /// output (its ``Transport/capability(_:)`` for ``TransportOutputProgress``), so that
+    /// retransmission timers do not count time spent in the transport's queue; the default
+    /// ignores it.
+    mutating func noteOutputProgress(_ progress: TransportOutputProgress)
 }
 
 extension DrivenMachine {
@@ -47,6 +52,8 @@ extension DrivenMachine {
     }
 
     public mutating func useTransmitBuffers(_ pool: PacketBufferPool) {}
+
+    public mutating func noteOutputProgress(_ progress: TransportOutputProgress) {}
 
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         receive(bytes.withUnsafeBytes { Array($0) }, now: now)
@@ -195,6 +202,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     private func timerFired() {
         guard running else { return }
         scheduledDeadline = nil // a one-shot timer: whatever comes next must be set again
+        if let progress = transport.capability(TransportOutputProgress.self) { machine.noteOutputProgress(progress) }
         machine.advance(to: now)
         settle()
     }

@@ -1,5 +1,6 @@
 public import Dispatch
 internal import Glibc
+internal import IAPLink
 internal import SystemCalls
 internal import Synchronization
 
@@ -35,8 +36,12 @@ public final class SerialTransport: Transport {
     public let spec: SerialPortSpec?
 
     /// Its ``SerialPortSpec`` (path and baud rate), when it opened the port itself.
+    /// Its ``SerialPortSpec`` (for a port opened by path) and its ``TransportOutputProgress``
+    /// (read now).
     public func capability<Value>(_ type: Value.Type) -> Value? {
-        type == SerialPortSpec.self ? spec as? Value : nil
+        if type == SerialPortSpec.self { return spec as? Value }
+        if type == TransportOutputProgress.self { return core.outputProgress as? Value }
+        return nil
     }
 
     /// Everything the watcher thread and the queue share; it outlives this object while the
@@ -372,6 +377,10 @@ final class SerialCore: Sendable {
         state.withLock { $0.output.count - $0.outputStart }
     }
 
+    var outputProgress: TransportOutputProgress {
+        state.withLock { TransportOutputProgress(queuedBytes: $0.output.count - $0.outputStart, writtenBytes: $0.written) }
+    }
+
     func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
         enum Outcome { case ignored, alreadyClosed(TransportError?), finish, watch }
         let outcome = state.withLock { state -> Outcome in
@@ -442,6 +451,7 @@ final class SerialCore: Sendable {
             }
             let descriptor = state.descriptor, isSocket = state.isSocket
             let result = frame.withUnsafeBytes { writeAvailableBytes(descriptor, $0, socket: isSocket) }
+            state.written &+= UInt64(result.written)
             if let code = result.errorCode {
                 state.close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
             } else if result.written < frame.count {
@@ -642,6 +652,8 @@ struct State {
     /// Output not yet written: `output[outputStart...]`.
     var output: [UInt8] = []
     var outputStart = 0
+    /// Bytes handed to the kernel since the transport opened.
+    var written: UInt64 = 0
     /// Reused for every read; allocated on activation.
     var readBuffer: [UInt8] = []
     /// Why it closed, and whether the handler is told.
@@ -666,6 +678,7 @@ struct State {
         let start = outputStart
         let result = output.withUnsafeBytes { writeAvailableBytes(descriptor, UnsafeRawBufferPointer(rebasing: $0[start...]), socket: isSocket) }
         outputStart += result.written
+        written &+= UInt64(result.written)
         if let code = result.errorCode {
             close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
             return

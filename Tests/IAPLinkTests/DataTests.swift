@@ -412,6 +412,47 @@ struct CopyCountTests {
         #expect(pair.accessory.read(id, maxBytes: 1 << 20) == data, "the rewritten header is valid")
     }
 
+    @Test("a packet whose timer runs out while the transport's queue is still moving waits; a queue that stopped moving gets the retransmission")
+    func aMovingQueueDefersTheRetransmission() throws {
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.retransmissionTimeout = 50
+        var pair = Pair(device: .device, accessory: accessory, seed: 12)
+        let id = try DataTests.openSessions(&pair, ["com.acme.fw"])[0]
+        #expect(pair.run { $0.device.link.inFlightCount == 0 && !$0.device.hasOutput }, "the control traffic is acknowledged first")
+        // A byte stream that has written 1,000 bytes and holds 70,000 more (a slow line).
+        pair.device.noteOutputProgress(TransportOutputProgress(queuedBytes: 70_000, writtenBytes: 1_000))
+        let data = pattern(1, 0, 2_000)
+        #expect(try pair.device.write(id, span: data.span.bytes, now: pair.now) == 2_000)
+        let first = pair.device.takeOutput()
+        #expect(!first.isEmpty)
+        let before = pair.device.link.statistics
+
+        // The timer runs out; the transport has written more since, and still has more queued.
+        pair.now += .milliseconds(60)
+        pair.device.noteOutputProgress(TransportOutputProgress(queuedBytes: 40_000, writtenBytes: 31_000))
+        pair.device.advance(to: pair.now)
+        #expect(pair.device.link.statistics.retransmissions == before.retransmissions)
+        #expect(pair.device.link.statistics.retransmissionsDeferred > before.retransmissionsDeferred)
+        #expect(pair.device.takeOutput().isEmpty, "nothing sent again while the packet is most likely still queued")
+
+        // Its timer runs out again with nothing written since (the peer stopped reading): sent again.
+        pair.now += .milliseconds(60)
+        pair.device.noteOutputProgress(TransportOutputProgress(queuedBytes: 40_000, writtenBytes: 31_000))
+        pair.device.advance(to: pair.now)
+        #expect(pair.device.link.statistics.retransmissions > before.retransmissions)
+        let again = pair.device.takeOutput()
+        #expect(!again.isEmpty)
+
+        // Once the queue is empty, the ordinary timer applies at once.
+        pair.now += .milliseconds(60)
+        pair.device.noteOutputProgress(TransportOutputProgress(queuedBytes: 0, writtenBytes: 200_000))
+        let counted = pair.device.link.statistics.retransmissions
+        pair.device.advance(to: pair.now)
+        #expect(pair.device.link.statistics.retransmissions > counted)
+        for frame in again { pair.accessory.receive(frame, now: pair.now) }
+        #expect(pair.accessory.read(id, maxBytes: 1 << 20) == data)
+    }
+
     @Test("bytes that arrive in an array are copied once by read() and never by borrow")
     func readsCopyOnceBorrowsNever() throws {
         let read = try Self.transfer(total: 1 << 20, drop: 0) { endpoint, id in endpoint.read(id) }

@@ -5,6 +5,7 @@ import CLIKit
 import Dispatch
 import Glibc
 import IAPInspect
+import IAPLink
 import IAPTransport
 import Synchronization
 
@@ -41,7 +42,9 @@ enum BluetoothBenchmarks {
         StandardError.write("warning: this is a debug build; its numbers mean nothing. Use: swift build -c release\n")
         #endif
         let bytes = megabytes << 20
-        let profile = LoopbackBenchmarks.echoProfile(sessions: 1, maxPacketLength: 65_535)
+        var profile = LoopbackBenchmarks.echoProfile(sessions: 1, maxPacketLength: 65_535)
+        profile.link.maxPacketLength = try command.integer("packet-length", in: 128...65_535) ?? 16_384
+        profile.link.maxOutstandingPackets = try command.integer("window", in: 1...127) ?? 8
 
         var configuration = AccessoryManager.Configuration(sessionBufferLimit: USBBenchmarks.sessionBufferLimit)
         configuration.daemon = .never
@@ -57,11 +60,15 @@ enum BluetoothBenchmarks {
         var ceilings: [Double] = []
         var rates: [Double] = []
         for round in 1...rounds {
-            if verbose { StandardError.write("iapbench: round \(round) of \(rounds): raw RFCOMM echo\n") }
+            step("round \(round) of \(rounds): raw RFCOMM echo")
+            var before = CPUSample.now()
             ceilings.append(try rawEcho(host: host, accessory: accessory, channel: rawChannel, bytes: bytes))
-            if verbose { StandardError.write("iapbench: round \(round) of \(rounds): EA echo\n") }
+            step("raw: \(CPUSample.now().since(before, seconds: Double(bytes) / ceilings[round - 1]))")
+            step("round \(round) of \(rounds): EA echo")
+            before = CPUSample.now()
             rates.append(try sessionEcho(manager: manager, profile: profile, host: host, accessory: accessory, channel: UInt8(iAP2Channel),
-                                         bytes: bytes))
+                                         bytes: bytes) { before = CPUSample.now() })
+            step("EA: \(CPUSample.now().since(before, seconds: Double(bytes) / rates[round - 1]))")
             if !json {
                 StandardOutput.write("round \(round) of \(rounds): raw RFCOMM \(Report.format(ceilings[round - 1] / 1e3, digits: 1)) kB/s, "
                     + "EA over iAP2 \(Report.format(rates[round - 1] / 1e3, digits: 1)) kB/s each way: "
@@ -86,6 +93,39 @@ enum BluetoothBenchmarks {
                 + "\(Report.format(ratios.min() ?? 0, digits: 2)), highest \(Report.format(ratios.max() ?? 0, digits: 2)); goal ≥ 0.90×)\n")
         }
         return .success
+    }
+
+    /// The process's CPU time (user + system) and the machine's busy and total jiffies, to
+    /// tell a CPU-bound echo (an emulated machine) from one bound by the link.
+    struct CPUSample {
+        var process: Double
+        var busy: Int
+        var total: Int
+
+        static func now() -> CPUSample {
+            var usage = rusage()
+            getrusage(RUSAGE_SELF.rawValue, &usage)
+            let process = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+            var busy = 0, total = 0
+            if let file = fopen("/proc/stat", "r") {
+                defer { fclose(file) }
+                var line = [CChar](repeating: 0, count: 512)
+                if fgets(&line, Int32(line.count), file) != nil {
+                    let text = String(decoding: line.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                    let fields = text.split(whereSeparator: { $0 == " " || $0 == "\n" }).dropFirst().compactMap { Int($0) }
+                    total = fields.reduce(0, +)
+                    busy = total - (fields.count > 4 ? fields[3] + fields[4] : 0) // less idle and iowait
+                }
+            }
+            return CPUSample(process: process, busy: busy, total: total)
+        }
+
+        /// "process 1.23 s of CPU, machine 97 % busy" over the span since `earlier`.
+        func since(_ earlier: CPUSample, seconds: Double) -> String {
+            let share = total > earlier.total ? Double(busy - earlier.busy) / Double(total - earlier.total) * 100 : 0
+            return "this process \(Report.format(process - earlier.process, digits: 2)) s of CPU in \(Report.format(seconds, digits: 2)) s, "
+                + "the machine \(Report.format(share, digits: 0)) % busy"
+        }
     }
 
     static func median(_ values: [Double]) -> Double {
@@ -193,7 +233,7 @@ enum BluetoothBenchmarks {
     /// manager has identified it, one EA echo session. Bytes per second each way. The
     /// accessory disconnects afterwards.
     static func sessionEcho(manager: AccessoryManager, profile: SimulatorProfile, host: BluetoothAddress, accessory: BluetoothAddress,
-                            channel: UInt8, bytes: Int) throws -> Double {
+                            channel: UInt8, bytes: Int, started: () -> Void = {}) throws -> Double {
         let connected = try blockingAwait { try await RFCOMMSocket.connect(to: host, channel: channel, from: accessory) }
         var declared = profile
         declared.bluetoothAddress = connected.local.bytes
@@ -205,7 +245,15 @@ enum BluetoothBenchmarks {
             await manager.waitForAccessory(timeout: .seconds(60)) { $0.transportKind == .bluetooth && $0.isConnected }
         }
         guard let identified = found else { throw ToolFailure("the simulated accessory was not identified over Bluetooth within 60 s") }
+        started()
+        let before = identified.linkStatistics ?? LinkStatistics()
         let rate = try USBBenchmarks.eventDrivenEcho(identified, protocolName: "bench.echo.1", bytes: bytes)
+        if verbose, let after = identified.linkStatistics {
+            step("host link: \(after.packetsSent - before.packetsSent) packets sent, \(after.retransmissions - before.retransmissions) "
+                + "retransmitted (\(after.retransmissionsDeferred - before.retransmissionsDeferred) held back), "
+                + "\(after.packetsReceived - before.packetsReceived) received, \(after.duplicatesReceived - before.duplicatesReceived) duplicates, "
+                + "\(after.acksSent - before.acksSent) bare ACKs, \(after.eaksSent - before.eaksSent) EAKs sent")
+        }
         runner.stop()
         let gone = try blockingAwait {
             await manager.waitUntilNoAccessory(timeout: .seconds(30)) { $0.connectionID == identified.connectionID }

@@ -95,6 +95,8 @@ let bluetoothCommand = CommandSpec(
               .value("accessory", valueName: "address", help: "The adapter the simulated accessory connects from."),
               .value("channel", valueName: "n", help: "The RFCOMM channel of the host's iAP2 service.", defaultValue: "7"),
               .value("raw-channel", valueName: "n", help: "The RFCOMM channel of the raw echo.", defaultValue: "9"),
+              .value("packet-length", valueName: "bytes", help: "The simulated accessory's largest link packet (what the host sends).", defaultValue: "16384"),
+              .value("window", valueName: "n", help: "The simulated accessory's most packets outstanding (the host's send window).", defaultValue: "8"),
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "4"),
               .value("rounds", valueName: "n", help: "Rounds of raw + EA measurements.", defaultValue: "3")]
 )

@@ -13,7 +13,8 @@
 #      error, iapd goes on and no longer lists the accessory;
 #   4. the controller back on, the accessory connecting again: identified again (a new
 #      connection id), echoing; iapd stops cleanly on SIGTERM.
-# With BLUETOOTH_BENCH_MIB set, then `iapbench bluetooth` (EA echo beside a raw RFCOMM echo).
+# With BLUETOOTH_BENCH_MIB set, then `iapbench bluetooth` (EA echo beside a raw RFCOMM echo;
+# BLUETOOTH_BENCH_ROUNDS rounds, default 3); BLUETOOTH_SKIP_ROUNDS=1 skips rounds 1-4.
 #
 # Usage (on the host): tools/usb-rig/run.sh [--no-build] -- tools/usb-rig/bluetooth.sh [MIB]
 # Every step is logged to $USB_RIG_RESULTS/bluetooth.log, with bluetoothd's and btvirt's logs
@@ -191,7 +192,6 @@ power() { # power ADAPTER true|false
         string:org.bluez.Adapter1 string:Powered "variant:boolean:$2" > /dev/null
 }
 
-[ -z "${BLUETOOTH_HOOK:-}" ] || timeout 120 $BLUETOOTH_HOOK "$host" "$accessory" 2>&1 | tee -a "$log"
 if [ -z "${BLUETOOTH_SKIP_ROUNDS:-}" ]; then
 # Round 1, one process: the host (iapctl --bluetooth) waits for an accessory, sends the payload
 # through com.example.echo and checks the echo; the simulator connects from the other controller.

@@ -18,7 +18,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${USB_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/accessoryhost-usb-rig}
-vm_timeout=${USB_RIG_TIMEOUT:-600}
+vm_timeout=${USB_RIG_TIMEOUT:-900}
 udcs=${USB_RIG_UDCS:-4}
 # virtme-ng 1.42 is the version the rig was proven with (see README.md); newer ones may change flags.
 vng_version=1.42

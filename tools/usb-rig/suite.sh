@@ -2,8 +2,9 @@
 # The rig's CI suite, run in the guest by guest.sh (root): the in-guest Swift tests (release
 # build of the test bundle: debug Swift is too slow under TCG to move 64 MiB), the udev rules
 # applied by the real udevd, the firmware-upgrade example over USB (16 MiB through separate
-# iapctl processes), `iapbench usb` for the numbers (direct and through iapd), and iapd
-# itself on the real USB stack (iapd.sh).
+# iapctl processes), `iapbench usb` for the numbers (direct and through iapd), Bluetooth on
+# virtual controllers (bluetooth.sh, with `iapbench bluetooth`), and iapd itself on the real
+# USB stack (iapd.sh).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$here/../.." && pwd)
@@ -29,6 +30,8 @@ timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3 --native || 
 [ "$status" = 0 ] || [ "$status" = 69 ] || exit "$status"
 echo "suite: iapbench usb --daemon (1 EA session directly and through iapd, round by round)"
 timeout 600 "$REPO/.build/release/iapbench" usb --daemon --mib 16 --rounds 3
+echo "suite: Bluetooth on the guest's kernel stack (virtual controllers, bluetoothd; one process, then iapd; iapbench bluetooth)"
+BLUETOOTH_BENCH_MIB=2 BLUETOOTH_BENCH_ROUNDS=3 timeout 600 "$here/bluetooth.sh" 4
 # Last: iapd listens on the default /run/iapd/iapd.sock, which every iapctl above would have
 # gone through; it removes the socket when it stops.
 echo "suite: iapd on the real USB stack (started as without systemd; two clients, unplug/replug, the group)"
