@@ -8,7 +8,7 @@
 #   With no guest command, guest.sh runs the in-guest Swift test suite (filter USBRig).
 #   Relative guest commands are resolved from the repository root.
 # Env: USB_RIG_CACHE    cache dir (default ${XDG_CACHE_HOME:-$HOME/.cache}/accessoryhost-usb-rig)
-#      USB_RIG_TIMEOUT  seconds for the whole VM run (default 600)
+#      USB_RIG_TIMEOUT  seconds for the whole VM run (default 900)
 #      USB_RIG_UDCS     number of dummy UDCs in the guest (default 4, passed through)
 #      CI               when set, always refresh the apt package lists
 # Exit status: the guest command's status; 124 if the VM timed out; 2 for usage errors; other
