@@ -520,6 +520,19 @@ if [ -x "$iapd" ]; then
     [ "$iapd_status" -eq 0 ] || fail "iapd exited with $iapd_status on SIGTERM: $(tail -n 20 "$work/iapd.log")"
     [ ! -e "$work/iapd.sock" ] || fail "iapd left its socket behind after SIGTERM"
     grep -q "stopping (signal 15)" "$work/iapd.log" || fail "iapd did not log its stop: $(cat "$work/iapd.log")"
+    # Bluetooth asked for where no bus (so no BlueZ) answers: iapd goes on serving, says once
+    # what stops Bluetooth (it tries again every 5 s), and a bad address is a usage error.
+    env DBUS_SYSTEM_BUS_ADDRESS="unix:path=$work/no-such-bus" "$iapd" --socket "$work/iapd-bt.sock" --no-usb --simulate --bluetooth \
+        2> "$work/iapd-bt.log" &
+    bt_pid=$!
+    for _ in $(seq 1 100); do grep -q "Bluetooth:" "$work/iapd-bt.log" 2>/dev/null && break; sleep 0.1; done # an external process: bounded polls
+    check "iapd with Bluetooth but no BlueZ serves all the same" 0 env IAPD_SOCKET="$work/iapd-bt.sock" "$iapctl" list
+    contains "the accessory it serves" out "Multi Sensor"
+    [ "$(grep -c "Bluetooth:" "$work/iapd-bt.log")" = 1 ] || fail "iapd should say once why Bluetooth is not up: $(cat "$work/iapd-bt.log")"
+    kill -TERM "$bt_pid"; wait "$bt_pid" 2>/dev/null || true
+    check "iapd refuses a bluetooth-connect that is no address" 64 "$iapd" --socket "$work/iapd-bad.sock" --no-usb --bluetooth-connect nonsense
+    contains "and says what one looks like" err "is not a Bluetooth address (AA:BB:CC:DD:EE:FF"
+    [ ! -e "$work/iapd-bad.sock" ] || fail "iapd left a socket behind after a bad setting"
 else
     fail "$iapd is missing (swift build)"
 fi

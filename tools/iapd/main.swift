@@ -205,6 +205,8 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
     configuration.authentication = mode.policy(trust: trust, checkValidity: settings.flags.contains("check-validity"))
     let manager = AccessoryManager(configuration: configuration)
 
+    // Checked before the socket is made, so a bad setting leaves nothing behind.
+    let bluetoothKeeper = try bluetoothKeeper(settings: settings, manager: manager, logger: logger)
     let (descriptor, made) = try listeningSocket(path: path, group: groupID, logger: logger)
     var options = DaemonServer.Options(group: groupID)
     options.maximumClients = maxClients
@@ -233,8 +235,7 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
     let serialPorts = SerialPortKeeper(manager: manager, specs: specs, logger: logger)
     serialPorts.start()
     // Bluetooth: the iAP2 profile registered with BlueZ, and again whenever it is not (bluetoothd
-    // not up yet, the adapter off), and the configured accessories connected out to.
-    let bluetoothKeeper = try bluetoothKeeper(settings: settings, manager: manager, logger: logger)
+    // not up yet or restarted, the adapter off), and the configured accessories connected out to.
     bluetoothKeeper?.start()
     var simulators: [SimulatorRunner] = []
     if let name = settings.value("simulate") {
