@@ -23,6 +23,11 @@ public protocol DrivenMachine: SendableMetatype {
     /// When the machine next needs ``advance(to:)``, on the same clock as `now`; nil when nothing is
     /// pending (then the driver's timer sleeps).
     var nextDeadline: LinkTime? { get }
+    /// ``nextDeadline`` read through exclusive access: the driver keeps the machine in a class
+    /// property, and reading a getter of it there copies the whole machine first (a retain and
+    /// release of every reference it holds, after every input); a mutating call borrows it in
+    /// place. The default returns ``nextDeadline``.
+    mutating func deadlineInPlace() -> LinkTime?
     /// Takes the frames to send, in order, and forgets them; empty when there are none.
     mutating func takeOutput() -> [[UInt8]]
     /// Appends the frames to send to `frames`; the default appends ``DrivenMachine/takeOutput()``. A machine
@@ -54,6 +59,8 @@ extension DrivenMachine {
     public mutating func useTransmitBuffers(_ pool: PacketBufferPool) {}
 
     public mutating func noteOutputProgress(_ progress: TransportOutputProgress) {}
+
+    public mutating func deadlineInPlace() -> LinkTime? { nextDeadline }
 
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         receive(bytes.withUnsafeBytes { Array($0) }, now: now)
@@ -225,7 +232,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
 
     private func reschedule() {
         guard let timer else { return }
-        let next = machine.nextDeadline
+        let next = machine.deadlineInPlace()
         // Setting a timer allocates in Dispatch: the timer is moved only when the machine needs
         // it sooner. A later deadline lets the timer fire early; the fire finds nothing due and
         // sets it again.
