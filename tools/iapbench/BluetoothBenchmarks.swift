@@ -150,7 +150,7 @@ enum BluetoothBenchmarks {
             acceptedSocket.withLock { $0 = result }
             acceptedSignal.signal()
         }
-        let accessorySide = try blockingAwait { try await RFCOMMSocket.connect(to: host, channel: channel, from: accessory) }.descriptor
+        let accessorySide = try connect(to: host, channel: channel, from: accessory).descriptor
         step("connected from \(accessory)")
         guard acceptedSignal.wait(timeout: .now() + 60) == .success else {
             _ = close(accessorySide)
@@ -234,7 +234,7 @@ enum BluetoothBenchmarks {
     /// accessory disconnects afterwards.
     static func sessionEcho(manager: AccessoryManager, profile: SimulatorProfile, host: BluetoothAddress, accessory: BluetoothAddress,
                             channel: UInt8, bytes: Int, started: () -> Void = {}) throws -> Double {
-        let connected = try blockingAwait { try await RFCOMMSocket.connect(to: host, channel: channel, from: accessory) }
+        let connected = try connect(to: host, channel: channel, from: accessory)
         var declared = profile
         declared.bluetoothAddress = connected.local.bytes
         let transport = try BluetoothTransport(descriptor: connected.descriptor, peer: BluetoothPeer(address: host, devicePath: ""))
@@ -260,6 +260,24 @@ enum BluetoothBenchmarks {
         }
         if !gone { StandardError.write("iapbench bluetooth: the accessory's connection did not end within 30 s of its stop\n") }
         return rate
+    }
+
+    /// Connects from `local` to `address` on `channel`, trying up to five times: a connection
+    /// made while the previous one's RFCOMM session between the same two adapters is still
+    /// being torn down is reset by the kernel (seen in the rig between rounds), and the next
+    /// try, a moment later, goes through.
+    static func connect(to address: BluetoothAddress, channel: UInt8, from local: BluetoothAddress) throws
+        -> (descriptor: Int32, local: BluetoothAddress) {
+        var attempt = 1
+        while true {
+            do {
+                return try blockingAwait { try await RFCOMMSocket.connect(to: address, channel: channel, from: local) }
+            } catch let error as BluetoothError where attempt < 5 {
+                step("connecting to \(address) channel \(channel), try \(attempt): \(error); trying again")
+                attempt += 1
+                usleep(500_000) // the session's teardown is the kernel's; nothing to wait on
+            }
+        }
     }
 
     static func setNonBlocking(_ descriptor: Int32) {
