@@ -39,11 +39,28 @@ trap 'kill "$busy1" "$busy2" 2>/dev/null; rm -f "$log"' EXIT
 # Skipped here only: iapd's 100-client test builds up 100 client managers over the seconds the
 # one-thread pool stretches it to, which the heap-leak test beside reads as growth in every
 # round (it ran in the pass above, at full width).
-timeout 600 tools/narrow-pool/run.sh swift test --skip-build --skip manyClientsAndCycles 2>&1 | tee "$log" | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|\s*$)" || true
+# One test module at a time: every module at once on one pool thread beside two busy loops now
+# starves the pool of CPU rather than finding a blocked thread (the CPU-bound suites on threads
+# of their own take the cores): 16 to 32 one-minute time limits ran out in 180 s, the same
+# before and after issue 22's changes, while each module alone passes. A test that blocks its
+# thread still holds up every other test of its module, which is what this pass is for.
+narrow_failed=()
+narrow_tests=0
+for module in $(grep -o 'testTarget(name: "[A-Za-z]*"' Package.swift | sed 's/.*"\(.*\)"/\1/'); do
+    timeout 600 tools/narrow-pool/run.sh swift test --skip-build --filter "^$module\." --skip manyClientsAndCycles 2>&1 | tee "$log" \
+        | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|✔ Suite|\s*$)" | grep -vE "^Test Suite|^Executed|passed after|^\[" || true
+    line=$(grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1 || true)
+    if grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log"; then
+        narrow_tests=$((narrow_tests + $(sed -E 's/.*with ([0-9]+) tests?.*/\1/' <<<"$line")))
+    else
+        narrow_failed+=("$module")
+        echo "$module: ${line:-no summary (hung or crashed)}"
+    fi
+done
 kill "$busy1" "$busy2"
 trap 'rm -f "$log"' EXIT
-grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1 || true
-grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log" || { echo "test: swift test with a one-thread cooperative pool under load failed or hung" >&2; exit 1; }
+echo "one-thread pool under load: $narrow_tests tests in all, module by module; failed: ${narrow_failed[*]:-none}"
+[ "${#narrow_failed[@]}" -eq 0 ] || { echo "test: swift test with a one-thread cooperative pool under load failed or hung in: ${narrow_failed[*]}" >&2; exit 1; }
 
 step "ThreadSanitizer: the ring under two threads"
 # ByteRing's producer and consumer share memory ordered only by its atomics; its stress tests

@@ -339,9 +339,12 @@ public final class AccessoryManager: Sendable {
         return await profile.checkRegistration()
     }
 
-    /// The Bluetooth devices with an open connection to this host, identified or not yet (empty
-    /// when Bluetooth is not started).
-    public var bluetoothConnections: [BluetoothAddress] { state.withLock { $0.bluetooth }?.connectedAddresses ?? [] }
+    /// The Bluetooth devices with an open connection to this host, identified or not yet (those
+    /// a registration that was replaced handed over included), sorted.
+    public var bluetoothConnections: [BluetoothAddress] {
+        let transports = state.withLock { state in state.connections.values.map(\.transport) }
+        return Set(transports.compactMap { $0.capability(BluetoothPeer.self)?.address }).sorted()
+    }
 
     /// The devices BlueZ knows (paired or seen), for a person choosing one to connect to.
     ///

@@ -146,17 +146,25 @@ public final class BluetoothProfile: Sendable {
             bus.close()
             throw error
         }
-        let owner = await profile.bluezOwner()
-        profile.state.withLock { $0.bluezOwner = owner }
+        if case let .owner(name) = await profile.bluezOwner() { profile.state.withLock { $0.bluezOwner = name } }
         return profile
     }
 
-    /// The unique name that owns `org.bluez` on the bus now, or nil when none does (or the bus
-    /// cannot say).
-    private func bluezOwner() async -> String? {
-        let reply = try? await bus.call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
-                                        member: "GetNameOwner", arguments: [.string(Self.bluezService)], timeout: options.callTimeout)
-        return reply?.first?.string
+    /// Who owns `org.bluez` on the bus now.
+    private enum Owner { case owner(String), none, unknown }
+
+    /// The unique name that owns `org.bluez` now: `.none` when the bus says nobody does,
+    /// `.unknown` when the question failed otherwise (a timeout).
+    private func bluezOwner() async -> Owner {
+        do {
+            let reply = try await bus.call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+                                           member: "GetNameOwner", arguments: [.string(Self.bluezService)], timeout: options.callTimeout)
+            return reply.first?.string.map(Owner.owner) ?? .unknown
+        } catch where error.name == "org.freedesktop.DBus.Error.NameHasNoOwner" {
+            return .none
+        } catch {
+            return .unknown
+        }
     }
 
     /// Whether the registration still stands with the BlueZ running now: false once BlueZ
@@ -165,9 +173,19 @@ public final class BluetoothProfile: Sendable {
     /// profile then counts as released (``isReleased``) and a new registration is needed.
     public func checkRegistration() async -> Bool {
         guard !isReleased else { return false }
-        let current = bus.isConnected ? await bluezOwner() : nil
+        let current = bus.isConnected ? await bluezOwner() : .none
         return state.withLock { state in
-            if current == nil || current != state.bluezOwner { state.released = true }
+            switch current {
+            case .none:
+                state.released = true
+            case let .owner(name):
+                // An owner not learnt at registration (the question failed then) is taken as
+                // the one registered with.
+                if state.bluezOwner == nil { state.bluezOwner = name }
+                if name != state.bluezOwner { state.released = true }
+            case .unknown:
+                break // a question that failed says nothing either way
+            }
             return !state.released
         }
     }

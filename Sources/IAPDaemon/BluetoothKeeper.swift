@@ -65,8 +65,9 @@ public final class BluetoothKeeper: Sendable {
     /// Tries now and then every ``interval`` (once; later calls do nothing).
     public func start() {
         let first = state.withLock { state -> Bool in
-            defer { state.running = true }
-            return !state.running && !state.stopped
+            guard !state.running, !state.stopped else { return false }
+            state.running = true
+            return true
         }
         guard first else { return }
         let (seconds, attoseconds) = interval.components
@@ -97,7 +98,7 @@ public final class BluetoothKeeper: Sendable {
     }
 
     private func tryOnce() async {
-        if await !manager.isBluetoothRegistered() {
+        if await !manager.isBluetoothRegistered(), !state.withLock({ $0.stopped }) {
             do throws(BluetoothError) {
                 try await manager.startBluetooth(options: options)
                 state.withLock {
@@ -125,12 +126,14 @@ public final class BluetoothKeeper: Sendable {
         }
     }
 
-    /// Logs a failure once per distinct text for `key`.
+    /// Logs a failure once per distinct text for `key` (nothing once stopped: a try cut short by
+    /// the shutdown is no failure).
     private func noteFailure(_ key: String, _ text: String) {
-        let new = state.withLock { state -> Bool in
+        let (new, stopped) = state.withLock { state -> (Bool, Bool) in
             defer { state.lastFailure[key] = text }
-            return state.lastFailure[key] != text
+            return (state.lastFailure[key] != text, state.stopped)
         }
+        guard !stopped else { return }
         if new { logger.error("\(text)") } else { logger.debug("\(text)") }
     }
 }

@@ -132,6 +132,11 @@ public struct IAP2Link: Sendable {
         /// The transport's written-bytes count (``TransportOutputProgress/writtenBytes``, as
         /// last noted) when the packet's timer started.
         var writtenMark: UInt64 = 0
+        /// Times its timer started again because the transport's queue was still moving: at
+        /// most the negotiated maximum of retransmissions, so a line that keeps writing into
+        /// the void (a UART whose peer was unplugged) delays the failure by at most as long
+        /// again as the retransmissions themselves take.
+        var deferrals = 0
     }
     /// A received packet parked until it can be delivered in order: a view of the storage it
     /// arrived in when it can be kept (no copy), else a copy.
@@ -288,7 +293,9 @@ public struct IAP2Link: Sendable {
     /// likely still waiting in that queue, not lost: its timer starts again instead
     /// (``LinkStatistics/retransmissionsDeferred``), so a window of large packets on a slow
     /// line does not send every packet twice. A transport that wrote nothing for a whole
-    /// timeout (the peer stopped reading) gets the ordinary retransmissions and their limit.
+    /// timeout (the peer stopped reading) gets the ordinary retransmissions and their limit,
+    /// and one packet's timer starts again at most the negotiated maximum of retransmissions
+    /// times.
     public mutating func noteOutputProgress(_ progress: TransportOutputProgress) {
         outputProgress = progress
     }
@@ -510,10 +517,12 @@ public struct IAP2Link: Sendable {
         // Counted per packet, so a window of packets whose timers fire at different moments is
         // one round, not one round per packet.
         for index in unacked.indices where unacked[index].sentAt + timeout <= now {
-            if let progress = outputProgress, progress.queuedBytes > 0, progress.writtenBytes > unacked[index].writtenMark {
+            if let progress = outputProgress, progress.queuedBytes > 0, progress.writtenBytes > unacked[index].writtenMark,
+               unacked[index].deferrals < Int(parameters.maxRetransmissions) {
                 // Still queued behind output that is moving: the timer starts again.
                 unacked[index].sentAt = now
                 unacked[index].writtenMark = progress.writtenBytes
+                unacked[index].deferrals += 1
                 statistics.retransmissionsDeferred += 1
                 continue
             }

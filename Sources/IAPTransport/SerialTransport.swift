@@ -35,7 +35,6 @@ public final class SerialTransport: Transport {
     /// The port this transport opened, or `nil` when it wraps a descriptor opened elsewhere.
     public let spec: SerialPortSpec?
 
-    /// Its ``SerialPortSpec`` (path and baud rate), when it opened the port itself.
     /// Its ``SerialPortSpec`` (for a port opened by path) and its ``TransportOutputProgress``
     /// (read now).
     public func capability<Value>(_ type: Value.Type) -> Value? {

@@ -86,8 +86,10 @@ struct BluetoothKeeperTests {
         #expect(keeper.registrationCount == 2)
         #expect(try restarted.requireRegistration().uuid == BluetoothProfile.iAP2UUID)
         #expect(await manager.isBluetoothRegistered())
-        // The RFCOMM connection is the kernel's, not bluetoothd's: it stays, and works.
+        // The RFCOMM connection is the kernel's, not bluetoothd's: it stays, counts as connected
+        // (so it is not connected out to again), and works.
         #expect(accessory.isConnected)
+        #expect(manager.bluetoothConnections == [pairedAccessory.address])
         let session = try await accessory.openSession(for: "com.example.echo")
         let payload = BluetoothManagerTests.pattern(64 << 10, seed: 11)
         #expect(try await BluetoothManagerTests.echo(session, payload) == payload)

@@ -137,12 +137,15 @@ enum BluetoothBenchmarks {
     /// writes back whatever it reads; the host's side writes `bytes` and reads them back.
     /// Bytes per second each way, from the first write to the last byte read.
     nonisolated(unsafe) static var verbose = false
+    /// The connection the last EA round measured, never taken for the next round's accessory.
+    nonisolated(unsafe) static var previousConnection: Int?
     static func step(_ text: String) { if verbose { StandardError.write("iapbench: \(text)\n") } }
 
     static func rawEcho(host: BluetoothAddress, accessory: BluetoothAddress, channel: UInt8, bytes: Int) throws -> Double {
         let listener = try RFCOMMSocket.listen(on: host, channel: channel)
         step("listening on \(host) channel \(channel)")
-        defer { _ = close(listener) }
+        // Shut down first: close(2) alone does not wake an accept(2) still waiting.
+        defer { _ = shutdown(listener, Int32(SHUT_RDWR)); _ = close(listener) }
         let acceptedSocket = Mutex<Result<Int32, BluetoothError>?>(nil)
         let acceptedSignal = DispatchSemaphore(value: 0)
         DispatchQueue(label: "iapbench.rfcomm-accept").async {
@@ -156,7 +159,11 @@ enum BluetoothBenchmarks {
             _ = close(accessorySide)
             throw ToolFailure("the raw RFCOMM connection was not accepted within 60 s")
         }
-        let hostSide = try acceptedSocket.withLock { $0! }.get()
+        let hostSide: Int32
+        do { hostSide = try acceptedSocket.withLock { $0! }.get() } catch {
+            _ = close(accessorySide)
+            throw error
+        }
         step("accepted")
         // Each side is one thread polling its non-blocking socket for both directions: a
         // blocking read in one thread beside a blocking write in another on the same RFCOMM
@@ -169,7 +176,9 @@ enum BluetoothBenchmarks {
             var pending = 0, offset = 0
             while true {
                 var descriptor = pollfd(fd: accessorySide, events: Int16(pending > 0 ? POLLOUT : POLLIN), revents: 0)
-                guard poll(&descriptor, 1, 60_000) > 0 else { break }
+                let ready = poll(&descriptor, 1, 60_000)
+                if ready < 0, errno == EINTR { continue }
+                guard ready > 0 else { break }
                 if pending > 0 {
                     let written = buffer.withUnsafeBytes { send(accessorySide, $0.baseAddress! + offset, pending, Int32(MSG_NOSIGNAL)) }
                     if written < 0, errno == EAGAIN || errno == EINTR { continue }
@@ -193,7 +202,9 @@ enum BluetoothBenchmarks {
         let start = ContinuousClock.now
         while received < bytes {
             var descriptor = pollfd(fd: hostSide, events: Int16(POLLIN) | (sent < bytes ? Int16(POLLOUT) : 0), revents: 0)
-            guard poll(&descriptor, 1, 60_000) > 0 else {
+            let ready = poll(&descriptor, 1, 60_000)
+            if ready < 0, errno == EINTR { continue }
+            guard ready > 0 else {
                 failure = "nothing moved for 60 s"
                 break
             }
@@ -237,14 +248,18 @@ enum BluetoothBenchmarks {
         let connected = try connect(to: host, channel: channel, from: accessory)
         var declared = profile
         declared.bluetoothAddress = connected.local.bytes
+        // (The transport owns the descriptor from here, and closes it when it cannot be made.)
         let transport = try BluetoothTransport(descriptor: connected.descriptor, peer: BluetoothPeer(address: host, devicePath: ""))
         let runner = try SimulatorRunner(profile: declared, attachment: .transport(transport))
         runner.start()
         defer { runner.stop() }
         let found = try blockingAwait {
-            await manager.waitForAccessory(timeout: .seconds(60)) { $0.transportKind == .bluetooth && $0.isConnected }
+            await manager.waitForAccessory(timeout: .seconds(60)) { [previousConnection] in
+                $0.transportKind == .bluetooth && $0.isConnected && $0.connectionID != previousConnection
+            }
         }
         guard let identified = found else { throw ToolFailure("the simulated accessory was not identified over Bluetooth within 60 s") }
+        defer { previousConnection = identified.connectionID }
         started()
         let before = identified.linkStatistics ?? LinkStatistics()
         let rate = try USBBenchmarks.eventDrivenEcho(identified, protocolName: "bench.echo.1", bytes: bytes)
@@ -258,7 +273,7 @@ enum BluetoothBenchmarks {
         let gone = try blockingAwait {
             await manager.waitUntilNoAccessory(timeout: .seconds(30)) { $0.connectionID == identified.connectionID }
         }
-        if !gone { StandardError.write("iapbench bluetooth: the accessory's connection did not end within 30 s of its stop\n") }
+        guard gone else { throw ToolFailure("the accessory's connection did not end within 30 s of its stop") }
         return rate
     }
 

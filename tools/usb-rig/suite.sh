@@ -31,7 +31,7 @@ timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3 --native || 
 echo "suite: iapbench usb --daemon (1 EA session directly and through iapd, round by round)"
 timeout 600 "$REPO/.build/release/iapbench" usb --daemon --mib 16 --rounds 3
 echo "suite: Bluetooth on the guest's kernel stack (virtual controllers, bluetoothd; one process, then iapd; iapbench bluetooth)"
-BLUETOOTH_BENCH_MIB=2 BLUETOOTH_BENCH_ROUNDS=3 timeout 600 "$here/bluetooth.sh" 4
+BLUETOOTH_BENCH_MIB=2 BLUETOOTH_BENCH_ROUNDS=3 timeout 900 "$here/bluetooth.sh" 4
 # Last: iapd listens on the default /run/iapd/iapd.sock, which every iapctl above would have
 # gone through; it removes the socket when it stops.
 echo "suite: iapd on the real USB stack (started as without systemd; two clients, unplug/replug, the group)"
