@@ -23,10 +23,10 @@ public protocol DrivenMachine: SendableMetatype {
     /// When the machine next needs ``advance(to:)``, on the same clock as `now`; nil when nothing is
     /// pending (then the driver's timer sleeps).
     var nextDeadline: LinkTime? { get }
-    /// ``nextDeadline`` read through exclusive access: the driver keeps the machine in a class
-    /// property, and reading a getter of it there copies the whole machine first (a retain and
-    /// release of every reference it holds, after every input); a mutating call borrows it in
-    /// place. The default returns ``nextDeadline``.
+    /// ``DrivenMachine/nextDeadline`` read through exclusive access: the driver keeps the
+    /// machine in a class property, and reading a getter of it there copies the whole machine
+    /// first (a retain and release of every reference it holds, after every input); a mutating
+    /// call borrows it in place. The default returns ``DrivenMachine/nextDeadline``.
     mutating func deadlineInPlace() -> LinkTime?
     /// Takes the frames to send, in order, and forgets them; empty when there are none.
     mutating func takeOutput() -> [[UInt8]]
@@ -40,7 +40,7 @@ public protocol DrivenMachine: SendableMetatype {
     /// Told the transport's transmit buffers (``PacketBufferPool``), when it lends any, to lay
     /// outgoing packets out in; the default ignores them.
     mutating func useTransmitBuffers(_ pool: PacketBufferPool)
-    /// Told, before each ``advance(to:)``, how far a byte-stream transport has got with its
+    /// Told, before each ``DrivenMachine/advance(to:)``, how far a byte-stream transport has got with its
     /// output (its ``Transport/capability(_:)`` for ``TransportOutputProgress``), so that
     /// retransmission timers do not count time spent in the transport's queue; the default
     /// ignores it.
