@@ -23,12 +23,9 @@ public final class BluetoothKeeper: Sendable {
     private let logger: Logger
     private let queue = DispatchQueue(label: "iapd.bluetooth")
     private let state = Mutex(State())
-    /// Dispatch's sources are safe to resume and cancel from any thread; `state.running` says
-    /// which of the two was done (each at most once).
-    private nonisolated(unsafe) let timer: any DispatchSourceTimer
+    private let timer: RepeatingTimer
 
     private struct State {
-        var running = false
         var stopped = false
         var trying = false
         var registrations = 0
@@ -50,13 +47,7 @@ public final class BluetoothKeeper: Sendable {
         self.targets = targets
         self.interval = interval
         self.logger = logger
-        timer = DispatchSource.makeTimerSource(queue: queue)
-    }
-
-    deinit {
-        // A source never resumed must be resumed before it goes (Dispatch's rule).
-        if !state.withLock({ $0.running }) { timer.resume() }
-        timer.cancel()
+        timer = RepeatingTimer(queue: queue)
     }
 
     /// How many times the profile was registered so far.
@@ -64,24 +55,14 @@ public final class BluetoothKeeper: Sendable {
 
     /// Tries now and then every ``interval`` (once; later calls do nothing).
     public func start() {
-        let first = state.withLock { state -> Bool in
-            guard !state.running, !state.stopped else { return false }
-            state.running = true
-            return true
-        }
-        guard first else { return }
-        let (seconds, attoseconds) = interval.components
-        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
-        timer.schedule(deadline: .now(), repeating: .nanoseconds(max(1_000_000, nanoseconds)), leeway: .milliseconds(100))
-        timer.setEventHandler { [weak self] in self?.tick() }
-        timer.resume()
+        timer.start(every: interval) { [weak self] in self?.tick() }
     }
 
     /// Stops trying (the registration and connections stay with the manager, whose `stop()`
     /// ends them). Once stopped, a keeper does not start again.
     public func stop() {
         state.withLock { $0.stopped = true }
-        timer.cancel()
+        timer.stop()
     }
 
     private func tick() {

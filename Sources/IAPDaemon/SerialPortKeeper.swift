@@ -19,10 +19,8 @@ public final class SerialPortKeeper: Sendable {
     private let specs: [SerialPortSpec]
     private let logger: Logger
     private let queue = DispatchQueue(label: "iapd.serial-ports")
-    private let state = Mutex<(running: Bool, lastFailure: [String: String], opened: [String: Int])>((false, [:], [:]))
-    /// Dispatch's sources are safe to resume and cancel from any thread; `state.running` says
-    /// which of the two was done (each at most once).
-    private nonisolated(unsafe) let timer: any DispatchSourceTimer
+    private let state = Mutex<(lastFailure: [String: String], opened: [String: Int])>(([:], [:]))
+    private let timer: RepeatingTimer
 
     /// How often a port that is not open is tried again.
     public let interval: Duration
@@ -33,13 +31,7 @@ public final class SerialPortKeeper: Sendable {
         self.specs = specs
         self.interval = interval
         self.logger = logger
-        timer = DispatchSource.makeTimerSource(queue: queue)
-    }
-
-    deinit {
-        // A source never resumed must be resumed before it goes (Dispatch's rule).
-        if !state.withLock({ $0.running }) { timer.resume() }
-        timer.cancel()
+        timer = RepeatingTimer(queue: queue)
     }
 
     /// How many times a port was opened so far (each open is one new transport on the manager).
@@ -48,22 +40,13 @@ public final class SerialPortKeeper: Sendable {
     /// Opens the ports now and starts trying again every ``interval`` (once; later calls do nothing).
     public func start() {
         guard !specs.isEmpty else { return }
-        let first = state.withLock { state -> Bool in
-            defer { state.running = true }
-            return !state.running
-        }
-        guard first else { return }
-        let (seconds, attoseconds) = interval.components
-        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
-        timer.schedule(deadline: .now(), repeating: .nanoseconds(max(1_000_000, nanoseconds)), leeway: .milliseconds(100))
-        timer.setEventHandler { [weak self] in self?.tryAll() }
-        timer.resume()
+        timer.start(every: interval) { [weak self] in self?.tryAll() }
     }
 
     /// Stops trying (ports already open stay with the manager). Once stopped, a keeper does not
     /// start again.
     public func stop() {
-        timer.cancel()
+        timer.stop()
     }
 
     private func tryAll() {

@@ -199,53 +199,42 @@ struct ProfileTests {
         bluez.stop()
     }
 
-    @Test("the accessory hanging up ends the transport with Bluetooth advice")
-    func hangUp() async throws {
+    /// A connection handed over through the stand-in, ended by the accessory closing its end
+    /// (first with `unread` bytes it never read, when given: Linux then resets the connection,
+    /// ECONNRESET, as RFCOMM does when the link drops); what the transport closed with.
+    private func closeReason(unread: [UInt8] = []) async throws -> TransportError? {
         let bus = try await PrivateBus.start()
         let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory])
         let queue = DispatchQueue(label: "host")
         let delivered = Mutex<BluetoothTransport?>(nil)
         let profile = try await BluetoothProfile.register(options: options(bus), queue: queue) { transport in delivered.withLock { $0 = transport } }
+        defer { profile.stop(); bluez.stop() }
         let (hostEnd, accessoryEnd) = try socketPair()
         try await bluez.newConnection(device: pairedAccessory, descriptor: hostEnd)
+        if !unread.isEmpty { #expect(write(hostEnd, unread, unread.count) == unread.count) }
         close(hostEnd)
         let transport = try #require(delivered.withLock { $0 })
-        let reason = await firstValue { (done: @escaping @Sendable (TransportError?) -> Void) in
+        return await firstValue { (done: @escaping @Sendable (TransportError?) -> Void) in
             transport.activate(queue: queue) { event in if case let .closed(error) = event { done(error) } }
             close(accessoryEnd)
         }
+    }
+
+    @Test("the accessory hanging up ends the transport with Bluetooth advice")
+    func hangUp() async throws {
+        let reason = try await closeReason()
         #expect(reason?.kind == .hungUp)
         #expect(reason?.message.contains("Bluetooth connection to 00:1A:7D:DA:71:13 ended") == true)
         #expect(reason?.advice?.contains("--bluetooth-connect 00:1A:7D:DA:71:13") == true)
-        profile.stop()
-        bluez.stop()
     }
 
     @Test("the link lost under the channel (ECONNRESET, as when the accessory's controller goes off) is a hang-up with Bluetooth advice")
     func linkLost() async throws {
-        let bus = try await PrivateBus.start()
-        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory])
-        let queue = DispatchQueue(label: "host")
-        let delivered = Mutex<BluetoothTransport?>(nil)
-        let profile = try await BluetoothProfile.register(options: options(bus), queue: queue) { transport in delivered.withLock { $0 = transport } }
-        let (hostEnd, accessoryEnd) = try socketPair()
-        try await bluez.newConnection(device: pairedAccessory, descriptor: hostEnd)
-        // Bytes the accessory never reads: closing its end with them unread resets the
-        // connection (Linux gives the other end ECONNRESET, as RFCOMM does when the link drops).
-        let unread: [UInt8] = [1, 2, 3, 4]
-        #expect(write(hostEnd, unread, unread.count) == unread.count)
-        close(hostEnd)
-        let transport = try #require(delivered.withLock { $0 })
-        let reason = await firstValue { (done: @escaping @Sendable (TransportError?) -> Void) in
-            transport.activate(queue: queue) { event in if case let .closed(error) = event { done(error) } }
-            close(accessoryEnd)
-        }
+        let reason = try await closeReason(unread: [1, 2, 3, 4])
         #expect(reason?.errno == ECONNRESET, "\(String(describing: reason))")
         #expect(reason?.kind == .hungUp)
         #expect(reason?.message.contains("Bluetooth connection to 00:1A:7D:DA:71:13 was lost") == true)
         #expect(reason?.advice?.contains("went out of range") == true)
-        profile.stop()
-        bluez.stop()
     }
 
     @Test("connecting out: unknown, unpaired and refused devices say which bluetoothctl command to run")
