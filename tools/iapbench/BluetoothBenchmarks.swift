@@ -283,14 +283,20 @@ enum BluetoothBenchmarks {
     /// try, a moment later, goes through.
     static func connect(to address: BluetoothAddress, channel: UInt8, from local: BluetoothAddress) throws
         -> (descriptor: Int32, local: BluetoothAddress) {
-        var attempt = 1
-        while true {
-            do {
-                return try blockingAwait { try await RFCOMMSocket.connect(to: address, channel: channel, from: local) }
-            } catch let error as BluetoothError where attempt < 5 {
-                step("connecting to \(address) channel \(channel), try \(attempt): \(error); trying again")
-                attempt += 1
-                usleep(500_000) // the session's teardown is the kernel's; nothing to wait on
+        try blockingAwait {
+            var attempt = 1
+            while true {
+                do {
+                    return try await RFCOMMSocket.connect(to: address, channel: channel, from: local)
+                } catch where attempt < 5 {
+                    step("connecting to \(address) channel \(channel), try \(attempt): \(error); trying again in 0.5 s")
+                    attempt += 1
+                    // The teardown is the kernel's and has no event to wait for: a Dispatch
+                    // timer resumes the next try (no thread waits meanwhile).
+                    await withCheckedContinuation { (resumed: CheckedContinuation<Void, Never>) in
+                        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(500)) { resumed.resume() }
+                    }
+                }
             }
         }
     }
