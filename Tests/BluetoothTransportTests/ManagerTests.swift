@@ -34,13 +34,16 @@ struct BluetoothManagerTests {
 
     /// A manager with Bluetooth started and a simulated accessory connected through the stand-in.
     static func connect(declaring declared: BluetoothAddress?, bus: PrivateBus, bluez: FakeBlueZ, answerTimeout: Duration = .seconds(10))
-        async throws -> (AccessoryManager, SimulatorRunner) {
+        async throws -> (AccessoryManager, SimulatorRunner, AsyncStream<AccessoryEvent>) {
         var configuration = AccessoryManager.Configuration(supportedProtocols: ["com.example.echo"], answerTimeout: answerTimeout)
         configuration.daemon = .never
         let manager = AccessoryManager(configuration: configuration)
         try await manager.startBluetooth(options: BluetoothOptions(busAddress: bus.address, connectsOut: true))
+        // Subscribed before the accessory exists: `events` carries only what happens after the
+        // call, and the host may finish with the accessory before this task runs again.
+        let events = manager.events
         let (runner, _) = try await accessory(declaring: declared, bluez: bluez)
-        return (manager, runner)
+        return (manager, runner, events)
     }
 
     /// A simulated accessory on a new socket pair, handed to the host through the stand-in;
@@ -109,7 +112,7 @@ struct BluetoothManagerTests {
     func identifiedAndTwoSessions() async throws {
         let bus = try await PrivateBus.start()
         let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory])
-        let (manager, runner) = try await Self.connect(declaring: pairedAccessory.address, bus: bus, bluez: bluez)
+        let (manager, runner, _) = try await Self.connect(declaring: pairedAccessory.address, bus: bus, bluez: bluez)
         defer { manager.stop(); runner.stop(); bluez.stop() }
         let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
         #expect(accessory.transportKind == .bluetooth)
@@ -140,10 +143,10 @@ struct BluetoothManagerTests {
     func wrongAddressRejected() async throws {
         let bus = try await PrivateBus.start()
         let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory])
-        let (manager, runner) = try await Self.connect(declaring: BluetoothAddress("00:1A:7D:DA:71:99"), bus: bus, bluez: bluez,
-                                                       answerTimeout: .seconds(2))
+        let (manager, runner, stream) = try await Self.connect(declaring: BluetoothAddress("00:1A:7D:DA:71:99"), bus: bus, bluez: bluez,
+                                                               answerTimeout: .seconds(2))
         defer { manager.stop(); runner.stop(); bluez.stop() }
-        var events = manager.events.makeAsyncIterator()
+        var events = stream.makeAsyncIterator()
         while let event = await events.next() {
             switch event {
             case let .failed(location, reason):
