@@ -1005,7 +1005,19 @@ public struct IAP2Link: Sendable {
             // with it too.
             if case let .bytes(packet) = done.packet, spareBuffers.count < Self.spareLimit { spareBuffers.append(packet) }
         }
-        if removed > 0 { pump(now: now) }
+        guard removed > 0 else { return }
+        // The peer took new packets, so the rest of the window is moving: their timers start
+        // again from now (TCP's rule, RFC 6298 §5.3). A packet then counts as lost only after a
+        // whole timeout without progress, not a timeout after it was sent: behind a slow line,
+        // or behind the peer's own queued output that its acknowledgement waits in, the last
+        // packets of a window otherwise time out while their acknowledgements are on the way.
+        // A lost packet stops the peer's cumulative acknowledgement, so its timer runs on.
+        let written = outputProgress?.writtenBytes ?? 0
+        for index in unacked.indices where unacked[index].sentAt < now {
+            unacked[index].sentAt = now
+            unacked[index].writtenMark = written
+        }
+        pump(now: now)
     }
 
     private mutating func receiveData<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ReceivedBytes?,
