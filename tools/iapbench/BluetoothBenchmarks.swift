@@ -14,7 +14,8 @@ import Synchronization
 /// a raw RFCOMM echo between the same two adapters, round by round.
 ///
 /// The raw echo is the ceiling: a plain RFCOMM socket pair (no SDP, no iAP2), the accessory's
-/// side reading and writing back on a thread of its own, the host's side writing 65,000-byte
+/// side reading and writing back at once on a thread of its own (through a 1 MiB ring, as the
+/// simulator's session buffers the EA echo), the host's side writing 65,000-byte
 /// pieces and reading on another, each polling its non-blocking socket; the EA echo drives a session the way the USB bench does
 /// (stream events, non-blocking writes of the same pieces, reads that only count).
 enum BluetoothBenchmarks {
@@ -172,24 +173,38 @@ enum BluetoothBenchmarks {
         setNonBlocking(hostSide)
         let echoed = DispatchSemaphore(value: 0)
         DispatchQueue(label: "iapbench.rfcomm-echo").async {
-            var buffer = [UInt8](repeating: 0, count: 1 << 16)
-            var pending = 0, offset = 0
+            // Full duplex, as the simulator's echo is: it reads while earlier bytes wait to be
+            // written, through a ring of 1 MiB (the EA session's buffer), so the kernel's
+            // buffers and RFCOMM's credits are never what holds the ceiling back.
+            var ring = [UInt8](repeating: 0, count: 1 << 20)
+            var head = 0, used = 0 // bytes to echo: ring[head ..< head + used], wrapping
             while true {
-                var descriptor = pollfd(fd: accessorySide, events: Int16(pending > 0 ? POLLOUT : POLLIN), revents: 0)
+                var events: Int32 = 0
+                if used < ring.count { events |= POLLIN }
+                if used > 0 { events |= POLLOUT }
+                var descriptor = pollfd(fd: accessorySide, events: Int16(events), revents: 0)
                 let ready = poll(&descriptor, 1, 60_000)
                 if ready < 0, errno == EINTR { continue }
                 guard ready > 0 else { break }
-                if pending > 0 {
-                    let written = buffer.withUnsafeBytes { send(accessorySide, $0.baseAddress! + offset, pending, Int32(MSG_NOSIGNAL)) }
-                    if written < 0, errno == EAGAIN || errno == EINTR { continue }
-                    guard written > 0 else { break }
-                    offset += written
-                    pending -= written
-                } else {
-                    let count = buffer.withUnsafeMutableBytes { read(accessorySide, $0.baseAddress, $0.count) }
-                    if count < 0, errno == EAGAIN || errno == EINTR { continue }
-                    guard count > 0 else { break }
-                    (pending, offset) = (count, 0)
+                if used > 0, descriptor.revents & Int16(POLLOUT) != 0 {
+                    let length = min(used, ring.count - head)
+                    let written = ring.withUnsafeBytes { send(accessorySide, $0.baseAddress! + head, length, Int32(MSG_NOSIGNAL)) }
+                    if written > 0 {
+                        head = (head + written) % ring.count
+                        used -= written
+                    } else if written == 0 || (errno != EAGAIN && errno != EINTR) {
+                        break
+                    }
+                }
+                if used < ring.count, descriptor.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0 {
+                    let tail = (head + used) % ring.count
+                    let length = min(ring.count - used, ring.count - tail)
+                    let count = ring.withUnsafeMutableBytes { read(accessorySide, $0.baseAddress! + tail, length) }
+                    if count > 0 {
+                        used += count
+                    } else if count == 0 || (errno != EAGAIN && errno != EINTR) {
+                        break
+                    }
                 }
             }
             _ = close(accessorySide)
