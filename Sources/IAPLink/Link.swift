@@ -124,7 +124,12 @@ public struct IAP2Link: Sendable {
         var sequence: UInt8
         var sessionID: UInt8
         var packet: LinkFrame
-        var sentAt: LinkTime
+        /// When its retransmission timer started: when it was last sent, or later when the
+        /// timer started again (an acknowledgement took earlier packets, or the transport's
+        /// queue was still moving).
+        var timerStart: LinkTime
+        /// When it was last handed to the transport (what an EAK's spacing counts from).
+        var lastSentAt: LinkTime
         var transmissions: Int
         /// Retransmissions by timer since the peer was last heard from: the link fails when one
         /// packet's count passes the negotiated maximum.
@@ -226,7 +231,7 @@ public struct IAP2Link: Sendable {
         consider(ackDeadline)
         consider(gapDeadline)
         if state == .connected, let timeout = negotiated.map({ Duration.milliseconds(Int($0.retransmissionTimeout)) }) {
-            for packet in unacked { consider(packet.sentAt + timeout) }
+            for packet in unacked { consider(packet.timerStart + timeout) }
         }
         return deadline
     }
@@ -516,11 +521,11 @@ public struct IAP2Link: Sendable {
         }
         // Counted per packet, so a window of packets whose timers fire at different moments is
         // one round, not one round per packet.
-        for index in unacked.indices where unacked[index].sentAt + timeout <= now {
+        for index in unacked.indices where unacked[index].timerStart + timeout <= now {
             if let progress = outputProgress, progress.queuedBytes > 0, progress.writtenBytes > unacked[index].writtenMark,
                unacked[index].deferrals < Int(parameters.maxRetransmissions) {
                 // Still queued behind output that is moving: the timer starts again.
-                unacked[index].sentAt = now
+                unacked[index].timerStart = now
                 unacked[index].writtenMark = progress.writtenBytes
                 unacked[index].deferrals += 1
                 statistics.retransmissionsDeferred += 1
@@ -725,7 +730,7 @@ public struct IAP2Link: Sendable {
             let spacing = Duration.milliseconds(Int(negotiated?.retransmissionTimeout ?? 0)) / 2
             for sequence in missing {
                 guard let index = unacked.firstIndex(where: { $0.sequence == sequence }) else { continue }
-                if unacked[index].transmissions == 1 || unacked[index].sentAt + spacing <= now {
+                if unacked[index].transmissions == 1 || unacked[index].lastSentAt + spacing <= now {
                     retransmit(at: index, now: now)
                 } else {
                     statistics.eakRetransmissionsSkipped += 1
@@ -933,7 +938,7 @@ public struct IAP2Link: Sendable {
             swap(&packet, &next.packet)
             transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
             statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
-            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, sentAt: now, transmissions: 1,
+            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, timerStart: now, lastSentAt: now, transmissions: 1,
                                     writtenMark: outputProgress?.writtenBytes ?? 0))
         }
     }
@@ -982,9 +987,10 @@ public struct IAP2Link: Sendable {
         let sent = transmitData(sequence: unacked[index].sequence, sessionID: unacked[index].sessionID, packet: &packet,
                                 checksummed: true)
         swap(&packet, &unacked[index].packet)
-        unacked[index].sentAt = now
+        unacked[index].timerStart = now
         unacked[index].writtenMark = outputProgress?.writtenBytes ?? 0
         if sent {
+            unacked[index].lastSentAt = now
             unacked[index].transmissions += 1
             statistics.retransmissions += 1
         } else {
@@ -1011,10 +1017,12 @@ public struct IAP2Link: Sendable {
         // whole timeout without progress, not a timeout after it was sent: behind a slow line,
         // or behind the peer's own queued output that its acknowledgement waits in, the last
         // packets of a window otherwise time out while their acknowledgements are on the way.
-        // A lost packet stops the peer's cumulative acknowledgement, so its timer runs on.
+        // A lost packet stops the peer's cumulative acknowledgement, so its timer runs from the
+        // last acknowledgement that took packets. (The rest of the window then times out
+        // together, as a go-back round; an EAK's spacing still counts from the last sending.)
         let written = outputProgress?.writtenBytes ?? 0
-        for index in unacked.indices where unacked[index].sentAt < now {
-            unacked[index].sentAt = now
+        for index in unacked.indices where unacked[index].timerStart < now {
+            unacked[index].timerStart = now
             unacked[index].writtenMark = written
         }
         pump(now: now)

@@ -64,6 +64,34 @@ struct HostileLinkTests {
         #expect(pair.device.takeOutput().count <= data.count + 2)
     }
 
+    @Test("an EAK that also acknowledges new packets still has the packets it names sent again once their spacing has passed")
+    func eakSpacingCountsFromTheLastSending() throws {
+        var (pair, id) = try Self.silentPair()
+        pair.toAccessory.blackHole = true
+        pair.toDevice.blackHole = true
+        for index in 0..<4 {
+            _ = try pair.device.write(id, [UInt8](repeating: UInt8(index), count: 1_000), now: pair.now)
+        }
+        let data = try pair.device.takeOutput().map { try LinkPacket.decode($0) }.filter { !$0.payload.isEmpty }
+        try #require(data.count == 4)
+        let last = data[3].header.sequence
+        // The accessory has the last packet only: the three before are sent again.
+        let first = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x02, acknowledgement: data[0].header.sequence &- 1,
+                                          sessionID: 0, payload: [last])
+        pair.device.receive(first, now: pair.now)
+        let once = pair.device.link.statistics.retransmissions
+        #expect(pair.device.takeOutput().count == 3)
+        // Past half the timeout (100 ms here), the next EAK also acknowledges the first packet:
+        // the two it still names are sent again, though the acknowledgement started their
+        // timers again just now.
+        pair.now += .milliseconds(60)
+        let second = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x03, acknowledgement: data[0].header.sequence,
+                                           sessionID: 0, payload: [last])
+        pair.device.receive(second, now: pair.now)
+        #expect(pair.device.link.statistics.retransmissions == once + 2)
+        #expect(pair.device.link.inFlightCount == 3)
+    }
+
     @Test("an accessory asking for power updates over and over while acknowledging nothing is disconnected, not queued for")
     func controlRepliesAreBounded() throws {
         var pair = Pair()
