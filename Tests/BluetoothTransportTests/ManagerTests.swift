@@ -32,7 +32,8 @@ struct BluetoothManagerTests {
         return received
     }
 
-    /// A manager with Bluetooth started and a simulated accessory connected through the stand-in.
+    /// A manager with Bluetooth started and a simulated accessory connected through the stand-in,
+    /// with the manager's events subscribed to before the accessory connected.
     static func connect(declaring declared: BluetoothAddress?, bus: PrivateBus, bluez: FakeBlueZ, answerTimeout: Duration = .seconds(10))
         async throws -> (AccessoryManager, SimulatorRunner, AsyncStream<AccessoryEvent>) {
         var configuration = AccessoryManager.Configuration(supportedProtocols: ["com.example.echo"], answerTimeout: answerTimeout)

@@ -186,6 +186,7 @@ enum BluetoothBenchmarks {
                 let ready = poll(&descriptor, 1, 60_000)
                 if ready < 0, errno == EINTR { continue }
                 guard ready > 0 else { break }
+                let before = (head, used)
                 if used > 0, descriptor.revents & Int16(POLLOUT) != 0 {
                     let length = min(used, ring.count - head)
                     let written = ring.withUnsafeBytes { send(accessorySide, $0.baseAddress! + head, length, Int32(MSG_NOSIGNAL)) }
@@ -206,6 +207,10 @@ enum BluetoothBenchmarks {
                         break
                     }
                 }
+                if used == 0 { head = 0 } // the next read gets the whole ring
+                // Hung up or failed with nothing moved (the ring full, the socket not
+                // writable): poll would report it again at once, for ever.
+                if (head, used) == before, descriptor.revents & Int16(POLLHUP | POLLERR | POLLNVAL) != 0 { break }
             }
             _ = close(accessorySide)
             echoed.signal()

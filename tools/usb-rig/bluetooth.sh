@@ -16,8 +16,8 @@
 # With BLUETOOTH_BENCH_MIB set, then `iapbench bluetooth` (EA echo beside a raw RFCOMM echo;
 # BLUETOOTH_BENCH_ROUNDS rounds, default 3); BLUETOOTH_SKIP_ROUNDS=1 skips rounds 1-4.
 # BLUETOOTH_BENCH_IAPBENCH names the iapbench binaries to run (default the release build); with
-# several (space-separated, e.g. a build before a change and one after) each runs in turn, twice,
-# on the same pairing: an A/B on one guest.
+# several (space-separated paths without spaces, e.g. a build before a change and one after) each
+# runs in turn, twice, on the same pairing: an A/B on one guest.
 #
 # Usage (on the host): tools/usb-rig/run.sh [--no-build] -- tools/usb-rig/bluetooth.sh [MIB]
 # Every step is logged to $USB_RIG_RESULTS/bluetooth.log, with bluetoothd's and btvirt's logs
@@ -304,6 +304,7 @@ fi
 # The numbers: an EA echo over iAP2 on RFCOMM beside a raw RFCOMM echo between the same adapters.
 if [ -n "${BLUETOOTH_BENCH_MIB:-}" ]; then
     read -r -a benches <<<"${BLUETOOTH_BENCH_IAPBENCH:-$REPO/.build/release/iapbench}"
+    [ "${#benches[@]}" -gt 0 ] || fail "BLUETOOTH_BENCH_IAPBENCH names no iapbench binary"
     turns=("${benches[@]}")
     [ "${#benches[@]}" -eq 1 ] || turns=("${benches[@]}" "${benches[@]}")
     for bench in "${turns[@]}"; do
