@@ -48,12 +48,13 @@ trap 'kill "$busy1" "$busy2" 2>/dev/null; rm -f "$log"' EXIT
 # SwiftPM saw one processor too, and now and then (2 runs in 40 here, CLIKitTests beside two busy
 # loops) the output stopped after a few tests though `swift test` ended with status 0, so the
 # summary this pass counts was missing (once in a full run of this script); the bundle
-# run directly ended with its summary in 60 runs of 60.
+# run directly ended with its summary in 60 runs of 60. NO_COLOR: run directly, Swift Testing
+# colours its output when TERM names a terminal that can, pipe or not.
 bundle="$(swift build --show-bin-path)/AccessoryHostPackageTests.xctest"
 narrow_failed=()
 narrow_tests=0
 for module in $(grep -o 'testTarget(name: "[A-Za-z]*"' Package.swift | sed 's/.*"\(.*\)"/\1/'); do
-    timeout 600 tools/narrow-pool/run.sh "$bundle" --testing-library swift-testing --filter "^$module\." --skip manyClientsAndCycles 2>&1 | tee "$log" \
+    NO_COLOR=1 timeout 600 tools/narrow-pool/run.sh "$bundle" --testing-library swift-testing --filter "^$module\." --skip manyClientsAndCycles 2>&1 | tee "$log" \
         | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|✔ Suite|\s*$)" | grep -vE "^Test Suite|^Executed|passed after|^\[" || true
     line=$(grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1 || true)
     if grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log"; then
