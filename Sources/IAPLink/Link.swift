@@ -125,8 +125,7 @@ public struct IAP2Link: Sendable {
         var sessionID: UInt8
         var packet: LinkFrame
         /// When its retransmission timer started: when it was last sent, or later when the
-        /// timer started again (an acknowledgement took earlier packets, or the transport's
-        /// queue was still moving).
+        /// timer started again because the transport's queue was still moving.
         var timerStart: LinkTime
         /// When it was last handed to the transport (what an EAK's spacing counts from).
         var lastSentAt: LinkTime
@@ -1011,21 +1010,7 @@ public struct IAP2Link: Sendable {
             // with it too.
             if case let .bytes(packet) = done.packet, spareBuffers.count < Self.spareLimit { spareBuffers.append(packet) }
         }
-        guard removed > 0 else { return }
-        // The peer took new packets, so the rest of the window is moving: their timers start
-        // again from now (TCP's rule, RFC 6298 §5.3). A packet then counts as lost only after a
-        // whole timeout without progress, not a timeout after it was sent: behind a slow line,
-        // or behind the peer's own queued output that its acknowledgement waits in, the last
-        // packets of a window otherwise time out while their acknowledgements are on the way.
-        // A lost packet stops the peer's cumulative acknowledgement, so its timer runs from the
-        // last acknowledgement that took packets. (The rest of the window then times out
-        // together, as a go-back round; an EAK's spacing still counts from the last sending.)
-        let written = outputProgress?.writtenBytes ?? 0
-        for index in unacked.indices where unacked[index].timerStart < now {
-            unacked[index].timerStart = now
-            unacked[index].writtenMark = written
-        }
-        pump(now: now)
+        if removed > 0 { pump(now: now) }
     }
 
     private mutating func receiveData<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ReceivedBytes?,

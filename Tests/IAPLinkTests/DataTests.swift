@@ -453,44 +453,6 @@ struct CopyCountTests {
         #expect(pair.accessory.read(id, maxBytes: 1 << 20) == data)
     }
 
-    @Test("an acknowledgement of new packets starts the timers of the rest of the window again; without more progress they run out")
-    func progressRestartsTheTimers() throws {
-        var accessory = LinkConfiguration.accessory
-        accessory.parameters.retransmissionTimeout = 50
-        var pair = Pair(device: .device, accessory: accessory, seed: 13)
-        let id = try DataTests.openSessions(&pair, ["com.acme.fw"])[0]
-        #expect(pair.run { $0.device.link.inFlightCount == 0 && !$0.device.hasOutput }, "the control traffic is acknowledged first")
-        // Three packets of up to 4 KiB, sent at once.
-        let data = pattern(2, 0, 12_000)
-        #expect(try pair.device.write(id, span: data.span.bytes, now: pair.now) == 12_000)
-        let sent = pair.device.takeOutput()
-        #expect(sent.count == 3)
-        let before = pair.device.link.statistics
-
-        // The first arrives 40 ms on; the accessory acknowledges it when its ACK timer runs out,
-        // 20 ms later: past the 50 ms the other two were sent 60 ms ago with.
-        pair.now += .milliseconds(40)
-        pair.accessory.receive(sent[0], now: pair.now)
-        pair.now += .milliseconds(20)
-        pair.accessory.advance(to: pair.now)
-        let acknowledgement = pair.accessory.takeOutput()
-        #expect(!acknowledgement.isEmpty)
-        for frame in acknowledgement { pair.device.receive(frame, now: pair.now) }
-        pair.device.advance(to: pair.now)
-        #expect(pair.device.link.inFlightCount == 2)
-        #expect(pair.device.link.statistics.retransmissions == before.retransmissions, "the window moved: no packet is taken for lost")
-        #expect(pair.device.takeOutput().count == 0)
-
-        // A whole timeout without progress: the next packet is sent again.
-        pair.now += .milliseconds(55)
-        pair.device.advance(to: pair.now)
-        #expect(pair.device.link.statistics.retransmissions > before.retransmissions)
-        let again = pair.device.takeOutput()
-        #expect(!again.isEmpty)
-        for frame in again + [sent[2]] { pair.accessory.receive(frame, now: pair.now) }
-        #expect(pair.accessory.read(id, maxBytes: 1 << 20) == data)
-    }
-
     @Test("bytes that arrive in an array are copied once by read() and never by borrow")
     func readsCopyOnceBorrowsNever() throws {
         let read = try Self.transfer(total: 1 << 20, drop: 0) { endpoint, id in endpoint.read(id) }
