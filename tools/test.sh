@@ -45,8 +45,8 @@ trap 'kill "$busy1" "$busy2" 2>/dev/null; rm -f "$log"' EXIT
 # before and after issue 22's changes, while each module alone passes. A test that blocks its
 # thread still holds up every other test of its module, which is what this pass is for.
 # The test bundle runs directly, as `swift test` runs it for Swift Testing: through `swift test`,
-# SwiftPM saw one processor too, and now and then (2 runs in 40 here, CLIKitTests beside two busy
-# loops) the output stopped after a few tests though `swift test` ended with status 0, so the
+# SwiftPM saw one processor too, and now and then (2 runs in 40 here, CLIKitTests beside three
+# busy loops) the output stopped after a few tests though `swift test` ended with status 0, so the
 # summary this pass counts was missing (once in a full run of this script); the bundle
 # run directly ended with its summary in 60 runs of 60. NO_COLOR: run directly, Swift Testing
 # colours its output when TERM names a terminal that can, pipe or not.
