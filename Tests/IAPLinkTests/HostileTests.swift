@@ -40,33 +40,10 @@ struct HostileLinkTests {
         #expect(failed - start <= .milliseconds(500), "gave up after \(failed - start)")
     }
 
-    @Test("a flood of EAKs for the same packets sends each again once, not once per EAK")
-    func eakFloodIsBounded() throws {
-        var (pair, id) = try Self.silentPair()
-        pair.toAccessory.blackHole = true
-        pair.toDevice.blackHole = true
-        for index in 0..<4 {
-            _ = try pair.device.write(id, [UInt8](repeating: UInt8(index), count: 1_000), now: pair.now)
-        }
-        let sent = pair.device.takeOutput()
-        let data = try sent.map { try LinkPacket.decode($0) }.filter { !$0.payload.isEmpty }
-        try #require(data.count >= 2)
-        // The accessory says it has the last packet and not the ones before, 1,000 times over.
-        let last = data[data.count - 1].header.sequence
-        let acknowledged = data[0].header.sequence &- 1
-        let eak = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x02, acknowledgement: acknowledged, sessionID: 0,
-                                        payload: [last])
-        let before = pair.device.link.statistics.retransmissions
-        for _ in 0..<1_000 { pair.device.receive(eak, now: pair.now) }
-        let resent = pair.device.link.statistics.retransmissions - before
-        #expect(resent == data.count - 1, "resent \(resent) packets for 1,000 EAKs")
-        #expect(pair.device.link.statistics.eakRetransmissionsSkipped >= 999)
-        #expect(pair.device.takeOutput().count <= data.count + 2)
-    }
-
-    @Test("an EAK that also acknowledges new packets still has the packets it names sent again once their spacing has passed")
-    func eakSpacingCountsFromTheLastSending() throws {
-        var (pair, id) = try Self.silentPair()
+    /// A silent pair (both ways black-holed) whose device has sent four data packets of 1,000
+    /// bytes; returns their sequence numbers.
+    static func fourPacketsInFlight() throws -> (Pair, [UInt8]) {
+        var (pair, id) = try silentPair()
         pair.toAccessory.blackHole = true
         pair.toDevice.blackHole = true
         for index in 0..<4 {
@@ -74,18 +51,39 @@ struct HostileLinkTests {
         }
         let data = try pair.device.takeOutput().map { try LinkPacket.decode($0) }.filter { !$0.payload.isEmpty }
         try #require(data.count == 4)
-        let last = data[3].header.sequence
+        return (pair, data.map(\.header.sequence))
+    }
+
+    @Test("a flood of EAKs for the same packets sends each again once, not once per EAK")
+    func eakFloodIsBounded() throws {
+        var (pair, sequences) = try Self.fourPacketsInFlight()
+        // The accessory says it has the last packet and not the ones before, 1,000 times over.
+        let last = sequences[3]
+        let acknowledged = sequences[0] &- 1
+        let eak = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x02, acknowledgement: acknowledged, sessionID: 0,
+                                        payload: [last])
+        let before = pair.device.link.statistics.retransmissions
+        for _ in 0..<1_000 { pair.device.receive(eak, now: pair.now) }
+        let resent = pair.device.link.statistics.retransmissions - before
+        #expect(resent == sequences.count - 1, "resent \(resent) packets for 1,000 EAKs")
+        #expect(pair.device.link.statistics.eakRetransmissionsSkipped >= 999)
+        #expect(pair.device.takeOutput().count <= sequences.count + 2)
+    }
+
+    @Test("an EAK that also acknowledges new packets still has the packets it names sent again once their spacing has passed")
+    func eakSpacingCountsFromTheLastSending() throws {
+        var (pair, sequences) = try Self.fourPacketsInFlight()
+        let last = sequences[3]
         // The accessory has the last packet only: the three before are sent again.
-        let first = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x02, acknowledgement: data[0].header.sequence &- 1,
+        let first = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x02, acknowledgement: sequences[0] &- 1,
                                           sessionID: 0, payload: [last])
         pair.device.receive(first, now: pair.now)
         let once = pair.device.link.statistics.retransmissions
         #expect(pair.device.takeOutput().count == 3)
-        // Past half the timeout (100 ms here), the next EAK also acknowledges the first packet:
-        // the two it still names are sent again, though the acknowledgement started their
-        // timers again just now.
+        // Past half the timeout (100 ms here) since they were sent, the next EAK also
+        // acknowledges the first packet: the two it still names are sent again.
         pair.now += .milliseconds(60)
-        let second = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x03, acknowledgement: data[0].header.sequence,
+        let second = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x03, acknowledgement: sequences[0],
                                            sessionID: 0, payload: [last])
         pair.device.receive(second, now: pair.now)
         #expect(pair.device.link.statistics.retransmissions == once + 2)
