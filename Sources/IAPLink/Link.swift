@@ -937,8 +937,8 @@ public struct IAP2Link: Sendable {
             swap(&packet, &next.packet)
             transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
             statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
-            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, timerStart: now, lastSentAt: now, transmissions: 1,
-                                    writtenMark: outputProgress?.writtenBytes ?? 0))
+            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, timerStart: now, lastSentAt: now,
+                                    transmissions: 1, writtenMark: outputProgress?.writtenBytes ?? 0))
         }
     }
 

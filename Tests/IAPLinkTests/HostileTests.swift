@@ -70,24 +70,31 @@ struct HostileLinkTests {
         #expect(pair.device.takeOutput().count <= sequences.count + 2)
     }
 
-    @Test("an EAK that also acknowledges new packets still has the packets it names sent again once their spacing has passed")
+    @Test("an EAK's spacing counts from the packet's last sending, not from a timer that started again without sending")
     func eakSpacingCountsFromTheLastSending() throws {
         var (pair, sequences) = try Self.fourPacketsInFlight()
-        let last = sequences[3]
+        // A byte stream with output queued and moving (written 1,000 bytes so far).
+        pair.device.noteOutputProgress(TransportOutputProgress(queuedBytes: 50_000, writtenBytes: 1_000))
         // The accessory has the last packet only: the three before are sent again.
-        let first = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x02, acknowledgement: sequences[0] &- 1,
-                                          sessionID: 0, payload: [last])
-        pair.device.receive(first, now: pair.now)
+        let eak = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x02, acknowledgement: sequences[0] &- 1,
+                                        sessionID: 0, payload: [sequences[3]])
+        pair.device.receive(eak, now: pair.now)
         let once = pair.device.link.statistics.retransmissions
+        #expect(once == 3)
         #expect(pair.device.takeOutput().count == 3)
-        // Past half the timeout (100 ms here) since they were sent, the next EAK also
-        // acknowledges the first packet: the two it still names are sent again.
-        pair.now += .milliseconds(60)
-        let second = try LinkPacket.encode(control: [.ack, .eak], sequence: 0x03, acknowledgement: sequences[0],
-                                           sessionID: 0, payload: [last])
-        pair.device.receive(second, now: pair.now)
-        #expect(pair.device.link.statistics.retransmissions == once + 2)
-        #expect(pair.device.link.inFlightCount == 3)
+        // Their timers (100 ms here) run out while the queue is still moving: they start again,
+        // and nothing is sent.
+        pair.now += .milliseconds(100)
+        pair.device.noteOutputProgress(TransportOutputProgress(queuedBytes: 40_000, writtenBytes: 11_000))
+        pair.device.advance(to: pair.now)
+        #expect(pair.device.link.statistics.retransmissions == once)
+        #expect(pair.device.link.statistics.retransmissionsDeferred >= 3)
+        #expect(pair.device.takeOutput().count == 0)
+        // The same EAK 10 ms later: 110 ms since the three were last sent, past the spacing of
+        // half a timeout, so they go again (counted from the restarted timers, it would be 10 ms).
+        pair.now += .milliseconds(10)
+        pair.device.receive(eak, now: pair.now)
+        #expect(pair.device.link.statistics.retransmissions == once + 3)
     }
 
     @Test("an accessory asking for power updates over and over while acknowledging nothing is disconnected, not queued for")
