@@ -237,6 +237,10 @@ public final class GadgetTransport: Transport {
     /// The start of this transport's thread names (`gadget<n>`; then `-ep0`, `-in`, `-out`).
     var threadNamePrefix: String { core.threadPrefix }
 
+    /// Every descriptor the transport holds: the three endpoints and its wake pipe's two ends
+    /// (-1 where there is none); `cancel()` closes them all.
+    var fileDescriptors: [Int32] { [core.ep0, core.inEndpoint, core.outEndpoint, core.wakeReader, core.wakeWriter] }
+
     /// Calls `handler` on the reader or writer thread after each endpoint error is counted.
     func onEndpointError(_ handler: @escaping @Sendable () -> Void) {
         core.state.withLock { $0.endpointErrorObserver = handler }

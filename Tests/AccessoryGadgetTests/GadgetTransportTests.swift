@@ -6,13 +6,12 @@ import IAPTransport
 import IAPWire
 import Synchronization
 import Testing
+import TestSupport
 import TestThreads
 
 // GadgetTransport's data path over socket pairs standing in for the FunctionFS files: ep1 (IN),
 // ep2 (OUT) and, where a test needs it, ep0 (fed with 12-byte event records). SOCK_SEQPACKET
 // keeps write boundaries, so the IN side shows each write() the transport made.
-//
-// Serialized: the descriptor count looks at the whole process.
 /// The tests block: on events of the transport's threads, in recv() on the socket peers, in
 /// cancel() (which joins the threads). Each runs on a thread of its own (`.ownThread`).
 @Suite("GadgetTransport over socket pairs", .serialized, .ownThread)
@@ -311,12 +310,16 @@ struct GadgetTransportTests {
 
     @Test("no descriptor outlives its transport over many open-cancel cycles")
     func noDescriptorLeak() throws {
-        let before = openDescriptorCount()
+        // By identity, not by count: other suites open and close descriptors in parallel.
+        var held: Set<String> = []
         for cycle in 0..<64 {
             let (inside, peer) = try socketPair(SOCK_STREAM)
             let (outInside, outPeer) = try socketPair(SOCK_STREAM)
             let (ep0Inside, ep0Peer) = try socketPair(SOCK_SEQPACKET)
             let transport = try GadgetTransport(ep0: ep0Inside, inEndpoint: inside, outEndpoint: outInside, maxPacket: 512)
+            let identities = transport.fileDescriptors.compactMap(descriptorIdentity)
+            #expect(identities.count == 5, "three endpoints and the wake pipe's two ends: \(identities)")
+            held.formUnion(identities)
             transport.activate(queue: DispatchQueue(label: "test"), handler: EventLog().handle)
             transport.send(testFrame(100, seed: UInt64(cycle)))
             transport.cancel()
@@ -324,10 +327,12 @@ struct GadgetTransportTests {
             #expect(threadsGone(transport.threadNamePrefix))
             closeAll(peer, outPeer, ep0Peer)
         }
-        // Each cycle used eight descriptors (six socket ends and the wake pipe's two) and must
-        // keep none; a leak of one per cycle would show as 64. Other suites running meanwhile
-        // may hold a few.
-        #expect(openDescriptorCount() - before < 32)
+        // Four names a cycle: a pipe's two ends share one.
+        #expect(held.count == 64 * 4)
+        let open = openDescriptorIdentities()
+        #expect(!open.isEmpty)
+        let leaked = held.intersection(open).sorted()
+        #expect(leaked.isEmpty, "still open after cancel()")
     }
 }
 
@@ -546,10 +551,6 @@ private func threadCount(_ prefix: String) -> Int {
         let count = buffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
         return count > 0 && String(decoding: buffer[..<count], as: UTF8.self).hasPrefix(prefix + "-")
     }.count
-}
-
-private func openDescriptorCount() -> Int {
-    directoryEntries("/proc/self/fd").count
 }
 
 /// Everything a transport delivered, with a semaphore to wait on.

@@ -141,8 +141,11 @@ struct DaemonTests {
             }
             descriptors.append(openDescriptors())
         }
-        // A leak would add a descriptor or two per cycle: 100 a round.
-        #expect(descriptors.last! - descriptors[1] < 20, "descriptors by round: \(descriptors)")
+        // A leak would add a descriptor or two per cycle: 100 in every round. Other suites open
+        // and close descriptors in parallel, so they show in some rounds only: the quietest round
+        // after the first decides.
+        let growth = zip(descriptors.dropFirst(), descriptors.dropFirst(2)).map { $1 - $0 }
+        #expect(growth.min()! < 20, "descriptors by round: \(descriptors)")
         #expect(daemon.current.clientCount == 100)
     }
 
