@@ -172,6 +172,9 @@ public final class AccessoryManager: Sendable {
 
     /// Delivers events to `handler` on `queue` until the returned token's `cancel()` (or the
     /// token goes away). Events are delivered in order; a manager that stopped delivers none.
+    /// Handlers on one queue hear each event in the order they subscribed, so one that records
+    /// failures and subscribed before a wait began (``waitUntilSettled(timeout:)``) has recorded
+    /// the failure that ended the wait by the time the wait returns and the caller looks.
     @discardableResult
     public func onEvent(queue: DispatchQueue, _ handler: @escaping @Sendable (AccessoryEvent) -> Void) -> EventSubscription {
         let key = state.withLock { state -> Int in
@@ -622,7 +625,10 @@ public final class AccessoryManager: Sendable {
     }
 
     private func publish(_ event: AccessoryEvent) {
-        let (subscribers, callbacks) = state.withLock { ($0.subscribers.values.map { $0 }, $0.callbacks.values.map { $0 }) }
+        // In subscription order (a dictionary's own order varies from process to process).
+        let (subscribers, callbacks) = state.withLock { state in
+            (state.subscribers.values.map { $0 }, state.callbacks.sorted { $0.key < $1.key }.map(\.value))
+        }
         for continuation in subscribers { continuation.yield(event) }
         for (queue, handler) in callbacks { queue.async { handler(event) } }
     }

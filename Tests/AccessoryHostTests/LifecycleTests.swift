@@ -2,6 +2,7 @@ import AccessoryHost
 import IAPLink
 import IAPTransport
 import IAPWire
+import Synchronization
 import Testing
 
 @Suite("Lifecycles and misbehaving accessories", .serialized, .timeLimit(.minutes(3)))
@@ -72,6 +73,33 @@ struct LifecycleTests {
     }
 
     /// An accessory whose identification is garbage is rejected with the reason, never announced.
+    /// `iapctl list --auth require` said "no accessories found" and exit 0 now and then instead of
+    /// 69: its failure recorder and the settle wait both hear `.failed` on the manager's queue,
+    /// and when the wait's handler ran first, the command looked before the failure was recorded.
+    @Test("handlers on one queue hear an event in the order they subscribed; a failure is recorded before the settle wait returns")
+    func handlersHearEventsInSubscriptionOrder() async throws {
+        let manager = AccessoryManager(configuration: .init(answerTimeout: .milliseconds(300)))
+        defer { manager.stop() }
+        let heard = Mutex<[Int]>([])
+        // Eight: in a dictionary's order, eight handlers come out sorted once in 40,320 processes.
+        let subscriptions = (0..<8).map { index in
+            manager.onEvent(queue: manager.queue) { event in
+                if case .failed = event { heard.withLock { $0.append(index) } }
+            }
+        }
+        defer { for subscription in subscriptions { subscription.cancel() } }
+        // An identification the host rejects and the accessory never corrects: `.failed`.
+        var bad = AccessoryIdentity.echoBox
+        bad.protocols = [ExternalAccessoryProtocol(identifier: 1, name: "a"), ExternalAccessoryProtocol(identifier: 1, name: "b")]
+        let (host, device) = MemoryTransport.pair()
+        let echo = EchoAccessory(transport: device, identity: bad)
+        defer { echo.stop() }
+        manager.attach(host)
+        echo.start()
+        #expect(await manager.waitUntilSettled(timeout: .seconds(60)))
+        #expect(heard.withLock { $0 } == Array(0..<8), "the wait returned before every earlier handler heard the failure, or out of order")
+    }
+
     @Test func garbageIdentificationIsReportedNotAnnounced() async throws {
         var bad = AccessoryIdentity.echoBox
         bad.protocols = [ExternalAccessoryProtocol(identifier: 1, name: "a"), ExternalAccessoryProtocol(identifier: 1, name: "b")]
