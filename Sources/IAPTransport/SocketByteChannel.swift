@@ -5,9 +5,14 @@ internal import SystemCalls
 /// A ``ByteChannel`` over a connected Unix stream socket: a session's bytes between a process
 /// and `iapd` (the daemon hands each opened session over as such a socket).
 ///
-/// Reading: the socket is read into one buffer of ``bufferCapacity`` bytes, lent in place by
-/// ``withReadableBytes(_:)``; while it is full the socket is not read, so the kernel's socket
-/// buffer fills and the writer at the other end is held off (back-pressure instead of memory).
+/// Reading: the socket is read into a ring of ``bufferCapacity`` bytes, lent in place by
+/// ``withReadableBytes(_:)`` (the bytes up to the ring's end first, then those after the wrap);
+/// while it is full the socket is not read, so the kernel's socket buffer fills and the writer at
+/// the other end is held off (back-pressure instead of memory). Reading starts again as soon as
+/// ``resumeRoom`` bytes are free, not once the ring is empty: a consumer slower than the writer
+/// (a Bluetooth link under a daemon's client) takes bytes all the time, and the writer sees them
+/// taken all the time, instead of nothing for as long as a whole ring takes to drain (which a
+/// stall watchdog took for a dead transfer). Bytes are never moved inside the ring.
 /// Writing: ``write(_:)`` sends straight from the caller's bytes (no copy in user space) what
 /// the kernel takes now, and ``ByteChannelEvent/writable`` says when it takes more.
 ///
@@ -23,9 +28,13 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
     /// The most received bytes held before the socket is left unread.
     public let bufferCapacity: Int
     private let descriptor: Int32
+    /// The free bytes at which a paused channel reads again: a sixteenth of the ring (at least
+    /// 4 KiB), so a resumed read is worth its system call.
+    public var resumeRoom: Int { max(4096, bufferCapacity / 16) }
     private var buffer: [UInt8]
-    private var head = 0
-    private var tail = 0
+    /// Where the readable bytes start in the ring, and how many there are.
+    private var start = 0
+    private var count = 0
     private var queue: DispatchQueue?
     private var handler: (@Sendable (ByteChannelEvent) -> Void)?
     private var watch: DescriptorWatch?
@@ -57,16 +66,18 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
                                 readable: { [weak self] in self?.fill() }, writable: { [weak self] in self?.canWrite() })
     }
 
+    /// Lends the readable bytes up to the ring's end (the rest, after the wrap, on the next call).
     public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        guard tail > head else { return nil }
+        guard count > 0 else { return nil }
+        let length = min(count, bufferCapacity - start)
         let (consumed, result) = try buffer.withUnsafeBytes { raw in
-            try body(RawSpan(_unsafeBytes: UnsafeRawBufferPointer(rebasing: raw[head..<tail])))
+            try body(RawSpan(_unsafeBytes: UnsafeRawBufferPointer(rebasing: raw[start..<(start + length)])))
         }
-        consume(min(max(0, consumed), tail - head))
+        consume(min(max(0, consumed), length))
         return result
     }
 
-    public var readableByteCount: Int { tail - head }
+    public var readableByteCount: Int { count }
 
     public func write(_ bytes: ArraySlice<UInt8>) -> Int {
         bytes.withUnsafeBytes { send($0) }
@@ -132,45 +143,54 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
         handler?(.writable)
     }
 
+    /// Reads what the socket has into the ring's free bytes (both runs of them when they wrap),
+    /// until the socket has nothing more or the ring is full.
     private func fill() {
-        guard !ended else { return }
-        if head == tail {
-            head = 0
-            tail = 0
-        } else if bufferCapacity - tail < bufferCapacity / 4, head > 0 {
-            buffer.withUnsafeMutableBytes { raw in
-                raw.baseAddress!.copyMemory(from: raw.baseAddress!.advanced(by: head), byteCount: tail - head)
+        var took = false
+        while !ended {
+            if count == 0 { start = 0 } // one contiguous run of free bytes, the whole ring
+            guard count < bufferCapacity else {
+                pauseReading()
+                break
             }
-            tail -= head
-            head = 0
+            // The free bytes after the readable ones, up to the ring's end or to `start`.
+            let free = (start + count) % bufferCapacity
+            let end = free >= start ? bufferCapacity : start
+            let result = buffer.withUnsafeMutableBytes { raw in
+                SystemCall.read(descriptor, into: UnsafeMutableRawBufferPointer(rebasing: raw[free..<end]))
+            }
+            switch result {
+            case .success(0):
+                finish(nil)
+            case .success(let read):
+                count += read
+                took = true
+                if read < end - free { return deliver(took) } // the socket had no more
+                continue
+            case .failure(let error) where error.kind == .wouldBlock:
+                return deliver(took)
+            case .failure(let error):
+                fail(error)
+            }
         }
-        guard tail < bufferCapacity else { return pauseReading() }
-        let result = buffer.withUnsafeMutableBytes { raw in
-            SystemCall.read(descriptor, into: UnsafeMutableRawBufferPointer(rebasing: raw[tail...]))
-        }
-        switch result {
-        case .success(0):
-            finish(nil)
-        case .success(let count):
-            tail += count
-            if tail == bufferCapacity, head == 0 { pauseReading() }
-            handler?(.readable)
-        case .failure(let error) where error.kind == .wouldBlock:
-            break
-        case .failure(let error):
-            fail(error)
-        }
+        deliver(took)
     }
 
-    private func consume(_ count: Int) {
-        head += count
-        if head == tail {
-            head = 0
-            tail = 0
-        }
-        if readPaused, !ended, tail < bufferCapacity {
+    private func deliver(_ took: Bool) {
+        if took, !ended || count > 0 { handler?(.readable) }
+    }
+
+    private func consume(_ taken: Int) {
+        start = (start + taken) % bufferCapacity
+        count -= taken
+        if count == 0 { start = 0 }
+        if readPaused, !ended, bufferCapacity - count >= resumeRoom {
             readPaused = false
             watch?.resumeReading()
+            // A read source resumed while the socket already holds bytes does not always fire
+            // again on Linux (the peer, held off, sends nothing new to wake it): read now, from a
+            // turn of the queue of its own, since this runs inside the consumer's call.
+            queue?.async { [weak self] in self?.fill() }
         }
     }
 
