@@ -92,7 +92,7 @@ public struct SimulatedAccessory: Sendable {
         if let iap1 = profile.iap1 {
             endpoint = IAPEndpoint(IAP1Endpoint(accessory: profile.identity(), style: iap1.identification,
                                                 waitsForDevice: iap1.waitsForDevice, signer: signer, sessionBufferLimit: self.sessionBufferLimit,
-                                                randomSeed: profile.faults.seed))
+                                                interByteGap: configuration.interByteGap, randomSeed: profile.faults.seed))
         } else {
             endpoint = IAPEndpoint(IAP2Endpoint(accessory: profile.identity(), configuration: configuration, signer: signer,
                                                 sessionBufferLimit: self.sessionBufferLimit, initialSequence: initialSequence,

@@ -190,18 +190,22 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         public var retransmissionTimeoutMs: Int?
         /// Milliseconds a receiver may wait before acknowledging (default 20).
         public var cumulativeAckTimeoutMs: Int?
+        /// Milliseconds of silence in the middle of a frame after which the accessory gives the
+        /// frame up and scans its bytes again (default 50, 1–60000); iAP1 and iAP2 alike.
+        public var interByteGapMs: Int?
 
         /// Creates overrides; every nil field keeps the default.
         public init(maxPacketLength: Int? = nil, maxOutstandingPackets: Int? = nil, retransmissionTimeoutMs: Int? = nil,
-                    cumulativeAckTimeoutMs: Int? = nil) {
+                    cumulativeAckTimeoutMs: Int? = nil, interByteGapMs: Int? = nil) {
             self.maxPacketLength = maxPacketLength
             self.maxOutstandingPackets = maxOutstandingPackets
             self.retransmissionTimeoutMs = retransmissionTimeoutMs
             self.cumulativeAckTimeoutMs = cumulativeAckTimeoutMs
+            self.interByteGapMs = interByteGapMs
         }
 
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case maxPacketLength, maxOutstandingPackets, retransmissionTimeoutMs, cumulativeAckTimeoutMs
+            case maxPacketLength, maxOutstandingPackets, retransmissionTimeoutMs, cumulativeAckTimeoutMs, interByteGapMs
         }
 
         /// Decodes the overrides, refusing unknown fields.
@@ -212,6 +216,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             maxOutstandingPackets = try container.decodeIfPresent(Int.self, forKey: .maxOutstandingPackets)
             retransmissionTimeoutMs = try container.decodeIfPresent(Int.self, forKey: .retransmissionTimeoutMs)
             cumulativeAckTimeoutMs = try container.decodeIfPresent(Int.self, forKey: .cumulativeAckTimeoutMs)
+            interByteGapMs = try container.decodeIfPresent(Int.self, forKey: .interByteGapMs)
         }
     }
 
@@ -402,6 +407,9 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         }
         if let value = link.cumulativeAckTimeoutMs {
             configuration.parameters.cumulativeAckTimeout = UInt16(clamping: clamp(value, .cumulativeAckTimeout))
+        }
+        if let value = link.interByteGapMs {
+            configuration.interByteGap = .milliseconds(min(max(value, 1), 60_000))
         }
         return configuration
     }

@@ -15,8 +15,17 @@ struct IAP1SessionTests {
     static func connected(_ wire: Wire, profile: SimulatorProfile? = nil, events: (@Sendable (SimulatorEvent) -> Void)? = nil)
         async throws -> (AccessoryManager, SimulatorRunner, Accessory, (any Sendable)?)
     {
-        let manager = AccessoryManager()
-        let profile = try profile ?? #require(SimulatorProfile.builtIn(named: "legacy-sensor"))
+        // Over the pty, both ends wait 2 s of silence before giving a partial frame up, not the
+        // line's 50 ms: iAP1 has no retransmission, so a frame given up on while its writer was
+        // held off (a loaded machine running the suite in parallel) left the session waiting for
+        // ever, and the suite's time limit ended it. What is tested here is the session API.
+        var configuration = AccessoryManager.Configuration()
+        var profile = try profile ?? #require(SimulatorProfile.builtIn(named: "legacy-sensor"))
+        if wire == .pty {
+            configuration.link.interByteGap = .seconds(2)
+            profile.link.interByteGapMs = 2_000
+        }
+        let manager = AccessoryManager(configuration: configuration)
         let runner: SimulatorRunner
         var keepAlive: (any Sendable)?
         switch wire {

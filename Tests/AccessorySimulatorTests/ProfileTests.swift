@@ -89,7 +89,10 @@ struct ProfileTests {
     func linkOverrides() throws {
         var profile = try SimulatorProfile.named("multi-sensor")
         #expect(profile.linkConfiguration().parameters == LinkConfiguration.accessory.parameters)
-        profile.link = .init(maxPacketLength: 2_048, maxOutstandingPackets: 4, retransmissionTimeoutMs: 250, cumulativeAckTimeoutMs: 15)
+        #expect(profile.linkConfiguration().interByteGap == LinkConfiguration.defaultInterByteGap)
+        profile.link = .init(maxPacketLength: 2_048, maxOutstandingPackets: 4, retransmissionTimeoutMs: 250, cumulativeAckTimeoutMs: 15,
+                             interByteGapMs: 2_000)
+        #expect(profile.linkConfiguration().interByteGap == .seconds(2))
         let parameters = profile.linkConfiguration().parameters
         #expect(parameters.maxPacketLength == 2_048)
         #expect(parameters.maxOutstandingPackets == 4)
