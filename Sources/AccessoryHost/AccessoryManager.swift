@@ -172,9 +172,10 @@ public final class AccessoryManager: Sendable {
 
     /// Delivers events to `handler` on `queue` until the returned token's `cancel()` (or the
     /// token goes away). Events are delivered in order; a manager that stopped delivers none.
-    /// Handlers on one queue hear each event in the order they subscribed, so one that records
-    /// failures and subscribed before a wait began (``waitUntilSettled(timeout:)``) has recorded
-    /// the failure that ended the wait by the time the wait returns and the caller looks.
+    /// Handlers on one serial queue hear each event in the order they subscribed. A handler on
+    /// ``queue`` that records failures and subscribed before a wait began
+    /// (``waitUntilSettled(timeout:)``) has recorded the failure that ended the wait by the time
+    /// the wait returns.
     @discardableResult
     public func onEvent(queue: DispatchQueue, _ handler: @escaping @Sendable (AccessoryEvent) -> Void) -> EventSubscription {
         let key = state.withLock { state -> Int in

@@ -161,6 +161,8 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
             }
             switch result {
             case .success(0):
+                deliver(took) // the bytes read before the end are announced first
+                took = false
                 finish(nil)
             case .success(let read):
                 count += read
@@ -170,6 +172,8 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
             case .failure(let error) where error.kind == .wouldBlock:
                 return deliver(took)
             case .failure(let error):
+                deliver(took)
+                took = false
                 fail(error)
             }
         }
@@ -177,7 +181,7 @@ public final class SocketByteChannel: ByteChannel, @unchecked Sendable {
     }
 
     private func deliver(_ took: Bool) {
-        if took, !ended || count > 0 { handler?(.readable) }
+        if took { handler?(.readable) }
     }
 
     private func consume(_ taken: Int) {

@@ -72,7 +72,6 @@ struct LifecycleTests {
         #expect(growth.heap < 800 << 10, "the heap grew by \(growth.heap) bytes in each round of 40 cycles")
     }
 
-    /// An accessory whose identification is garbage is rejected with the reason, never announced.
     /// `iapctl list --auth require` said "no accessories found" and exit 0 now and then instead of
     /// 69: its failure recorder and the settle wait both hear `.failed` on the manager's queue,
     /// and when the wait's handler ran first, the command looked before the failure was recorded.
@@ -100,6 +99,7 @@ struct LifecycleTests {
         #expect(heard.withLock { $0 } == Array(0..<8), "the wait returned before every earlier handler heard the failure, or out of order")
     }
 
+    /// An accessory whose identification is garbage is rejected with the reason, never announced.
     @Test func garbageIdentificationIsReportedNotAnnounced() async throws {
         var bad = AccessoryIdentity.echoBox
         bad.protocols = [ExternalAccessoryProtocol(identifier: 1, name: "a"), ExternalAccessoryProtocol(identifier: 1, name: "b")]
