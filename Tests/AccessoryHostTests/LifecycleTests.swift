@@ -20,10 +20,10 @@ struct LifecycleTests {
         }
         for _ in 0..<50 { try await cycle() } // warm up caches and buffers
         // Other suites run in parallel and open descriptors and allocate too; a leak grows in every
-        // round of 200 cycles, so the quietest round decides (LeakSamples).
+        // round of 200 cycles, so the quietest round decides (LeakSamples), of up to 20.
         var samples = LeakSamples()
         samples.sample()
-        for _ in 0..<5 {
+        for _ in 0..<20 where !samples.hasQuietRound(descriptors: 20, heap: 800 << 10) {
             for _ in 0..<200 { try await cycle() }
             samples.sample()
         }
@@ -60,9 +60,9 @@ struct LifecycleTests {
             _ = session
         }
         for _ in 0..<20 { try await cycle() }
-        var samples = LeakSamples() // as above: the quietest round decides
+        var samples = LeakSamples() // as above: the quietest round decides, of up to 20
         samples.sample()
-        for _ in 0..<5 {
+        for _ in 0..<20 where !samples.hasQuietRound(descriptors: 20, heap: 800 << 10) {
             for _ in 0..<40 { try await cycle() }
             samples.sample()
         }

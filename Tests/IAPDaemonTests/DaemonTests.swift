@@ -5,6 +5,7 @@ import IAPDaemon
 import IAPDaemonProtocol
 import SystemCalls
 import Testing
+import TestSupport
 import TestThreads
 
 /// Issue 18: iapd shares one process's accessories with others over a Unix socket.
@@ -139,7 +140,7 @@ struct DaemonTests {
                 _ = try await session.read()
                 session.close()
             }
-            descriptors.append(openDescriptors())
+            descriptors.append(openDescriptorCount())
         }
         // A leak would add a descriptor or two per cycle: 100 in every round. Other suites open
         // and close descriptors in parallel, so they show in some rounds only: the quietest round

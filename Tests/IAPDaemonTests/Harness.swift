@@ -147,7 +147,3 @@ func echo(_ payload: [UInt8], over session: AccessorySession) async throws -> [U
     return received
 }
 
-/// Open descriptors of this process.
-func openDescriptors() -> Int {
-    (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
-}

@@ -149,15 +149,6 @@ private func makePair(keepSlaveOpen: Bool = true) throws -> (PseudoTerminal, mas
     return (pty, master, slave)
 }
 
-/// Entries in /proc/self/fd: the process's open descriptors (plus the one reading the list).
-private func openDescriptorCount() -> Int {
-    guard let directory = opendir("/proc/self/fd") else { return -1 }
-    defer { closedir(directory) }
-    var count = 0
-    while readdir(directory) != nil { count += 1 }
-    return count
-}
-
 /// The tests wait for transports on their queues, and for bytes through the pty: each on a thread
 /// of its own (`.ownThread`), not one of the cooperative pool's.
 @Suite(.serialized, .ownThread)

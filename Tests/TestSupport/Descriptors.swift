@@ -12,6 +12,17 @@ public func descriptorIdentity(_ descriptor: Int32) -> String? {
     readLink("/proc/self/fd/\(descriptor)")
 }
 
+/// How many descriptors the process holds now (the one reading the list included). Other suites
+/// running in parallel change it: a leak test compares it over rounds, and the quietest round
+/// decides, or checks by ``descriptorIdentity(_:)`` where it can.
+public func openDescriptorCount() -> Int {
+    guard let directory = opendir("/proc/self/fd") else { return -1 }
+    defer { closedir(directory) }
+    var count = 0
+    while readdir(directory) != nil { count += 1 }
+    return count
+}
+
 /// The ``descriptorIdentity(_:)`` of every descriptor the process holds now.
 public func openDescriptorIdentities() -> Set<String> {
     guard let directory = opendir("/proc/self/fd") else { return [] }
