@@ -65,7 +65,7 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     public var serialNumber: String
     /// The configuration's string.
     public var configurationName = "iAP2"
-    /// `MaxPower` of configuration `c.1`, in mA (0…500).
+    /// `MaxPower` of the configuration, in mA (0…500).
     public var maxPowerMilliamps = 100
     /// The FunctionFS instance: the function is `functions/ffs.<instance>` and the file system
     /// is mounted with `<instance>` as its source.
@@ -75,6 +75,11 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     /// Where FunctionFS is mounted; `nil` for `/dev/ffs-<instance>`. Created when missing (and
     /// then removed again).
     public var mountDirectory: String?
+    /// The field layout to present (PROTOCOL.md §7): its device class, configuration value
+    /// (the configuration is `configs/c.<value>`) and bcdDevice. The endpoint numbers are the
+    /// kernel's choice on FunctionFS (see ``USBDescriptorLayout``); a ``GadgetFSDevice`` presents
+    /// them too.
+    public var layout: USBDescriptorLayout = .standard
     /// EA protocol names that get a native-transport interface each (offered, not served: see
     /// ``init(profile:)``; ``GadgetFSDevice`` serves them).
     public var nativeTransportProtocols: [String] = []
@@ -114,7 +119,9 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
 /// ``init(configuration:)`` builds it, in this order (root only):
 /// 1. `<configfsRoot>/<name>` with `idVendor`, `idProduct`, `bcdUSB`, `bcdDevice`, and
 ///    `strings/0x409` (`manufacturer`, `product`, `serialnumber`);
-/// 2. configuration `configs/c.1` with `MaxPower` and `strings/0x409/configuration`;
+/// 2. configuration `configs/c.<value>` (1, or the layout's value) with `MaxPower` and
+///    `strings/0x409/configuration`, and the layout's `bDeviceClass`, `bDeviceSubClass`,
+///    `bDeviceProtocol` and `bcdDevice`;
 /// 3. function `functions/ffs.<instance>`, linked into `c.1`;
 /// 4. FunctionFS mounted at the mount directory (created when missing);
 /// 5. the ``transport``, which writes the descriptors and strings to `ep0`.
@@ -167,13 +174,17 @@ public final class USBGadget: Sendable {
             try Self.writeAttribute("\(gadget)/idVendor", "0x\(hex4(configuration.vendorID))")
             try Self.writeAttribute("\(gadget)/idProduct", "0x\(hex4(configuration.productID))")
             try Self.writeAttribute("\(gadget)/bcdUSB", "0x\(hex4(configuration.usbVersion))")
-            try Self.writeAttribute("\(gadget)/bcdDevice", "0x\(hex4(configuration.deviceVersion))")
+            let layout = configuration.layout
+            try Self.writeAttribute("\(gadget)/bcdDevice", "0x\(hex4(layout.deviceRelease ?? configuration.deviceVersion))")
+            for (attribute, value) in zip(["bDeviceClass", "bDeviceSubClass", "bDeviceProtocol"], layout.deviceClass) {
+                try Self.writeAttribute("\(gadget)/\(attribute)", "0x\(String(value, radix: 16))")
+            }
             let strings = "\(gadget)/strings/0x409"
             try Self.makeDirectory(strings, record: &record)
             try Self.writeAttribute("\(strings)/manufacturer", configuration.manufacturer)
             try Self.writeAttribute("\(strings)/product", configuration.product)
             try Self.writeAttribute("\(strings)/serialnumber", configuration.serialNumber)
-            let config = "\(gadget)/configs/c.1"
+            let config = "\(gadget)/configs/c.\(layout.configurationValue)"
             try Self.makeDirectory(config, record: &record)
             try Self.writeAttribute("\(config)/MaxPower", String(configuration.maxPowerMilliamps))
             try Self.makeDirectory("\(config)/strings/0x409", record: &record)

@@ -43,6 +43,11 @@ public struct GadgetFSLayout: Sendable, Hashable {
     public var nativeProtocols: [String]
     /// The iAP2 interface's pair, then one per native protocol.
     public var pairs: [BulkPair]
+    /// The field layout presented (PROTOCOL.md §7): the device class, the configuration value,
+    /// bcdDevice and, through ``pairs``, the endpoint addresses.
+    public var descriptorLayout: USBDescriptorLayout = .standard
+    /// bcdDevice.
+    public var deviceRelease: UInt16 = 0x0100
 
     /// dummy_hcd's bulk endpoints (PXA-style fixed function), in the order they are used.
     public static let dummyHCDPairs = [
@@ -67,6 +72,62 @@ public struct GadgetFSLayout: Sendable, Hashable {
         self.serialNumber = serialNumber
         self.nativeProtocols = nativeProtocols
         self.pairs = Array(pairs.prefix(nativeProtocols.count + 1))
+    }
+
+    /// A layout in the shape of `descriptorLayout` on dummy_hcd's endpoints: its device class,
+    /// configuration value and bcdDevice, and its endpoint addresses, each on an endpoint file of
+    /// the same number and direction where the controller has one (`ep2in-bulk` for 0x82), else
+    /// on a free bulk file of that direction. dummy_hcd routes a transfer by the address in the
+    /// descriptor the endpoint was enabled with, so the host sees the layout's numbers either
+    /// way.
+    ///
+    /// - Throws: ``TransportError`` when there are more native protocols than endpoint files.
+    public init(vendorID: UInt16, productID: UInt16, manufacturer: String, product: String, serialNumber: String,
+                nativeProtocols: [String], descriptorLayout: USBDescriptorLayout) throws(TransportError) {
+        var pairs = Self.dummyHCDPairs
+        if descriptorLayout.placesEndpoints {
+            var addresses = [descriptorLayout.iAP2Endpoints]
+            for index in nativeProtocols.indices {
+                guard let native = descriptorLayout.nativeEndpoints(index) else { break }
+                addresses.append(native)
+            }
+            pairs = try Self.placing(addresses)
+        }
+        try self.init(vendorID: vendorID, productID: productID, manufacturer: manufacturer, product: product,
+                      serialNumber: serialNumber, nativeProtocols: nativeProtocols, pairs: pairs)
+        self.descriptorLayout = descriptorLayout
+        if let release = descriptorLayout.deviceRelease { deviceRelease = release }
+    }
+
+    /// dummy_hcd's bulk-capable endpoint files by direction, in the controller's order (Linux
+    /// 6.1): the PXA-style fixed ones, the SA-1100-style pair, then the generic ones (any type,
+    /// no number of their own).
+    static let dummyHCDInFiles = ["ep1in-bulk", "ep6in-bulk", "ep11in-bulk", "ep2in-bulk", "ep-bin", "ep-ein", "ep-gin", "ep-jin", "ep-lin"]
+    static let dummyHCDOutFiles = ["ep2out-bulk", "ep7out-bulk", "ep12out-bulk", "ep1out-bulk", "ep-aout", "ep-cout", "ep-dout", "ep-fout",
+                                   "ep-hout", "ep-iout", "ep-kout", "ep-mout"]
+
+    /// Endpoint files for `addresses` (IN, OUT pairs): the file of the same number where there is
+    /// one, else the first free one of the direction.
+    static func placing(_ addresses: [(in: UInt8, out: UInt8)]) throws(TransportError) -> [BulkPair] {
+        var freeIn = dummyHCDInFiles, freeOut = dummyHCDOutFiles
+        func take(from files: inout [String]) -> String? { files.isEmpty ? nil : files.removeFirst() }
+        // Exact numbers first, so a later pair does not take a file an earlier one needs.
+        var chosen: [(String?, String?)] = addresses.map { _ in (nil, nil) }
+        for (position, pair) in addresses.enumerated() {
+            let inName = "ep\(pair.in & 0x0F)in", outName = "ep\(pair.out & 0x0F)out"
+            if let index = freeIn.firstIndex(where: { $0 == inName || $0.hasPrefix(inName + "-") }) { chosen[position].0 = freeIn.remove(at: index) }
+            if let index = freeOut.firstIndex(where: { $0 == outName || $0.hasPrefix(outName + "-") }) { chosen[position].1 = freeOut.remove(at: index) }
+        }
+        var pairs: [BulkPair] = []
+        for (position, pair) in addresses.enumerated() {
+            guard let inFile = chosen[position].0 ?? take(from: &freeIn),
+                  let outFile = chosen[position].1 ?? take(from: &freeOut) else {
+                throw TransportError("\(addresses.count) bulk endpoint pairs needed; the controller has \(min(dummyHCDInFiles.count, dummyHCDOutFiles.count))",
+                                     advice: "mark fewer protocols native")
+            }
+            pairs.append(BulkPair(inFile: inFile, outFile: outFile, inAddress: pair.in, outAddress: pair.out))
+        }
+        return pairs
     }
 
     /// String index of the iAP2 interface's name; native interfaces follow.
@@ -97,13 +158,15 @@ public struct GadgetFSLayout: Sendable, Hashable {
         }
         let total = 9 + body.count
         // Bus powered (bit 7, required), 100 mA.
-        return [9, 0x02, UInt8(total & 0xFF), UInt8(total >> 8), UInt8(nativeProtocols.count + 1), 1, 0, 0x80, 50] + body
+        return [9, 0x02, UInt8(total & 0xFF), UInt8(total >> 8), UInt8(nativeProtocols.count + 1), descriptorLayout.configurationValue,
+                0, 0x80, 50] + body
     }
 
     /// The device descriptor.
     var deviceDescriptor: [UInt8] {
-        [18, 0x01, 0x00, 0x02, 0, 0, 0, 64, UInt8(vendorID & 0xFF), UInt8(vendorID >> 8), UInt8(productID & 0xFF),
-         UInt8(productID >> 8), 0x00, 0x01, 1, 2, 3, 1]
+        let deviceClass = descriptorLayout.deviceClass
+        return [18, 0x01, 0x00, 0x02, deviceClass[0], deviceClass[1], deviceClass[2], 64, UInt8(vendorID & 0xFF), UInt8(vendorID >> 8),
+                UInt8(productID & 0xFF), UInt8(productID >> 8), UInt8(deviceRelease & 0xFF), UInt8(deviceRelease >> 8), 1, 2, 3, 1]
     }
 
     /// What is written to the controller file: tag 0, the full-speed and high-speed

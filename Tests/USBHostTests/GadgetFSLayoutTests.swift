@@ -71,4 +71,43 @@ struct GadgetFSLayoutTests {
             (error as? TransportError)?.description.contains("mark fewer protocols native") == true
         }
     }
+
+    @Test("each field layout is presented as the host will find it: class, configuration value, endpoint numbers")
+    func fieldLayouts() throws {
+        let natives = ["com.example.native.echo", "com.example.native.sink"]
+        for layout in USBDescriptorLayout.allCases {
+            let gadget = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00C0, manufacturer: "Acme", product: "Field", serialNumber: "F-1",
+                                            nativeProtocols: layout == .supercamera ? [natives[0]] : natives, descriptorLayout: layout)
+            let device = try USBDeviceDescriptor(parsing: gadget.deviceDescriptor)
+            #expect(device.deviceClass == layout.deviceClass[0], "\(layout)")
+            let configuration = try USBConfigurationDescriptor(parsing: gadget.configuration(highSpeed: true))
+            #expect(configuration.value == layout.configurationValue, "\(layout)")
+            let found = try #require(USBFunctionLocation.find(.iAP2, in: [configuration], activeConfiguration: layout.configurationValue))
+            #expect(found.interface.number == 0)
+            // Every endpoint address is distinct, and every file is used once.
+            let addresses = configuration.interfaces.flatMap(\.endpoints).map(\.address)
+            #expect(Set(addresses).count == addresses.count, "\(layout): \(addresses)")
+            let files = gadget.pairs.flatMap { [$0.inFile, $0.outFile] }
+            #expect(Set(files).count == files.count, "\(layout): \(files)")
+            switch layout {
+            case .supercamera:
+                #expect(device.deviceClass == 0xEF && gadget.deviceDescriptor[5] == 0x02 && gadget.deviceDescriptor[6] == 0x01)
+                #expect(found.bulkIn.address == 0x82 && found.bulkOut.address == 0x02)
+                #expect(found.nativeInterfaces.map(\.bulkIn.address) == [0x81] && found.nativeInterfaces.map(\.bulkOut.address) == [0x01])
+                // The files of the same numbers: dummy_hcd's SA-1100-style pair and its PXA-style one.
+                #expect(gadget.pairs.map(\.inFile) == ["ep2in-bulk", "ep1in-bulk"])
+                #expect(gadget.pairs.map(\.outFile) == ["ep2out-bulk", "ep1out-bulk"])
+            case .flirOne:
+                #expect(device.release == 0x0108)
+                #expect(found.bulkIn.address == 0x81 && found.bulkOut.address == 0x02)
+                #expect(found.nativeInterfaces.map(\.number) == [1, 2])
+                #expect(found.nativeInterfaces.map(\.bulkIn.address) == [0x83, 0x85])
+                #expect(found.nativeInterfaces.map(\.bulkOut.address) == [0x04, 0x06])
+            case .standard, .miscellaneousClass, .configurationThree:
+                #expect(found.bulkIn.address == 0x81 && found.bulkOut.address == 0x02)
+                #expect(found.nativeInterfaces.map(\.bulkIn.address) == [0x86, 0x8B])
+            }
+        }
+        #expect(USBDescriptorLayout(named: "flir-one") == .flirOne && USBDescriptorLayout(named: "dji") == nil)
+    }
 }
