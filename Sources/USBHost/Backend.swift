@@ -58,6 +58,10 @@ protocol USBBackend: AnyObject, Sendable {
     func clearHalt(_ handle: OpaquePointer, endpoint: UInt8) -> Int32
     /// SET_INTERFACE on a claimed interface. *Setup queue.*
     func setInterfaceAltSetting(_ handle: OpaquePointer, interface: UInt8, alternateSetting: UInt8) -> Int32
+    /// A USB port reset (`libusb_reset_device`: `USBDEVFS_RESET`, then libusb claims the claimed
+    /// interfaces again); LIBUSB_ERROR_NOT_FOUND when the device came back as another one or an
+    /// interface could not be claimed again. *Setup queue* (it waits for the re-enumeration).
+    func resetDevice(_ handle: OpaquePointer) -> Int32
 
     func allocateTransfer() -> UnsafeMutablePointer<libusb_transfer>?
     func freeTransfer(_ transfer: UnsafeMutablePointer<libusb_transfer>)
@@ -372,6 +376,7 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
     func claimInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32 { libusb_claim_interface(handle, Int32(interface)) }
     func releaseInterface(_ handle: OpaquePointer, _ interface: UInt8) -> Int32 { libusb_release_interface(handle, Int32(interface)) }
     func clearHalt(_ handle: OpaquePointer, endpoint: UInt8) -> Int32 { libusb_clear_halt(handle, endpoint) }
+    func resetDevice(_ handle: OpaquePointer) -> Int32 { libusb_reset_device(handle) }
     func setInterfaceAltSetting(_ handle: OpaquePointer, interface: UInt8, alternateSetting: UInt8) -> Int32 {
         libusb_set_interface_alt_setting(handle, Int32(interface), Int32(alternateSetting))
     }

@@ -19,6 +19,8 @@ public struct USBPipeStatistics: Sendable, Hashable {
     public var zeroLengthOut = 0
     /// Endpoint stalls cleared.
     public var stalls = 0
+    /// Device resets (``USBAccessoryTransport/resetDevice(completion:)``) that succeeded.
+    public var deviceResets = 0
     /// IN transfers where the device sent more than asked (babble).
     public var overflows = 0
     /// OUT transfers that timed out (the link retransmits what they carried).
@@ -137,6 +139,11 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// Opens waiting for a closing pipe on the same interface to finish (a close, then an open).
     private var opensAfterClose: [UInt8: [() -> Void]] = [:]
     private var deviceWentAway = false
+    /// A device reset is under way (``resetDevice(completion:)``): nothing is submitted until it
+    /// ends; its completion, once the reset ran.
+    private var pendingReset: (@Sendable (USBError?) -> Void)?
+    private var resetting: Bool { pendingReset != nil }
+    private var resetStarted = false
 
     /// Counters since activation.
     public var statistics: USBPipeStatistics {
@@ -261,7 +268,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     // MARK: IN
 
     private func refillIn() {
-        guard case .running = state, !inHalted, !retryScheduled else { return }
+        guard case .running = state, !inHalted, !retryScheduled, !resetting else { return }
         // A slot whose submit failed stays reserved in the engine and goes first next time.
         if let status = pipe.refillIn() { submitFailed(status, what: "cannot queue a bulk IN transfer") }
     }
@@ -271,6 +278,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         case let .received(_, status): inCompleted(status: status)
         case let .sent(_, actual, status): outCompleted(status: status, actual: actual)
         }
+        if resetting { resetWhenIdle() }
     }
 
     private enum Outcome { case fine, halted, gone, failed }
@@ -295,7 +303,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         }
         switch state {
         case .running:
-            if inHalted { clearHaltWhenIdle(pipe.inEndpoint) } else { refillIn() }
+            if inHalted, !resetting { clearHaltWhenIdle(pipe.inEndpoint) } else { refillIn() }
         case .closing: finishIfDrained()
         case .idle, .closed: break
         }
@@ -332,7 +340,9 @@ public final class USBAccessoryTransport: @unchecked Sendable {
             waiting.append(frame) // sent on activation
             return
         }
-        guard case .running = state else {
+        guard case .running = state, !resetting else {
+            // While the device resets, a frame is lost as on a line that dropped it (the link
+            // sends again what matters).
             drop(frame)
             return
         }
@@ -413,14 +423,14 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         }
         switch state {
         case .running:
-            if outHalted { clearHaltWhenIdle(pipe.outEndpoint) } else { drainWaiting() }
+            if outHalted, !resetting { clearHaltWhenIdle(pipe.outEndpoint) } else { drainWaiting() }
         case .closing: finishIfDrained()
         case .idle, .closed: break
         }
     }
 
     private func drainWaiting() {
-        while case .running = state, !outHalted, !retryScheduled, sendOwedZeroLengthPacket(owed: false), waitingHead < waiting.count {
+        while case .running = state, !outHalted, !retryScheduled, !resetting, sendOwedZeroLengthPacket(owed: false), waitingHead < waiting.count {
             guard submitOut(waiting[waitingHead]) else { break }
             waiting[waitingHead] = .bytes([]) // a submitted buffer is the engine's now: no second hold on it
             waitingHead += 1
@@ -492,6 +502,83 @@ public final class USBAccessoryTransport: @unchecked Sendable {
                     outHalted = false
                     drainWaiting()
                 }
+        }
+    }
+
+    // MARK: Device reset
+
+    /// Resets the device: a USB port reset (`libusb_reset_device`, `USBDEVFS_RESET`), after which
+    /// the kernel enumerates it again at the same address with the same configuration, and
+    /// libusb claims this transport's interface again. What a host tries once when an accessory
+    /// is stuck (its link never comes up) and only a re-plug would otherwise free it.
+    ///
+    /// In flight transfers are cancelled first and frames waiting to go out are dropped, then
+    /// the reset runs on the setup queue (it waits for the device); the pipe then carries data
+    /// again. `completion` gets nil then, or why not, on the context's queue. When the device
+    /// did not come back as the same device (its descriptors changed, or it left the bus) the
+    /// transport closes as disconnected: the context finds the device again when it returns.
+    /// Refused while a native-transport session is open on the device.
+    public func resetDevice(completion: @escaping @Sendable (USBError?) -> Void) {
+        onQueue { [self] in
+            guard case .running = state else { return completion(usbFailure("\(description) is closed")) }
+            guard !resetting else { return completion(usbFailure("\(description) is being reset already")) }
+            guard nativePipes.isEmpty, nativeOpening.isEmpty else {
+                return completion(usbFailure("\(description) has a native-transport session open; close it before resetting the device"))
+            }
+            pendingReset = completion
+            resetStarted = false
+            for frame in waiting[waitingHead...] { drop(frame) }
+            waiting.removeAll()
+            waitingHead = 0
+            zeroLengthPacketOwed = false
+            pipe.cancelAll()
+            resetWhenIdle()
+        }
+    }
+
+    /// Runs the reset once libusb gave every transfer back.
+    private func resetWhenIdle() {
+        guard resetting, !resetStarted, pipe.isIdle else { return }
+        guard case .running = state else {
+            let completion = pendingReset
+            pendingReset = nil
+            completion?(usbFailure("\(description) closed before it was reset"))
+            return
+        }
+        resetStarted = true
+        setupCallsInFlight += 1
+        setupQueue.async { [self] in
+            let status = backend.resetDevice(handle)
+            queue.async { [self] in
+                setupCallsInFlight -= 1
+                let completion = pendingReset
+                pendingReset = nil
+                resetStarted = false
+                guard case .running = state else {
+                    finishIfDrained()
+                    completion?(usbFailure("\(description) closed while it was reset"))
+                    return
+                }
+                guard status == 0 else {
+                    // NOT_FOUND: it came back as another device (or not at all), or an interface
+                    // could not be claimed again; NO_DEVICE: it left.
+                    let error = usbFailure("resetting \(description) failed: \(errorName(status))", kind: .noDevice,
+                                           advice: "unplug and replug the accessory")
+                    if status == LIBUSB_ERROR_NOT_FOUND.rawValue || status == LIBUSB_ERROR_NO_DEVICE.rawValue {
+                        deviceWentAway = true
+                    }
+                    fail(error)
+                    completion?(error)
+                    return
+                }
+                pipe.statistics.deviceResets += 1
+                inHalted = false
+                outHalted = false
+                consecutiveErrors = 0
+                refillIn()
+                drainWaiting()
+                completion?(nil)
+            }
         }
     }
 

@@ -39,8 +39,8 @@ extension USBError {
 /// beyond the call (``TransportEvent/lent(_:)``) when the handler runs on the USB context's queue.
 ///
 /// It offers the accessory's native-transport interfaces (``nativeTransports``) and, through
-/// ``capability(_:)``, the pipe's ``USBPipeStatistics``, the ``USBDeviceInfo`` and the
-/// ``USBAccessoryTransport`` itself.
+/// ``capability(_:)``, the pipe's ``USBPipeStatistics``, the ``USBDeviceInfo``, the
+/// ``USBAccessoryTransport`` itself and a `DeviceReset`.
 public final class USBIAPTransport: Transport, NativeTransportProvider {
     /// The USB pipe under this transport.
     public let pipe: USBAccessoryTransport
@@ -83,9 +83,13 @@ public final class USBIAPTransport: Transport, NativeTransportProvider {
     /// This transport opens the accessory's native-transport interfaces itself.
     public var nativeTransports: (any NativeTransportProvider)? { self }
 
-    /// The pipe's ``USBPipeStatistics``, its ``USBDeviceInfo``, or the ``USBAccessoryTransport``.
-    /// Call on the USB context's queue.
+    /// The pipe's ``USBPipeStatistics``, its ``USBDeviceInfo``, the ``USBAccessoryTransport``, or
+    /// a `DeviceReset` that resets the USB device in place
+    /// (``USBAccessoryTransport/resetDevice(completion:)``). Call on the USB context's queue.
     public func capability<Value>(_ type: Value.Type) -> Value? {
+        if type == DeviceReset.self {
+            return DeviceReset { [pipe] done in pipe.resetDevice { done($0?.transportError) } } as? Value
+        }
         if type == USBPipeStatistics.self { return pipe.statistics as? Value }
         if type == PacketBufferPool.self { return pipe.transmitBuffers as? Value }
         if type == USBDeviceInfo.self { return pipe.device as? Value }

@@ -60,6 +60,8 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         var deviceMemory = true
         var hotplugSupported = true
         var completeCancelled = true
+        /// What `resetDevice` returns.
+        var resetStatus: Int32 = 0
         var vanished = false
         var openHandles = 0
         var deviceMemoryLive = 0
@@ -280,6 +282,12 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         dispatchPrecondition(condition: .notOnQueue(queue))
         record("clear halt 0x\(String(endpoint, radix: 16))")
         return state.withLock { $0.clearHaltStatuses.isEmpty ? 0 : $0.clearHaltStatuses.removeFirst() }
+    }
+
+    func resetDevice(_ handle: OpaquePointer) -> Int32 {
+        dispatchPrecondition(condition: .notOnQueue(queue))
+        record("reset device")
+        return state.withLock { $0.resetStatus }
     }
 
     func allocateTransfer() -> UnsafeMutablePointer<libusb_transfer>? {
