@@ -250,6 +250,10 @@ public final class AccessoryManager: Sendable {
             onClosed: { [weak self] everIdentified, reason in
                 self?.closed(connectionID: id, location: transport.description, everIdentified: everIdentified, reason: reason)
             })
+        connection.linkRecovery = StuckLinkRecovery(
+            transport: transport, queue: queue, logger: configuration.logger, now: { [unowned connection] in connection.driver.now },
+            announce: { [weak self] reason in self?.publish(.failed(location: transport.description, reason: reason)) },
+            giveUp: { [weak connection] reason in connection?.stop(reason: reason) })
         self.state.withLock { $0.connections[id] = connection }
         connection.start()
     }

@@ -86,6 +86,8 @@ final class Connection: @unchecked Sendable {
     private let remote: RemoteAccessory?
 
     private(set) var accessory: Accessory?
+    /// Resets a device whose accessory's link never comes up (set by the manager; LinkRecovery.swift).
+    var linkRecovery: StuckLinkRecovery?
     /// The sessions handed out, by their key (``AccessorySession/key``).
     private var sessions: [Int: SessionState] = [:]
     /// The key of each link session, by its EA session id.
@@ -143,6 +145,7 @@ final class Connection: @unchecked Sendable {
         }
         driver.start(update: { [unowned self] machine, now in self.update(&machine, now: now) },
                      closed: { [weak self] error in self?.transportClosed(error) })
+        linkRecovery?.start()
     }
 
     /// Stops the link and ends everything. On the queue.
@@ -173,6 +176,7 @@ final class Connection: @unchecked Sendable {
         machine.takeEvents(into: &events)
         defer { eventScratch.putBack(&events) }
         for event in events {
+            linkRecovery?.observe(event)
             switch event {
             case let .identified(identity):
                 guard accessory == nil, downReason == nil else { continue }
@@ -380,6 +384,7 @@ final class Connection: @unchecked Sendable {
     private func down(reason: String) {
         guard downReason == nil else { return }
         downReason = reason
+        linkRecovery?.stop()
         logger.info("connection closed: \(reason)")
         announceGone(reason)
         onClosed(everIdentified, reason)
