@@ -9,6 +9,7 @@ import AccessorySimulator
 import Dispatch
 import Glibc
 import IAPLink
+import IAPTransport
 import Synchronization
 import Testing
 @testable import USBHost
@@ -22,7 +23,9 @@ final class GadgetAccessory: Sendable {
     let profile: SimulatorProfile
 
     init(_ profile: SimulatorProfile, name: String, udc: String, productID: UInt16 = 0x0001, serial: String? = nil,
-         offerNativeInterfaces: Bool = false) throws {
+         offerNativeInterfaces: Bool = false, layout: USBDescriptorLayout = .standard,
+         wire: (GadgetTransport) -> any Transport = { $0 }, bind: Bool = true,
+         events: (@Sendable (SimulatorEvent) -> Void)? = nil) throws {
         var profile = profile
         if let serial { profile.accessory.serialNumber = serial }
         self.profile = profile
@@ -31,10 +34,11 @@ final class GadgetAccessory: Sendable {
         configuration.functionInstance = name
         configuration.productID = productID
         if offerNativeInterfaces { configuration.nativeTransportProtocols = profile.nativeProtocolNames }
+        configuration.layout = layout
         gadget = try USBGadget(configuration: configuration)
-        runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
-        runner.start()
-        try gadget.bind(udc: udc)
+        runner = try SimulatorRunner(profile: profile, attachment: .transport(wire(gadget.transport)))
+        runner.start(events: events)
+        if bind { try gadget.bind(udc: udc) }
     }
 
     func remove() {
