@@ -606,7 +606,7 @@ func formatClock(_ seconds: Double) -> String {
 }
 
 enum SimulateCommand {
-    static let gadgetUsage = "iapctl simulate --gadget [--udc NAME] [--usb-id VID:PID] [--profile NAME|PATH]"
+    static let gadgetUsage = "iapctl simulate --gadget [--udc NAME] [--usb-id VID:PID] [--usb-layout NAME] [--sticks-until-reset] [--profile NAME|PATH]"
 
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let profile = try loadProfile(command.value("profile") ?? "multi-sensor")
@@ -617,7 +617,7 @@ enum SimulateCommand {
             }
             return try runGadget(command, profile: profile)
         }
-        for option in ["udc", "usb-id"] where command.count(option) > 0 {
+        for option in ["udc", "usb-id", "usb-layout", "sticks-until-reset"] where command.count(option) > 0 {
             throw UsageError("--\(option) needs --gadget", usage: gadgetUsage, commandPath: command.path)
         }
         if let target = command.value("bluetooth") {
@@ -718,6 +718,13 @@ enum SimulateCommand {
             configuration.vendorID = id.vendorID
             configuration.productID = id.productID
         }
+        if let name = command.value("usb-layout") {
+            guard let layout = USBDescriptorLayout(named: name) else {
+                throw UsageError("invalid value '\(name)' for --usb-layout: use one of \(USBDescriptorLayout.names.joined(separator: ", "))",
+                                 usage: gadgetUsage, commandPath: command.path)
+            }
+            configuration.layout = layout
+        }
         let udc: String
         if let name = command.value("udc") {
             let known = USBGadget.availableUDCs()
@@ -734,7 +741,8 @@ enum SimulateCommand {
         let gadget: USBGadget
         do { gadget = try USBGadget(configuration: configuration) } catch { throw gadgetFailure(error) }
         let runner: SimulatorRunner
-        do { runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport)) } catch {
+        let wire: any Transport = command.flag("sticks-until-reset") ? StickingWire(gadget.transport) : gadget.transport
+        do { runner = try SimulatorRunner(profile: profile, attachment: .transport(wire)) } catch {
             try? gadget.remove()
             throw ToolError(description: "\(error)", exitCode: .dataError)
         }

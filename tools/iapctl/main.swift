@@ -1,6 +1,7 @@
 // iapctl: talk to MFi-style accessories from Linux. This file holds the command table and hands
 // each subcommand to its own file.
 
+import AccessoryGadget
 import AccessorySimulator
 import CLIKit
 import ProjectVersion
@@ -167,7 +168,12 @@ let simulateCommand = CommandSpec(
                      + "address, on its iAP2 channel (sdptool browse or bluetoothctl on the host shows it)."),
               .value("bluetooth-from", valueName: "address", help: "With --bluetooth: the local adapter to connect from (default: any)."),
               .value("udc", valueName: "name", help: "With --gadget: the USB device controller to bind (default: the first in /sys/class/udc)."),
-              .value("usb-id", valueName: "vid:pid", help: "With --gadget: the USB vendor and product ids in hex.", defaultValue: "1209:0001")],
+              .value("usb-id", valueName: "vid:pid", help: "With --gadget: the USB vendor and product ids in hex.", defaultValue: "1209:0001"),
+              .value("usb-layout", valueName: "name", help: "With --gadget: present the USB descriptor layout of a real accessory "
+                     + "(\(USBDescriptorLayout.names.joined(separator: ", ")); the device class and configuration value, the endpoint numbers "
+                     + "being the kernel's).", defaultValue: "standard"),
+              .flag("sticks-until-reset", help: "With --gadget: after the first handshake, ignore the host until it resets the device "
+                    + "or it is plugged in again (as the Teslong TD300 does).")],
     refusedGroups: [OptionGroup.accessory, OptionGroup.authentication],
     examples: [CommandExample("iapctl simulate --profile legacy-sensor", "An iAP1 accessory on a new pseudo-terminal; prints its path.")])
 
