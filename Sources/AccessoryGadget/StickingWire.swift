@@ -12,7 +12,7 @@ internal import Synchronization
 /// more of the accessory's reaches the host. Only when the gadget sees the host go (FunctionFS
 /// DISABLE: a USB reset, an unplug, the controller unbound) does it come unstuck, and the
 /// ``SimulatorRunner`` starts the accessory over at the next configuration, as after any
-/// re-plug. It sticks on the first ``stuckConnections`` host connections (1 by default).
+/// re-plug. It sticks on the first `stuckConnections` host connections (1 by default; see ``init(_:stuckConnections:)``).
 public final class StickingWire: HostReconnectingWire, Sendable {
     private let inner: any HostReconnectingWire
     private struct State {
