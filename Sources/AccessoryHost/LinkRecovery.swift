@@ -135,6 +135,13 @@ final class StuckLinkRecovery: @unchecked Sendable {
 
     /// An event of the connection's endpoint. On the queue.
     func observe(_ event: EndpointEvent) {
+        switch event {
+        case .protocolSwitched(.iap1), .identified:
+            // An iAP1 accessory has no iAP2 link to bring up; an identified one is working.
+            return stop()
+        default:
+            break
+        }
         guard case let .link(.stateChanged(state)) = event, var policy = self.policy else { return }
         policy.linkStateChanged(state, now: now())
         if policy.linkCameUp, policy.didReset, let since = policy.resetFinishedAt {
