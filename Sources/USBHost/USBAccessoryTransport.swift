@@ -477,7 +477,8 @@ public final class USBAccessoryTransport: @unchecked Sendable {
 
     private func deviceGone() {
         deviceWentAway = true
-        fail(usbFailure("\(description) was disconnected", kind: .noDevice))
+        fail(usbFailure("\(description) left the bus (unplugged, or the accessory disconnected itself)", kind: .noDevice,
+                        advice: "it is opened again when it comes back"))
     }
 
     /// Clears a stalled endpoint once none of its transfers is in flight (on the setup queue:

@@ -64,7 +64,7 @@ import USBTransport
         var disconnections = disconnected.stream.makeAsyncIterator()
         #expect(await disconnections.next() != nil)
         subscription.cancel()
-        #expect(gone.withLock { $0 }?.contains("was disconnected") == true)
+        #expect(gone.withLock { $0 }?.contains("left the bus") == true)
         #expect(!accessory.isConnected)
         await #expect(throws: AccessoryError.self) { try await session.write([1]) }
         manager.stop()

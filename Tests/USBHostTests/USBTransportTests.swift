@@ -424,7 +424,8 @@ struct Harness {
             harness.fake.unplug(FakeDevice())
         }
         #expect(harness.events.waitForClose())
-        #expect(harness.events.closes.first??.message == "usb 1-1.2 2ca3:1002 Goggles 3 (serial GG3-0042) was disconnected")
+        #expect(harness.events.closes.first??.message
+            == "usb 1-1.2 2ca3:1002 Goggles 3 (serial GG3-0042) left the bus (unplugged, or the accessory disconnected itself)")
         harness.fake.state.withLock { state in
             #expect(state.openHandles == 0 && state.deviceMemoryLive == 0 && state.transfersLive == 0)
         }

@@ -36,11 +36,12 @@ enum OpenCommand {
         let session = try HostContext(command, supportedProtocols: [protocolString])
         defer { session.shutdown() }
         let accessory = try chooseAccessory(session, command: command, protocolString: protocolString)
+        let departure = DepartureWatch(session.manager, accessory)
         let stream = try openSession(accessory, protocolString)
         session.logger.info("opened \(protocolString) on \(accessory.name)")
         let idle = Double(command.value("idle") ?? "1") ?? 1
         guard let socketPath else {
-            try bridge(stream, accessory: accessory, input: 0, output: 1, isSocket: false, idle: idle)
+            try bridge(stream, accessory: accessory, departure: departure, input: 0, output: 1, isSocket: false, idle: idle)
             return .success
         }
         let listener: UnixListener
@@ -67,15 +68,15 @@ enum OpenCommand {
         listener.refuseFurtherClients {
             logger.warning("refused another client on \(socketPath): the session serves one client at a time")
         }
-        try bridge(stream, accessory: accessory, input: client, output: client, isSocket: true, idle: idle)
+        try bridge(stream, accessory: accessory, departure: departure, input: client, output: client, isSocket: true, idle: idle)
         return .success
     }
 
     /// Copies `input` to the session and the session to `output` with back-pressure both ways
     /// until input ends and the accessory has been quiet for `idle` seconds, then closes the
     /// session. Throws (exit 74) when the accessory went away or a session call failed.
-    static func bridge(_ stream: AccessorySession, accessory: Accessory, input: Int32, output: Int32, isSocket: Bool,
-                       idle: Double) throws {
+    static func bridge(_ stream: AccessorySession, accessory: Accessory, departure: DepartureWatch, input: Int32, output: Int32,
+                       isSocket: Bool, idle: Double) throws {
         let failure = Mutex<ToolError?>(nil)
         let activity = DispatchSemaphore(value: 0)
         let outputDone = DispatchSemaphore(value: 0)
@@ -93,7 +94,9 @@ enum OpenCommand {
                 }
                 guard let chunk else {
                     if !accessory.isConnected {
-                        failure.withLock { $0 = $0 ?? ToolError(description: "the accessory disconnected", exitCode: .ioError) }
+                        // Why it went (it left the bus, its link failed…), as the manager said.
+                        let why = departure.reason(waitingUpTo: .seconds(1)).map { ": \($0)" } ?? ""
+                        failure.withLock { $0 = $0 ?? ToolError(description: "the accessory disconnected\(why)", exitCode: .ioError) }
                     }
                     return
                 }
@@ -325,6 +328,34 @@ final class ClientRefuser: Sendable {
         stopped.store(true, ordering: .releasing)
         finished.wait()
     }
+}
+
+/// Why an accessory went away, as its manager announced it (`AccessoryEvent.disconnected`).
+final class DepartureWatch: Sendable {
+    private final class Seen: Sendable {
+        let reason = Mutex<String?>(nil)
+        let signal = DispatchSemaphore(value: 0)
+    }
+    private let seen = Seen()
+    private let subscription: EventSubscription
+
+    init(_ manager: AccessoryManager, _ accessory: Accessory) {
+        let seen = self.seen
+        subscription = manager.onEvent(queue: DispatchQueue(label: "iapctl.departure")) { event in
+            guard case let .disconnected(gone, reason) = event, gone === accessory else { return }
+            seen.reason.withLock { $0 = reason }
+            seen.signal.signal()
+        }
+    }
+
+    /// The reason, waiting at most `limit` for the announcement (it follows the session's end).
+    func reason(waitingUpTo limit: Duration) -> String? {
+        if let reason = seen.reason.withLock({ $0 }) { return reason }
+        _ = seen.signal.wait(timeout: .now() + .milliseconds(Int(limit.components.seconds) * 1_000))
+        return seen.reason.withLock { $0 }
+    }
+
+    deinit { subscription.cancel() }
 }
 
 /// How long `open` waits for the accessory's acknowledged count to move before it gives up
