@@ -18,6 +18,8 @@ echo "suite: the ExternalAccessory facade over USB (after USBRigTests: both bind
 ACCESSORYHOST_USB_RIG=1 timeout 300 "$bundle" --testing-library swift-testing --filter EAFacadeRig 2>&1 | grep -vE "^.{0,12}(◇|↳)"
 echo "suite: udev rules"
 timeout 120 "$here/rules.sh"
+echo "suite: an accessory as in the field (supercamera layout, sticks until reset) through iapctl simulate and iapctl watch"
+timeout 120 "$here/field.sh"
 echo "suite: firmware-upgrade example over USB (16 MiB)"
 timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
 echo "suite: a usbmon capture of the host and the gadget, decoded by iapctl decode --pcap and by tshark"

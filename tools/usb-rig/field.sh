@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs in the usb-rig guest (root): accessories as they are in the field (PROTOCOL.md §7) through
+# the command line. `iapctl simulate --gadget --usb-layout supercamera --sticks-until-reset`
+# plays a supercamera-shaped accessory that sticks after its first handshake (as the Teslong
+# TD300 does) until it sees a USB reset; `iapctl watch --json` must show the host's reset (a
+# "failed" event saying so) and then the accessory connected, without a re-plug; `iapctl list`
+# then shows it with the layout's device class.
+#
+# Usage: field.sh            Env: IAPCTL (default .build/release/iapctl)
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$here/../.." && pwd)
+iapctl=${IAPCTL:-$REPO/.build/release/iapctl}
+results=${USB_RIG_RESULTS:-$REPO/.build/usb-rig/results}
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    cp "$work"/*.out "$work"/*.err "$results"/ 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+    echo "field: FAILED: $*" >&2
+    for f in "$work"/*.out "$work"/*.err; do [ -s "$f" ] && { echo "--- $(basename "$f")" >&2; tail -n 20 "$f" >&2; }; done
+    exit 1
+}
+[ -x "$iapctl" ] || fail "$iapctl is missing (swift build -c release)"
+
+# The watcher first (it waits for events), then the accessory; two events: the reset, then
+# connected. The watcher ends by itself after them; 30 s bounds a failure.
+timeout 30 "$iapctl" watch --direct --json --count 2 > "$work/watch.out" 2> "$work/watch.err" &
+watcher=$!
+pids+=("$watcher")
+start=$(date +%s%N)
+"$iapctl" simulate --gadget --usb-layout supercamera --sticks-until-reset --usb-id 1209:00e5 -v \
+    > "$work/simulate.out" 2> "$work/simulate.err" &
+pids+=("$!")
+wait "$watcher" || fail "iapctl watch did not see two events within 30 s (exit $?)"
+end=$(date +%s%N)
+first=$(sed -n 1p "$work/watch.out")
+second=$(sed -n 2p "$work/watch.out")
+case "$first" in *'"event":"failed"'*'resetting the USB device once'*) ;; *) fail "the first event should say the host resets the device: $first" ;; esac
+case "$second" in *'"event":"connected"'*) ;; *) fail "the second event should be the accessory connected: $second" ;; esac
+"$iapctl" list --direct > "$work/list.out" 2> "$work/list.err" || fail "iapctl list failed"
+grep -q "1209:00e5" "$work/list.out" || fail "iapctl list does not show the accessory: $(cat "$work/list.out")"
+echo "field: iapctl watch saw the reset, then the accessory: $first"
+echo "field: $second"
+echo "field: from starting the sticking simulator to the watcher's second event: $(( (end - start) / 1000000 )) ms"
+echo "field: iapctl list: $(head -n 1 "$work/list.out")"
