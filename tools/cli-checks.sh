@@ -44,6 +44,11 @@ check "--bluetooth without a D-Bus system bus exits 69" 69 env DBUS_SYSTEM_BUS_A
 contains "--bluetooth names the fix" err "systemctl start dbus"
 check "--bluetooth-connect with a bad address exits 64" 64 "$iapctl" --no-usb --bluetooth-connect 00:11:22 list
 check "simulate --bluetooth without a channel exits 64" 64 "$iapctl" simulate --bluetooth 00:11:22:33:44:55
+check "simulate --usb-layout needs --gadget (64)" 64 "$iapctl" simulate --usb-layout flir-one
+contains "simulate --usb-layout without --gadget" err "--usb-layout needs --gadget"
+check "simulate --gadget refuses an unknown layout before touching configfs (64)" 64 "$iapctl" simulate --gadget --usb-layout dji
+contains "simulate --gadget --usb-layout dji" err "use one of standard, supercamera, flir-one, misc-class, config-3"
+check "simulate --sticks-until-reset needs --gadget (64)" 64 "$iapctl" simulate --sticks-until-reset
 check "info shows native protocols" 0 "$iapctl" --no-usb --simulate=native-streamer info --json
 contains "info --json native" out '"name":"com.example.native.sink","matchAction":0,"native":true'
 head -c 3000000 /dev/urandom > "$work/native.bin"
