@@ -55,6 +55,22 @@ head -c 3000000 /dev/urandom > "$work/native.bin"
 check "send through a native transport" 0 "$iapctl" --no-usb --simulate=native-streamer send com.example.native.sink "$work/native.bin" --json
 contains "send --json native" out '"ok":true,"protocol":"com.example.native.sink","accessory":{"connectionID":1,'
 
+# open: an accessory that goes away ends the session and `open` (74, with the reason) even while
+# open's input stays open, as a terminal does.
+cat > "$work/vanish-echo.json" <<'JSON'
+{ "identity": { "name": "Vanisher", "model": "V1", "manufacturer": "Test", "serialNumber": "V-2",
+                "firmwareVersion": "1.0", "hardwareVersion": "A" },
+  "protocols": [ { "name": "com.example.echo", "behaviour": "echo" } ],
+  "faults": { "vanishAfterBytes": 1000 } }
+JSON
+mkfifo "$work/held"
+exec 4<> "$work/held" # a writer that stays: the input never ends
+head -c 5000 /dev/urandom > "$work/held"
+check "open ends when the accessory goes, its input still open (74)" 74 timeout 60 bash -c \
+    "exec 4>&-; exec \"\$0\" --no-usb --simulate=\"\$1\" open com.example.echo < \"\$2\"" "$iapctl" "$work/vanish-echo.json" "$work/held"
+contains "open says why the accessory went" err "the accessory disconnected: "
+exec 4>&-
+
 # A sink that vanishes after 300000 bytes: send stops, says what was acknowledged, exits 74.
 cat > "$work/vanish.json" <<'JSON'
 { "identity": { "name": "Vanisher", "model": "V1", "manufacturer": "Test", "serialNumber": "V-1",

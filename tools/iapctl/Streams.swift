@@ -83,9 +83,24 @@ enum OpenCommand {
         // While a write to a slow reader is under way the session is not idle: ending it then
         // would drop what the accessory sent.
         let writing = Atomic<Bool>(false)
+        // The session's end (the accessory went, or a read failed) ends the input side too: a
+        // terminal or a pipe that stays open would otherwise hold `open` until it ends. The
+        // output side writes a byte here; the input side polls it beside its input.
+        var ended: [Int32] = [-1, -1]
+        guard pipe(&ended) == 0 else { throw ToolError(description: "cannot make a pipe: \(SystemError(errno))", exitCode: .osError) }
+        let (endedRead, endedWrite) = (ended[0], ended[1])
+        // The write end is the output side's; the read end is closed once the output side is
+        // done (left open otherwise: a late byte must not reach a reused descriptor or raise SIGPIPE).
+        var outputFinished = false
+        defer { if outputFinished { Glibc.close(endedRead) } }
         // Accessory → output. A slow reader slows the accessory (we read only after writing).
         DispatchQueue.global().async {
-            defer { outputDone.signal() }
+            defer {
+                var byte: UInt8 = 1
+                _ = Glibc.write(endedWrite, &byte, 1)
+                Glibc.close(endedWrite)
+                outputDone.signal()
+            }
             while true {
                 let chunk: [UInt8]?
                 do { chunk = try blockingAwait { try await stream.read() } } catch {
@@ -111,6 +126,8 @@ enum OpenCommand {
         // Input → accessory, with back-pressure: the next read waits for the write.
         var buffer = [UInt8](repeating: 0, count: 64 * 1_024)
         while true {
+            var ready = [pollfd(fd: input, events: Int16(POLLIN), revents: 0), pollfd(fd: endedRead, events: Int16(POLLIN), revents: 0)]
+            guard case .success = SystemCall.poll(&ready), ready[1].revents == 0 else { break }
             let result = buffer.withUnsafeMutableBytes { SystemCall.read(input, into: $0) }
             guard case .success(let count) = result, count > 0 else { break }
             let chunk = Array(buffer[0..<count])
@@ -132,7 +149,7 @@ enum OpenCommand {
         while activity.wait(timeout: .now() + .milliseconds(Int(idle * 1_000))) == .success
                 || writing.load(ordering: .acquiring) {}
         stream.close()
-        _ = outputDone.wait(timeout: .now() + .seconds(2))
+        outputFinished = outputDone.wait(timeout: .now() + .seconds(2)) == .success
         if let error = failure.withLock({ $0 }) { throw error }
     }
 }

@@ -4,7 +4,9 @@
 # plays a supercamera-shaped accessory that sticks after its first handshake (as the Teslong
 # TD300 does) until it sees a USB reset; `iapctl watch --json` must show the host's reset (a
 # "failed" event saying so) and then the accessory connected, without a re-plug; `iapctl list`
-# then shows it with the layout's device class.
+# then shows it. Then an accessory that leaves the bus in the middle of an `iapctl open`
+# session (its gadget unbound, as the FLIR ONE leaves by itself): `iapctl open` ends with 74 and
+# says the accessory left the bus.
 #
 # Usage: field.sh            Env: IAPCTL (default .build/release/iapctl)
 set -euo pipefail
@@ -22,6 +24,16 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+# poll TENTHS COMMAND...: runs COMMAND every 0.1 s until it succeeds, at most TENTHS times.
+poll() {
+    local tenths=$1
+    shift
+    for _ in $(seq 1 "$tenths"); do
+        "$@" && return 0
+        sleep 0.1
+    done
+    "$@"
+}
 fail() {
     echo "field: FAILED: $*" >&2
     for f in "$work"/*.out "$work"/*.err; do [ -s "$f" ] && { echo "--- $(basename "$f")" >&2; tail -n 20 "$f" >&2; }; done
@@ -37,7 +49,8 @@ pids+=("$watcher")
 start=$(date +%s%N)
 "$iapctl" simulate --gadget --usb-layout supercamera --sticks-until-reset --usb-id 1209:00e5 -v \
     > "$work/simulate.out" 2> "$work/simulate.err" &
-pids+=("$!")
+sticking=$!
+pids+=("$sticking")
 wait "$watcher" || fail "iapctl watch did not see two events within 30 s (exit $?)"
 end=$(date +%s%N)
 first=$(sed -n 1p "$work/watch.out")
@@ -50,3 +63,25 @@ echo "field: iapctl watch saw the reset, then the accessory: $first"
 echo "field: $second"
 echo "field: from starting the sticking simulator to the watcher's second event: $(( (end - start) / 1000000 )) ms"
 echo "field: iapctl list: $(head -n 1 "$work/list.out")"
+
+# An accessory that leaves the bus mid-session. The sticking one goes first (one gadget at a time).
+kill "$sticking"
+wait "$sticking" || true
+"$iapctl" simulate --gadget --usb-id 1209:00e6 > "$work/simulate2.out" 2> "$work/simulate2.err" &
+pids+=("$!")
+timeout 60 "$iapctl" wait --direct --usb-id 1209:00e6 --timeout 30 > "$work/wait.out" 2> "$work/wait.err" \
+    || fail "the second simulated accessory was not identified within 30 s"
+mkfifo "$work/input"
+exec 3<> "$work/input" # a writer that stays: open's input does not end until it is closed
+timeout 60 "$iapctl" open --direct -v com.example.echo < "$work/input" > "$work/open.out" 2> "$work/open.err" 3>&- &
+opener=$!
+pids+=("$opener")
+poll 300 grep -q "opened com.example.echo" "$work/open.err" || fail "iapctl open did not open the session within 30 s"
+gadget=$(grep -l "1209" /sys/kernel/config/usb_gadget/*/idVendor | head -n 1)
+echo "" > "$(dirname "$gadget")/UDC" # the accessory leaves the bus
+exec 3>&- # then the input ends, and open reports what happened
+status=0
+wait "$opener" || status=$?
+[ "$status" = 74 ] || fail "iapctl open should end with 74 when the accessory leaves, not $status"
+grep -q "left the bus" "$work/open.err" || fail "iapctl open should say the accessory left the bus: $(tail -n 3 "$work/open.err")"
+echo "field: iapctl open, the accessory leaving mid-session (exit $status): $(grep -i "error" "$work/open.err" | tail -n 1)"
