@@ -431,11 +431,13 @@ check "a malformed profile is 65" 65 "$iapctl" --no-usb "--simulate=$work/broken
 "$iapctl" "${sim[@]}" wait --json --protocol com.example.echo > "$work/wait.json"
 "$iapctl" "${sim[@]}" wait --gone --json --serial-number NOPE > "$work/gone.json"
 "$iapctl" "${sim[@]}" watch --json --count 1 > "$work/watch.json"
+# An accessory that asks for an app after identification (issue 31): the second event.
+"$iapctl" --no-usb --simulate=thermal-camera watch --json --count 2 > "$work/applaunch.json"
 "$iapctl" "${sim[@]}" send com.example.echo "$work/native.bin" --verify-echo --json > "$work/send.json"
 "$iapctl" --no-usb "--simulate=$work/vanish.json" send com.example.sink "$work/image.bin" --json > "$work/sendfail.json" 2> /dev/null || true
 "$iapctl" decode --json "$here/samples/dji-syn.hex" > "$work/decode.json"
 "$iapctl" decode --json "$here/samples/iap1-idps.hex" >> "$work/decode.json" || true
-for pair in list:list info:info wait:wait wait:gone watch:watch send:send send:sendfail decode:decode; do
+for pair in list:list info:info wait:wait wait:gone watch:watch watch:applaunch send:send send:sendfail decode:decode; do
     if python3 "$here/check-json.py" "${pair%%:*}" "$work/${pair#*:}.json" 2> "$work/schema.err"; then
         echo "cli-checks: ok ${pair#*:} --json validates against docs/json-schema.json"
     else
@@ -444,6 +446,8 @@ for pair in list:list info:info wait:wait wait:gone watch:watch send:send send:s
 done
 grep -q '"seconds":[0-9]' "$work/send.json" || fail "send --json seconds is not a number: $(cat "$work/send.json")"
 grep -q '"event":"connected","accessory":{"connectionID"' "$work/watch.json" || fail "watch --json accessory is not the object: $(cat "$work/watch.json")"
+grep -q '"event":"appLaunchRequested",.*"bundleIdentifier":"com.example.thermal"' "$work/applaunch.json" \
+    || fail "watch --json did not report the thermal camera's app launch request: $(cat "$work/applaunch.json")"
 
 # 8. Install under a prefix (DESTDIR), man pages that render, completion that completes, the
 # example that finds iapctl on PATH, and an uninstall that leaves nothing.

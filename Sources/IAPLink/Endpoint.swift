@@ -374,8 +374,12 @@ public struct IAP2Endpoint: Sendable {
 
     /// Device: opens an EA session for `protocolName`.
     ///
+    /// The session is open at once, as on an iPhone: StartExternalAccessoryProtocolSession is
+    /// queued, data written now follows it on the link, and the accessory's
+    /// StatusExternalAccessoryProtocolSession is not waited for (docs/LENIENCY.md).
+    ///
     /// - Returns: the new EA session id; ``EndpointEvent/sessionOpened(sessionID:protocolName:)``
-    ///   follows when the accessory confirms.
+    ///   is among the next events taken.
     public mutating func openSession(protocolName: String, now: LinkTime) throws(EndpointError) -> UInt16 {
         upper.now = now
         let id = try upper.openSession(protocolName: protocolName)

@@ -258,6 +258,14 @@ struct NoisyLinkTests {
         return device
     }
 
+    /// The lengths of the frames dropped as too long, in order.
+    static func tooLongLengths(_ events: [LinkEvent]) -> [Int] {
+        events.compactMap { event -> Int? in
+            guard case let .dropped(drop) = event, case let .frameTooLong(length) = drop.reason else { return nil }
+            return length
+        }
+    }
+
     /// An accessory link brought up against a device link, with nothing left to take.
     static func connectedAccessory(_ configuration: LinkConfiguration) throws -> IAP2Link {
         var accessory = IAP2Link(role: .accessory, configuration: configuration, initialSequence: 0x01)
@@ -321,10 +329,7 @@ struct NoisyLinkTests {
         let fits = try LinkPacket.encode(control: .ack, sequence: 0x41, acknowledgement: 0x01, sessionID: 1,
                                          payload: [UInt8](repeating: 7, count: 1_024 - LinkPacketHeader.overhead))
         accessory.receive(Noise.iap2Header(length: 1_025) + Noise.iap1Header(length: 300) + fits, now: .milliseconds(5), sink: &sink)
-        let tooLong = accessory.takeEvents().compactMap { event -> Int? in
-            guard case let .dropped(drop) = event, case let .frameTooLong(length) = drop.reason else { return nil }
-            return length
-        }
+        let tooLong = Self.tooLongLengths(accessory.takeEvents())
         // The iAP1 start is refused twice: from its FF, and from its 55.
         #expect(tooLong == [1_025, 306, 305], "iAP1 packets other than the detect are not waited for either")
         #expect(accessory.scanStatistics.dropsByKind[.frameTooLong] == 3)
@@ -339,10 +344,7 @@ struct NoisyLinkTests {
         let long = try LinkPacket.encode(control: .ack, sequence: 0x02, acknowledgement: 0x40, sessionID: 1,
                                          payload: [UInt8](repeating: 7, count: 4_000))
         device.receive(Noise.iap1Header(length: 300) + long, now: .milliseconds(5), sink: &sink)
-        let tooLong = device.takeEvents().compactMap { event -> Int? in
-            guard case let .dropped(drop) = event, case let .frameTooLong(length) = drop.reason else { return nil }
-            return length
-        }
+        let tooLong = Self.tooLongLengths(device.takeEvents())
         #expect(tooLong == [306, 305])
         #expect(sink.delivered.map(\.count) == [4_000])
     }
