@@ -968,6 +968,11 @@ struct Upper: LinkSink, Sendable {
             switch AccessoryIdentity.validate(message, bluetoothAddress: peerBluetoothAddress) {
             case var .success(identity):
                 if let wrong = identity.wronglyDirectedMessages { tolerate("message-lists", "\(wrong); accepted all the same") }
+                let unknown = Set(message.parameters.map(\.id).filter { MessageCatalogue.identificationParameters[$0] == nil }).sorted()
+                if !unknown.isEmpty {
+                    tolerate("identification-parameters",
+                             "IdentificationInformation carries parameters the host does not know (\(unknown.map(String.init).joined(separator: ", "))); ignored")
+                }
                 identity.authentication = authentication
                 self.identity = identity
                 identified = true
@@ -984,6 +989,9 @@ struct Upper: LinkSink, Sendable {
             // Answer with what was asked for: full current available, battery at 100 %.
             var parameters: [Parameter] = []
             for parameter in message.parameters {
+                if ![0, 1, 2, 4, 5, 6].contains(parameter.id) {
+                    tolerate("power-fields", "StartPowerUpdates asks for field \(parameter.id), which the host does not report; left out")
+                }
                 switch parameter.id {
                 case 0: parameters.append(.uint16(0, 1_000))
                 case 1: parameters.append(.bool(1, false))

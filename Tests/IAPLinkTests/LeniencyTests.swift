@@ -119,6 +119,29 @@ struct LeniencyTests {
         #expect(notes.first?.contains("MessagesSentByAccessory lists messages the device sends") == true, "\(notes)")
     }
 
+    @Test("unknown identification parameters and power fields are ignored and noted once")
+    func unknownParametersAreNoted() throws {
+        var pair = Self.identifiedPair()
+        pair.accessory.sendControlMessage(ControlMessage(id: .startPowerUpdates, parameters: [.flag(0), .flag(3), .flag(9), .flag(6)]),
+                                          now: pair.now)
+        #expect(pair.run { pair in pair.accessoryEvents.filter { if case .powerUpdate = $0 { return true } else { return false } }.count == 2 })
+        let update = pair.accessoryEvents.compactMap { event -> [Parameter]? in
+            if case let .powerUpdate(parameters) = event { return parameters } else { return nil }
+        }.last
+        #expect(update?.map(\.id) == [0, 6])
+        let notes = pair.deviceEvents.compactMap { event -> String? in if case let .tolerated(what) = event { return what } else { return nil } }
+        #expect(notes == ["StartPowerUpdates asks for field 3, which the host does not report; left out"])
+
+        // Identification sent again with a parameter no source names: accepted, noted.
+        let before = pair.deviceEvents.count
+        pair.accessory.sendControlMessage(ControlMessage(id: .identificationInformation,
+                                                         parameters: AccessoryIdentity.sample.message.parameters + [.string(0x4242, "from the future")]),
+                                          now: pair.now)
+        #expect(pair.run { pair in pair.deviceEvents.dropFirst(before).contains { if case .identified = $0 { return true } else { return false } } })
+        let later = pair.deviceEvents.dropFirst(before).compactMap { event -> String? in if case let .tolerated(what) = event { return what } else { return nil } }
+        #expect(later == ["IdentificationInformation carries parameters the host does not know (16962); ignored"])
+    }
+
     @Test("a file-transfer session in the accessory's SYN is accepted and left idle; its packets are acknowledged")
     func fileTransferSessionLeftIdle() throws {
         // The Hyundai head unit's table: control (version 2) and file transfer (PROTOCOL.md §7.4),
