@@ -82,6 +82,8 @@ final class Connection: @unchecked Sendable {
     /// Control messages already logged as ignored (the first of each kind at notice level, the
     /// rest at debug: an accessory that repeats one does not fill the log).
     private var unhandledLogged: Set<MessageID> = []
+    /// The same for iAP1 commands, by lingo and command.
+    private var unhandledIAP1Logged: Set<UInt32> = []
     private var everIdentified = false
     /// The last identification the host rejected, said again if the accessory never sends a
     /// corrected one (more use to a person than "did not answer").
@@ -213,7 +215,9 @@ final class Connection: @unchecked Sendable {
             case let .protocolSwitched(version):
                 logger.info(version == .iap1 ? "the accessory speaks iAP1: continuing in iAP1" : "the accessory started over in iAP2")
             case let .unhandledIAP1Command(lingo, command):
-                logger.debug("unhandled iAP1 command 0x\(String(command, radix: 16)) on lingo 0x\(String(lingo, radix: 16)), answered BadParameter")
+                let first = unhandledIAP1Logged.insert(UInt32(lingo) << 16 | UInt32(command)).inserted
+                logger.log(level: first ? .notice : .debug,
+                           "ignored iAP1 command 0x\(String(command, radix: 16)) on lingo 0x\(String(lingo, radix: 16)), which the host does not use (answered BadParameter)")
             case let .sessionOpened(id, name):
                 if let pending = pendingOpens.removeValue(forKey: id), let accessory {
                     let session = add(LinkSessionStream(id: id), protocolString: name, accessory: accessory)
