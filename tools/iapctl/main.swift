@@ -185,7 +185,8 @@ let iapctl = CommandSpec(
         """,
     version: toolVersion(),
     options: [verboseOption] + hostOptions + AuthenticationOptions.options,
-    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, simulateCommand, decodeCommand],
+    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, ReportCommand.spec, simulateCommand,
+                  decodeCommand],
     examples: [
         CommandExample("iapctl --simulate list", "The built-in simulated accessory."),
         CommandExample("iapctl --serial /dev/ttyUSB0:115200 info --json", "An accessory on a UART, as JSON."),
@@ -220,6 +221,7 @@ CommandLineTool.run(iapctl, manPageDate: AccessoryHostVersion.releaseDate) { com
     case "open": return try OpenCommand.run(command)
     case "send": return try SendCommand.run(command)
     case "simulate": return try SimulateCommand.run(command)
+    case "report": return try ReportCommand.run(command)
     default: throw ExitCode.software
     }
 }
