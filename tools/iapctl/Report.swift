@@ -112,7 +112,8 @@ enum ReportCommand {
                 throw error
             }
             let departures = DepartureLog()
-            let subscription = context.manager.onEvent(queue: DispatchQueue(label: "iapctl.report.events")) { event in
+            let eventQueue = DispatchQueue(label: "iapctl.report.events")
+            let subscription = context.manager.onEvent(queue: eventQueue) { event in
                 if case let .disconnected(accessory, reason) = event {
                     departures.entries.withLock { $0.append((wallNanoseconds(), accessory.connectionID, reason)) }
                 }
@@ -124,6 +125,8 @@ enum ReportCommand {
                 run.linkStatistics = accessory.linkStatistics
                 run.connectedAtEnd = accessory.isConnected
             }
+            context.manager.queue.sync {} // what the manager has announced…
+            eventQueue.sync {} // …has been heard
             subscription.cancel()
             run.departures = departures.entries.withLock { $0 }
             run.failures = context.failures.entries.withLock { $0 }
@@ -347,6 +350,8 @@ struct SessionProbe {
             if received.count > received.bytes.count { line += " …" }
             if write, received.bytes.starts(with: ReportCommand.probe) { line += " (the probe echoed)" }
             probe.lines.append(line)
+        } else if received.ended {
+            probe.lines.append("nothing came back before the session ended")
         } else {
             probe.lines.append("nothing came back within \(ReportText.seconds(readTimeout)) (a sink, or a protocol that speaks only when asked in its own terms)")
         }
@@ -745,6 +750,9 @@ struct ReportRun {
         if let accessory {
             out.append("  connection id: \(accessory.connectionID), protocol \(accessory.protocolVersion.rawValue), "
                        + (connectedAtEnd ? "still connected after the sessions" : "gone before the sessions were done"))
+            for (time, id, reason) in departures where id == accessory.connectionID {
+                out.append("  \(at(time)) disconnected: \(shown(reason))")
+            }
         }
         if wires.count > 1 {
             out.append("  other traced connections: " + wires.enumerated().filter { $0.offset != index }.map { shown($0.element.location) }.joined(separator: "; "))
