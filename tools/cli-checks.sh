@@ -580,6 +580,12 @@ if [ -x "$iapd" ]; then
     check "iapctl goes through iapd" 0 env IAPD_SOCKET="$work/iapd.sock" "$iapctl" -v list
     contains "iapctl -v says iapd" err "going through iapd at $work/iapd.sock"
     contains "the accessory iapd serves" out "Multi Sensor"
+    # report never goes through iapd: it says iapd holds the accessories and how to stop it.
+    check "report while iapd runs" 0 env IAPD_SOCKET="$work/iapd.sock" "$iapctl" --no-usb report -o "$work/report-iapd.txt"
+    contains "report names iapd" err "stopped at open: no accessory found"
+    cp "$work/report-iapd.txt" "$work/r"
+    contains "report says how to stop iapd" r "iapd is running (it listens at $work/iapd.sock) and holds the machine's accessories: stop it with 'sudo systemctl stop iapd.socket iapd.service'"
+    contains "report's next step is iapd's" r "next: Stop iapd"
     kill -TERM "$iapd_pid"
     for _ in $(seq 1 100); do # until it exited (gone, or a zombie not yet waited for)
         state=$(sed 's/.*) //' "/proc/$iapd_pid/stat" 2>/dev/null | cut -c1 || true)

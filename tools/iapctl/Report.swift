@@ -130,7 +130,8 @@ enum ReportCommand {
             subscription.cancel()
             run.departures = departures.entries.withLock { $0 }
             run.failures = context.failures.entries.withLock { $0 }
-            run.daemonSocket = access(AccessoryManager.defaultDaemonSocketPath, F_OK) == 0 ? AccessoryManager.defaultDaemonSocketPath : nil
+            let daemonPath = AccessoryManager.defaultDaemonSocketPath
+            run.daemonSocket = daemonAnswers(at: daemonPath) ? daemonPath : nil
         }
         run.finished = wallNanoseconds()
         run.wires = trace.tracedWires
@@ -148,6 +149,26 @@ enum ReportCommand {
         let place = path == "-" ? "standard output" : path
         StandardError.write("report written to \(place.escapedForTerminal): \(run.verdict.escapedForTerminal)\n")
         return .success
+    }
+
+    /// Whether iapd listens at `path`: a connection is accepted, or refused for want of
+    /// permission (its socket is for the group iapd). A socket file nobody listens on is not iapd.
+    static func daemonAnswers(at path: String) -> Bool {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else { return false }
+        defer { close(descriptor) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (index, byte) in bytes.enumerated() { raw[index] = byte }
+            raw[bytes.count] = 0
+        }
+        let result = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        return result == 0 || errno == EACCES || errno == EPERM
     }
 
     /// `iapctl-report-YYYYMMDD-HHMMSS.txt`, in local time.
@@ -650,7 +671,7 @@ struct ReportRun {
     }
 
     static func daemonAdvice(_ socket: String) -> String {
-        "iapd is running (its socket \(socket) exists) and holds the machine's accessories: stop it with "
+        "iapd is running (it listens at \(socket)) and holds the machine's accessories: stop it with "
             + "'sudo systemctl stop iapd.socket iapd.service' (or end the iapd process), run iapctl report again, "
             + "then start it again with 'sudo systemctl start iapd.socket'"
     }
@@ -720,7 +741,11 @@ struct ReportRun {
             out.append("")
             out.append("WHERE IT STOPPED")
             out.append("  \(stop.name): \(shown(stop.failure ?? ""))")
-            out.append("  next: " + Self.advice(for: stop.name.hasPrefix("session ") ? "session" : stop.name))
+            if stop.name == "open", daemonSocket != nil {
+                out.append("  next: Stop iapd (below), then run the report again.")
+            } else {
+                out.append("  next: " + Self.advice(for: stop.name.hasPrefix("session ") ? "session" : stop.name))
+            }
         }
         if let daemonSocket {
             out.append("")
@@ -806,6 +831,7 @@ struct ReportRun {
     }
 
     func authenticationSection() -> [String] {
+        guard wireIndex != nil else { return [] }
         var out = ["", "AUTHENTICATION"]
         out.append("  policy:      --auth \(command.value("auth") ?? "record")" + (command.value("trust").map { ", --trust \(shown($0))" } ?? ", no --trust")
                    + (command.flag("check-validity") ? ", --check-validity" : ""))
