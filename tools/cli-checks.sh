@@ -359,6 +359,18 @@ contains "report's summary names the session" err "sessions failed, the first at
 cp "$work/report-vanish.txt" "$work/r"
 contains "report: the session failed" r "✘ the session ended: the accessory disconnected"
 contains "report: the second was not opened" r "✘ the accessory had gone before the session could be opened"
+# A port where nothing answers (a pty whose other end stays silent): the report stops at detect.
+coproc SILENT { exec python3 -c 'import os, sys; m, s = os.openpty(); print(os.ttyname(s), flush=True); sys.stdin.read()'; }
+silent_pid=$SILENT_PID
+if read -r -t 10 -u "${SILENT[0]}" silent_pty && [ -n "$silent_pty" ]; then
+    check "report where nothing answers" 0 "$iapctl" --no-usb --serial "$silent_pty" --timeout 1 report -o "$work/report-silent.txt"
+    contains "report: stopped at detect" err "stopped at detect: the accessory sent nothing in "
+    contains "report: what to check" "report-silent.txt" "next: The accessory did not answer."
+else
+    fail "report: no silent pseudo-terminal"
+fi
+kill "$silent_pid" 2>/dev/null || true
+wait "$silent_pid" 2>/dev/null || true
 for profile in thermal-camera borescope; do
     check "report --simulate=$profile" 0 "$iapctl" --no-usb --simulate=$profile report -o "$work/report-$profile.txt"
     contains "report --simulate=$profile passes" err "all steps passed"

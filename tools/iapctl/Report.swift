@@ -77,6 +77,7 @@ enum ReportCommand {
             ExitStatusDescription(.cannotCreate, "the report file cannot be written (choose another with -o FILE, or -o - for standard output)"),
         ])
 
+    /// Runs the report; 0 once the file is written, 73 when it cannot be, 64 for a usage error.
     static func run(_ command: ParsedCommand) throws -> ExitCode {
         let started = wallNanoseconds()
         let full = command.flag("full")
@@ -138,6 +139,7 @@ enum ReportCommand {
         run.analysis = TraceAnalysis(blocks: trace.recordedBlocks, full: full)
         run.records = log.memory.records
         run.droppedRecords = log.memory.droppedCount
+        run.prepare()
 
         let text = run.render(fileName: path == "-" ? placeholderName : path)
         do {
@@ -246,20 +248,28 @@ final class DepartureLog: Sendable {
 
 /// One step's verdict.
 enum StepOutcome {
+    /// ✔
     case passed
+    /// ✘, with the reason (the host's, where it gave one).
     case failed(String)
+    /// An earlier step failed.
     case notReached
 }
 
 /// One line of the step list, with the details shown under it.
 struct ReportStep {
+    /// `open`, `detect`, `link`, `authentication`, `identification`, `session PROTOCOL`.
     var name: String
+    /// ✔, ✘ or not reached.
     var outcome: StepOutcome
     /// When it finished (or failed), nanoseconds since the epoch.
     var time: UInt64?
+    /// What it did, in a line.
     var summary: String
+    /// The frames and host's lines that show it, one a line.
     var details: [String] = []
 
+    /// ✔, ✘ or · for people.
     var mark: String {
         switch outcome {
         case .passed: return "✔"
@@ -268,6 +278,7 @@ struct ReportStep {
         }
     }
 
+    /// The reason it failed, if it did.
     var failure: String? {
         if case let .failed(reason) = outcome { return reason }
         return nil
@@ -276,13 +287,19 @@ struct ReportStep {
 
 /// What one session did: opened, the probe written, what came back, closed.
 struct SessionProbe {
+    /// The protocol string (exact; escaped where written).
     var protocolName: String
+    /// Its identifier in the identification.
     var identifier: UInt8
+    /// Whether it is bound to a native-transport component.
     var native: Bool
+    /// When the open was asked for, and when the close was done (nanoseconds since the epoch).
     var started: UInt64
-    var outcome: StepOutcome = .passed
-    var lines: [String] = []
     var finished: UInt64 = 0
+    /// ✘ when it did not open, the write failed, or the accessory ended it.
+    var outcome: StepOutcome = .passed
+    /// What happened, in order.
+    var lines: [String] = []
 
     /// The bytes a session received, as its handler hands them over.
     final class Collector: Sendable {
@@ -321,6 +338,8 @@ struct SessionProbe {
         }
     }
 
+    /// Opens `item` on `accessory`, writes the probe (unless `write` is false), collects what
+    /// comes back for `readTimeout` seconds (or until 16 bytes have), and closes it.
     static func run(_ item: ExternalAccessoryProtocol, on accessory: Accessory, write: Bool, readTimeout: Double) -> SessionProbe {
         var probe = SessionProbe(protocolName: item.name, identifier: item.identifier,
                                  native: item.nativeTransportComponentIdentifier != nil, started: wallNanoseconds())
@@ -390,6 +409,7 @@ struct SessionProbe {
             probe.lines.append("closed in \(ReportText.milliseconds(wallNanoseconds() - closing))")
         } catch {
             probe.lines.append("closing: \(error)")
+            if case .passed = probe.outcome { probe.outcome = .failed("closing: \(error)") }
         }
         probe.finished = wallNanoseconds()
         return probe
@@ -439,8 +459,19 @@ struct ReportRun {
         return failures.first { $0.hasPrefix(prefix) }.map { String($0.dropFirst(prefix.count)) }
     }
 
-    /// Serial numbers (and the certificate's) to leave out without `--full`.
-    var secrets: [String] {
+    /// Serial numbers (and the certificate's subject and serial) to leave out without `--full`:
+    /// worked out once by ``prepare()``.
+    private(set) var secrets: [String] = []
+    /// The certificate the accessory sent, as the host read it: set by ``prepare()``.
+    private(set) var certificate: CertificateSummary?
+
+    /// Reads the certificate and gathers what to leave out, once the run is over.
+    mutating func prepare() {
+        certificate = readCertificate()
+        secrets = findSecrets()
+    }
+
+    private func findSecrets() -> [String] {
         guard !full else { return [] }
         var values = analysis.serialNumbers
         if let accessory { values.append(accessory.serialNumber) }
@@ -453,8 +484,7 @@ struct ReportRun {
         return Array(Set(values.filter { $0.count >= 3 })).sorted { $0.count > $1.count }
     }
 
-    /// The certificate the accessory sent, as the host read it.
-    var certificate: CertificateSummary? {
+    private func readCertificate() -> CertificateSummary? {
         if let certificate = accessory?.identity.authentication.certificate { return certificate }
         guard let index = wireIndex, let der = analysis.certificates[index] else { return nil }
         if case let .success(summary) = CertificateReader.summary(of: der) { return summary }
@@ -499,8 +529,7 @@ struct ReportRun {
         let wire = wires[index]
         let frames = analysis.frames(on: index)
         let incoming = frames.filter(\.fromAccessory)
-        steps.append(ReportStep(name: "open", outcome: .passed, time: frames.first?.time,
-                                summary: "\(wire.kind.rawValue) \(shown(wire.location))"))
+        steps.append(ReportStep(name: "open", outcome: .passed, time: frames.first?.time, summary: shown(wire.location)))
 
         // Detect.
         let accessoryDetect = incoming.first { if case .detect = $0.content { return true } else { return false } }
@@ -518,9 +547,11 @@ struct ReportRun {
                 if case let .dropped(_, count) = frame.content { return total + count }
                 return total
             }
-            var why = incoming.isEmpty ? "the accessory sent nothing" : "the accessory sent only bytes the host could not read as frames (\(dropped) dropped)"
+            let waited = frames.first.map { " in \(ReportText.seconds(Double(finished - min(finished, $0.time)) / 1e9)) after the host's detect" } ?? ""
+            var why = incoming.isEmpty ? "the accessory sent nothing" + waited
+                : "the accessory sent only bytes the host could not read as frames (\(dropped) dropped)" + waited
             if let reason { why += "; the host: \(reason)" }
-            steps.append(ReportStep(name: "detect", outcome: .failed(why), time: frames.last?.time ?? finished,
+            steps.append(ReportStep(name: "detect", outcome: .failed(why), time: finished,
                                     summary: "the host sent the iAP2 detect"))
             return steps + Self.notReached(["link", "authentication", "identification", "sessions"])
         }

@@ -88,7 +88,7 @@ final class HostContext: Sendable {
                 throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
             }
         } else {
-            logger.info("opening accessories directly" + (command.flag("direct") || hooks.direct ? " (--direct)" : ownSources ? " (--serial/--simulate/--bluetooth)" : " (no iapd at \(daemonPath))"))
+            logger.info("opening accessories directly" + (command.flag("direct") ? " (--direct)" : hooks.direct ? " (this command never goes through iapd)" : ownSources ? " (--serial/--simulate/--bluetooth)" : " (no iapd at \(daemonPath))"))
         }
         if !command.flag("no-usb"), !throughDaemon {
             var options = USBOptions()
