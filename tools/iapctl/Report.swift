@@ -461,7 +461,7 @@ struct ReportRun {
 
     /// Serial numbers (and the certificate's subject and serial) to leave out without `--full`:
     /// worked out once by ``prepare()``.
-    private(set) var secrets: [String] = []
+    private(set) var secrets: [(String, String)] = []
     /// The certificate the accessory sent, as the host read it: set by ``prepare()``.
     private(set) var certificate: CertificateSummary?
 
@@ -471,7 +471,7 @@ struct ReportRun {
         secrets = findSecrets()
     }
 
-    private func findSecrets() -> [String] {
+    private func findSecrets() -> [(String, String)] {
         guard !full else { return [] }
         var values = analysis.serialNumbers
         if let accessory { values.append(accessory.serialNumber) }
@@ -479,9 +479,12 @@ struct ReportRun {
         if let serial = accessory?.usbDevice?.serialNumber { values.append(serial) }
         if let serial = certificate?.serialNumber { values.append(serial) }
         if let subject = certificate?.subject { values.append(subject) }
-        // Short values would take ordinary words with them; those are left out where they are
-        // printed as fields.
-        return Array(Set(values.filter { $0.count >= 3 })).sorted { $0.count > $1.count }
+        // A short value would take ordinary words with it: it is left out where it follows
+        // "serial " (a location, a log line) and where it is printed as a field.
+        let patterns = Set(values.filter { !$0.isEmpty }).map { value in
+            value.count >= 3 ? (value, ReportCommand.leftOut) : ("serial " + value, "serial " + ReportCommand.leftOut)
+        }
+        return patterns.sorted { $0.0.count > $1.0.count }
     }
 
     private func readCertificate() -> CertificateSummary? {
@@ -499,7 +502,7 @@ struct ReportRun {
     /// Text already escaped (a frame's summary), with the serials left out without --full.
     func scrubbed(_ text: String) -> String {
         var text = text
-        for secret in secrets { text = text.replacing(secret, with: ReportCommand.leftOut) }
+        for (secret, replacement) in secrets { text = text.replacing(secret, with: replacement) }
         return text
     }
 
@@ -532,7 +535,7 @@ struct ReportRun {
         steps.append(ReportStep(name: "open", outcome: .passed, time: frames.first?.time, summary: shown(wire.location)))
 
         // Detect.
-        let accessoryDetect = incoming.first { if case .detect = $0.content { return true } else { return false } }
+        let accessoryDetect = incoming.first { $0.isDetect }
         let accessorySYN = incoming.first { $0.header?.control.contains(.syn) ?? false }
         let iap1 = analysis.iap1Interfaces.contains(index)
         if let accessoryDetect {
@@ -543,10 +546,7 @@ struct ReportRun {
         } else if iap1, let first = incoming.first {
             steps.append(ReportStep(name: "detect", outcome: .passed, time: first.time, summary: "the accessory answered in iAP1"))
         } else {
-            let dropped = incoming.reduce(0) { total, frame in
-                if case let .dropped(_, count) = frame.content { return total + count }
-                return total
-            }
+            let dropped = incoming.reduce(0) { $0 + $1.droppedCount }
             let waited = frames.first.map { " in \(ReportText.seconds(Double(finished - min(finished, $0.time)) / 1e9)) after the host's detect" } ?? ""
             var why = incoming.isEmpty ? "the accessory sent nothing" + waited
                 : "the accessory sent only bytes the host could not read as frames (\(dropped) dropped)" + waited
@@ -594,86 +594,91 @@ struct ReportRun {
             return steps + Self.notReached(["authentication", "identification", "sessions"])
         }
 
-        // Authentication.
-        func first(_ id: MessageID, fromAccessory: Bool) -> TracedFrame? {
-            frames.first { $0.messageID == id && $0.fromAccessory == fromAccessory }
+        let firsts = FirstMessages(frames)
+        let authentication = authenticationStep(firsts, lastTime: frames.last?.time, reason: reason)
+        steps.append(authentication)
+        if authentication.failure != nil { return steps + Self.notReached(["identification", "sessions"]) }
+        var identification = identificationStep(firsts, lastTime: frames.last?.time, reason: reason)
+        identification.details = Self.messageLines(frames, ids: [.startIdentification, .identificationInformation, .identificationAccepted,
+                                                                 .identificationRejected, .cancelIdentification], at: at)
+        for record in records where record.level >= .warning && record.message.contains("dentification") {
+            identification.details.append("the host: \(shown(record.message))")
         }
-        func parameterLength(_ frame: TracedFrame?) -> Int? {
-            if case let .iap2(_, _, message, _, _)? = frame?.content { return message?.parameter(0)?.data.count }
-            return nil
-        }
-        var authentication = ReportStep(name: "authentication", outcome: .passed, time: nil, summary: "")
-        let authenticationSteps: [(MessageID, Bool)] = [(.requestAuthenticationCertificate, false), (.authenticationCertificate, true),
-                                                        (.requestAuthenticationChallengeResponse, false), (.authenticationResponse, true),
-                                                        (.authenticationFailed, false), (.authenticationSucceeded, false)]
-        for (id, fromAccessory) in authenticationSteps {
-            guard let frame = first(id, fromAccessory: fromAccessory) else { continue }
-            let length = parameterLength(frame).map { ": \($0) bytes" } ?? ""
-            authentication.details.append("\(at(frame.time)) \(frame.direction.arrow)  \(id)\(length)")
+        steps.append(identification)
+        if identification.failure != nil { return steps + Self.notReached(["sessions"]) }
+        return steps + sessionSteps
+    }
+
+    /// The authentication step from its messages: ✔ once the host sent AuthenticationSucceeded.
+    func authenticationStep(_ firsts: FirstMessages, lastTime: UInt64?, reason: String?) -> ReportStep {
+        var step = ReportStep(name: "authentication", outcome: .passed, time: nil, summary: "")
+        let sequence: [(MessageID, Bool)] = [(.requestAuthenticationCertificate, false), (.authenticationCertificate, true),
+                                             (.requestAuthenticationChallengeResponse, false), (.authenticationResponse, true),
+                                             (.authenticationFailed, false), (.authenticationSucceeded, false)]
+        for (id, fromAccessory) in sequence {
+            guard let entry = firsts[id, fromAccessory: fromAccessory] else { continue }
+            step.details.append("\(at(entry.time)) \(entry.arrow)  \(id)" + (entry.length.map { ": \($0) bytes" } ?? ""))
         }
         let verdict = accessory?.identity.authentication.description
             ?? records.last { $0.message.hasPrefix("authentication: ") }.map { String($0.message.dropFirst("authentication: ".count)) }
         var parts: [String] = []
-        if let size = parameterLength(first(.authenticationCertificate, fromAccessory: true)) { parts.append("certificate \(size) bytes") }
-        if let size = parameterLength(first(.requestAuthenticationChallengeResponse, fromAccessory: false)) { parts.append("challenge \(size) bytes") }
-        if let size = parameterLength(first(.authenticationResponse, fromAccessory: true)) { parts.append("response \(size) bytes") }
-        let refused = first(.authenticationFailed, fromAccessory: false) != nil
+        if let size = firsts[.authenticationCertificate, fromAccessory: true]?.length { parts.append("certificate \(size) bytes") }
+        if let size = firsts[.requestAuthenticationChallengeResponse, fromAccessory: false]?.length { parts.append("challenge \(size) bytes") }
+        if let size = firsts[.authenticationResponse, fromAccessory: true]?.length { parts.append("response \(size) bytes") }
+        let refused = firsts[.authenticationFailed, fromAccessory: false] != nil
         parts.append("policy \(command.value("auth") ?? "record"): " + shown(verdict ?? (refused ? "refused" : "no verdict recorded")))
-        authentication.summary = parts.joined(separator: ", ")
-        if let succeeded = first(.authenticationSucceeded, fromAccessory: false) {
-            authentication.time = succeeded.time
-            steps.append(authentication)
-        } else {
-            let why: String
-            if refused {
-                why = reason ?? "the host refused the accessory (AuthenticationFailed)"
-            } else if first(.requestAuthenticationCertificate, fromAccessory: false) == nil {
-                why = "the host did not ask for the certificate" + (reason.map { ": \($0)" } ?? "")
-            } else if first(.authenticationCertificate, fromAccessory: true) == nil {
-                why = "the accessory did not send its certificate" + (reason.map { "; the host: \($0)" } ?? "")
-            } else if first(.authenticationResponse, fromAccessory: true) == nil {
-                why = "the accessory did not answer the challenge" + (reason.map { "; the host: \($0)" } ?? "")
-            } else {
-                why = reason ?? "the host sent no verdict"
-            }
-            authentication.outcome = .failed(why)
-            authentication.time = frames.last?.time
-            steps.append(authentication)
-            return steps + Self.notReached(["identification", "sessions"])
+        step.summary = parts.joined(separator: ", ")
+        if let succeeded = firsts[.authenticationSucceeded, fromAccessory: false] {
+            step.time = succeeded.time
+            return step
         }
+        let why: String
+        if refused {
+            why = reason ?? "the host refused the accessory (AuthenticationFailed)"
+        } else if firsts[.requestAuthenticationCertificate, fromAccessory: false] == nil {
+            why = "the host did not ask for the certificate" + (reason.map { ": \($0)" } ?? "")
+        } else if firsts[.authenticationCertificate, fromAccessory: true] == nil {
+            why = "the accessory did not send its certificate" + (reason.map { "; the host: \($0)" } ?? "")
+        } else if firsts[.authenticationResponse, fromAccessory: true] == nil {
+            why = "the accessory did not answer the challenge" + (reason.map { "; the host: \($0)" } ?? "")
+        } else {
+            why = reason ?? "the host sent no verdict"
+        }
+        step.outcome = .failed(why)
+        step.time = lastTime
+        return step
+    }
 
-        // Identification.
-        var identification = ReportStep(name: "identification", outcome: .passed, time: nil, summary: "")
-        for frame in frames where [.startIdentification, .identificationInformation, .identificationAccepted, .identificationRejected,
-                                   .cancelIdentification].contains(frame.messageID ?? MessageID(0)) {
-            identification.details.append("\(at(frame.time)) \(frame.direction.arrow)  \(frame.messageID.map { "\($0)" } ?? "")")
+    /// The identification step: ✔ once the accessory is identified.
+    func identificationStep(_ firsts: FirstMessages, lastTime: UInt64?, reason: String?) -> ReportStep {
+        var step = ReportStep(name: "identification", outcome: .passed, time: nil, summary: "IdentificationInformation")
+        if let accessory {
+            step.time = firsts[.identificationAccepted, fromAccessory: false]?.time
+            step.summary = identitySummary(accessory.identity)
+            return step
         }
-        for record in records where record.level >= .warning && record.message.contains("dentification") {
-            identification.details.append("the host: \(shown(record.message))")
-        }
-        if let accessory, let accepted = first(.identificationAccepted, fromAccessory: false) {
-            identification.time = accepted.time
-            identification.summary = identitySummary(accessory.identity)
-            steps.append(identification)
-        } else if let accessory {
-            identification.summary = identitySummary(accessory.identity)
-            steps.append(identification)
+        let why: String
+        if firsts[.startIdentification, fromAccessory: false] == nil {
+            why = "the host did not start identification" + (reason.map { ": \($0)" } ?? "")
+        } else if firsts[.identificationInformation, fromAccessory: true] == nil {
+            why = "the accessory sent no IdentificationInformation" + (reason.map { "; the host: \($0)" } ?? "")
         } else {
-            let why: String
-            if first(.startIdentification, fromAccessory: false) == nil {
-                why = "the host did not start identification" + (reason.map { ": \($0)" } ?? "")
-            } else if first(.identificationInformation, fromAccessory: true) == nil {
-                why = "the accessory sent no IdentificationInformation" + (reason.map { "; the host: \($0)" } ?? "")
-            } else {
-                why = reason ?? "the identification was not accepted"
-            }
-            identification.outcome = .failed(why)
-            identification.time = frames.last?.time
-            identification.summary = "IdentificationInformation"
-            steps.append(identification)
-            return steps + Self.notReached(["sessions"])
+            why = reason ?? "the identification was not accepted"
         }
-        return steps + sessionSteps
+        step.outcome = .failed(why)
+        step.time = lastTime
+        return step
+    }
+
+    /// A line per frame carrying one of `ids`: when, which way, which message.
+    @inline(never)
+    static func messageLines(_ frames: [TracedFrame], ids: Set<MessageID>, at: (UInt64?) -> String) -> [String] {
+        var lines: [String] = []
+        for frame in frames {
+            guard let id = frame.messageID, ids.contains(id) else { continue }
+            lines.append("\(at(frame.time)) \(frame.direction.arrow)  \(id)")
+        }
+        return lines
     }
 
     /// One step per session.
@@ -874,7 +879,7 @@ struct ReportRun {
             }
         } else if let line = records.last(where: { $0.message.hasPrefix("authentication: ") }) {
             out.append("  verdict:     \(shown(String(line.message.dropFirst("authentication: ".count))))")
-        } else if let index = wireIndex, analysis.frames(on: index).contains(where: { $0.messageID == .authenticationFailed }) {
+        } else if let index = wireIndex, FirstMessages(analysis.frames(on: index))[.authenticationFailed, fromAccessory: false] != nil {
             out.append("  verdict:     refused: \(shown(failureReason ?? "AuthenticationFailed"))")
         } else {
             out.append("  verdict:     none recorded")
@@ -999,6 +1004,34 @@ struct ReportRun {
         out.append("-----END PCAPNG TRACE-----")
         return out
     }
+}
+
+/// The first frame of each control message, by id and sender: when, which way, and the length
+/// of its parameter 0 (the certificate, the challenge, the response). Plain values, read once.
+struct FirstMessages {
+    /// One message's first frame.
+    struct Entry {
+        var time: UInt64
+        var arrow: String
+        var length: Int?
+    }
+    private var entries: [UInt32: Entry] = [:]
+
+    @inline(never)
+    init(_ frames: [TracedFrame]) {
+        for frame in frames {
+            guard let message = frame.message else { continue }
+            let key = Self.key(message.id, frame.fromAccessory)
+            if entries[key] == nil {
+                entries[key] = Entry(time: frame.time, arrow: frame.direction.arrow, length: message.parameter(0).map { $0.data.count })
+            }
+        }
+    }
+
+    /// The first `id` sent by the accessory (or by the host).
+    subscript(_ id: MessageID, fromAccessory fromAccessory: Bool) -> Entry? { entries[Self.key(id, fromAccessory)] }
+
+    private static func key(_ id: MessageID, _ fromAccessory: Bool) -> UInt32 { UInt32(id.rawValue) << 1 | (fromAccessory ? 1 : 0) }
 }
 
 /// Small formatting helpers of the report.

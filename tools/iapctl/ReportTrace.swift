@@ -86,21 +86,22 @@ func wallNanoseconds() -> UInt64 {
     return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
 }
 
-/// One frame of the trace, read back.
+/// One frame of the trace, read back. Plain stored fields rather than an enum with payloads:
+/// Swift 6.3.1's optimizer crashed (an ownership verification failure in CopyPropagation) on
+/// `ReportRun.steps` matching such an enum in release builds.
 struct TracedFrame {
     /// What the frame is.
-    enum Content {
+    enum Kind {
         /// The iAP2 detect sequence.
         case detect
-        /// An iAP2 link packet: its header, its SYN parameters, its control message, or the EA
-        /// session it carries data for and how many bytes.
-        case iap2(LinkPacketHeader, syn: LinkParameters?, message: ControlMessage?, eaSession: UInt16?, eaBytes: Int)
-        /// An iAP1 packet, as the inspector summarises it.
-        case iap1(String)
-        /// Bytes the receiver dropped, with the reason.
-        case dropped(String, count: Int)
+        /// An iAP2 link packet (``header`` and the fields after it say more).
+        case iap2
+        /// An iAP1 packet (``note`` is the inspector's summary).
+        case iap1
+        /// Bytes the receiver dropped (``note`` is the reason, ``length`` the count).
+        case dropped
         /// Raw bytes of a native-transport pipe.
-        case native(count: Int)
+        case native
     }
 
     /// The pcapng interface (index in ``ReportTrace/tracedWires``).
@@ -110,38 +111,48 @@ struct TracedFrame {
     /// Which way it went.
     var direction: CaptureDirection
     /// What it is.
-    var content: Content
-    /// Its length on the wire.
+    var kind: Kind
+    /// Its length on the wire (for dropped bytes, how many).
     var length: Int
+    /// An iAP2 packet's header.
+    var header: LinkPacketHeader?
+    /// A SYN's parameters.
+    var syn: LinkParameters?
+    /// The control message an iAP2 packet carries.
+    var message: ControlMessage? {
+        didSet { messageID = message?.id }
+    }
+    /// Its id (stored: see the note above).
+    private(set) var messageID: MessageID?
+    /// The EA session an iAP2 packet carries data for, and how many bytes.
+    var eaSession: UInt16?
+    var eaBytes = 0
+    /// An iAP1 packet's summary, or why bytes were dropped.
+    var note = ""
 
     /// Whether the accessory sent it.
     var fromAccessory: Bool { direction == .accessoryToHost }
 
-    /// The control message's id, if the frame carries one.
-    var messageID: MessageID? {
-        if case let .iap2(_, _, message, _, _) = content { return message?.id }
-        return nil
-    }
+    /// Whether it is the iAP2 detect.
+    var isDetect: Bool { kind == .detect }
 
-    /// The link packet's header, if it is one.
-    var header: LinkPacketHeader? {
-        if case let .iap2(header, _, _, _, _) = content { return header }
-        return nil
-    }
+    /// The bytes dropped, for a run of dropped bytes; 0 for frames.
+    var droppedCount: Int { kind == .dropped ? length : 0 }
 
     /// One line for people (the accessory's strings in it escaped).
     var summary: String {
-        switch content {
+        switch kind {
         case .detect: return "iAP2 detect"
-        case let .iap2(header, syn, message, eaSession, eaBytes):
+        case .iap2:
+            guard let header else { return "iAP2" }
             var text = "\(header.control)"
             if let syn { text += " " + ReportText.parameters(syn) }
             if let message { text += "  \(message.id) (\(message.encodedLength) bytes)" }
             if let eaSession { text += "  EA data, session \(eaSession): \(eaBytes) byte\(eaBytes == 1 ? "" : "s")" }
             return text + "  seq \(header.sequence) ack \(header.acknowledgement)"
-        case let .iap1(summary): return summary.escapedForTerminal
-        case let .dropped(reason, count): return "dropped \(count) byte\(count == 1 ? "" : "s"): \(reason)"
-        case let .native(count): return "native transport: \(count) bytes"
+        case .iap1: return note.escapedForTerminal
+        case .dropped: return "dropped \(length) byte\(length == 1 ? "" : "s"): \(note)"
+        case .native: return "native transport: \(length) bytes"
         }
     }
 }
@@ -203,8 +214,9 @@ struct TraceAnalysis {
                         if let frame = read(bytes, interface: interface, time: time, direction: direction,
                                             controlSession: &controlSessions[interface], inspector: &inspector) {
                             frames.append(frame)
-                            if case .iap1 = frame.content, frame.fromAccessory { iap1Interfaces.insert(interface) }
-                            if case let .iap2(header, _, _, _?, eaBytes) = frame.content, eaBytes > Self.keptDataBytes {
+                            if frame.kind == .iap1, frame.fromAccessory { iap1Interfaces.insert(interface) }
+                            if let header = frame.header, frame.eaSession != nil, frame.eaBytes > Self.keptDataBytes {
+                                let eaBytes = frame.eaBytes
                                 let kept = LinkPacketHeader.size + EASessionData.headerSize + Self.keptDataBytes
                                 if let shorter = try? LinkPacket.encode(control: header.control, sequence: header.sequence,
                                                                         acknowledgement: header.acknowledgement, sessionID: header.sessionID,
@@ -225,11 +237,11 @@ struct TraceAnalysis {
                         let code = Int(block[32])
                         let reason = code > 0 && code <= IAPCaptureHeader.dropReasonNames.count ? IAPCaptureHeader.dropReasonNames[code - 1] : "dropped"
                         let original = Int(Self.uint32(block, 24)) - IAPCaptureHeader.size
-                        frames.append(TracedFrame(interface: interface, time: time, direction: direction,
-                                                  content: .dropped(reason, count: original), length: original))
+                        frames.append(TracedFrame(interface: interface, time: time, direction: direction, kind: .dropped,
+                                                  length: original, note: reason))
                     default:
-                        frames.append(TracedFrame(interface: interface, time: time, direction: direction,
-                                                  content: .native(count: bytes.count), length: bytes.count))
+                        frames.append(TracedFrame(interface: interface, time: time, direction: direction, kind: .native,
+                                                  length: bytes.count))
                         if bytes.count > Self.keptDataBytes {
                             rewritten = PcapngWriter.enhancedPacket(interface: UInt32(interface), nanoseconds: time,
                                                                     packet: Array(block[28..<(frameStart + Self.keptDataBytes)]),
@@ -251,12 +263,13 @@ struct TraceAnalysis {
         var found: TracedFrame?
         scanner.scan(bytes.span.bytes) { frame, span in
             guard found == nil else { return }
-            let content: TracedFrame.Content
+            var traced = TracedFrame(interface: interface, time: time, direction: direction, kind: .detect, length: frame.range.count)
             switch frame.kind {
             case .detect:
-                content = .detect
+                break
             case .iap1:
-                content = .iap1(inspector.inspect(frame, in: span).summary)
+                traced.kind = .iap1
+                traced.note = inspector.inspect(frame, in: span).summary
             case let .iap2(header):
                 let payload = Array(bytes[frame.payload])
                 var syn: LinkParameters?
@@ -276,9 +289,14 @@ struct TraceAnalysis {
                     }
                 }
                 if let message, direction == .accessoryToHost { note(message, interface: interface) }
-                content = .iap2(header, syn: syn, message: message, eaSession: eaSession, eaBytes: eaBytes)
+                traced.kind = .iap2
+                traced.header = header
+                traced.syn = syn
+                traced.message = message
+                traced.eaSession = eaSession
+                traced.eaBytes = eaBytes
             }
-            found = TracedFrame(interface: interface, time: time, direction: direction, content: content, length: frame.range.count)
+            found = traced
         }
         return found
     }

@@ -192,6 +192,7 @@ let iapctl = CommandSpec(
         CommandExample("iapctl --serial /dev/ttyUSB0:115200 info --json", "An accessory on a UART, as JSON."),
         CommandExample("iapctl --simulate send com.example.echo image.bin --verify-echo", "A file through a session, the echo checked."),
         CommandExample("iapctl wait --protocol com.example.firmware --timeout 30", "Wait for an accessory (scripts)."),
+        CommandExample("iapctl report", "A file to attach to a bug report: every step, where it stopped, the trace."),
         CommandExample("iapctl help send", "The help of one subcommand."),
     ],
     exitStatuses: [
