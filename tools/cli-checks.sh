@@ -347,6 +347,14 @@ contains "report: the host refused" r "host → acc  AuthenticationFailed"
 contains "report: identification not reached" r "identification: not reached"
 contains "report: what to do next" r "next: Under --auth require"
 lacks "report: no serial of the refused accessory" r "SIM-FS-0001"
+lacks "report: no certificate subject" r "IPA_TEST_RSA"
+report_trace "$work/report-forged.txt" "$work/trace-forged.pcapng"
+check "report: the refused accessory's trace decodes" 0 "$iapctl" decode --pcap "$work/trace-forged.pcapng"
+contains "report: the certificate's bytes are zeros" out "AuthenticationCertificate: 695 bytes: 00 00 00 00 00 00 00 00"
+lacks "report: no certificate in the trace" out "IPA_TEST_RSA"
+check "report --full of the refused accessory" 0 "$iapctl" --no-usb --simulate="$fixtures/forged-sensor.json" --auth require \
+    --trust "$fixtures/test-ca.pem" report --full --no-write -o "$work/report-forged-full.txt"
+contains "report --full has the certificate's subject" "report-forged-full.txt" 'subject:   "C=US, O=AccessoryHost Tests, OU=Test Accessories, CN=IPA_TEST_RSA_0001"'
 # An accessory that vanishes during the first session: the session step fails, the report says why.
 cat > "$work/vanish-early.json" <<'JSON'
 { "identity": { "name": "Vanisher", "model": "V1", "manufacturer": "Test", "serialNumber": "V-0001",

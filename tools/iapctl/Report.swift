@@ -73,6 +73,7 @@ enum ReportCommand {
         exitStatuses: [
             ExitStatusDescription(.success, "the report was written, whatever it found (the summary on standard error says where it stopped)"),
             ExitStatusDescription(.usage, "usage error, or several accessories match (pick one with --accessory)"),
+            ExitStatusDescription(.dataError, "a simulator profile is not valid"),
             ExitStatusDescription(.noInput, "a simulator profile or --trust file cannot be read"),
             ExitStatusDescription(.cannotCreate, "the report file cannot be written (choose another with -o FILE, or -o - for standard output)"),
         ])
