@@ -389,7 +389,8 @@ contains "report -o -: the report" out "RESULT: all steps passed"
 contains "report -o -: the command names a file" out "p' REPORT.txt | sed"
 contains "report -o -: the summary" err "report written to standard output: all steps passed"
 mkdir -p "$work/report-dir"
-check "report's default file name" 0 env -C "$work/report-dir" "$iapctl" "${sim[@]}" report --read-timeout 0.1
+iapctl_path=$(cd "$(dirname "$iapctl")" && pwd)/$(basename "$iapctl") # env -C runs it from elsewhere
+check "report's default file name" 0 env -C "$work/report-dir" "$iapctl_path" "${sim[@]}" report --read-timeout 0.1
 ls "$work/report-dir" > "$work/r"
 if ! grep -qE '^iapctl-report-[0-9]{8}-[0-9]{6}\.txt$' "$work/r"; then fail "report's default name: $(cat "$work/r")"; fi
 check "report to a file that cannot be written: 73" 73 "$iapctl" "${sim[@]}" report -o "$work/no-such-dir/report.txt"

@@ -35,7 +35,8 @@ enum ReportCommand {
             authentication (certificate, challenge, response, the policy's verdict), \
             identification (IdentificationInformation decoded), and for each declared protocol a \
             session: opened, a 16-byte probe written ('iapctl probe #1' and a newline; --no-write \
-            leaves it out), what comes back within --read-timeout seconds, closed. A protocol that \
+            leaves it out), what comes back within --read-timeout seconds (more for an accessory \
+            that acknowledges late: twice its cumulative-ACK timeout is added), closed. A protocol that \
             refuses or ends is recorded and the next one is tried. The file says where it stopped \
             and the host's reason, what to do next, the USB device and its descriptors (on USB), \
             every identification field, the host's log lines at notice level and above (it logs at \
@@ -60,7 +61,7 @@ enum ReportCommand {
                                  + "in the current directory).").completing(.files),
             .flag("full", help: "Include the serial numbers, the certificate and its bytes (in the text and the trace)."),
             .flag("no-write", help: "Open and close each session without writing the probe (for protocols where any bytes could act)."),
-            OptionSpec.value("read-timeout", valueName: "seconds", help: "How long to wait for bytes back on each session.",
+            OptionSpec.value("read-timeout", valueName: "seconds", help: "How long to wait for bytes back on each session (plus twice the cumulative-ACK timeout the accessory asked for).",
                              defaultValue: "0.5").checked(.number(0...60)),
         ],
         examples: [
@@ -121,8 +122,13 @@ enum ReportCommand {
                 }
             }
             if let accessory = run.accessory {
+                // An accessory that acknowledges late (a cumulative-ACK timeout of 1.5 s, a window of
+                // one packet) gets the time its own link parameters need on top.
+                let slack = trace.linkTiming(of: accessory.location)
+                let timing = SessionProbe.Timing(read: readTimeout + 2 * (slack?.cumulativeAck ?? 0),
+                                                 close: 2 + 2 * (slack?.cumulativeAck ?? 0) + (slack?.retransmission ?? 0))
                 for item in accessory.identity.protocols {
-                    run.sessions.append(SessionProbe.run(item, on: accessory, write: !command.flag("no-write"), readTimeout: readTimeout))
+                    run.sessions.append(SessionProbe.run(item, on: accessory, write: !command.flag("no-write"), timing: timing))
                 }
                 run.linkStatistics = accessory.linkStatistics
                 run.connectedAtEnd = accessory.isConnected
@@ -302,6 +308,12 @@ struct SessionProbe {
     /// What happened, in order.
     var lines: [String] = []
 
+    /// How long a probe waits, in seconds: for bytes back, and for the close to be acknowledged.
+    struct Timing {
+        var read: Double
+        var close: Double
+    }
+
     /// The bytes a session received, as its handler hands them over.
     final class Collector: Sendable {
         struct State {
@@ -340,8 +352,9 @@ struct SessionProbe {
     }
 
     /// Opens `item` on `accessory`, writes the probe (unless `write` is false), collects what
-    /// comes back for `readTimeout` seconds (or until 16 bytes have), and closes it.
-    static func run(_ item: ExternalAccessoryProtocol, on accessory: Accessory, write: Bool, readTimeout: Double) -> SessionProbe {
+    /// comes back for `timing.read` seconds (or until 16 bytes have), and closes it.
+    static func run(_ item: ExternalAccessoryProtocol, on accessory: Accessory, write: Bool, timing: Timing) -> SessionProbe {
+        let readTimeout = timing.read
         var probe = SessionProbe(protocolName: item.name, identifier: item.identifier,
                                  native: item.nativeTransportComponentIdentifier != nil, started: wallNanoseconds())
         guard accessory.isConnected else {
@@ -406,7 +419,8 @@ struct SessionProbe {
         }
         let closing = wallNanoseconds()
         do {
-            try blockingAwait { try await session.close(timeout: .seconds(2)) }
+            let closeTimeout = Duration.milliseconds(Int(timing.close * 1000))
+            try blockingAwait { try await session.close(timeout: closeTimeout) }
             probe.lines.append("closed in \(ReportText.milliseconds(wallNanoseconds() - closing))")
         } catch {
             probe.lines.append("closing: \(error)")

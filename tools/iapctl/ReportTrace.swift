@@ -72,6 +72,15 @@ final class ReportTrace: Sendable {
         }
     }
 
+    /// The timing the link of the transport at `location` runs with, in seconds: the host's last
+    /// SYN|ACK (which repeats the accessory's timing), nil before there is one.
+    func linkTiming(of location: String) -> (cumulativeAck: Double, retransmission: Double)? {
+        guard let interface = tracedWires.lastIndex(where: { $0.location == location }) else { return nil }
+        let analysis = TraceAnalysis(blocks: recordedBlocks, full: true)
+        guard let syn = analysis.frames(on: interface).last(where: { !$0.fromAccessory && $0.syn != nil })?.syn else { return nil }
+        return (Double(syn.cumulativeAckTimeout) / 1000, Double(syn.retransmissionTimeout) / 1000)
+    }
+
     /// The transports traced so far, by interface number.
     var tracedWires: [Wire] { wires.withLock { $0 } }
 
