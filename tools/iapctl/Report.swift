@@ -433,22 +433,36 @@ struct SessionProbe {
 
 /// Everything one report found, and its text.
 struct ReportRun {
+    /// When the report started and when the accessory was let go (nanoseconds since the epoch).
     let started: UInt64
-    let full: Bool
-    let command: ParsedCommand
     var finished: UInt64 = 0
+    /// `--full`: serials and the certificate included.
+    let full: Bool
+    /// The command line (for the policy options it names).
+    let command: ParsedCommand
+    /// The accessory reported on, once identified.
     var accessory: Accessory?
+    /// Why the host could not even start (a serial port that cannot be opened).
     var setupFailure: String?
+    /// Why no accessory was chosen (none identified, none matching `--accessory`).
     var choiceFailure: String?
+    /// One probe per declared protocol.
     var sessions: [SessionProbe] = []
+    /// The link's counters after the sessions.
     var linkStatistics: LinkStatistics?
     /// Whether the accessory was still connected once the sessions were done.
     var connectedAtEnd = false
+    /// Accessories that went away during the sessions: when, which, why.
     var departures: [(UInt64, Int, String)] = []
+    /// Transports that failed before an accessory was identified on them, as "location: reason".
     var failures: [String] = []
+    /// iapd's socket, when iapd answers on it.
     var daemonSocket: String?
+    /// The traced transports, by pcapng interface.
     var wires: [ReportTrace.Wire] = []
+    /// The trace read back.
     var analysis = TraceAnalysis(blocks: [], full: false)
+    /// The host's log records (debug and above), and how many older ones were not kept.
     var records: [LogRecord] = []
     var droppedRecords = 0
 
