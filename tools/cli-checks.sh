@@ -330,6 +330,98 @@ lacks() { # lacks NAME FILE TEXT
     if grep -qF -- "$3" "$work/$2"; then fail "$1: $2 has '$3': $(cat "$work/$2")"; fi
 }
 
+# ---- iapctl report (issue 31, part 6): one file for a bug report ----
+report_trace() { # report_trace REPORT OUT: the embedded trace, extracted as the report says
+    sed -n '/^-----BEGIN PCAPNG/,/^-----END PCAPNG/p' "$1" | sed '1d;$d' | base64 -d > "$2"
+}
+check "report against the simulator" 0 "$iapctl" "${sim[@]}" report -o "$work/report.txt"
+contains "report's summary line" err "report written to $work/report.txt: all steps passed"
+cp "$work/report.txt" "$work/r"
+contains "report: all steps passed" r "RESULT: all steps passed"
+contains "report: the link step" r "✔ +"
+contains "report: the link parameters" r "acc → host  SYN v1, 8 packets of 4096 bytes"
+contains "report: the echo session" r "(the probe echoed)"
+contains "report: the identification" r 'model:             "SIM-MS1"'
+contains "report: message names" r "0xEA03 StatusExternalAccessoryProtocolSession"
+contains "report: the serial is left out" r "serial number:     (left out; --full includes it)"
+contains "report: the extraction command" r "sed -n '/^-----BEGIN PCAPNG/,/^-----END PCAPNG/p' $work/report.txt | sed '1d;\$d' | base64 -d > trace.pcapng"
+lacks "report: no serial number" r "SIM-MS-0001"
+report_trace "$work/report.txt" "$work/trace.pcapng"
+check "report: its trace decodes cleanly" 0 "$iapctl" decode --pcap "$work/trace.pcapng"
+contains "report: the trace holds the identification" out "IdentificationInformation"
+contains "report: the trace's serial is overwritten" out 'SerialNumber: "XXXXXXXXXXX"'
+lacks "report: no serial in the trace" out "SIM-MS-0001"
+check "report --full" 0 "$iapctl" "${sim[@]}" report --full -o "$work/report-full.txt"
+cp "$work/report-full.txt" "$work/r"
+contains "report --full has the serial" r 'serial number:     "SIM-MS-0001"'
+report_trace "$work/report-full.txt" "$work/trace-full.pcapng"
+check "report --full: its trace decodes" 0 "$iapctl" decode --pcap "$work/trace-full.pcapng"
+contains "report --full: the trace has the serial" out 'SerialNumber: "SIM-MS-0001"'
+# A forged accessory under --auth require: the report names the step and the host's reason.
+check "report of a refused accessory is written (0)" 0 "$iapctl" --no-usb --simulate="$fixtures/forged-sensor.json" --auth require \
+    --trust "$fixtures/test-ca.pem" report -o "$work/report-forged.txt"
+contains "report's summary names the step" err "report written to $work/report-forged.txt: stopped at authentication: authentication failed: bad signature: "
+cp "$work/report-forged.txt" "$work/r"
+contains "report: stopped at authentication" r "RESULT: stopped at authentication: authentication failed: bad signature: "
+contains "report: authentication marked failed" r "authentication: certificate 695 bytes, challenge 20 bytes, response 128 bytes, policy require: refused"
+contains "report: the host refused" r "host → acc  AuthenticationFailed"
+contains "report: identification not reached" r "identification: not reached"
+contains "report: what to do next" r "next: Under --auth require"
+lacks "report: no serial of the refused accessory" r "SIM-FS-0001"
+lacks "report: no certificate subject" r "IPA_TEST_RSA"
+report_trace "$work/report-forged.txt" "$work/trace-forged.pcapng"
+check "report: the refused accessory's trace decodes" 0 "$iapctl" decode --pcap "$work/trace-forged.pcapng"
+contains "report: the certificate's bytes are zeros" out "AuthenticationCertificate: 695 bytes: 00 00 00 00 00 00 00 00"
+lacks "report: no certificate in the trace" out "IPA_TEST_RSA"
+check "report --full of the refused accessory" 0 "$iapctl" --no-usb --simulate="$fixtures/forged-sensor.json" --auth require \
+    --trust "$fixtures/test-ca.pem" report --full --no-write -o "$work/report-forged-full.txt"
+contains "report --full has the certificate's subject" "report-forged-full.txt" 'subject:   "C=US, O=AccessoryHost Tests, OU=Test Accessories, CN=IPA_TEST_RSA_0001"'
+# An accessory that vanishes during the first session: the session step fails, the report says why.
+cat > "$work/vanish-early.json" <<'JSON'
+{ "identity": { "name": "Vanisher", "model": "V1", "manufacturer": "Test", "serialNumber": "V-0001",
+                "firmwareVersion": "1.0", "hardwareVersion": "A" },
+  "protocols": [ { "name": "com.example.echo", "behaviour": "echo" }, { "name": "com.example.sink", "behaviour": "sink" } ],
+  "faults": { "vanishAfterBytes": 8 } }
+JSON
+check "report of a vanishing accessory" 0 "$iapctl" --no-usb --simulate="$work/vanish-early.json" report -o "$work/report-vanish.txt"
+contains "report's summary names the session" err "sessions failed, the first at session com.example.echo: "
+cp "$work/report-vanish.txt" "$work/r"
+contains "report: the session failed" r "✘ the session ended: the accessory disconnected"
+contains "report: the second was not opened" r "✘ the accessory had gone before the session could be opened"
+# A port where nothing answers (a pty whose other end stays silent): the report stops at detect.
+coproc SILENT { exec python3 -c 'import os, sys; m, s = os.openpty(); print(os.ttyname(s), flush=True); sys.stdin.read()'; }
+silent_pid=$SILENT_PID
+if read -r -t 10 -u "${SILENT[0]}" silent_pty && [ -n "$silent_pty" ]; then
+    check "report where nothing answers" 0 "$iapctl" --no-usb --serial "$silent_pty" --timeout 1 report -o "$work/report-silent.txt"
+    contains "report: stopped at detect" err "stopped at detect: the accessory sent nothing in "
+    contains "report: what to check" "report-silent.txt" "next: The accessory did not answer."
+else
+    fail "report: no silent pseudo-terminal"
+fi
+kill "$silent_pid" 2>/dev/null || true
+wait "$silent_pid" 2>/dev/null || true
+for profile in thermal-camera borescope; do
+    check "report --simulate=$profile" 0 "$iapctl" --no-usb --simulate=$profile report -o "$work/report-$profile.txt"
+    contains "report --simulate=$profile passes" err "all steps passed"
+done
+contains "report: a native transport" "report-borescope.txt" "native transport"
+check "report -o - writes to standard output" 0 "$iapctl" "${sim[@]}" report -o - --no-write --read-timeout 0.1
+contains "report -o -: the report" out "RESULT: all steps passed"
+contains "report -o -: the command names a file" out "p' REPORT.txt | sed"
+contains "report -o -: the summary" err "report written to standard output: all steps passed"
+mkdir -p "$work/report-dir"
+iapctl_path=$(cd "$(dirname "$iapctl")" && pwd)/$(basename "$iapctl") # env -C runs it from elsewhere
+check "report's default file name" 0 env -C "$work/report-dir" "$iapctl_path" "${sim[@]}" report --read-timeout 0.1
+ls "$work/report-dir" > "$work/r"
+if ! grep -qE '^iapctl-report-[0-9]{8}-[0-9]{6}\.txt$' "$work/r"; then fail "report's default name: $(cat "$work/r")"; fi
+check "report to a file that cannot be written: 73" 73 "$iapctl" "${sim[@]}" report -o "$work/no-such-dir/report.txt"
+contains "report: 73 says what to do" err "choose another place with -o FILE"
+check "report: an unknown option is a usage error" 64 "$iapctl" "${sim[@]}" report --bogus
+check "report: no positional arguments" 64 "$iapctl" "${sim[@]}" report extra
+check "report of a hostile accessory" 0 "$iapctl" "${hostile[@]}" report -o "$work/report-hostile.txt" --read-timeout 0.1
+no_controls "report" "report-hostile.txt"
+contains "report escapes" "report-hostile.txt" 'name:              "Evil\u{1b}]0;pwned\u{7}\u{1b}[2J\u{1b}[31m\nfake line"'
+
 # 1. A choice waits until the sources have settled: accessory 2 on a pty beside the in-process
 # simulator is found every time; an ambiguous selector is an error listing the candidates.
 coproc PTY { exec "$iapctl" simulate -v 2> "$work/pty-sim.err"; }
@@ -452,11 +544,13 @@ check "a malformed profile is 65" 65 "$iapctl" --no-usb "--simulate=$work/broken
 "$iapctl" "${sim[@]}" wait --json --protocol com.example.echo > "$work/wait.json"
 "$iapctl" "${sim[@]}" wait --gone --json --serial-number NOPE > "$work/gone.json"
 "$iapctl" "${sim[@]}" watch --json --count 1 > "$work/watch.json"
+# An accessory that asks for an app after identification (issue 31): the second event.
+"$iapctl" --no-usb --simulate=thermal-camera watch --json --count 2 > "$work/applaunch.json"
 "$iapctl" "${sim[@]}" send com.example.echo "$work/native.bin" --verify-echo --json > "$work/send.json"
 "$iapctl" --no-usb "--simulate=$work/vanish.json" send com.example.sink "$work/image.bin" --json > "$work/sendfail.json" 2> /dev/null || true
 "$iapctl" decode --json "$here/samples/dji-syn.hex" > "$work/decode.json"
 "$iapctl" decode --json "$here/samples/iap1-idps.hex" >> "$work/decode.json" || true
-for pair in list:list info:info wait:wait wait:gone watch:watch send:send send:sendfail decode:decode; do
+for pair in list:list info:info wait:wait wait:gone watch:watch watch:applaunch send:send send:sendfail decode:decode; do
     if python3 "$here/check-json.py" "${pair%%:*}" "$work/${pair#*:}.json" 2> "$work/schema.err"; then
         echo "cli-checks: ok ${pair#*:} --json validates against docs/json-schema.json"
     else
@@ -465,6 +559,8 @@ for pair in list:list info:info wait:wait wait:gone watch:watch send:send send:s
 done
 grep -q '"seconds":[0-9]' "$work/send.json" || fail "send --json seconds is not a number: $(cat "$work/send.json")"
 grep -q '"event":"connected","accessory":{"connectionID"' "$work/watch.json" || fail "watch --json accessory is not the object: $(cat "$work/watch.json")"
+grep -q '"event":"appLaunchRequested",.*"bundleIdentifier":"com.example.thermal"' "$work/applaunch.json" \
+    || fail "watch --json did not report the thermal camera's app launch request: $(cat "$work/applaunch.json")"
 
 # 8. Install under a prefix (DESTDIR), man pages that render, completion that completes, the
 # example that finds iapctl on PATH, and an uninstall that leaves nothing.
@@ -530,6 +626,12 @@ if [ -x "$iapd" ]; then
     check "iapctl goes through iapd" 0 env IAPD_SOCKET="$work/iapd.sock" "$iapctl" -v list
     contains "iapctl -v says iapd" err "going through iapd at $work/iapd.sock"
     contains "the accessory iapd serves" out "Multi Sensor"
+    # report never goes through iapd: it says iapd holds the accessories and how to stop it.
+    check "report while iapd runs" 0 env IAPD_SOCKET="$work/iapd.sock" "$iapctl" --no-usb report -o "$work/report-iapd.txt"
+    contains "report names iapd" err "stopped at open: no accessory found"
+    cp "$work/report-iapd.txt" "$work/r"
+    contains "report says how to stop iapd" r "iapd is running (it listens at $work/iapd.sock) and holds the machine's accessories: stop it with 'sudo systemctl stop iapd.socket iapd.service'"
+    contains "report's next step is iapd's" r "next: Stop iapd"
     kill -TERM "$iapd_pid"
     for _ in $(seq 1 100); do # until it exited (gone, or a zombie not yet waited for)
         state=$(sed 's/.*) //' "/proc/$iapd_pid/stat" 2>/dev/null | cut -c1 || true)

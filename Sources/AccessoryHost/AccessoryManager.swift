@@ -19,6 +19,10 @@ public enum AccessoryEvent: Sendable {
     case disconnected(Accessory, reason: String)
     /// A transport failed before any accessory on it was identified.
     case failed(location: String, reason: String)
+    /// An accessory asked for an application to be launched (RequestAppLaunch), as accessories
+    /// do after identification: an iPhone offers to open the app; on Linux, start your program or
+    /// tell the user. Nothing else follows from it.
+    case appLaunchRequested(Accessory, AppLaunchRequest)
 }
 
 /// Finds accessories on the transports it is given, runs the protocol with each, and hands out
@@ -249,7 +253,8 @@ public final class AccessoryManager: Sendable {
             onDisconnected: { [weak self] accessory, reason in self?.disconnected(accessory, reason: reason) },
             onClosed: { [weak self] everIdentified, reason in
                 self?.closed(connectionID: id, location: transport.description, everIdentified: everIdentified, reason: reason)
-            })
+            },
+            onAppLaunchRequested: { [weak self] accessory, request in self?.publish(.appLaunchRequested(accessory, request)) })
         connection.linkRecovery = StuckLinkRecovery(
             transport: transport, queue: queue, logger: configuration.logger, now: { [unowned connection] in connection.driver.now },
             announce: { [weak self] reason in self?.publish(.failed(location: transport.description, reason: reason)) },
@@ -418,6 +423,7 @@ public final class AccessoryManager: Sendable {
             onConnected: { [weak self] accessory in self?.connected(accessory) },
             onDisconnected: { [weak self] accessory, reason in self?.disconnected(accessory, reason: reason) },
             onClosed: { [weak self] _, _ in _ = self?.state.withLock { $0.connections.removeValue(forKey: id) } },
+            onAppLaunchRequested: { [weak self] accessory, request in self?.publish(.appLaunchRequested(accessory, request)) },
             remote: remote)
         state.withLock { $0.connections[id] = connection }
         connection.start()

@@ -2,6 +2,7 @@ internal import AccessoryLogging
 internal import Dispatch
 internal import IAPLink
 internal import IAPTransport
+internal import IAPWire
 internal import Synchronization
 
 /// One transport and the device-role endpoint running over it, plus the sessions handed out.
@@ -77,6 +78,12 @@ final class Connection: @unchecked Sendable {
     private let onConnected: (Accessory) -> Void
     private let onDisconnected: (Accessory, String) -> Void
     private let onClosed: (_ everIdentified: Bool, String) -> Void
+    private let onAppLaunchRequested: (Accessory, AppLaunchRequest) -> Void
+    /// Control messages already logged as ignored (the first of each kind at notice level, the
+    /// rest at debug: an accessory that repeats one does not fill the log).
+    private var unhandledLogged: Set<MessageID> = []
+    /// The same for iAP1 commands, by lingo and command.
+    private var unhandledIAP1Logged: Set<UInt32> = []
     private var everIdentified = false
     /// The last identification the host rejected, said again if the accessory never sends a
     /// corrected one (more use to a person than "did not answer").
@@ -110,7 +117,8 @@ final class Connection: @unchecked Sendable {
     init(connectionID: Int, makeConnectionID: @escaping () -> Int, transport: any Transport, queue: DispatchQueue,
          supportedProtocols: Set<String>, logger: Logger, endpoint: IAPEndpoint, onConnected: @escaping (Accessory) -> Void,
          onDisconnected: @escaping (Accessory, String) -> Void, onClosed: @escaping (_ everIdentified: Bool, String) -> Void,
-         remote: RemoteAccessory? = nil) {
+         onAppLaunchRequested: @escaping (Accessory, AppLaunchRequest) -> Void = { _, _ in }, remote: RemoteAccessory? = nil) {
+        self.onAppLaunchRequested = onAppLaunchRequested
         self.remote = remote
         self.connectionID = connectionID
         self.makeConnectionID = makeConnectionID
@@ -146,6 +154,11 @@ final class Connection: @unchecked Sendable {
         driver.start(update: { [unowned self] machine, now in self.update(&machine, now: now) },
                      closed: { [weak self] error in self?.transportClosed(error) })
         linkRecovery?.start()
+    }
+
+    /// A remote accessory's RequestAppLaunch, as the daemon reported it. On the queue.
+    func relayAppLaunch(_ request: AppLaunchRequest) {
+        if let accessory { onAppLaunchRequested(accessory, request) }
     }
 
     /// Stops the link and ends everything. On the queue.
@@ -206,19 +219,22 @@ final class Connection: @unchecked Sendable {
             case let .protocolSwitched(version):
                 logger.info(version == .iap1 ? "the accessory speaks iAP1: continuing in iAP1" : "the accessory started over in iAP2")
             case let .unhandledIAP1Command(lingo, command):
-                logger.debug("unhandled iAP1 command 0x\(String(command, radix: 16)) on lingo 0x\(String(lingo, radix: 16)), answered BadParameter")
+                let first = unhandledIAP1Logged.insert(UInt32(lingo) << 16 | UInt32(command)).inserted
+                logger.log(level: first ? .notice : .debug,
+                           "ignored iAP1 command 0x\(String(command, radix: 16)) on lingo 0x\(String(lingo, radix: 16)), which the host does not use (answered BadParameter)")
             case let .sessionOpened(id, name):
                 if let pending = pendingOpens.removeValue(forKey: id), let accessory {
                     let session = add(LinkSessionStream(id: id), protocolString: name, accessory: accessory)
                     linkKeys[id] = session.key
                     pending.complete(.success(session))
                 }
-            case let .sessionOpenTimedOut(id, name, after):
-                if let pending = pendingOpens.removeValue(forKey: id) {
-                    logger.warning("'\(name)': the accessory did not answer the session's opening within \(after)")
-                    pending.complete(.failure(.timedOut(
-                        "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(after)")))
-                }
+            case let .sessionConfirmed(id):
+                logger.debug("session \(id): the accessory confirmed it (StatusExternalAccessoryProtocolSession 0)")
+            case let .appLaunchRequested(request):
+                logger.info("the accessory asks for the application \(request.description) to be launched")
+                if let accessory { onAppLaunchRequested(accessory, request) }
+            case let .tolerated(what):
+                logger.notice("tolerated: \(what)")
             case let .sessionStopAcknowledged(id):
                 pendingStops.removeValue(forKey: id)?.continuation.resume()
             case let .sessionStopTimedOut(id, name, after):
@@ -237,13 +253,19 @@ final class Connection: @unchecked Sendable {
                 logger.warning("\(rejection)")
                 lastRejection = rejection
             case let .unhandledMessage(id):
-                logger.debug("unhandled control message \(id)")
+                // Ignored, as an iPhone ignores what it does not use: said once per message.
+                logger.log(level: unhandledLogged.insert(id).inserted ? .notice : .debug,
+                           "ignored control message \(id), which the host does not use")
             case let .malformedMessage(reason):
                 logger.notice("malformed control message: \(reason)")
             case let .link(.negotiated(parameters)):
                 logger.debug("link up: \(parameters.maxOutstandingPackets) packets of \(parameters.maxPacketLength) bytes in flight, retransmission after \(parameters.retransmissionTimeout) ms")
             case let .link(.dropped(drop)):
                 logger.debug("\(drop)")
+            case let .link(.oversizedPacketTaken(length, advertised)):
+                logger.notice("the accessory sends packets longer than the \(advertised) bytes this host advertised (\(length) bytes); taken all the same, as an iPhone advertises 65535")
+            case let .link(.protocolViolation(what)):
+                logger.notice("\(what)")
             case let .authenticated(_, outcome):
                 logger.log(level: outcome.isVerified || outcome.status == .notChecked ? .debug : .info, "authentication: \(outcome)")
             case .bytesAvailable, .spaceAvailable, .link, .powerUpdate, .accessoryRestarted:

@@ -251,6 +251,8 @@ final class DaemonClient: @unchecked Sendable {
             add(record)
         case let .disconnected(accessory, reason):
             connections.removeValue(forKey: accessory)?.stop(reason: reason)
+        case let .appLaunchRequested(accessory, bundleIdentifier):
+            connections[accessory]?.relayAppLaunch(AppLaunchRequest(bundleIdentifier: bundleIdentifier))
         case let .failure(failure):
             logger.error("iapd: \(failure.message)")
             drop(reason: failure.message, reconnect: failure.code != .permission && failure.code != .version)

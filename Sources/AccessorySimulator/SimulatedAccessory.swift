@@ -94,9 +94,12 @@ public struct SimulatedAccessory: Sendable {
                                                 waitsForDevice: iap1.waitsForDevice, signer: signer, sessionBufferLimit: self.sessionBufferLimit,
                                                 interByteGap: configuration.interByteGap, randomSeed: profile.faults.seed))
         } else {
-            endpoint = IAPEndpoint(IAP2Endpoint(accessory: profile.identity(), configuration: configuration, signer: signer,
-                                                sessionBufferLimit: self.sessionBufferLimit, initialSequence: initialSequence,
-                                                randomSeed: profile.faults.seed))
+            var two = IAP2Endpoint(accessory: profile.identity(), configuration: configuration, signer: signer,
+                                   sessionBufferLimit: self.sessionBufferLimit, initialSequence: initialSequence,
+                                   randomSeed: profile.faults.seed)
+            two.appLaunchRequest = profile.habits.appLaunch.map { AppLaunchRequest(bundleIdentifier: $0) }
+            two.challengeResponseDelay = .milliseconds(profile.habits.challengeResponseDelayMs)
+            endpoint = IAPEndpoint(two)
         }
         random = FaultRandom(seed: profile.faults.seed)
     }

@@ -193,10 +193,15 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         /// Milliseconds of silence in the middle of a frame after which the accessory gives the
         /// frame up and scans its bytes again (default 50, 1–60000); iAP1 and iAP2 alike.
         public var interByteGapMs: Int?
+        /// The length of the packets the accessory sends, header included, whatever the host
+        /// advertised (24–65535; default: by the host's limit, as the protocol says). Plays an
+        /// accessory tuned on iPhones, which always advertise 65535.
+        public var sendsPacketLength: Int?
 
         /// Creates overrides; every nil field keeps the default.
         public init(maxPacketLength: Int? = nil, maxOutstandingPackets: Int? = nil, retransmissionTimeoutMs: Int? = nil,
-                    cumulativeAckTimeoutMs: Int? = nil, interByteGapMs: Int? = nil) {
+                    cumulativeAckTimeoutMs: Int? = nil, interByteGapMs: Int? = nil, sendsPacketLength: Int? = nil) {
+            self.sendsPacketLength = sendsPacketLength
             self.maxPacketLength = maxPacketLength
             self.maxOutstandingPackets = maxOutstandingPackets
             self.retransmissionTimeoutMs = retransmissionTimeoutMs
@@ -205,7 +210,8 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         }
 
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case maxPacketLength, maxOutstandingPackets, retransmissionTimeoutMs, cumulativeAckTimeoutMs, interByteGapMs
+            case maxPacketLength, maxOutstandingPackets, retransmissionTimeoutMs, cumulativeAckTimeoutMs, interByteGapMs,
+                 sendsPacketLength
         }
 
         /// Decodes the overrides, refusing unknown fields.
@@ -217,6 +223,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             retransmissionTimeoutMs = try container.decodeIfPresent(Int.self, forKey: .retransmissionTimeoutMs)
             cumulativeAckTimeoutMs = try container.decodeIfPresent(Int.self, forKey: .cumulativeAckTimeoutMs)
             interByteGapMs = try container.decodeIfPresent(Int.self, forKey: .interByteGapMs)
+            sendsPacketLength = try container.decodeIfPresent(Int.self, forKey: .sendsPacketLength)
         }
     }
 
@@ -294,6 +301,8 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     public var checksumsSessionData: Bool
     /// The accessory's certificate and key (nil: the stand-in certificate and response).
     public var authentication: Authentication?
+    /// Habits of real accessories it plays (none by default).
+    public var habits: Habits
     /// The Bluetooth address of the adapter the accessory runs on, when it runs over Bluetooth
     /// (six bytes, most significant first): its identity then declares a
     /// BluetoothTransportComponent with it. Set by the program that runs it, never read from
@@ -306,8 +315,9 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     /// Creates a profile.
     public init(accessory: Identity, protocols: [ProtocolSpec], link: LinkOverrides = LinkOverrides(),
                 rebootDelayMs: Int = SimulatorProfile.defaultRebootDelayMs, faults: Faults = Faults(), iap1: IAP1Settings? = nil,
-                checksumsSessionData: Bool = true, authentication: Authentication? = nil) {
+                checksumsSessionData: Bool = true, authentication: Authentication? = nil, habits: Habits = Habits()) {
         self.authentication = authentication
+        self.habits = habits
         self.iap1 = iap1
         self.checksumsSessionData = checksumsSessionData
         self.accessory = accessory
@@ -318,7 +328,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1, checksumsSessionData, authentication
+        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1, checksumsSessionData, authentication, habits
     }
 
     /// Decodes a profile, refusing unknown fields; optional parts take their defaults. Values are
@@ -334,6 +344,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         iap1 = try container.decodeIfPresent(IAP1Settings.self, forKey: .iap1)
         checksumsSessionData = try container.decodeIfPresent(Bool.self, forKey: .checksumsSessionData) ?? true
         authentication = try container.decodeIfPresent(Authentication.self, forKey: .authentication)
+        habits = try container.decodeIfPresent(Habits.self, forKey: .habits) ?? Habits()
     }
 
     /// Encodes the profile, leaving out parts that hold their defaults.
@@ -347,23 +358,26 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         try container.encodeIfPresent(iap1, forKey: .iap1)
         if !checksumsSessionData { try container.encode(false, forKey: .checksumsSessionData) }
         try container.encodeIfPresent(authentication, forKey: .authentication)
+        if habits != Habits() { try container.encode(habits, forKey: .habits) }
     }
 
     // MARK: What the endpoint needs
 
-    /// Message ids the simulated accessory sends: StartPowerUpdates, StatusExternalAccessoryProtocolSession.
+    /// Message ids the simulated accessory sends with the default ``habits``: StartPowerUpdates,
+    /// StatusExternalAccessoryProtocolSession.
     public static let messagesSent: [UInt16] = [0xAE00, 0xEA03]
     /// Message ids the simulated accessory receives: PowerUpdate, Start- and
     /// StopExternalAccessoryProtocolSession.
     public static let messagesReceived: [UInt16] = [0xAE01, 0xEA00, 0xEA01]
 
-    /// The identity the accessory declares: the profile's strings, the message lists above, and
+    /// The identity the accessory declares: the profile's strings, the messages it sends by its
+    /// ``habits`` (``messagesSent`` by default), those it receives (``messagesReceived``), and
     /// the protocols with identifiers 1…n in profile order.
     public func identity() -> AccessoryIdentity {
         AccessoryIdentity(
             name: accessory.name, modelIdentifier: accessory.model, manufacturer: accessory.manufacturer,
             serialNumber: accessory.serialNumber, firmwareVersion: accessory.firmwareVersion,
-            hardwareVersion: accessory.hardwareVersion, messagesSent: Self.messagesSent,
+            hardwareVersion: accessory.hardwareVersion, messagesSent: habits.messagesSent,
             messagesReceived: Self.messagesReceived,
             protocols: protocols.enumerated().map { index, spec in
                 ExternalAccessoryProtocol(identifier: UInt8(truncatingIfNeeded: index + 1), name: spec.name,
@@ -410,6 +424,9 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         }
         if let value = link.interByteGapMs {
             configuration.interByteGap = .milliseconds(min(max(value, 1), 60_000))
+        }
+        if let value = link.sendsPacketLength {
+            configuration.sendsPacketLength = UInt16(clamping: clamp(value, .maxPacketLength))
         }
         return configuration
     }
@@ -483,6 +500,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             ("maxOutstandingPackets", link.maxOutstandingPackets, .maxOutstandingPackets),
             ("retransmissionTimeoutMs", link.retransmissionTimeoutMs, .retransmissionTimeout),
             ("cumulativeAckTimeoutMs", link.cumulativeAckTimeoutMs, .cumulativeAckTimeout),
+            ("sendsPacketLength", link.sendsPacketLength, .maxPacketLength),
         ]
         for case let (key, value?, field) in overrides where !field.validRange.contains(value) {
             throw fail("link.\(key)", "is \(value); the link allows \(field.validRange.lowerBound)…\(field.validRange.upperBound)")
@@ -496,6 +514,12 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         let packetLength = linkConfiguration().parameters.maxPacketLength
         if Int(packetLength) < needed {
             throw fail("link.maxPacketLength", "is \(packetLength); the accessory's largest control message needs packets of at least \(needed) bytes")
+        }
+        if !(0...Habits.maxChallengeResponseDelayMs).contains(habits.challengeResponseDelayMs) {
+            throw fail("habits.challengeResponseDelayMs", "is \(habits.challengeResponseDelayMs); use 0…\(Habits.maxChallengeResponseDelayMs) milliseconds")
+        }
+        if let app = habits.appLaunch, app.isEmpty || app.utf8.count > 255 {
+            throw fail("habits.appLaunch", "must name an application (a bundle identifier of 1 to 255 bytes, like com.example.app)")
         }
         if faults.forged, authentication == nil {
             throw fail("faults.forged", "needs an \"authentication\" section (a certificate and key) to forge signatures for; add one or remove the fault")
@@ -517,13 +541,17 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     // MARK: Built-in profiles
 
     /// The names ``builtIn(named:)`` knows.
-    public static let builtInNames = ["firmware-updater", "legacy-sensor", "multi-sensor", "native-streamer"]
+    public static let builtInNames = ["borescope", "firmware-updater", "legacy-sensor", "multi-sensor", "native-streamer", "thermal-camera"]
 
     /// A built-in profile: "firmware-updater" (one firmware-update protocol,
     /// `com.example.firmware`, on a link with 64 KiB packets and a window of 16) or "multi-sensor" (echo, sink, a 1 MiB source and a telemetry
     /// echo) or "native-streamer" (an echo on the iAP2 link, and an echo and a sink on native
     /// transports of their own) or "legacy-sensor" (an iAP1 accessory identifying by IDPS, with an
-    /// echo and a sink). The same profiles ship as JSON in `tools/profiles/`.
+    /// echo and a sink). Two play habits of real accessories (PROTOCOL.md §7): "thermal-camera"
+    /// (as the FLIR ONE: no StatusExternalAccessoryProtocolSession, RequestAppLaunch after
+    /// identification, a window of 127 packets of 65,535 bytes) and "borescope" (as the TD300:
+    /// a window of one 4,096-byte packet, slow acknowledgements, a coprocessor that takes 100 ms,
+    /// its video on a native transport). The same profiles ship as JSON in `tools/profiles/`.
     ///
     /// - Returns: nil for any other name (see ``builtInNames``).
     public static func builtIn(named name: String) -> SimulatorProfile? {
@@ -563,6 +591,29 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
                     ProtocolSpec(name: "com.example.native.echo", behaviour: .echo, native: true),
                     ProtocolSpec(name: "com.example.native.sink", behaviour: .sink, native: true),
                 ])
+        case "thermal-camera":
+            return SimulatorProfile(
+                accessory: Identity(name: "Thermal Camera", model: "SIM-TC1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-TC-0001", firmwareVersion: "1.0.8", hardwareVersion: "A"),
+                protocols: [
+                    ProtocolSpec(name: "com.example.thermal.config", behaviour: .echo),
+                    ProtocolSpec(name: "com.example.thermal.frame", behaviour: .source, sourceBytes: 1 << 20),
+                    ProtocolSpec(name: "com.example.thermal.fileio", behaviour: .echo, native: true),
+                ],
+                link: LinkOverrides(maxPacketLength: 65_535, maxOutstandingPackets: 127, retransmissionTimeoutMs: 2_000,
+                                    cumulativeAckTimeoutMs: 50),
+                habits: Habits(sessionStatus: false, appLaunch: "com.example.thermal"))
+        case "borescope":
+            return SimulatorProfile(
+                accessory: Identity(name: "Borescope", model: "SIM-BS1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-BS-0001", firmwareVersion: "2.0.3", hardwareVersion: "A"),
+                protocols: [
+                    ProtocolSpec(name: "com.example.borescope.control", behaviour: .echo),
+                    ProtocolSpec(name: "com.example.borescope.video", behaviour: .source, sourceBytes: 1 << 20, native: true),
+                ],
+                link: LinkOverrides(maxPacketLength: 4_096, maxOutstandingPackets: 1, retransmissionTimeoutMs: 3_000,
+                                    cumulativeAckTimeoutMs: 1_500),
+                habits: Habits(challengeResponseDelayMs: 100))
         default:
             return nil
         }

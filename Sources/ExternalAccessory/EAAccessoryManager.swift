@@ -223,6 +223,14 @@ public final class EAAccessoryManager: NSObject, @unchecked Sendable {
             }
         case let .failed(location, reason):
             logger.notice("\(location): \(reason)")
+        case let .appLaunchRequested(accessory, request):
+            let (listed, notify) = state.withLock { state in (state.accessories[accessory.connectionID], state.registrations > 0) }
+            guard let listed, notify else { return }
+            let bundleIdentifier = request.bundleIdentifier
+            DispatchQueue.main.async {
+                NotificationCenter.default.post(name: .EAAccessoryDidRequestAppLaunch, object: self,
+                                                userInfo: [EAAccessoryKey: listed, EAAccessoryAppBundleIdentifierKey: bundleIdentifier])
+            }
         }
     }
 
@@ -264,7 +272,18 @@ extension NSNotification.Name {
     /// when a listed accessory goes away; `userInfo[EAAccessoryKey]` is the ``EAAccessory``,
     /// whose `isConnected` is false by then.
     public static let EAAccessoryDidDisconnect = NSNotification.Name("EAAccessoryDidDisconnectNotification")
+    /// Linux only (iOS answers the request itself, offering to open the app): posted (after
+    /// ``EAAccessoryManager/registerForLocalNotifications()``) on the main queue when a listed
+    /// accessory asks for an application to be launched (RequestAppLaunch);
+    /// `userInfo[EAAccessoryKey]` is the ``EAAccessory`` and
+    /// `userInfo[EAAccessoryAppBundleIdentifierKey]` the bundle identifier it named (a `String`,
+    /// empty when it named none).
+    public static let EAAccessoryDidRequestAppLaunch = NSNotification.Name("EAAccessoryDidRequestAppLaunchNotification")
 }
+
+/// The `userInfo` key of the application's bundle identifier in
+/// `EAAccessoryDidRequestAppLaunch` (Linux only).
+public let EAAccessoryAppBundleIdentifierKey = "EAAccessoryAppBundleIdentifierKey"
 
 /// The `userInfo` key of the accessory in the connect and disconnect notifications.
 public let EAAccessoryKey = "EAAccessoryKey"

@@ -210,16 +210,21 @@ final class Core: @unchecked Sendable {
 
     func accessoryEvent(_ event: AccessoryEvent) {
         let message: DaemonReply
+        // The protocol version that knows the event (older clients are not sent it).
+        var minimumVersion = DaemonProtocol.oldestVersion
         switch event {
         case let .connected(accessory):
             message = .connected(Self.record(accessory))
         case let .disconnected(accessory, reason):
             message = .disconnected(accessory: accessory.connectionID, reason: reason)
+        case let .appLaunchRequested(accessory, request):
+            message = .appLaunchRequested(accessory: accessory.connectionID, bundleIdentifier: request.bundleIdentifier)
+            minimumVersion = 2
         case .failed:
             return
         }
         let bytes = MessageFramer.encode(DaemonMessage(id: nil, reply: message))
-        for client in clients.values where client.welcomed { client.send(bytes) }
+        for client in clients.values where client.welcomed && client.version >= minimumVersion { client.send(bytes) }
     }
 
     var records: [AccessoryRecord] { manager.connectedAccessories.map(Self.record) }
@@ -353,6 +358,8 @@ final class Client: @unchecked Sendable {
     private var framer = MessageFramer(limit: DaemonProtocol.maximumRequestLength)
     private var scratch = [UInt8](repeating: 0, count: 16 * 1024)
     var welcomed = false
+    /// The protocol version the client said in its hello.
+    var version = 0
     var dropped = false
     var opening = 0
     var bridges: [Int: SessionBridge] = [:]
@@ -401,11 +408,12 @@ final class Client: @unchecked Sendable {
         if let invalid = message.request.invalidity { return refuseRequest(id: message.id, invalid) }
         switch message.request {
         case let .hello(version, _):
-            guard version == DaemonProtocol.version else {
+            guard (DaemonProtocol.oldestVersion...DaemonProtocol.version).contains(version) else {
                 reply(message.id, .failure(DaemonFailure(.version,
-                    "this iapd speaks protocol \(DaemonProtocol.version), the client \(version): use the library and iapd of one release")))
+                    "this iapd speaks protocol \(DaemonProtocol.oldestVersion) to \(DaemonProtocol.version), the client \(version): use the library and iapd of one release")))
                 return drop(reason: "protocol version \(version)")
             }
+            self.version = version
             welcomed = true
             reply(message.id, .welcome(version: DaemonProtocol.version, daemon: core.options.name, accessories: core.records))
         case .list:

@@ -11,8 +11,12 @@ public import IAPLink
 /// comes with a descriptor (`SCM_RIGHTS`), a Unix stream socket of its own that carries the
 /// session's raw bytes both ways; closing it closes the session.
 public enum DaemonProtocol {
-    /// The version this build speaks. A daemon refuses a client of another major version.
-    public static let version = 1
+    /// The version this build speaks. Version 2 added ``DaemonReply/appLaunchRequested(accessory:bundleIdentifier:)``.
+    public static let version = 2
+    /// The oldest client version a daemon of this build serves (it sends such a client only the
+    /// events its version knows). A daemon refuses a client outside
+    /// ``oldestVersion`` … ``version``, naming both versions.
+    public static let oldestVersion = 1
     /// Where the daemon listens unless configured otherwise.
     public static let defaultSocketPath = "/run/iapd/iapd.sock"
     /// The environment variable that names another socket (for clients and the daemon).
@@ -105,6 +109,9 @@ public enum DaemonReply: Codable, Sendable, Hashable {
     case connected(AccessoryRecord)
     /// Event: an accessory went away.
     case disconnected(accessory: Int, reason: String)
+    /// Event (protocol 2): an accessory asked for an application to be launched
+    /// (RequestAppLaunch); `bundleIdentifier` is empty when it named none.
+    case appLaunchRequested(accessory: Int, bundleIdentifier: String)
 }
 
 /// Why a request failed, in a form a client can act on and a person can read.

@@ -3,10 +3,11 @@ public import ByteRing
 
 /// The state of an EA session on an ``IAP2Endpoint``.
 public enum EASessionState: Hashable, Sendable {
-    /// Device: StartExternalAccessoryProtocolSession sent, status not yet received.
+    /// iAP1 device: OpenDataSessionForProtocol sent, not yet acknowledged. (An iAP2 session is
+    /// never in this state: it is open once StartExternalAccessoryProtocolSession is queued.)
     case opening
-    /// Open: bytes flow both ways (device: the accessory's status said so; accessory: on
-    /// StartExternalAccessoryProtocolSession).
+    /// Open: bytes flow both ways (iAP2 device: from the moment StartExternalAccessoryProtocolSession
+    /// is sent, as on an iPhone; accessory: on StartExternalAccessoryProtocolSession).
     case open
     /// Closed, with the reason (nil for a normal close).
     case closed(String?)
@@ -57,14 +58,23 @@ public enum EndpointEvent: Hashable, Sendable {
     case unhandledMessage(MessageID)
     /// A control message that could not be decoded.
     case malformedMessage(String)
-    /// An EA session is open: device, the accessory confirmed it; accessory, the device started it.
+    /// An EA session is open: iAP2 device, StartExternalAccessoryProtocolSession was queued (the
+    /// accessory's StatusExternalAccessoryProtocolSession is not waited for: many accessories never
+    /// send it); iAP1 device, the accessory acknowledged the open; accessory, the device started it.
     case sessionOpened(sessionID: UInt16, protocolName: String)
+    /// Device (iAP2): the accessory confirmed an open session with StatusExternalAccessoryProtocolSession
+    /// status 0. Informational: the session was usable before.
+    case sessionConfirmed(sessionID: UInt16)
+    /// Device: the accessory asked for an application to be launched (RequestAppLaunch, 0xEA02),
+    /// as accessories do after identification.
+    case appLaunchRequested(AppLaunchRequest)
+    /// Device: something the accessory did that the host tolerated rather than refused, as an
+    /// iPhone does (a message it did not declare, a session id that is not open, an identification
+    /// detail). Said once per kind on a connection, for the log; nothing depends on it.
+    case tolerated(String)
     /// An EA session ended: closed by either side (`reason` nil) or refused or broken (`reason` says
     /// how). Bytes it received stay readable.
     case sessionClosed(sessionID: UInt16, reason: String?)
-    /// Device: the accessory did not answer StartExternalAccessoryProtocolSession within
-    /// ``IAP2Endpoint/answerTimeout``; the session is closed (and the accessory told so).
-    case sessionOpenTimedOut(sessionID: UInt16, protocolName: String, after: Duration)
     /// Device (iAP2): the accessory's link acknowledged the StopExternalAccessoryProtocolSession
     /// sent when the owner closed the session: the accessory has the news that it is over.
     case sessionStopAcknowledged(sessionID: UInt16)
@@ -136,8 +146,7 @@ public struct IAP2Endpoint: Sendable {
     public static let controlQueueLimit = 256
 
     /// How long the device waits for each answer of the accessory during authentication and
-    /// identification, for the answer to StartExternalAccessoryProtocolSession (then
-    /// ``EndpointEvent/sessionOpenTimedOut(sessionID:protocolName:after:)``), and for the link's
+    /// identification, and for the link's
     /// acknowledgement of StopExternalAccessoryProtocolSession (then
     /// ``EndpointEvent/sessionStopTimedOut(sessionID:protocolName:after:)``).
     public var answerTimeout: Duration {
@@ -151,6 +160,21 @@ public struct IAP2Endpoint: Sendable {
     public var peerBluetoothAddress: [UInt8]? {
         get { upper.peerBluetoothAddress }
         set { upper.peerBluetoothAddress = newValue }
+    }
+
+    /// Accessory role: the RequestAppLaunch (0xEA02) this side sends right after the device
+    /// accepts its identification, when its identity lists 0xEA02 among the messages it sends
+    /// (nil: none).
+    public var appLaunchRequest: AppLaunchRequest? {
+        get { upper.appLaunch }
+        set { upper.appLaunch = newValue }
+    }
+
+    /// Accessory role: how long this side's coprocessor takes to answer the device's challenge
+    /// (the TD300's needs about 100 ms, PROTOCOL.md §7.2); zero answers at once.
+    public var challengeResponseDelay: Duration {
+        get { upper.challengeDelay }
+        set { upper.challengeDelay = newValue }
     }
 
     /// Creates the device side.
@@ -310,6 +334,13 @@ public struct IAP2Endpoint: Sendable {
         upper.pumpData(into: &link, now: now)
     }
 
+    /// Queues a raw payload on link session `sessionID`, past the control session and the EA
+    /// router: how a test plays an accessory using a link session the host does not (file
+    /// transfer). False when the link does not take it now.
+    mutating func sendLinkPayload(sessionID: UInt8, payload: [UInt8], now: LinkTime) -> Bool {
+        link.send(sessionID: sessionID, payload: payload, now: now)
+    }
+
     /// Hands over the received bytes of a partial frame (for the switch to iAP1).
     public mutating func takeUnscannedBytes() -> [UInt8] { link.takeUnscannedBytes() }
 
@@ -343,8 +374,12 @@ public struct IAP2Endpoint: Sendable {
 
     /// Device: opens an EA session for `protocolName`.
     ///
+    /// The session is open at once, as on an iPhone: StartExternalAccessoryProtocolSession is
+    /// queued, data written now follows it on the link, and the accessory's
+    /// StatusExternalAccessoryProtocolSession is not waited for (docs/LENIENCY.md).
+    ///
     /// - Returns: the new EA session id; ``EndpointEvent/sessionOpened(sessionID:protocolName:)``
-    ///   follows when the accessory confirms.
+    ///   is among the next events taken.
     public mutating func openSession(protocolName: String, now: LinkTime) throws(EndpointError) -> UInt16 {
         upper.now = now
         let id = try upper.openSession(protocolName: protocolName)
@@ -653,8 +688,6 @@ struct Upper: LinkSink, Sendable {
         var wasFull = false
         /// Bytes of this session the peer's link acknowledged.
         var acknowledged = 0
-        /// Device: when an opening session is given up on if the accessory has not answered.
-        var openDeadline: LinkTime?
     }
 
     enum ControlStep: Sendable {
@@ -680,6 +713,12 @@ struct Upper: LinkSink, Sendable {
     var authenticationPassed = false
     var answerTimeout: Duration = .seconds(10)
     var peerBluetoothAddress: [UInt8]?
+    /// Accessory: the RequestAppLaunch sent after identification, when the identity declares it.
+    var appLaunch: AppLaunchRequest?
+    /// Accessory: how long its coprocessor takes to answer a challenge, and the answer waiting
+    /// for that time to pass.
+    var challengeDelay: Duration = .zero
+    var delayedResponse: (message: ControlMessage, at: LinkTime)?
     var now: LinkTime = .zero
 
     var events: [EndpointEvent] = []
@@ -707,6 +746,9 @@ struct Upper: LinkSink, Sendable {
     var sessions = SessionTable()
     var nextSessionID: UInt16 = 1
     var unhandledMessages = 0
+    /// The kinds of tolerance already reported on this connection (``EndpointEvent/tolerated(_:)``
+    /// is said once per kind).
+    var toleratedKinds = Set<String>()
     var roundRobin: [UInt16] = []
     /// The data plane's copies of session bytes (see ``DataPlaneStatistics``).
     var dataPlane = DataPlaneStatistics()
@@ -743,29 +785,30 @@ struct Upper: LinkSink, Sendable {
         for id in sessions.ids { closeSession(id, reason: "the link went down", notifyPeer: false) }
         controlOut.removeAll()
         stopsInFlight.removeAll() // never to be acknowledged: the owner sees the link go down
+        delayedResponse = nil
         step = .idle
         deadline = nil
         if role == .device { identified = false }
     }
 
-    /// The soonest of the control step's deadline, the opening sessions' and the stops'.
+    /// The soonest of the control step's deadline and the stops'.
     var nextDeadline: LinkTime? {
         var soonest = deadline
         for stop in stopsInFlight where soonest.map({ stop.deadline < $0 }) ?? true { soonest = stop.deadline }
-        for session in sessions.entries where session.state == .opening {
-            if let open = session.openDeadline, soonest.map({ open < $0 }) ?? true { soonest = open }
-        }
+        if let delayed = delayedResponse, soonest.map({ delayed.at < $0 }) ?? true { soonest = delayed.at }
         return soonest
     }
 
+    /// Says ``EndpointEvent/tolerated(_:)`` once per `kind` on this connection.
+    mutating func tolerate(_ kind: String, _ text: @autoclosure () -> String) {
+        guard role == .device, toleratedKinds.insert(kind).inserted else { return }
+        events.append(.tolerated(text()))
+    }
+
     mutating func advance(to now: LinkTime) {
-        for session in sessions.entries where session.state == .opening {
-            guard let open = session.openDeadline, open <= now else { continue }
-            let name = session.protocolName
-            // Said first, so that the owner tells the opener it timed out (not that it was refused).
-            events.append(.sessionOpenTimedOut(sessionID: session.id, protocolName: name, after: answerTimeout))
-            closeSession(session.id, reason: "the accessory did not answer StartExternalAccessoryProtocolSession for '\(name)' within \(answerTimeout)",
-                         notifyPeer: true)
+        if let delayed = delayedResponse, delayed.at <= now {
+            delayedResponse = nil
+            send(delayed.message)
         }
         let overdue = stopsInFlight.filter { $0.deadline <= now }
         if !overdue.isEmpty {
@@ -808,29 +851,35 @@ struct Upper: LinkSink, Sendable {
             }
             return true
         }
-        if sessionID == eaLinkSessionID {
-            guard let (id, range) = try? EASessionData.decode(payload) else {
-                events.append(.malformedMessage("EA data shorter than its session id"))
-                return true
-            }
-            guard let queued = sessions[id]?.inbound.byteCount, sessions[id]?.state == .open else { return true } // unknown: dropped
-            // Back-pressure. A packet larger than the whole buffer (a peer that sends more than
-            // it was told it may) is still taken into an empty one rather than refused for ever:
-            // a session then holds at most its limit plus one packet.
-            if queued > 0, queued + range.count > bufferLimit { return false }
-            guard !range.isEmpty else { return true }
-            dataPlane.bytesReceived += range.count
-            if let retained {
-                // Kept as a view of the array or the lent slot the bytes arrived in: no copy.
-                sessions.with(id) { $0.inbound.append(retained.extracting(range)) }
-            } else {
-                dataPlane.bytesCopiedIn += range.count
-                let copy = payload.extracting(range).withUnsafeBytes { Array($0) }
-                sessions.with(id) { $0.inbound.append(copy[...], owned: true) }
-            }
-            if queued == 0 { events.append(.bytesAvailable(sessionID: id)) }
+        guard sessionID == eaLinkSessionID else {
+            // A link session the host does not use (file transfer): accepted in the SYN, left idle.
+            tolerate("idle-link-session", "packets on link session \(sessionID), which the host does not use, are acknowledged and ignored")
             return true
         }
+        guard let (id, range) = try? EASessionData.decode(payload) else {
+            events.append(.malformedMessage("EA data shorter than its session id"))
+            return true
+        }
+        guard let queued = sessions[id]?.inbound.byteCount, sessions[id]?.state == .open else {
+            // Not open here (never opened, or closed): taken and dropped, as nothing will read it.
+            tolerate("ea-data-not-open", "EA data for session \(id), which is not open on this side, was dropped")
+            return true
+        }
+        // Back-pressure. A packet larger than the whole buffer (a peer that sends more than
+        // it was told it may) is still taken into an empty one rather than refused for ever:
+        // a session then holds at most its limit plus one packet.
+        if queued > 0, queued + range.count > bufferLimit { return false }
+        guard !range.isEmpty else { return true }
+        dataPlane.bytesReceived += range.count
+        if let retained {
+            // Kept as a view of the array or the lent slot the bytes arrived in: no copy.
+            sessions.with(id) { $0.inbound.append(retained.extracting(range)) }
+        } else {
+            dataPlane.bytesCopiedIn += range.count
+            let copy = payload.extracting(range).withUnsafeBytes { Array($0) }
+            sessions.with(id) { $0.inbound.append(copy[...], owned: true) }
+        }
+        if queued == 0 { events.append(.bytesAvailable(sessionID: id)) }
         return true
     }
 
@@ -871,6 +920,12 @@ struct Upper: LinkSink, Sendable {
     }
 
     mutating func deviceHandle(_ message: ControlMessage) {
+        if identified, let identity, !identity.messagesSent.contains(message.id.rawValue),
+           message.id != .identificationInformation {
+            // iOS is not known to refuse these; the message is handled as if declared.
+            tolerate("undeclared-\(message.id.rawValue)",
+                     "the accessory sent \(message.id), which its identification does not list among the messages it sends; handled all the same")
+        }
         switch (message.id, step) {
         case (.authenticationCertificate, .awaitingCertificate):
             let certificate = message.parameter(0)?.data ?? []
@@ -912,6 +967,12 @@ struct Upper: LinkSink, Sendable {
             }
             switch AccessoryIdentity.validate(message, bluetoothAddress: peerBluetoothAddress) {
             case var .success(identity):
+                if let wrong = identity.wronglyDirectedMessages { tolerate("message-lists", "\(wrong); accepted all the same") }
+                let unknown = Set(message.parameters.map(\.id).filter { MessageCatalogue.identificationParameters[$0] == nil }).sorted()
+                if !unknown.isEmpty {
+                    tolerate("identification-parameters",
+                             "IdentificationInformation carries parameters the host does not know (\(unknown.map(String.init).joined(separator: ", "))); ignored")
+                }
                 identity.authentication = authentication
                 self.identity = identity
                 identified = true
@@ -928,6 +989,9 @@ struct Upper: LinkSink, Sendable {
             // Answer with what was asked for: full current available, battery at 100 %.
             var parameters: [Parameter] = []
             for parameter in message.parameters {
+                if ![0, 1, 2, 4, 5, 6].contains(parameter.id) {
+                    tolerate("power-fields", "StartPowerUpdates asks for field \(parameter.id), which the host does not report; left out")
+                }
                 switch parameter.id {
                 case 0: parameters.append(.uint16(0, 1_000))
                 case 1: parameters.append(.bool(1, false))
@@ -942,15 +1006,28 @@ struct Upper: LinkSink, Sendable {
         case (.stopPowerUpdates, _), (.powerSourceUpdate, _), (.accessoryAuthenticationSerialNumber, _):
             break
         case (.statusExternalAccessoryProtocolSession, _):
-            guard let id = try? message.parameter(0)?.uint16(), let session = sessions[id] else { return }
-            let status = (try? message.parameter(1)?.uint8()) ?? 0
-            if status == 0, session.state == .opening {
-                sessions.with(id) { $0.state = .open }
-                events.append(.sessionOpened(sessionID: id, protocolName: session.protocolName))
-                events.append(.spaceAvailable(sessionID: id))
-            } else if status != 0 {
-                closeSession(id, reason: "the accessory refused the session (status \(status))", notifyPeer: false)
+            // The session is open already (it is from the moment the start is sent): status 0
+            // confirms it, anything else ends it with the accessory's reason.
+            guard let id = try? message.parameter(0)?.uint16(), let session = sessions[id], session.state == .open else {
+                tolerate("status-unknown-session", "StatusExternalAccessoryProtocolSession for a session that is not open was ignored")
+                return
             }
+            let status = (try? message.parameter(1)?.uint8()) ?? 0
+            if status == 0 {
+                events.append(.sessionConfirmed(sessionID: id))
+            } else {
+                closeSession(id, reason: "the accessory refused the session for '\(session.protocolName)' (status \(status))", notifyPeer: false)
+            }
+        case (.stopExternalAccessoryProtocolSession, _):
+            // A device-originated message in the catalogue, but an accessory that ends a session
+            // this way is taken at its word.
+            guard let id = try? message.parameter(0)?.uint16(), let session = sessions[id], session.state == .open else {
+                tolerate("stop-unknown-session", "StopExternalAccessoryProtocolSession from the accessory for a session that is not open was ignored")
+                return
+            }
+            closeSession(id, reason: "the accessory ended the session for '\(session.protocolName)'", notifyPeer: false)
+        case (.requestAppLaunch, _):
+            events.append(.appLaunchRequested(AppLaunchRequest(message)))
         default:
             unhandledMessages += 1
             events.append(.unhandledMessage(message.id))
@@ -965,7 +1042,12 @@ struct Upper: LinkSink, Sendable {
             // A real accessory asks its coprocessor; without a signer, a stand-in.
             let challenge = message.parameter(0)?.data ?? []
             let response = signer?.sign(challenge: challenge) ?? standInResponse(to: challenge)
-            send(ControlMessage(id: .authenticationResponse, parameters: [.blob(0, response)]))
+            let answer = ControlMessage(id: .authenticationResponse, parameters: [.blob(0, response)])
+            if challengeDelay > .zero {
+                delayedResponse = (answer, now + challengeDelay)
+            } else {
+                send(answer)
+            }
         case .authenticationSucceeded:
             break
         case .authenticationFailed:
@@ -976,6 +1058,10 @@ struct Upper: LinkSink, Sendable {
             identified = true
             if let identity {
                 events.append(.identified(identity))
+                // Right after identification, as the FLIR ONE does (PROTOCOL.md §7.1).
+                if let appLaunch, identity.messagesSent.contains(MessageID.requestAppLaunch.rawValue) {
+                    send(appLaunch.message)
+                }
                 // Ask for power updates when the identity says so (DJI asks for fields 0, 1, 6).
                 if identity.messagesSent.contains(MessageID.startPowerUpdates.rawValue) {
                     send(ControlMessage(id: .startPowerUpdates, parameters: [.flag(0), .flag(1), .flag(6)]))
@@ -988,12 +1074,16 @@ struct Upper: LinkSink, Sendable {
                 events.append(.malformedMessage("StartExternalAccessoryProtocolSession without protocol or session id"))
                 return
             }
+            // Only an accessory that declares StatusExternalAccessoryProtocolSession answers with
+            // it; one that does not (the FLIR ONE) says nothing, and a protocol it does not know
+            // then gets no session.
+            let answers = identity?.messagesSent.contains(MessageID.statusExternalAccessoryProtocolSession.rawValue) ?? false
             guard let declared = identity?.protocols.first(where: { $0.identifier == protocolID }) else {
-                send(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 1)]))
+                if answers { send(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 1)])) }
                 return
             }
             sessions.insert(Session(id: id, protocolName: declared.name, protocolID: protocolID, state: .open))
-            send(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 0)]))
+            if answers { send(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 0)])) }
             events.append(.sessionOpened(sessionID: id, protocolName: declared.name))
         case .stopExternalAccessoryProtocolSession:
             if let id = try? message.parameter(0)?.uint16() { closeSession(id, reason: nil, notifyPeer: false) }
@@ -1025,9 +1115,14 @@ struct Upper: LinkSink, Sendable {
         var id = nextSessionID
         while id == 0 || sessions.contains(id) { id &+= 1 }
         nextSessionID = id &+ 1
-        sessions.insert(Session(id: id, protocolName: protocolName, protocolID: declared.identifier, state: .opening,
-                                openDeadline: now + answerTimeout))
+        // Open at once, as on an iPhone: the accessory may answer with
+        // StatusExternalAccessoryProtocolSession (only if it lists 0xEA03 among the messages it
+        // sends), and may just as well send data straight away or say nothing (PROTOCOL.md §3.6,
+        // §7.1). Data written now follows the start on the link, in order.
+        sessions.insert(Session(id: id, protocolName: protocolName, protocolID: declared.identifier, state: .open))
         send(ControlMessage(id: .startExternalAccessoryProtocolSession, parameters: [.uint8(0, declared.identifier), .uint16(1, id)]))
+        events.append(.sessionOpened(sessionID: id, protocolName: protocolName))
+        events.append(.spaceAvailable(sessionID: id))
         return id
     }
 

@@ -270,7 +270,9 @@ public struct IAPEndpoint: Sendable {
 
     // MARK: Sessions
 
-    /// Device: opens a session for `protocolName`; ``EndpointEvent/sessionOpened(sessionID:protocolName:)`` follows when the accessory agrees.
+    /// Device: opens a session for `protocolName`. ``EndpointEvent/sessionOpened(sessionID:protocolName:)``
+    /// follows at once on iAP2 (the session is open once its start is sent), and when the
+    /// accessory acknowledges the open on iAP1.
     public mutating func openSession(protocolName: String, now: LinkTime) throws(EndpointError) -> UInt16 {
         if runsIAP1 { return try one!.openSession(protocolName: protocolName, now: now) }
         return try two.openSession(protocolName: protocolName, now: now)

@@ -191,27 +191,23 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
             offending.insert(id)
             reasons.append("\(name(id)) is missing")
         }
-        func ids(_ id: UInt16, sender: MessageSender) -> [UInt16] {
+        func ids(_ id: UInt16) -> [UInt16] {
             guard let parameter = message.parameter(id) else { return [] }
             guard let list = try? parameter.uint16List() else {
                 offending.insert(id)
                 reasons.append("\(name(id)) is not a list of message ids")
                 return []
             }
-            let wrong = list.filter { MessageCatalogue.info(for: MessageID($0)).map { $0.sender != sender } ?? false }
-            if !wrong.isEmpty {
-                offending.insert(id)
-                reasons.append("\(name(id)) lists messages the \(sender == .accessory ? "device" : "accessory") sends: "
-                    + wrong.map { MessageID($0).description }.joined(separator: ", "))
-            }
+            // A list that names messages of the other side is kept as it is (an iPhone is not
+            // known to refuse it; ``wronglyDirectedMessages`` names them for the log).
             return list
         }
         var identity = AccessoryIdentity(
             name: string(P.name), modelIdentifier: string(P.modelIdentifier), manufacturer: string(P.manufacturer),
             serialNumber: string(P.serialNumber), firmwareVersion: string(P.firmwareVersion),
             hardwareVersion: string(P.hardwareVersion),
-            messagesSent: ids(P.messagesSentByAccessory, sender: .accessory),
-            messagesReceived: ids(P.messagesReceivedFromDevice, sender: .device),
+            messagesSent: ids(P.messagesSentByAccessory),
+            messagesReceived: ids(P.messagesReceivedFromDevice),
             currentLanguage: string(P.currentLanguage), supportedLanguages: [], transportComponents: [])
         if let parameter = message.parameter(P.powerProvidingCapability) {
             if let value = try? parameter.uint8() { identity.powerProvidingCapability = value } else {
@@ -292,6 +288,22 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
     }
 
     static func name(_ id: UInt16) -> String { MessageCatalogue.identificationParameters[id]?.name ?? "parameter \(id)" }
+
+    /// What the message lists name the wrong way round, for the log: messages the catalogue
+    /// says the device sends among ``messagesSent``, and those the accessory sends among
+    /// ``messagesReceived`` (empty when both are right). The host accepts such lists.
+    public var wronglyDirectedMessages: String? {
+        func wrong(_ list: [UInt16], _ sender: MessageSender) -> [UInt16] {
+            list.filter { MessageCatalogue.info(for: MessageID($0)).map { $0.sender != sender } ?? false }
+        }
+        let sent = wrong(messagesSent, .accessory)
+        let received = wrong(messagesReceived, .device)
+        guard !sent.isEmpty || !received.isEmpty else { return nil }
+        var parts: [String] = []
+        if !sent.isEmpty { parts.append("MessagesSentByAccessory lists messages the device sends: " + sent.map { MessageID($0).description }.joined(separator: ", ")) }
+        if !received.isEmpty { parts.append("MessagesReceivedFromDevice lists messages the accessory sends: " + received.map { MessageID($0).description }.joined(separator: ", ")) }
+        return parts.joined(separator: "; ")
+    }
 }
 
 /// Why identification was rejected: the offending parameter ids and what is wrong with each.

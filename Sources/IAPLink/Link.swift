@@ -209,9 +209,21 @@ public struct IAP2Link: Sendable {
         self.role = role
         self.configuration = configuration
         self.initialSequence = initialSequence
-        self.scanner = FrameScanner(kinds: .all, maxFrameLength: max(Int(configuration.parameters.maxPacketLength), 1_024))
+        self.scanner = FrameScanner(kinds: .all, maxFrameLength: max(Self.acceptedPacketLength(role, configuration), 1_024))
         updateScanLimits()
     }
+
+    /// The longest packet this side takes. The device takes any length the header can say
+    /// (65,535 bytes) whatever it advertised: an iPhone always advertises 65,535, so an
+    /// accessory tuned on iPhones may not honour a smaller limit, and dropping its packets would
+    /// stall it for ever (``LinkEvent/oversizedPacketTaken(length:advertised:)`` says so once).
+    /// The accessory takes what it offered.
+    static func acceptedPacketLength(_ role: LinkRole, _ configuration: LinkConfiguration) -> Int {
+        role == .device ? LinkPacketHeader.maxPacketLength : Int(configuration.parameters.maxPacketLength)
+    }
+
+    /// Whether ``LinkEvent/oversizedPacketTaken(length:advertised:)`` was said since the link came up.
+    private var saidOversized = false
 
     /// What the scanner has found and dropped on this link.
     public var scanStatistics: ScanStatistics { scanner.statistics }
@@ -313,7 +325,9 @@ public struct IAP2Link: Sendable {
     public var canSend: Bool { state == .connected && sendQueue.count < sendQueueLimit }
     /// The largest payload one packet may carry towards the peer (0 before the link is up).
     public var maxPayloadLength: Int {
-        peerLimits.map { Int($0.maxPacketLength) - LinkPacketHeader.overhead } ?? 0
+        guard let peerLimits else { return 0 }
+        let length = configuration.sendsPacketLength.map(Int.init) ?? Int(peerLimits.maxPacketLength)
+        return length - LinkPacketHeader.overhead
     }
 
     // MARK: Inputs
@@ -584,7 +598,7 @@ public struct IAP2Link: Sendable {
     ///   ``LinkConfiguration/maxIAP1PacketLength`` (an iAP1 accessory's first packets); on the
     ///   accessory, the iAP1 answer to its detect; once the link is up, only the detect.
     private mutating func updateScanLimits() {
-        let ownLimit = Int(configuration.parameters.maxPacketLength)
+        let ownLimit = Self.acceptedPacketLength(role, configuration)
         if state == .connected {
             scanner.iap2LengthLimit = ownLimit
             scanner.iap1LengthLimit = IAP2Detect.bytes.count
@@ -738,11 +752,12 @@ public struct IAP2Link: Sendable {
             return
         }
         if header.payloadLength > 0 {
-            // Judged by what this side can take (its configuration): a SYN that crossed our
-            // answer may have left the peer with our larger first offer.
-            let limit = Int(configuration.parameters.maxPacketLength)
-            if header.packetLength > limit {
-                events.append(.protocolViolation("received a \(header.packetLength)-byte packet; this side takes at most \(limit)"))
+            // Judged by what this side advertised in this negotiation; taken all the same (the
+            // scanner let it through: the device takes up to 65,535 bytes), and said once.
+            let advertised = Int(receiveLimits?.maxPacketLength ?? configuration.parameters.maxPacketLength)
+            if header.packetLength > advertised, !saidOversized {
+                saidOversized = true
+                events.append(.oversizedPacketTaken(length: header.packetLength, advertised: advertised))
             }
             receiveData(header, payload: payload, retained: retained, now: now, sink: &sink)
         }
@@ -898,6 +913,7 @@ public struct IAP2Link: Sendable {
         negotiated = parameters
         peerLimits = peer
         receiveLimits = own
+        saidOversized = false
         synDeadline = nil
         detectDeadline = nil
         nextSequence = initialSequence &+ 1

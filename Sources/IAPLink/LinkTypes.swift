@@ -54,6 +54,11 @@ public struct LinkConfiguration: Sendable {
     /// (``IAP1Endpoint/defaultMaxIncomingPayload``). The accessory role takes only the detect and
     /// the iAP1 answer to it.
     public var maxIAP1PacketLength: Int
+    /// Accessory role, to play an accessory tuned on iPhones: the length of the packets it
+    /// sends, whatever the device advertised (nil: by the device's receive limit, as the
+    /// protocol says). An iPhone advertises 65,535 bytes, so such an accessory may send packets
+    /// that long to a host that asked for less.
+    public var sendsPacketLength: UInt16?
 
     /// Creates a configuration; see each property.
     public init(parameters: LinkParameters, detectInterval: Duration = .seconds(1), maxNegotiationRounds: Int = 10,
@@ -156,8 +161,12 @@ public enum LinkEvent: Hashable, Sendable {
     case iap1Packet([UInt8])
     /// Bytes the scanner dropped.
     case dropped(ScanDrop)
-    /// A received packet was malformed for the link (e.g. longer than negotiated).
+    /// A received packet was malformed for the link.
     case protocolViolation(String)
+    /// Device: the accessory sent a packet longer than the receive limit this side advertised,
+    /// and it was taken all the same (as an iPhone, which advertises 65,535 bytes, would have).
+    /// Said once per negotiation, for the log.
+    case oversizedPacketTaken(length: Int, advertised: Int)
     /// A SYN (device role) or SYN|ACK (accessory role) whose checksums verified but whose payload
     /// is not SYN parameters (too short, or a session table that is not whole entries). PROTOCOL.md
     /// §2 gives no answer to it (a counter-offer needs an offer to answer), so it is dropped and

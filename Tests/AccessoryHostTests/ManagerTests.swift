@@ -262,6 +262,7 @@ struct ManagerTests {
             case .connected: sequence.append("connected")
             case .disconnected: sequence.append("disconnected")
             case .failed: sequence.append("failed")
+            case .appLaunchRequested: sequence.append("appLaunchRequested")
             }
             if sequence.count == 2 { break }
         }

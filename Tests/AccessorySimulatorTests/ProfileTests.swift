@@ -31,7 +31,7 @@ private let validJSON = """
 struct ProfileTests {
     @Test("the shipped JSON profiles decode to the built-ins")
     func shippedProfilesMatchBuiltIns() throws {
-        #expect(SimulatorProfile.builtInNames == ["firmware-updater", "legacy-sensor", "multi-sensor", "native-streamer"])
+        #expect(SimulatorProfile.builtInNames == ["borescope", "firmware-updater", "legacy-sensor", "multi-sensor", "native-streamer", "thermal-camera"])
         for name in SimulatorProfile.builtInNames {
             let loaded = try SimulatorProfile.load(path: packageRoot() + "/tools/profiles/\(name).json")
             #expect(loaded == (try SimulatorProfile.named(name)), "tools/profiles/\(name).json differs from the built-in")

@@ -158,7 +158,7 @@ struct BluetoothManagerTests {
             case let .connected(accessory):
                 Issue.record("identified: \(accessory)")
                 return
-            case .disconnected:
+            case .disconnected, .appLaunchRequested:
                 continue
             }
         }

@@ -28,7 +28,7 @@ import Testing
             switch event {
             case let .connected(accessory): seen.append(.connected(accessory))
             case let .failed(_, reason): seen.append(.failed(reason))
-            case .disconnected: break
+            case .disconnected, .appLaunchRequested: break
             }
             if seen.count == 2 { break }
         }

@@ -159,29 +159,4 @@ struct HostileLinkTests {
         #expect(!pair.device.isStopPending(again))
         #expect(!pair.deviceEvents.contains(.sessionStopAcknowledged(sessionID: again)))
     }
-
-    @Test("an open the accessory never answers times out with the protocol named")
-    func unansweredOpenTimesOut() throws {
-        var pair = Pair()
-        pair.device.answerTimeout = .seconds(3)
-        pair.start()
-        #expect(pair.run { $0.identified })
-        pair.toAccessory.blackHole = true
-        let opened = pair.now
-        let id = try pair.device.openSession(protocolName: "com.acme.log", now: pair.now)
-        var timedOutAt: Duration?
-        #expect(pair.run(until: pair.now + .seconds(30)) { pair in
-            let timedOut = pair.deviceEvents.contains {
-                if case .sessionOpenTimedOut(id, "com.acme.log", .seconds(3)) = $0 { return true } else { return false }
-            }
-            if timedOut { timedOutAt = pair.now }
-            return timedOut
-        })
-        if let timedOutAt { #expect(timedOutAt - opened >= .seconds(3)) }
-        #expect(pair.device.sessionState(id) == nil)
-        // The protocol can be opened again.
-        pair.toAccessory.blackHole = false
-        let again = try pair.device.openSession(protocolName: "com.acme.log", now: pair.now)
-        #expect(pair.run(until: pair.now + .seconds(30)) { $0.device.sessionState(again) == .open })
-    }
 }

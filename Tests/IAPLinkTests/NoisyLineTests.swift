@@ -258,6 +258,30 @@ struct NoisyLinkTests {
         return device
     }
 
+    /// The lengths of the frames dropped as too long, in order.
+    static func tooLongLengths(_ events: [LinkEvent]) -> [Int] {
+        events.compactMap { event -> Int? in
+            guard case let .dropped(drop) = event, case let .frameTooLong(length) = drop.reason else { return nil }
+            return length
+        }
+    }
+
+    /// An accessory link brought up against a device link, with nothing left to take.
+    static func connectedAccessory(_ configuration: LinkConfiguration) throws -> IAP2Link {
+        var accessory = IAP2Link(role: .accessory, configuration: configuration, initialSequence: 0x01)
+        var device = IAP2Link(role: .device, configuration: .device, initialSequence: 0x40)
+        var sink = NullSink()
+        accessory.start(now: .zero)
+        for _ in 0..<6 {
+            for frame in accessory.takeOutput() { device.receive(frame, now: .zero, sink: &sink) }
+            for frame in device.takeOutput() { accessory.receive(frame, now: .zero, sink: &sink) }
+        }
+        try #require(accessory.state == .connected)
+        _ = accessory.takeOutput()
+        _ = accessory.takeEvents()
+        return accessory
+    }
+
     @Test func theLongestSYNFollowsFromTheParametersEncoding() {
         var full = LinkConfiguration.accessory.parameters
         full.sessions = [LinkSession(id: 1, type: .control), LinkSession(id: 2, type: .fileTransfer), LinkSession(id: 3, type: .externalAccessory)]
@@ -296,21 +320,33 @@ struct NoisyLinkTests {
     }
 
     @Test func onceUpNothingLongerThanThisSideTakesIsWaitedFor() throws {
+        // The accessory role takes what it offered; the device takes anything up to 65,535
+        // bytes whatever it advertised (docs/LENIENCY.md), so only iAP1 noise is refused there.
+        var configuration = LinkConfiguration.accessory
+        configuration.parameters.maxPacketLength = 1_024
+        var accessory = try Self.connectedAccessory(configuration)
+        var sink = NullSink()
+        let fits = try LinkPacket.encode(control: .ack, sequence: 0x41, acknowledgement: 0x01, sessionID: 1,
+                                         payload: [UInt8](repeating: 7, count: 1_024 - LinkPacketHeader.overhead))
+        accessory.receive(Noise.iap2Header(length: 1_025) + Noise.iap1Header(length: 300) + fits, now: .milliseconds(5), sink: &sink)
+        let tooLong = Self.tooLongLengths(accessory.takeEvents())
+        // The iAP1 start is refused twice: from its FF, and from its 55.
+        #expect(tooLong == [1_025, 306, 305], "iAP1 packets other than the detect are not waited for either")
+        #expect(accessory.scanStatistics.dropsByKind[.frameTooLong] == 3)
+        #expect(sink.delivered.map(\.count) == [1_024 - LinkPacketHeader.overhead])
+    }
+
+    @Test func onceUpTheDeviceWaitsForAnyLengthButRefusesIAP1Noise() throws {
         var configuration = LinkConfiguration.device
         configuration.parameters.maxPacketLength = 1_024
         var device = try Self.connectedDevice(configuration)
         var sink = NullSink()
-        let fits = try LinkPacket.encode(control: .ack, sequence: 0x02, acknowledgement: 0x40, sessionID: 1,
-                                         payload: [UInt8](repeating: 7, count: 1_024 - LinkPacketHeader.overhead))
-        device.receive(Noise.iap2Header(length: 1_025) + Noise.iap1Header(length: 300) + fits, now: .milliseconds(5), sink: &sink)
-        let tooLong = device.takeEvents().compactMap { event -> Int? in
-            guard case let .dropped(drop) = event, case let .frameTooLong(length) = drop.reason else { return nil }
-            return length
-        }
-        // The iAP1 start is refused twice: from its FF, and from its 55.
-        #expect(tooLong == [1_025, 306, 305], "iAP1 packets other than the detect are not waited for either")
-        #expect(device.scanStatistics.dropsByKind[.frameTooLong] == 3)
-        #expect(sink.delivered.map(\.count) == [1_024 - LinkPacketHeader.overhead])
+        let long = try LinkPacket.encode(control: .ack, sequence: 0x02, acknowledgement: 0x40, sessionID: 1,
+                                         payload: [UInt8](repeating: 7, count: 4_000))
+        device.receive(Noise.iap1Header(length: 300) + long, now: .milliseconds(5), sink: &sink)
+        let tooLong = Self.tooLongLengths(device.takeEvents())
+        #expect(tooLong == [306, 305])
+        #expect(sink.delivered.map(\.count) == [4_000])
     }
 
     @Test func aPartialFrameIsAbandonedOnceTheLineFallsSilentForTheGap() throws {

@@ -46,7 +46,7 @@ enum ScaleBenchmarks {
                 switch event {
                 case .connected: tally.identified += 1
                 case let .failed(location, reason): tally.failed.append("\(location): \(reason)")
-                case .disconnected: break
+                case .disconnected, .appLaunchRequested: break
                 }
                 return tally.identified + tally.failed.count == count
             }

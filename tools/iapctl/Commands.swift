@@ -112,6 +112,11 @@ enum WatchCommand {
                 line = json ? JSONOutput.line([("event", .string("failed")), ("location", .string(location)),
                                                ("reason", .string(reason))])
                     : "failed        \(location.escapedForTerminal): \(reason.escapedForTerminal)"
+            case let .appLaunchRequested(accessory, request):
+                line = json ? JSONOutput.line([("event", .string("appLaunchRequested")), ("accessory", iapctlJSON(accessory)),
+                                               ("bundleIdentifier", .string(request.bundleIdentifier))])
+                    : "app launch    \(accessory.connectionID)  \(accessory.name.escapedForTerminal) asks for "
+                        + "\(request.description.escapedForTerminal)"
             }
             StandardOutput.write(json ? line : line + "\n")
             let count = seen.withLock { value -> Int in

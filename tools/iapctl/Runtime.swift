@@ -41,13 +41,27 @@ final class HostContext: Sendable {
     let failures = FailureLog()
     private let subscription: EventSubscription
 
-    init(_ command: ParsedCommand, supportedProtocols: [String] = []) throws {
-        logger = Logger(label: "iapctl", logLevel: Logger.verbosity(command.count("verbose")))
+    /// What a command may change in how the context is built (`report`: its own logger and
+    /// trace, and never through iapd).
+    struct Hooks {
+        /// The logger instead of one at the `-v` level on standard error.
+        var logger: Logger?
+        /// Wraps every transport (inside `--trace`'s own tap, so both see the same bytes).
+        var transportTap: (@Sendable (any Transport) -> any Transport)?
+        /// Open accessories in this process whatever `--direct` says.
+        var direct = false
+    }
+
+    init(_ command: ParsedCommand, supportedProtocols: [String] = [], hooks: Hooks = Hooks()) throws {
+        logger = hooks.logger ?? Logger(label: "iapctl", logLevel: Logger.verbosity(command.count("verbose")))
         traceSink = try TraceSink(command)
         var configuration = AccessoryManager.Configuration(supportedProtocols: supportedProtocols, logger: logger)
         configuration.authentication = try AuthenticationOptions.policy(command)
+        let extraTap = hooks.transportTap
         if let traceSink {
-            configuration.transportTap = { transport in traceSink.tap(transport) }
+            configuration.transportTap = { transport in traceSink.tap(extraTap?(transport) ?? transport) }
+        } else if let extraTap {
+            configuration.transportTap = extraTap
         }
         configuration.daemon = .never // decided below
         manager = AccessoryManager(configuration: configuration)
@@ -63,7 +77,7 @@ final class HostContext: Sendable {
         awaitsBluetooth = wantsBluetooth && bluetoothTargets.isEmpty
         let ownSources = !command.values("serial").isEmpty || command.flag("simulate") || wantsBluetooth
         var throughDaemon = false
-        if !command.flag("direct"), !ownSources, !command.flag("no-usb"), access(daemonPath, F_OK) == 0 {
+        if !command.flag("direct"), !hooks.direct, !ownSources, !command.flag("no-usb"), access(daemonPath, F_OK) == 0 {
             do {
                 try manager.connectToDaemon(socketPath: daemonPath)
                 throughDaemon = true
@@ -74,7 +88,7 @@ final class HostContext: Sendable {
                 throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
             }
         } else {
-            logger.info("opening accessories directly" + (command.flag("direct") ? " (--direct)" : ownSources ? " (--serial/--simulate/--bluetooth)" : " (no iapd at \(daemonPath))"))
+            logger.info("opening accessories directly" + (command.flag("direct") ? " (--direct)" : hooks.direct ? " (this command never goes through iapd)" : ownSources ? " (--serial/--simulate/--bluetooth)" : " (no iapd at \(daemonPath))"))
         }
         if !command.flag("no-usb"), !throughDaemon {
             var options = USBOptions()

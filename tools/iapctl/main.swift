@@ -191,12 +191,14 @@ let iapctl = CommandSpec(
         """,
     version: toolVersion(),
     options: [verboseOption] + hostOptions + AuthenticationOptions.options,
-    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, simulateCommand, decodeCommand],
+    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, ReportCommand.spec, simulateCommand,
+                  decodeCommand],
     examples: [
         CommandExample("iapctl --simulate list", "The built-in simulated accessory."),
         CommandExample("iapctl --serial /dev/ttyUSB0:115200 info --json", "An accessory on a UART, as JSON."),
         CommandExample("iapctl --simulate send com.example.echo image.bin --verify-echo", "A file through a session, the echo checked."),
         CommandExample("iapctl wait --protocol com.example.firmware --timeout 30", "Wait for an accessory (scripts)."),
+        CommandExample("iapctl report", "A file to attach to a bug report: every step, where it stopped, the trace."),
         CommandExample("iapctl help send", "The help of one subcommand."),
     ],
     exitStatuses: [
@@ -226,6 +228,7 @@ CommandLineTool.run(iapctl, manPageDate: AccessoryHostVersion.releaseDate) { com
     case "open": return try OpenCommand.run(command)
     case "send": return try SendCommand.run(command)
     case "simulate": return try SimulateCommand.run(command)
+    case "report": return try ReportCommand.run(command)
     default: throw ExitCode.software
     }
 }

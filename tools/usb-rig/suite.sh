@@ -2,7 +2,7 @@
 # The rig's CI suite, run in the guest by guest.sh (root): the in-guest Swift tests (release
 # build of the test bundle: debug Swift is too slow under TCG to move 64 MiB), the udev rules
 # applied by the real udevd, the firmware-upgrade example over USB (16 MiB through separate
-# iapctl processes), `iapbench usb` for the numbers (direct and through iapd), Bluetooth on
+# iapctl processes), `iapctl report` on a gadget (report.sh), `iapbench usb` for the numbers (direct and through iapd), Bluetooth on
 # virtual controllers (bluetooth.sh, with `iapbench bluetooth`), and iapd itself on the real
 # USB stack (iapd.sh).
 set -euo pipefail
@@ -24,6 +24,8 @@ echo "suite: firmware-upgrade example over USB (16 MiB)"
 timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
 echo "suite: a usbmon capture of the host and the gadget, decoded by iapctl decode --pcap and by tshark"
 timeout 300 "$here/usbmon.sh"
+echo "suite: iapctl report on a gadget (every step, the USB descriptors, serials left out, the trace extracted and decoded)"
+timeout 300 "$here/report.sh"
 echo "suite: iapbench usb (ceiling, EA over iAP2, EA on a native transport)"
 status=0
 timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3 --native || status=$?

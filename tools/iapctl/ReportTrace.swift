@@ -1,0 +1,399 @@
+// iapctl report: the pcapng trace it records in memory, the frames read back out of it, and the
+// redaction of serial numbers and certificate bytes before the trace is embedded.
+
+import AccessoryHost
+import AccessoryLogging
+import CLIKit
+import Glibc
+import IAPInspect
+import IAPTransport
+import IAPWire
+import Synchronization
+import USBHost
+
+/// The whole exchange in pcapng, kept in memory: iapctl's trace format (`PcapngTraceRecorder`,
+/// one interface per transport), so that the embedded copy is what `--trace-file FILE.pcapng`
+/// would have written and `iapctl decode --pcap` reads it.
+///
+/// The blocks are kept as the recorder writes them (one block per call), which lets the report
+/// read each frame back and overwrite fields in place without parsing the file again.
+final class ReportTrace: Sendable {
+    /// What the report needs to know of a traced transport.
+    struct Wire: Sendable {
+        /// `transport.description` (what `Accessory.location` and failure events name).
+        var location: String
+        /// The transport's kind.
+        var kind: TransportKind
+        /// The USB device, on USB (its descriptors and strings as read at open).
+        var usb: USBDeviceInfo?
+    }
+
+    /// The blocks, shared with the recorder's writes.
+    private final class Blocks: Sendable {
+        let list = Mutex<[[UInt8]]>([])
+    }
+
+    private let blocks = Blocks()
+    private let wires = Mutex<[Wire]>([])
+    private let recorder: PcapngTraceRecorder
+    /// Whether the interface names may carry serial numbers (`--full`).
+    private let full: Bool
+
+    init(full: Bool) {
+        self.full = full
+        let blocks = self.blocks
+        recorder = PcapngTraceRecorder(application: "iapctl \(toolVersion()) report", clock: { wallNanoseconds() },
+                                       write: { block in blocks.list.withLock { $0.append(block) } })
+    }
+
+    /// `transport`, recorded as an interface of its own (the manager's transport tap).
+    func tap(_ transport: any Transport) -> any Transport {
+        let usb = transport.capability(USBDeviceInfo.self)
+        let wire: CaptureTransport
+        switch transport.kind {
+        case .memory: wire = .memory
+        case .serial: wire = .serial
+        case .usb: wire = .usb
+        case .gadget: wire = .gadget
+        case .bluetooth: wire = .bluetooth
+        }
+        let interface = wires.withLock { wires -> Int in
+            wires.append(Wire(location: transport.description, kind: transport.kind, usb: usb))
+            // Without --full the interface is named without the USB serial number the
+            // description carries.
+            let name = full ? transport.description : "\(wire.name) accessory \(wires.count)"
+            let place = usb.map { "usb \($0.location) \($0.descriptor.idString)" } ?? wire.name
+            return self.recorder.addInterface(name: name, description: "iAP accessory on " + (full ? transport.description : place),
+                                         transport: wire)
+        }
+        let sink = recorder
+        return TracingTransport(transport) { direction, bytes in
+            sink.record(direction == .out ? .hostToAccessory : .accessoryToHost, bytes, on: interface)
+        }
+    }
+
+    /// The timing the link of the transport at `location` runs with, in seconds: the host's last
+    /// SYN|ACK (which repeats the accessory's timing), nil before there is one.
+    func linkTiming(of location: String) -> (cumulativeAck: Double, retransmission: Double)? {
+        guard let interface = tracedWires.lastIndex(where: { $0.location == location }) else { return nil }
+        let analysis = TraceAnalysis(blocks: recordedBlocks, full: true)
+        guard let syn = analysis.frames(on: interface).last(where: { !$0.fromAccessory && $0.syn != nil })?.syn else { return nil }
+        return (Double(syn.cumulativeAckTimeout) / 1000, Double(syn.retransmissionTimeout) / 1000)
+    }
+
+    /// The transports traced so far, by interface number.
+    var tracedWires: [Wire] { wires.withLock { $0 } }
+
+    /// The blocks recorded so far, in file order.
+    var recordedBlocks: [[UInt8]] { blocks.list.withLock { $0 } }
+}
+
+/// The real-time clock in nanoseconds since the epoch (what pcapng and log records are stamped with).
+func wallNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_REALTIME, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
+
+/// One frame of the trace, read back. Plain stored fields rather than an enum with payloads:
+/// Swift 6.3.1's optimizer crashed (an ownership verification failure in CopyPropagation) on
+/// `ReportRun.steps` matching such an enum in release builds.
+struct TracedFrame {
+    /// What the frame is.
+    enum Kind {
+        /// The iAP2 detect sequence.
+        case detect
+        /// An iAP2 link packet (``header`` and the fields after it say more).
+        case iap2
+        /// An iAP1 packet (``note`` is the inspector's summary).
+        case iap1
+        /// Bytes the receiver dropped (``note`` is the reason, ``length`` the count).
+        case dropped
+        /// Raw bytes of a native-transport pipe.
+        case native
+    }
+
+    /// The pcapng interface (index in ``ReportTrace/tracedWires``).
+    var interface: Int
+    /// Nanoseconds since the epoch.
+    var time: UInt64
+    /// Which way it went.
+    var direction: CaptureDirection
+    /// What it is.
+    var kind: Kind
+    /// Its length on the wire (for dropped bytes, how many).
+    var length: Int
+    /// An iAP2 packet's header.
+    var header: LinkPacketHeader?
+    /// A SYN's parameters.
+    var syn: LinkParameters?
+    /// The control message an iAP2 packet carries.
+    var message: ControlMessage? {
+        didSet { messageID = message?.id }
+    }
+    /// Its id (stored: see the note above).
+    private(set) var messageID: MessageID?
+    /// The EA session an iAP2 packet carries data for, and how many bytes.
+    var eaSession: UInt16?
+    var eaBytes = 0
+    /// An iAP1 packet's summary, or why bytes were dropped.
+    var note = ""
+
+    /// Whether the accessory sent it.
+    var fromAccessory: Bool { direction == .accessoryToHost }
+
+    /// Whether it is the iAP2 detect.
+    var isDetect: Bool { kind == .detect }
+
+    /// The bytes dropped, for a run of dropped bytes; 0 for frames.
+    var droppedCount: Int { kind == .dropped ? length : 0 }
+
+    /// One line for people (the accessory's strings in it escaped).
+    var summary: String {
+        switch kind {
+        case .detect: return "iAP2 detect"
+        case .iap2:
+            guard let header else { return "iAP2" }
+            var text = "\(header.control)"
+            if let syn { text += " " + ReportText.parameters(syn) }
+            if let message { text += "  \(message.id) (\(message.encodedLength) bytes)" }
+            if let eaSession { text += "  EA data, session \(eaSession): \(eaBytes) byte\(eaBytes == 1 ? "" : "s")" }
+            return text + "  seq \(header.sequence) ack \(header.acknowledgement)"
+        case .iap1: return note.escapedForTerminal
+        case .dropped: return "dropped \(length) byte\(length == 1 ? "" : "s"): \(note)"
+        case .native: return "native transport: \(length) bytes"
+        }
+    }
+}
+
+/// The trace read back: every frame with its time and direction; what it says about the serial
+/// numbers and the certificate; and the trace again with those overwritten.
+struct TraceAnalysis {
+    /// Every frame, in file order (which is time order).
+    var frames: [TracedFrame] = []
+    /// The serial numbers found in the frames (IdentificationInformation's SerialNumber, the
+    /// coprocessor's AccessoryAuthenticationSerialNumber).
+    var serialNumbers: [String] = []
+    /// The certificate the accessory sent (DER, as sent), per interface: the last one.
+    var certificates: [Int: [UInt8]] = [:]
+    /// The IdentificationInformation the accessory sent last, per interface.
+    var identifications: [Int: ControlMessage] = [:]
+    /// Interfaces on which the accessory spoke iAP1 (their serials and certificate are not
+    /// taken out of the trace: see ``redactedTrace``).
+    var iap1Interfaces: Set<Int> = []
+    /// The trace to embed: EA session data cut to ``keptDataBytes`` per packet (the packets
+    /// encoded again, checksums and all), and without `full` the serial numbers and certificate
+    /// bytes overwritten in place (lengths and checksums kept), so that it decodes as cleanly as
+    /// the original.
+    var embeddedTrace: [UInt8] = []
+    /// How many frames had serials or certificate bytes overwritten in ``embeddedTrace``.
+    var redactedFrames = 0
+    /// How many packets of session data were cut in ``embeddedTrace``, and the bytes left out.
+    var cutPackets = 0
+    var cutBytes = 0
+
+    /// The session bytes kept of each packet in the embedded trace.
+    static let keptDataBytes = 64
+
+    /// Control messages whose parameters are overwritten: the parameter id and how.
+    static let redactions: [UInt16: (parameter: UInt16, keepsText: Bool)] = [
+        MessageID.identificationInformation.rawValue: (IdentificationParameter.serialNumber, true),
+        MessageID.identificationInformationUpdate.rawValue: (IdentificationParameter.serialNumber, true),
+        MessageID.authenticationCertificate.rawValue: (0, false),
+        MessageID.accessoryAuthenticationSerialNumber.rawValue: (0, true),
+    ]
+
+    init(blocks: [[UInt8]], full: Bool) {
+        var controlSessions: [Int: UInt8] = [:]
+        var inspectors: [Int: FrameInspector] = [:]
+        for block in blocks {
+            var rewritten = block
+            if block.count >= 36, Self.uint32(block, 0) == 6 {
+                let interface = Int(Self.uint32(block, 8))
+                let time = UInt64(Self.uint32(block, 12)) << 32 | UInt64(Self.uint32(block, 16))
+                let captured = Int(Self.uint32(block, 20))
+                if captured >= IAPCaptureHeader.size, 28 + captured <= block.count,
+                   let direction = CaptureDirection(rawValue: block[29]) {
+                    let content = block[31]
+                    let frameStart = 28 + IAPCaptureHeader.size, frameEnd = 28 + captured
+                    let bytes = Array(block[frameStart..<frameEnd])
+                    switch content {
+                    case CaptureContent.frame.rawValue:
+                        var inspector = inspectors[interface] ?? FrameInspector()
+                        if let frame = read(bytes, interface: interface, time: time, direction: direction,
+                                            controlSession: &controlSessions[interface], inspector: &inspector) {
+                            frames.append(frame)
+                            if frame.kind == .iap1, frame.fromAccessory { iap1Interfaces.insert(interface) }
+                            if let header = frame.header, frame.eaSession != nil, frame.eaBytes > Self.keptDataBytes {
+                                let eaBytes = frame.eaBytes
+                                let kept = LinkPacketHeader.size + EASessionData.headerSize + Self.keptDataBytes
+                                if let shorter = try? LinkPacket.encode(control: header.control, sequence: header.sequence,
+                                                                        acknowledgement: header.acknowledgement, sessionID: header.sessionID,
+                                                                        payload: Array(bytes[LinkPacketHeader.size..<kept])) {
+                                    rewritten = PcapngWriter.enhancedPacket(interface: UInt32(interface), nanoseconds: time,
+                                                                            packet: Array(block[28..<frameStart]) + shorter,
+                                                                            inbound: direction == .accessoryToHost)
+                                    cutPackets += 1
+                                    cutBytes += eaBytes - Self.keptDataBytes
+                                }
+                            }
+                        }
+                        inspectors[interface] = inspector
+                        if !full, rewritten.count == block.count, Self.redact(&rewritten, frameAt: frameStart, end: frameEnd, controlSession: controlSessions[interface]) {
+                            redactedFrames += 1
+                        }
+                    case CaptureContent.dropped.rawValue:
+                        let code = Int(block[32])
+                        let reason = code > 0 && code <= IAPCaptureHeader.dropReasonNames.count ? IAPCaptureHeader.dropReasonNames[code - 1] : "dropped"
+                        let original = Int(Self.uint32(block, 24)) - IAPCaptureHeader.size
+                        frames.append(TracedFrame(interface: interface, time: time, direction: direction, kind: .dropped,
+                                                  length: original, note: reason))
+                    default:
+                        frames.append(TracedFrame(interface: interface, time: time, direction: direction, kind: .native,
+                                                  length: bytes.count))
+                        if bytes.count > Self.keptDataBytes {
+                            rewritten = PcapngWriter.enhancedPacket(interface: UInt32(interface), nanoseconds: time,
+                                                                    packet: Array(block[28..<(frameStart + Self.keptDataBytes)]),
+                                                                    inbound: direction == .accessoryToHost)
+                            cutPackets += 1
+                            cutBytes += bytes.count - Self.keptDataBytes
+                        }
+                    }
+                }
+            }
+            embeddedTrace += rewritten
+        }
+    }
+
+    /// Reads one frame; notes the control session from a SYN, and what must be left out.
+    private mutating func read(_ bytes: [UInt8], interface: Int, time: UInt64, direction: CaptureDirection,
+                               controlSession: inout UInt8?, inspector: inout FrameInspector) -> TracedFrame? {
+        var scanner = FrameScanner()
+        var found: TracedFrame?
+        scanner.scan(bytes.span.bytes) { frame, span in
+            guard found == nil else { return }
+            var traced = TracedFrame(interface: interface, time: time, direction: direction, kind: .detect, length: frame.range.count)
+            switch frame.kind {
+            case .detect:
+                break
+            case .iap1:
+                traced.kind = .iap1
+                traced.note = inspector.inspect(frame, in: span).summary
+            case let .iap2(header):
+                let payload = Array(bytes[frame.payload])
+                var syn: LinkParameters?
+                var message: ControlMessage?
+                var eaSession: UInt16?
+                var eaBytes = 0
+                if header.control.contains(.syn), let parameters = try? LinkParameters.decode(payload) {
+                    syn = parameters
+                    if let control = parameters.session(ofType: .control) { controlSession = control.id }
+                } else if !payload.isEmpty, header.sessionID != 0 {
+                    if header.sessionID == controlSession || (controlSession == nil && payload.starts(with: [0x40, 0x40])),
+                       let decoded = try? ControlMessage.decode(payload) {
+                        message = decoded
+                    } else if payload.count >= EASessionData.headerSize {
+                        eaSession = UInt16(payload[0]) << 8 | UInt16(payload[1])
+                        eaBytes = payload.count - EASessionData.headerSize
+                    }
+                }
+                if let message, direction == .accessoryToHost { note(message, interface: interface) }
+                traced.kind = .iap2
+                traced.header = header
+                traced.syn = syn
+                traced.message = message
+                traced.eaSession = eaSession
+                traced.eaBytes = eaBytes
+            }
+            found = traced
+        }
+        return found
+    }
+
+    /// Keeps what the report says about the accessory's serials and certificate.
+    private mutating func note(_ message: ControlMessage, interface: Int) {
+        switch message.id {
+        case .identificationInformation, .identificationInformationUpdate:
+            if message.id == .identificationInformation { identifications[interface] = message }
+            if let serial = try? message.parameter(IdentificationParameter.serialNumber)?.string() { serialNumbers.append(serial) }
+        case .authenticationCertificate:
+            if let der = message.parameter(0)?.data { certificates[interface] = der }
+        case .accessoryAuthenticationSerialNumber:
+            if let serial = try? message.parameter(0)?.string() { serialNumbers.append(serial) }
+        default:
+            break
+        }
+    }
+
+    /// Overwrites, in the enhanced packet block `block`, the parameter ``redactions`` names in
+    /// the control message of the iAP2 frame at `start..<end`: a string's bytes become `X` (its
+    /// terminating NUL kept), a certificate's become zeros; the payload checksum is computed
+    /// again. Lengths do not change, so the block stays valid. Returns whether it changed.
+    static func redact(_ block: inout [UInt8], frameAt start: Int, end: Int, controlSession: UInt8?) -> Bool {
+        let frame = Array(block[start..<end])
+        guard frame.count > LinkPacketHeader.size, frame[0] == 0xFF, frame[1] == 0x5A,
+              let header = try? LinkPacketHeader.decode(frame.span.bytes), header.packetLength == frame.count,
+              header.payloadLength >= ControlMessage.headerSize, !header.control.contains(.syn) else { return false }
+        let payload = start + LinkPacketHeader.size
+        guard controlSession.map({ $0 == header.sessionID }) ?? true,
+              block[payload] == 0x40, block[payload + 1] == 0x40 else { return false }
+        let messageLength = Int(block[payload + 2]) << 8 | Int(block[payload + 3])
+        let id = UInt16(block[payload + 4]) << 8 | UInt16(block[payload + 5])
+        guard let rule = redactions[id], messageLength <= header.payloadLength else { return false }
+        var offset = ControlMessage.headerSize
+        var changed = false
+        while offset + Parameter.headerSize <= messageLength {
+            let length = Int(block[payload + offset]) << 8 | Int(block[payload + offset + 1])
+            let parameter = UInt16(block[payload + offset + 2]) << 8 | UInt16(block[payload + offset + 3])
+            guard length >= Parameter.headerSize, offset + length <= messageLength else { break }
+            if parameter == rule.parameter {
+                let data = (payload + offset + Parameter.headerSize)..<(payload + offset + length)
+                for index in data {
+                    if rule.keepsText {
+                        if block[index] != 0 { block[index] = UInt8(ascii: "X") }
+                    } else {
+                        block[index] = 0
+                    }
+                }
+                changed = true
+            }
+            offset += length
+        }
+        guard changed else { return false }
+        let payloadRange = payload..<(payload + header.payloadLength)
+        block[payloadRange.upperBound] = Checksum.of(Array(block[payloadRange]))
+        return true
+    }
+
+    /// The frames of one interface.
+    func frames(on interface: Int) -> [TracedFrame] { frames.filter { $0.interface == interface } }
+
+    static func uint32(_ bytes: [UInt8], _ offset: Int) -> UInt32 {
+        UInt32(bytes[offset]) | UInt32(bytes[offset + 1]) << 8 | UInt32(bytes[offset + 2]) << 16 | UInt32(bytes[offset + 3]) << 24
+    }
+}
+
+/// Base64 (RFC 4648, with padding), in lines of `width` characters, as `base64 -d` reads it.
+func base64Lines(_ bytes: [UInt8], width: Int = 76) -> [String] {
+    let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+    var out: [UInt8] = []
+    out.reserveCapacity((bytes.count + 2) / 3 * 4)
+    var index = 0
+    while index < bytes.count {
+        let count = min(3, bytes.count - index)
+        let b0 = bytes[index], b1 = count > 1 ? bytes[index + 1] : 0, b2 = count > 2 ? bytes[index + 2] : 0
+        out.append(alphabet[Int(b0 >> 2)])
+        out.append(alphabet[Int((b0 & 0x03) << 4 | b1 >> 4)])
+        out.append(count > 1 ? alphabet[Int((b1 & 0x0F) << 2 | b2 >> 6)] : UInt8(ascii: "="))
+        out.append(count > 2 ? alphabet[Int(b2 & 0x3F)] : UInt8(ascii: "="))
+        index += 3
+    }
+    var lines: [String] = []
+    var start = 0
+    while start < out.count {
+        let end = min(out.count, start + width)
+        lines.append(String(decoding: out[start..<end], as: UTF8.self))
+        start = end
+    }
+    return lines
+}
