@@ -383,6 +383,7 @@ public final class AccessoryManager: Sendable {
         let descriptor = try DaemonConnectionError.connect(path: path)
         let client = DaemonClient(path: path, queue: queue, logger: configuration.logger,
                                   attach: { [weak self] record, remote in self?.attachRemote(record, remote) },
+                                  failed: { [weak self] location, reason in self?.publish(.failed(location: location, reason: reason)) },
                                   welcomed: { [weak self] in
                                       let watchers = self?.state.withLock { state -> [@Sendable () -> Void] in
                                           state.daemonPending = false

@@ -100,11 +100,14 @@ final class DaemonAccessoryTransport: Transport {
 /// Confinement: every stored `var` is touched on `queue` only (the manager's queue).
 final class DaemonClient: @unchecked Sendable {
     typealias Attach = (AccessoryRecord, RemoteAccessory) -> Connection?
+    /// Passes on a transport failure the daemon reported (location, reason).
+    typealias Failed = (String, String) -> Void
 
     let path: String
     private let queue: DispatchQueue
     private let logger: Logger
     private let attach: Attach
+    private let failed: Failed
     /// Called on the queue each time the daemon's first answer (its accessories) is in.
     private let welcomed: () -> Void
     private var descriptor: Int32 = -1
@@ -120,7 +123,9 @@ final class DaemonClient: @unchecked Sendable {
     private var stopped = false
     private var retryDelay = 0.1
 
-    init(path: String, queue: DispatchQueue, logger: Logger, attach: @escaping Attach, welcomed: @escaping () -> Void) {
+    init(path: String, queue: DispatchQueue, logger: Logger, attach: @escaping Attach, failed: @escaping Failed = { _, _ in },
+         welcomed: @escaping () -> Void) {
+        self.failed = failed
         self.path = path
         self.queue = queue
         self.logger = logger
@@ -251,6 +256,8 @@ final class DaemonClient: @unchecked Sendable {
             add(record)
         case let .disconnected(accessory, reason):
             connections.removeValue(forKey: accessory)?.stop(reason: reason)
+        case let .transportFailed(location, reason):
+            failed(location, reason)
         case let .appLaunchRequested(accessory, bundleIdentifier):
             connections[accessory]?.relayAppLaunch(AppLaunchRequest(bundleIdentifier: bundleIdentifier))
         case let .failure(failure):

@@ -220,8 +220,9 @@ final class Core: @unchecked Sendable {
         case let .appLaunchRequested(accessory, request):
             message = .appLaunchRequested(accessory: accessory.connectionID, bundleIdentifier: request.bundleIdentifier)
             minimumVersion = 2
-        case .failed:
-            return
+        case let .failed(location, reason):
+            message = .transportFailed(location: location, reason: reason)
+            minimumVersion = 2
         }
         let bytes = MessageFramer.encode(DaemonMessage(id: nil, reply: message))
         for client in clients.values where client.welcomed && client.version >= minimumVersion { client.send(bytes) }

@@ -11,7 +11,8 @@ public import IAPLink
 /// comes with a descriptor (`SCM_RIGHTS`), a Unix stream socket of its own that carries the
 /// session's raw bytes both ways; closing it closes the session.
 public enum DaemonProtocol {
-    /// The version this build speaks. Version 2 added ``DaemonReply/appLaunchRequested(accessory:bundleIdentifier:)``.
+    /// The version this build speaks. Version 2 added ``DaemonReply/appLaunchRequested(accessory:bundleIdentifier:)``
+    /// and ``DaemonReply/transportFailed(location:reason:)``.
     public static let version = 2
     /// The oldest client version a daemon of this build serves (it sends such a client only the
     /// events its version knows). A daemon refuses a client outside
@@ -112,6 +113,10 @@ public enum DaemonReply: Codable, Sendable, Hashable {
     /// Event (protocol 2): an accessory asked for an application to be launched
     /// (RequestAppLaunch); `bundleIdentifier` is empty when it named none.
     case appLaunchRequested(accessory: Int, bundleIdentifier: String)
+    /// Event (protocol 2): something went wrong on a transport before its accessory was
+    /// identified (a failed handshake, a USB device reset because its link did not come up);
+    /// `location` names the transport, `reason` says what happened and what to do.
+    case transportFailed(location: String, reason: String)
 }
 
 /// Why a request failed, in a form a client can act on and a person can read.

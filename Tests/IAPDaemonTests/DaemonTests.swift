@@ -1,8 +1,10 @@
 import AccessoryHost
+import AccessorySimulator
 import Dispatch
 import Foundation
 import IAPDaemon
 import IAPDaemonProtocol
+import IAPTransport
 import SystemCalls
 import Testing
 import TestSupport
@@ -214,6 +216,70 @@ struct DaemonTests {
         try await writer.value
         #expect(received == payload.count)
         #expect(largestLead < 8 << 20, "the daemon took up to \(largestLead) bytes more than were read")
+    }
+}
+
+@Suite("iapd's protocol 2 events", .timeLimit(.minutes(1)))
+struct DaemonVersionTwoTests {
+    @Test("an app launch request and a transport failure reach clients of version 2; a client of version 1 is sent neither")
+    func versionTwoEvents() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (client, _) = try await daemon.client()
+        defer { client.stop() }
+        let events = client.events
+        let welcomed = DispatchSemaphore(value: 0)
+        let triggered = DispatchSemaphore(value: 0)
+        let seenByOld = Locked<[DaemonReply]>([])
+        async let old: Void = runBlocking {
+            defer { welcomed.signal() }
+            var raw = try RawClient(path: daemon.socketPath)
+            raw.send(.hello(version: 1, client: "old"))
+            guard case .welcome? = try raw.next()?.0.reply else {
+                Issue.record("no welcome for a version 1 client")
+                return
+            }
+            welcomed.signal()
+            triggered.wait()
+            raw.send(.ping, id: 2)
+            while let (message, _) = try raw.next(), message.id != 2 {
+                seenByOld.withLock { $0.append(message.reply) }
+            }
+        }
+        try await runBlocking { welcomed.wait() }
+        // An accessory that asks for an app as it connects, and a transport that ends before
+        // anything on it was identified.
+        let thermal = try SimulatorRunner(profile: try #require(SimulatorProfile.builtIn(named: "thermal-camera")),
+                                          attachment: .memory { daemon.manager.attach($0) })
+        thermal.start()
+        defer { thermal.stop() }
+        let (host, accessorySide) = MemoryTransport.pair(name: "doomed")
+        daemon.manager.attach(host)
+        var launch: String?
+        var failure: String?
+        for await event in events {
+            switch event {
+            case let .appLaunchRequested(accessory, request):
+                #expect(accessory.name == "Thermal Camera")
+                launch = request.bundleIdentifier
+                // The doomed transport is active by now (attached before the thermal camera
+                // was even identified): ending its other side fails it, with nothing identified.
+                accessorySide.cancel()
+            case let .failed(location, _):
+                failure = location
+            case .connected, .disconnected:
+                break
+            }
+            if launch != nil, failure != nil { break }
+        }
+        triggered.signal()
+        try await old
+        #expect(launch == "com.example.thermal")
+        #expect(failure == "doomed (host side)")
+        let sent = seenByOld.withLock { $0 }
+        #expect(sent.contains { if case let .connected(record) = $0 { return record.identity.name == "Thermal Camera" } else { return false } })
+        #expect(!sent.contains { if case .appLaunchRequested = $0 { return true } else { return false } }, "\(sent)")
+        #expect(!sent.contains { if case .transportFailed = $0 { return true } else { return false } }, "\(sent)")
     }
 }
 
