@@ -1,10 +1,11 @@
 @testable import IAPLink
 import IAPWire
 import Testing
+import TestThreads
 
 /// The host takes accessories as they are, as an iPhone does (docs/LENIENCY.md): each test plays
 /// one habit of a real accessory (PROTOCOL.md §7) on virtual time.
-@Suite("Leniency towards real accessories")
+@Suite("Leniency towards real accessories", .ownThread)
 struct LeniencyTests {
     /// The sample identity without StatusExternalAccessoryProtocolSession among the messages it
     /// sends: the FLIR ONE's way (PROTOCOL.md §7.1).
