@@ -70,22 +70,28 @@ final class ResettableHostTransport: Transport, Sendable {
         return (manager, transport, sticking, runner)
     }
 
-    @Test(.timeLimit(.minutes(1))) func aStuckAccessoryIsResetOnceAndIdentified() async throws {
+    /// The reasons of the manager's `failed` events, as they come, and the subscription.
+    static func failureReasons(_ manager: AccessoryManager) -> (AsyncStream<String>, EventSubscription) {
         let failures = AsyncStream<String>.makeStream()
+        let subscription = manager.onEvent(queue: manager.queue) { event in
+            if case let .failed(_, reason) = event { failures.continuation.yield(reason) }
+        }
+        return (failures.stream, subscription)
+    }
+
+    @Test(.timeLimit(.minutes(1))) func aStuckAccessoryIsResetOnceAndIdentified() async throws {
         let (manager, transport, sticking, runner) = try Self.start(stuckConnections: 1)
         defer {
             manager.stop()
             runner.stop()
         }
-        let subscription = manager.onEvent(queue: manager.queue) { event in
-            if case let .failed(_, reason) = event { failures.continuation.yield(reason) }
-        }
+        let (failures, subscription) = Self.failureReasons(manager)
         defer { subscription.cancel() }
         let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)), "identified after the reset")
         #expect(accessory.name == "Multi Sensor")
         #expect(transport.resets.withLock { $0 } == 1)
         #expect(sticking.stuckEpisodes.count == 1 && !sticking.isStuck)
-        var said = failures.stream.makeAsyncIterator()
+        var said = failures.makeAsyncIterator()
         let reason = try #require(await said.next())
         #expect(reason.contains("did not come up within 2 s") && reason.contains("resetting the USB device once"))
         let session = try await accessory.openSession(for: "com.example.echo")
@@ -95,17 +101,14 @@ final class ResettableHostTransport: Transport, Sendable {
     }
 
     @Test(.timeLimit(.minutes(1))) func anAccessoryStuckAgainAfterTheResetIsGivenUpOnWithoutASecondReset() async throws {
-        let failures = AsyncStream<String>.makeStream()
         let (manager, transport, sticking, runner) = try Self.start(stuckConnections: 2)
         defer {
             manager.stop()
             runner.stop()
         }
-        let subscription = manager.onEvent(queue: manager.queue) { event in
-            if case let .failed(_, reason) = event { failures.continuation.yield(reason) }
-        }
+        let (failures, subscription) = Self.failureReasons(manager)
         defer { subscription.cancel() }
-        var said = failures.stream.makeAsyncIterator()
+        var said = failures.makeAsyncIterator()
         let first = try #require(await said.next())
         #expect(first.contains("resetting the USB device once"))
         let second = try #require(await said.next())

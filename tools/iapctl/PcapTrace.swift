@@ -54,14 +54,7 @@ final class PcapTraceFile: Sendable {
     /// `transport`, traced into the file as an interface of its own.
     func tap(_ transport: any Transport) -> any Transport {
         let recorder = self.recorder
-        let wire: CaptureTransport
-        switch transport.kind {
-        case .memory: wire = .memory
-        case .serial: wire = .serial
-        case .usb: wire = .usb
-        case .gadget: wire = .gadget
-        case .bluetooth: wire = .bluetooth
-        }
+        let wire = CaptureTransport(transport.kind)
         let interface = recorder.addInterface(name: transport.description, description: "iAP accessory on \(wire.name): \(transport.description)",
                                               transport: wire)
         return TracingTransport(transport) { direction, bytes in
@@ -73,6 +66,19 @@ final class PcapTraceFile: Sendable {
         handle.file.withLock { file in
             if let file { fclose(file) }
             file = nil
+        }
+    }
+}
+
+extension CaptureTransport {
+    /// The capture's name for a transport of `kind` (one mapping for every pcapng tap of iapctl).
+    init(_ kind: TransportKind) {
+        switch kind {
+        case .memory: self = .memory
+        case .serial: self = .serial
+        case .usb: self = .usb
+        case .gadget: self = .gadget
+        case .bluetooth: self = .bluetooth
         }
     }
 }

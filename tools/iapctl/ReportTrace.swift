@@ -49,14 +49,7 @@ final class ReportTrace: Sendable {
     /// `transport`, recorded as an interface of its own (the manager's transport tap).
     func tap(_ transport: any Transport) -> any Transport {
         let usb = transport.capability(USBDeviceInfo.self)
-        let wire: CaptureTransport
-        switch transport.kind {
-        case .memory: wire = .memory
-        case .serial: wire = .serial
-        case .usb: wire = .usb
-        case .gadget: wire = .gadget
-        case .bluetooth: wire = .bluetooth
-        }
+        let wire = CaptureTransport(transport.kind)
         let interface = wires.withLock { wires -> Int in
             wires.append(Wire(location: transport.description, kind: transport.kind, usb: usb))
             // Without --full the interface is named without the USB serial number the
