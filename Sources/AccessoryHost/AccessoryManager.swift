@@ -68,6 +68,10 @@ public final class AccessoryManager: Sendable {
         /// Where the daemon listens: `IAPD_SOCKET` from the environment, else
         /// `/run/iapd/iapd.sock`.
         public var daemonSocketPath: String = AccessoryManager.defaultDaemonSocketPath
+        /// The time the manager and its connections run on: links, answer timeouts, drain and
+        /// close limits, waits. The system's clock; a test passes a ``ManualLinkClock`` to decide
+        /// when each of them comes due.
+        public var clock: any LinkClock = SystemLinkClock()
 
         /// A configuration; every parameter has the default an application usually wants.
         public init(supportedProtocols: [String] = [], link: LinkConfiguration = .device, answerTimeout: Duration = .seconds(10),
@@ -254,9 +258,10 @@ public final class AccessoryManager: Sendable {
             onClosed: { [weak self] everIdentified, reason in
                 self?.closed(connectionID: id, location: transport.description, everIdentified: everIdentified, reason: reason)
             },
-            onAppLaunchRequested: { [weak self] accessory, request in self?.publish(.appLaunchRequested(accessory, request)) })
+            onAppLaunchRequested: { [weak self] accessory, request in self?.publish(.appLaunchRequested(accessory, request)) },
+            clock: configuration.clock)
         connection.linkRecovery = StuckLinkRecovery(
-            transport: transport, queue: queue, logger: configuration.logger, now: { [unowned connection] in connection.driver.now },
+            transport: transport, queue: queue, logger: configuration.logger, clock: configuration.clock,
             announce: { [weak self] reason in self?.publish(.failed(location: transport.description, reason: reason)) },
             giveUp: { [weak connection] reason in connection?.stop(reason: reason) })
         self.state.withLock { $0.connections[id] = connection }
@@ -381,7 +386,7 @@ public final class AccessoryManager: Sendable {
     public func connectToDaemon(socketPath: String? = nil) throws(DaemonConnectionError) {
         let path = socketPath ?? configuration.daemonSocketPath
         let descriptor = try DaemonConnectionError.connect(path: path)
-        let client = DaemonClient(path: path, queue: queue, logger: configuration.logger,
+        let client = DaemonClient(path: path, queue: queue, logger: configuration.logger, clock: configuration.clock,
                                   attach: { [weak self] record, remote in self?.attachRemote(record, remote) },
                                   failed: { [weak self] location, reason in self?.publish(.failed(location: location, reason: reason)) },
                                   welcomed: { [weak self] in
@@ -425,7 +430,7 @@ public final class AccessoryManager: Sendable {
             onDisconnected: { [weak self] accessory, reason in self?.disconnected(accessory, reason: reason) },
             onClosed: { [weak self] _, _ in _ = self?.state.withLock { $0.connections.removeValue(forKey: id) } },
             onAppLaunchRequested: { [weak self] accessory, request in self?.publish(.appLaunchRequested(accessory, request)) },
-            remote: remote)
+            remote: remote, clock: configuration.clock)
         state.withLock { $0.connections[id] = connection }
         connection.start()
         return connection
@@ -608,10 +613,7 @@ public final class AccessoryManager: Sendable {
                 subscription.cancel()
                 return
             }
-            let (seconds, attoseconds) = timeout.components
-            queue.asyncAfter(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))) {
-                finish(onTimeout)
-            }
+            configuration.clock.after(timeout, on: queue) { finish(onTimeout) }
         }
     }
 

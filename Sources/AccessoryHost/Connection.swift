@@ -117,7 +117,8 @@ final class Connection: @unchecked Sendable {
     init(connectionID: Int, makeConnectionID: @escaping () -> Int, transport: any Transport, queue: DispatchQueue,
          supportedProtocols: Set<String>, logger: Logger, endpoint: IAPEndpoint, onConnected: @escaping (Accessory) -> Void,
          onDisconnected: @escaping (Accessory, String) -> Void, onClosed: @escaping (_ everIdentified: Bool, String) -> Void,
-         onAppLaunchRequested: @escaping (Accessory, AppLaunchRequest) -> Void = { _, _ in }, remote: RemoteAccessory? = nil) {
+         onAppLaunchRequested: @escaping (Accessory, AppLaunchRequest) -> Void = { _, _ in }, remote: RemoteAccessory? = nil,
+         clock: any LinkClock = SystemLinkClock()) {
         self.onAppLaunchRequested = onAppLaunchRequested
         self.remote = remote
         self.connectionID = connectionID
@@ -131,7 +132,7 @@ final class Connection: @unchecked Sendable {
         self.onConnected = onConnected
         self.onDisconnected = onDisconnected
         self.onClosed = onClosed
-        self.driver = EndpointDriver(machine: endpoint, transport: transport, queue: queue)
+        self.driver = EndpointDriver(machine: endpoint, transport: transport, queue: queue, clock: clock)
         QueueMark.mark(queue)
     }
 
@@ -587,10 +588,7 @@ final class Connection: @unchecked Sendable {
         switch limit {
         case let .progress(duration), let .total(duration): wait = duration
         }
-        let remaining = max(.zero, since + wait - driver.now)
-        let (seconds, attoseconds) = remaining.components
-        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
-        queue.asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) { [weak self] in
+        driver.clock.after(since + wait - driver.now, on: queue) { [weak self] in
             self?.checkDrainer(id, session: session)
         }
     }
@@ -710,9 +708,7 @@ final class Connection: @unchecked Sendable {
                     return continuation.resume()
                 }
                 self.pendingStops[id] = (session.protocolString, continuation)
-                let (seconds, attoseconds) = max(timeout, .zero).components
-                self.queue.asyncAfter(deadline: .now() + .seconds(Int(seconds)) + .nanoseconds(Int(attoseconds / 1_000_000_000))) {
-                    [weak self] in
+                self.driver.clock.after(timeout, on: self.queue) { [weak self] in
                     guard let pending = self?.pendingStops.removeValue(forKey: id) else { return }
                     pending.continuation.resume(throwing: AccessoryError.timedOut(
                         "closing '\(pending.name)': the accessory did not acknowledge StopExternalAccessoryProtocolSession within the close's \(timeout); the session is closed on this side"))

@@ -121,10 +121,13 @@ final class DaemonClient: @unchecked Sendable {
     private var pending: [UInt32: (DaemonReply, Int32?) -> Void] = [:]
     private var connections: [Int: Connection] = [:]
     private var stopped = false
-    private var retryDelay = 0.1
+    private var retryDelay: Duration = .milliseconds(100)
+    /// The reconnection delays run on it.
+    private let clock: any LinkClock
 
-    init(path: String, queue: DispatchQueue, logger: Logger, attach: @escaping Attach, failed: @escaping Failed = { _, _ in },
-         welcomed: @escaping () -> Void) {
+    init(path: String, queue: DispatchQueue, logger: Logger, clock: any LinkClock = SystemLinkClock(), attach: @escaping Attach,
+         failed: @escaping Failed = { _, _ in }, welcomed: @escaping () -> Void) {
+        self.clock = clock
         self.failed = failed
         self.path = path
         self.queue = queue
@@ -138,7 +141,7 @@ final class DaemonClient: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         guard !stopped else { return _ = close(descriptor) }
         self.descriptor = descriptor
-        retryDelay = 0.1
+        retryDelay = .milliseconds(100)
         watch = DescriptorWatch(descriptor: descriptor, queue: queue,
                                 readable: { [weak self] in self?.receive() }, writable: { [weak self] in self?.flushOutput() })
         request(.hello(version: DaemonProtocol.version, client: UserDatabase.commandLine(of: getpid(), limit: 128))) { [weak self] reply, _ in
@@ -321,8 +324,8 @@ final class DaemonClient: @unchecked Sendable {
 
     private func scheduleReconnect() {
         let delay = retryDelay
-        retryDelay = min(2, retryDelay * 2)
-        queue.asyncAfter(deadline: .now() + delay) { [weak self] in
+        retryDelay = min(.seconds(2), retryDelay * 2)
+        clock.after(delay, on: queue) { [weak self] in
             guard let self, !self.stopped, self.descriptor < 0 else { return }
             do {
                 let descriptor = try DaemonConnectionError.connect(path: self.path)

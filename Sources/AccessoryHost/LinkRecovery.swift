@@ -106,30 +106,30 @@ final class StuckLinkRecovery: @unchecked Sendable {
     private let queue: DispatchQueue
     private let reset: DeviceReset
     private let logger: Logger
-    private let now: () -> LinkTime
+    private let clock: any LinkClock
     /// Says a reset is under way (an event people see: `iapctl watch`).
     private let announce: (String) -> Void
     /// Ends the connection with the reason.
     private let giveUp: (String) -> Void
     private var policy: StuckLinkPolicy?
-    private var timer: (any DispatchSourceTimer)?
+    private var timer: (any LinkTimer)?
     private var stopped = false
 
     /// A recovery for `transport`, or nil when it cannot reset its device.
-    init?(transport: any Transport, queue: DispatchQueue, logger: Logger, now: @escaping () -> LinkTime,
+    init?(transport: any Transport, queue: DispatchQueue, logger: Logger, clock: any LinkClock,
           announce: @escaping (String) -> Void, giveUp: @escaping (String) -> Void) {
         guard let reset = transport.capability(DeviceReset.self) else { return nil }
         self.reset = reset
         self.queue = queue
         self.logger = logger
-        self.now = now
+        self.clock = clock
         self.announce = announce
         self.giveUp = giveUp
     }
 
     /// The connection started (its link waits for the accessory). On the queue.
     func start() {
-        policy = StuckLinkPolicy(bound: Self.defaultBound, start: now())
+        policy = StuckLinkPolicy(bound: Self.defaultBound, start: clock.now)
         schedule()
     }
 
@@ -143,9 +143,9 @@ final class StuckLinkRecovery: @unchecked Sendable {
             break
         }
         guard case let .link(.stateChanged(state)) = event, var policy = self.policy else { return }
-        policy.linkStateChanged(state, now: now())
+        policy.linkStateChanged(state, now: clock.now)
         if policy.linkCameUp, policy.didReset, let since = policy.resetFinishedAt {
-            logger.info("the link came up \((now() - since).formatted) after the USB reset")
+            logger.info("the link came up \((clock.now - since).formatted) after the USB reset")
         }
         self.policy = policy
         schedule()
@@ -160,21 +160,15 @@ final class StuckLinkRecovery: @unchecked Sendable {
     }
 
     private func schedule() {
-        timer?.cancel()
-        timer = nil
-        guard !stopped, let deadline = policy?.deadline else { return }
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        let delay = max(.zero, deadline - now())
-        let (seconds, attoseconds) = delay.components
-        timer.schedule(deadline: .now() + .nanoseconds(Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)))
-        timer.setEventHandler { [weak self] in self?.fire() }
-        timer.resume()
+        guard !stopped else { return }
+        let timer = self.timer ?? clock.makeTimer(queue: queue) { [weak self] in self?.fire() }
         self.timer = timer
+        timer.schedule(at: policy?.deadline)
     }
 
     private func fire() {
         guard !stopped, var policy else { return }
-        let decision = policy.decide(now: now())
+        let decision = policy.decide(now: clock.now)
         self.policy = policy
         switch decision {
         case .wait:
@@ -203,7 +197,7 @@ final class StuckLinkRecovery: @unchecked Sendable {
             return
         }
         logger.info("the USB device was reset; waiting for the accessory's link")
-        policy.resetFinished(now: now())
+        policy.resetFinished(now: clock.now)
         self.policy = policy
         schedule()
     }

@@ -172,14 +172,15 @@ public final class AccessorySession: Sendable {
     ///   ``AccessoryError/disconnected(_:)``) when it ended with bytes unacknowledged. Either way
     ///   ``bytesAcknowledged`` tells what is known to have arrived.
     public func close(timeout: Duration) async throws {
-        let start = ContinuousClock.now
+        let clock = connection.driver.clock
+        let start = clock.now
         do {
             try await connection.drain(self, limit: .total(timeout), step: "closing '\(protocolString)'")
         } catch {
             close()
             throw error
         }
-        try await connection.closeAwaitingStop(self, timeout: timeout - (ContinuousClock.now - start))
+        try await connection.closeAwaitingStop(self, timeout: timeout - (clock.now - start))
     }
 }
 

@@ -39,6 +39,8 @@ public final class SimulatorRunner: @unchecked Sendable {
     /// completed firmware update installed. Read it on ``queue`` (or once the runner is stopped).
     public private(set) var profile: SimulatorProfile
     private let attachment: Attachment
+    /// The time the accessory runs on (its detect repeats, link timers, habits).
+    private let clock: any LinkClock
     private var driver: EndpointDriver<SimulatedAccessory>?
     private var handler: (@Sendable (SimulatorEvent) -> Void)?
     private var generation: UInt8 = 1
@@ -53,16 +55,19 @@ public final class SimulatorRunner: @unchecked Sendable {
     private var machineGeneration = 0
 
     /// A runner for `profile`, attached as `attachment`, on `queue`; nothing runs before
-    /// ``start(events:)``.
+    /// ``start(events:)``. `clock` is the system's unless a test passes a ``ManualLinkClock``
+    /// (the host's, so that both sides move together).
     ///
     /// - Throws: ``SimulatorProfileError`` when the profile has an invalid value.
     public init(profile: SimulatorProfile, attachment: Attachment,
-                queue: DispatchQueue = DispatchQueue(label: "AccessorySimulator.runner")) throws(SimulatorProfileError) {
+                queue: DispatchQueue = DispatchQueue(label: "AccessorySimulator.runner"),
+                clock: any LinkClock = SystemLinkClock()) throws(SimulatorProfileError) {
         try profile.validate()
         _ = try profile.signer() // a certificate or key that cannot be used is said now, not at start
         self.profile = profile
         self.attachment = attachment
         self.queue = queue
+        self.clock = clock
     }
 
     /// Starts the accessory; `events` (optional) sees everything it reports, on the runner's queue.
@@ -117,7 +122,7 @@ public final class SimulatorRunner: @unchecked Sendable {
                 }
             }
         }
-        let driver = EndpointDriver(machine: machine, transport: transport, queue: queue)
+        let driver = EndpointDriver(machine: machine, transport: transport, queue: queue, clock: clock)
         self.driver = driver
         driver.start(update: { [weak self] machine, now in
             guard let self else { return }

@@ -93,10 +93,12 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     /// The transport the machine runs over (activated by ``start(update:closed:)``, cancelled by
     /// ``stop()``).
     public let transport: any Transport
+    /// The clock the machine's time and the timer run on (a ``ManualLinkClock`` in tests).
+    public let clock: any LinkClock
     private var machine: Machine
-    private let clock = ContinuousClock()
-    private let origin: ContinuousClock.Instant
-    private var timer: (any DispatchSourceTimer)?
+    /// The clock's time when the driver was made: the machine's time starts at zero there.
+    private let origin: LinkTime
+    private var timer: (any LinkTimer)?
     private var running = false
     private var update: ((inout Machine, LinkTime) -> Void)?
     private var closed: ((TransportError?) -> Void)?
@@ -108,14 +110,18 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     private var scheduledDeadline: LinkTime?
 
     /// Creates a driver; nothing happens until ``start(update:closed:)``.
-    public init(machine: Machine, transport: any Transport, queue: DispatchQueue) {
+    ///
+    /// - Parameter clock: the time the machine runs on; the system's clock unless a test
+    ///   passes a ``ManualLinkClock``.
+    public init(machine: Machine, transport: any Transport, queue: DispatchQueue, clock: any LinkClock = SystemLinkClock()) {
         self.machine = machine
         self.transport = transport
         self.queue = queue
+        self.clock = clock
         self.origin = clock.now
     }
 
-    /// The current time on the machine's clock.
+    /// The current time on the machine's clock: zero when the driver was made.
     public var now: LinkTime { clock.now - origin }
 
     /// Starts the transport and the machine. Must be called on ``queue``.
@@ -129,12 +135,8 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         running = true
         self.update = update
         self.closed = closed
-        let timer = DispatchSource.makeTimerSource(queue: queue)
-        timer.setEventHandler { [weak self] in self?.timerFired() }
-        timer.schedule(deadline: .distantFuture)
+        timer = clock.makeTimer(queue: queue) { [weak self] in self?.timerFired() }
         scheduledDeadline = nil
-        timer.resume()
-        self.timer = timer
         transport.activate(queue: queue) { [weak self] event in self?.handle(event) }
         if let pool = transport.capability(PacketBufferPool.self) { machine.useTransmitBuffers(pool) }
         machine.start(now: now)
@@ -238,13 +240,6 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         // sets it again.
         if let scheduled = scheduledDeadline, next.map({ $0 >= scheduled }) ?? true { return }
         scheduledDeadline = next
-        if let deadline = next {
-            let delay = max(deadline - now, .zero)
-            let (seconds, attoseconds) = delay.components
-            let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
-            timer.schedule(deadline: .now() + .nanoseconds(nanoseconds), leeway: .microseconds(200))
-        } else {
-            timer.schedule(deadline: .distantFuture)
-        }
+        timer.schedule(at: next.map { $0 + origin })
     }
 }

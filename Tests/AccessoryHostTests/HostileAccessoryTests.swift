@@ -14,7 +14,8 @@ import Glibc
 // The hostile-accessory suite over pseudo-terminals (issue 16): the real host (an
 // AccessoryManager with a serial transport on a pty's slave, as `iapctl --serial` runs it) against
 // an accessory on the master side that misbehaves on purpose. Each test asserts the row's outcome
-// on the host's own counters, errors and link terms; wall-clock limits only bound a hang.
+// on the host's own counters, errors and link terms. Both sides run on the line's virtual time
+// (``HostileAccessory/clock``); wall-clock limits only bound a hang.
 
 /// An accessory-role endpoint that misbehaves on request: what a ``HostileAccessory`` runs.
 struct HostileMachine: DrivenMachine {
@@ -163,6 +164,15 @@ final class HostileAccessory: @unchecked Sendable {
     let master: SerialTransport
     /// The host's end, measured.
     let host: GaugedTransport
+    /// The line's time: the host's and the accessory's, moved by ``time`` whenever the line is
+    /// quiet (``QuietClock``), so that each retransmission and timeout comes due after what
+    /// came before it, whatever the machine's load.
+    let clock = ManualLinkClock()
+    /// The host's end as the manager runs it and the accessory's as its driver does, counted.
+    let hostEnd: CountedTransport
+    let accessoryEnd: CountedTransport
+    private let changes = ChangeSignal()
+    private let quiet = Mutex<QuietClock?>(nil)
     private let driver: EndpointDriver<HostileMachine>
     private var watchers: [Int: (condition: (HostileMachine) -> Bool, continuation: CheckedContinuation<Bool, Never>)] = [:]
     private var nextWatcher = 0
@@ -182,8 +192,20 @@ final class HostileAccessory: @unchecked Sendable {
         host = GaugedTransport(try SerialTransport(spec: try SerialPortSpec(parsing: "\(pty.slavePath):\(baudRate)")))
         pty.closeSlave()
         let endpoint = IAP2Endpoint(accessory: identity, configuration: configuration, initialSequence: 0x61, randomSeed: 5)
-        driver = EndpointDriver(machine: HostileMachine(endpoint: endpoint), transport: master, queue: queue)
+        hostEnd = CountedTransport(host, changes: changes)
+        accessoryEnd = CountedTransport(master, changes: changes)
+        driver = EndpointDriver(machine: HostileMachine(endpoint: endpoint), transport: accessoryEnd, queue: queue, clock: clock)
     }
+
+    /// Starts the line's time, the host running on `hostQueue`.
+    func startTime(hostQueue: DispatchQueue) {
+        let time = QuietClock(clock: clock, changes: changes, queues: [queue, hostQueue], lines: [(hostEnd, accessoryEnd)])
+        quiet.withLock { $0 = time }
+        time.start()
+    }
+
+    /// The line's time (once ``startTime(hostQueue:)`` ran).
+    var time: QuietClock? { quiet.withLock { $0 } }
 
     func start() {
         queue.async {
@@ -200,7 +222,10 @@ final class HostileAccessory: @unchecked Sendable {
         }
     }
 
-    func stop() { queue.sync { driver.stop() } }
+    func stop() {
+        time?.stop()
+        queue.sync { driver.stop() }
+    }
 
     /// Changes the accessory's behaviour (or queues frames), then sends what that produced.
     func perform(_ body: @escaping @Sendable (inout HostileMachine, LinkTime) throws -> Void) async throws {
@@ -231,6 +256,13 @@ final class HostileAccessory: @unchecked Sendable {
                 }
             }
         }
+    }
+
+    /// Waits until the accessory has `sessions` sessions open and nothing pending on its link
+    /// (every packet it sent acknowledged, none it owes an acknowledgement for): what it hears
+    /// after that (or does not, deaf) cannot take back an acknowledgement still on its way.
+    func untilQuiet(sessions: Int) async -> Bool {
+        await until { $0.openedSessions.count == sessions && $0.endpoint.nextDeadline == nil }
     }
 
     /// The machine's counters now.
@@ -278,9 +310,11 @@ struct HostileAccessoryTests {
         async throws -> (AccessoryManager, Accessory, AsyncStream<AccessoryEvent>) {
         var configuration = AccessoryManager.Configuration(answerTimeout: answerTimeout)
         if let logger { configuration.logger = logger }
+        configuration.clock = line.clock
         let manager = AccessoryManager(configuration: configuration)
         let events = manager.events
-        manager.attach(line.host)
+        manager.attach(line.hostEnd)
+        line.startTime(hostQueue: manager.queue)
         line.start()
         guard let accessory = await manager.waitForAccessory(timeout: .seconds(30)) else {
             manager.stop()
@@ -315,8 +349,10 @@ struct HostileAccessoryTests {
         let (manager, accessory, events) = try await Self.identified(line)
         defer { manager.stop(); line.stop() }
         let session = try await accessory.openSession(for: "com.acme.echo")
+        #expect(await line.untilQuiet(sessions: 1), "the open was not acknowledged")
         try await line.perform { machine, _ in machine.deaf = true }
         line.master.setReading(false)
+        line.time?.holdsForBytesInFlight = false // what the host sends now stays on the line
         // The link takes a window at once (8 packets of the accessory's 4,096 bytes); the rest
         // waits in the session.
         let written = 256 * 1024
@@ -344,12 +380,13 @@ struct HostileAccessoryTests {
         let (manager, accessory, _) = try await Self.identified(line)
         defer { manager.stop(); line.stop() }
         let session = try await accessory.openSession(for: "com.acme.echo")
+        #expect(await line.untilQuiet(sessions: 1), "the open was not acknowledged")
         try await line.perform { machine, _ in
             machine.deaf = true
             machine.keepAlive = true
         }
         try await session.write(testPattern(64 * 1024))
-        let start = ContinuousClock.now
+        let start = line.clock.now
         do {
             try await session.drain(progressTimeout: .seconds(1))
             Issue.record("drain reported success for bytes the accessory never acknowledged")
@@ -357,7 +394,7 @@ struct HostileAccessoryTests {
             #expect(step.contains("acknowledged nothing for 1.0 seconds"), "\(step)")
             #expect(step.contains("0 of the 65536 bytes written were acknowledged"), "\(step)")
         }
-        #expect(ContinuousClock.now - start >= .seconds(1), "gave up early")
+        #expect(line.clock.now - start >= .seconds(1), "gave up early")
         // More retransmission rounds went by than a silent accessory is allowed (3): the bare
         // ACKs kept the link up, so only the progress timeout could end the wait.
         let counts = await line.counts
@@ -367,14 +404,14 @@ struct HostileAccessoryTests {
         figure("keep-alive: \(counts.keepAlives) bare ACKs answered the host's retransmissions during the 1 s progress timeout")
 
         // Closing waits (bounded) for the acknowledgement that never comes, then closes anyway.
-        let closing = ContinuousClock.now
+        let closing = line.clock.now
         do {
             try await session.close(timeout: .milliseconds(500))
             Issue.record("close reported every byte acknowledged")
         } catch let AccessoryError.timedOut(step) {
             #expect(step.hasPrefix("closing 'com.acme.echo': 0 of the 65536 bytes written were acknowledged"), "\(step)")
         }
-        #expect(ContinuousClock.now - closing >= .milliseconds(500))
+        #expect(line.clock.now - closing >= .milliseconds(500))
         #expect(try await session.read() == nil, "the session is closed")
         await #expect(throws: AccessoryError.sessionClosed) { try await session.write([1]) }
         #expect(accessory.isConnected)
@@ -405,7 +442,7 @@ struct HostileAccessoryTests {
             machine.deaf = true
             machine.keepAlive = true
         }
-        let start = ContinuousClock.now
+        let start = line.clock.now
         do {
             try await session.close(timeout: .seconds(1))
             Issue.record("the close reported the stop acknowledged")
@@ -413,7 +450,7 @@ struct HostileAccessoryTests {
             #expect(step.hasPrefix("closing 'com.acme.echo': the accessory did not acknowledge StopExternalAccessoryProtocolSession within"),
                     "\(step)")
         }
-        #expect(ContinuousClock.now - start >= .seconds(1), "gave up early")
+        #expect(line.clock.now - start >= .seconds(1), "gave up early")
         #expect(session.bytesAcknowledged == 16 * 1024)
         #expect(try await session.read() == nil)
         #expect(accessory.isConnected)
@@ -457,6 +494,7 @@ struct HostileAccessoryTests {
         let (manager, accessory, _) = try await Self.identified(line)
         defer { manager.stop(); line.stop() }
         let session = try await accessory.openSession(for: "com.acme.echo")
+        #expect(await line.untilQuiet(sessions: 1), "the open was not acknowledged")
         try await line.perform { machine, _ in machine.deaf = true }
         var failure: (any Error)?
         do {
