@@ -177,7 +177,8 @@ public struct IAP2Endpoint: Sendable {
         set { upper.challengeDelay = newValue }
     }
 
-    /// Creates the device side.
+    /// Creates the device side. `randomSeed` is not used: every authentication challenge is a
+    /// fresh draw of the system's generator.
     public init(device configuration: LinkConfiguration = .device, policy: any AuthenticationPolicy = AcceptingAuthentication(),
                 sessionBufferLimit: Int = 1 << 20, initialSequence: UInt8, randomSeed: UInt64) {
         // The packets this side says it takes fit a session's buffer whole, so the buffer's
@@ -186,7 +187,7 @@ public struct IAP2Endpoint: Sendable {
         let fitting = UInt16(clamping: max(128, sessionBufferLimit + LinkPacketHeader.overhead + EASessionData.headerSize))
         configuration.parameters.maxPacketLength = min(configuration.parameters.maxPacketLength, fitting)
         link = IAP2Link(role: .device, configuration: configuration, initialSequence: initialSequence)
-        upper = Upper(role: .device, identity: nil, policy: policy, bufferLimit: sessionBufferLimit, seed: randomSeed)
+        upper = Upper(role: .device, identity: nil, policy: policy, bufferLimit: sessionBufferLimit)
     }
 
     /// Creates the accessory side with the identity it will declare.
@@ -199,13 +200,12 @@ public struct IAP2Endpoint: Sendable {
     ///     challenges. Without one it answers with a stand-in no verifying host accepts.
     ///   - sessionBufferLimit: bytes held per session and direction.
     ///   - initialSequence: the link's first sequence number.
-    ///   - randomSeed: the seed of its generator.
+    ///   - randomSeed: not used (the accessory draws no challenges).
     public init(accessory identity: AccessoryIdentity, configuration: LinkConfiguration = .accessory,
                 certificate: [UInt8] = [UInt8](repeating: 0x30, count: 608), signer: (any AuthenticationSigner)? = nil,
                 sessionBufferLimit: Int = 1 << 20, initialSequence: UInt8, randomSeed: UInt64) {
         link = IAP2Link(role: .accessory, configuration: configuration, initialSequence: initialSequence)
-        upper = Upper(role: .accessory, identity: identity, policy: AcceptingAuthentication(), bufferLimit: sessionBufferLimit,
-                      seed: randomSeed)
+        upper = Upper(role: .accessory, identity: identity, policy: AcceptingAuthentication(), bufferLimit: sessionBufferLimit)
         upper.certificate = signer?.certificate ?? certificate
         upper.signer = signer
     }
@@ -703,7 +703,6 @@ struct Upper: LinkSink, Sendable {
     var identified = false
     let policy: any AuthenticationPolicy
     let bufferLimit: Int
-    var random: SplitMix
     var certificate: [UInt8] = []
     /// Accessory: the coprocessor that signs challenges (nil: the stand-in response).
     var signer: (any AuthenticationSigner)?
@@ -753,12 +752,11 @@ struct Upper: LinkSink, Sendable {
     /// The data plane's copies of session bytes (see ``DataPlaneStatistics``).
     var dataPlane = DataPlaneStatistics()
 
-    init(role: LinkRole, identity: AccessoryIdentity?, policy: any AuthenticationPolicy, bufferLimit: Int, seed: UInt64) {
+    init(role: LinkRole, identity: AccessoryIdentity?, policy: any AuthenticationPolicy, bufferLimit: Int) {
         self.role = role
         self.identity = identity
         self.policy = policy
         self.bufferLimit = bufferLimit
-        self.random = SplitMix(state: seed)
     }
 
     // MARK: Link up and down
@@ -937,8 +935,7 @@ struct Upper: LinkSink, Sendable {
                 return
             }
             let length = examination.scheme?.challengeLength ?? policy.challengeLength(certificate: certificate)
-            var challenge = [UInt8](repeating: 0, count: length)
-            for index in challenge.indices { challenge[index] = UInt8(truncatingIfNeeded: random.next()) }
+            let challenge = Challenge.draw(length: length)
             send(ControlMessage(id: .requestAuthenticationChallengeResponse, parameters: [.blob(0, challenge)]))
             step = .awaitingResponse(certificate: certificate, challenge: challenge)
             deadline = now + answerTimeout
@@ -1245,17 +1242,5 @@ struct Upper: LinkSink, Sendable {
             if roomAgain { events.append(.spaceAvailable(sessionID: id)) }
             roundRobin.append(id)
         }
-    }
-}
-
-/// A small deterministic generator (SplitMix64) for challenges; seeded by the owner.
-struct SplitMix: Sendable {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

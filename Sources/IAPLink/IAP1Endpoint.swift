@@ -76,7 +76,6 @@ public struct IAP1Endpoint: Sendable {
     private var identityValue: AccessoryIdentity?
     private let policy: any AuthenticationPolicy
     private let bufferLimit: Int
-    private var random: SplitMix
     private var scanner: FrameScanner
     private var output: [[UInt8]] = []
     private var events: [EndpointEvent] = []
@@ -145,7 +144,8 @@ public struct IAP1Endpoint: Sendable {
     /// more without waiting for acknowledgements has the excess dropped and is told so.
     public static let maxHeldPackets = 8
 
-    /// Creates the device side.
+    /// Creates the device side. `randomSeed` is not used: every authentication challenge is a
+    /// fresh draw of the system's generator.
     public init(device policy: any AuthenticationPolicy = AcceptingAuthentication(), sessionBufferLimit: Int = 1 << 20,
                 maxIncomingPayload: Int = IAP1Endpoint.defaultMaxIncomingPayload, dataWindow: Int = 4,
                 interByteGap: Duration = LinkConfiguration.defaultInterByteGap, randomSeed: UInt64) {
@@ -159,7 +159,6 @@ public struct IAP1Endpoint: Sendable {
         self.interByteGap = interByteGap
         self.policy = policy
         bufferLimit = sessionBufferLimit
-        random = SplitMix(state: randomSeed)
         self.maxIncomingPayload = min(max(maxIncomingPayload, 64), 0xFFF0)
         self.dataWindow = max(1, dataWindow)
         maxDataPerPacket = Self.defaultDataPerPacket - 2
@@ -176,8 +175,7 @@ public struct IAP1Endpoint: Sendable {
     ///     declares to the device.
     ///   - dataWindow: data packets a session may have unacknowledged at once (at least 1).
     ///   - interByteGap: the silence after which a partial frame is given up on.
-    ///   - randomSeed: seeds the endpoint's random numbers (pass a random value; tests pass a
-    ///     fixed one to be repeatable).
+    ///   - randomSeed: not used (the accessory draws no challenges).
     ///   - style: IDPS (with protocols) or IdentifyDeviceLingoes (legacy: no protocols).
     ///   - waitsForDevice: stay silent until the device sends RequestIdentify (or the iAP2 detect,
     ///     which is answered the iAP1 way and then waits for RequestIdentify); otherwise identify
@@ -201,7 +199,6 @@ public struct IAP1Endpoint: Sendable {
         identityValue = identity
         policy = AcceptingAuthentication()
         bufferLimit = sessionBufferLimit
-        random = SplitMix(state: randomSeed)
         self.maxIncomingPayload = min(max(maxIncomingPayload, 64), 0xFFF0)
         self.dataWindow = max(1, dataWindow)
         maxDataPerPacket = Self.defaultDataPerPacket - 2
@@ -675,8 +672,7 @@ public struct IAP1Endpoint: Sendable {
             send(IAP1Command.ackAccessoryAuthenticationInfo, [IAP1AckStatus.success], answering: tid)
             // Authentication 2.0 over iAP1 uses a 20-byte challenge (PROTOCOL.md §1.8); a P-256
             // certificate (coprocessor 3.0) gets the 32 bytes its scheme signs.
-            var challenge = [UInt8](repeating: 0, count: examination.scheme?.challengeLength ?? 20)
-            for index in challenge.indices { challenge[index] = UInt8(truncatingIfNeeded: random.next()) }
+            let challenge = Challenge.draw(length: examination.scheme?.challengeLength ?? 20)
             awaitedTransactionID = send(IAP1Command.getAccessoryAuthenticationSignature, challenge + [1])
             step = .awaitingSignature(certificate: collected, challenge: challenge)
         case IAP1Command.retAccessoryAuthenticationSignature:

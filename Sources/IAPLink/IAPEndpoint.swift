@@ -30,7 +30,7 @@ public struct IAPEndpoint: Sendable {
     /// Output of an endpoint that was replaced, sent before the new one's.
     private var pendingOutput: [[UInt8]] = []
     private var transmitBufferPool: PacketBufferPool?
-    /// Seeds each new endpoint's generator, so no two of them send the same challenge.
+    /// The initial sequence number of each new iAP2 endpoint.
     private var random: SplitMix
     private var switchCount = 0
     /// How often one connection may change protocol (an accessory alternating the iAP2 detect
@@ -352,5 +352,18 @@ public struct IAPEndpoint: Sendable {
     /// A session's state; nil for a session this side does not know.
     public func sessionState(_ sessionID: UInt16) -> EASessionState? {
         runsIAP1 ? one?.sessionState(sessionID) : two.sessionState(sessionID)
+    }
+}
+
+/// A small deterministic generator (SplitMix64), seeded by the owner: the initial sequence
+/// numbers of the endpoints a switch of protocol makes. Never for challenges (see `Challenge`).
+struct SplitMix: Sendable {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }
