@@ -213,7 +213,8 @@ struct Upper: LinkSink, Sendable {
         case (.statusExternalAccessoryProtocolSession, _):
             // The session is open already (it is from the moment the start is sent): status 0
             // confirms it, anything else ends it with the accessory's reason.
-            guard let id = try? message.parameter(0)?.uint16(), let session = sessions[id], session.state == .open else {
+            guard let id = try? message.parameter(0)?.uint16(),
+                  let name = sessions.reading(id, { $0.state == .open ? $0.protocolName : nil }) ?? nil else {
                 tolerate("status-unknown-session", "StatusExternalAccessoryProtocolSession for a session that is not open was ignored")
                 return
             }
@@ -221,16 +222,17 @@ struct Upper: LinkSink, Sendable {
             if status == 0 {
                 events.append(.sessionConfirmed(sessionID: id))
             } else {
-                closeSession(id, reason: "the accessory refused the session for '\(session.protocolName)' (status \(status))", notifyPeer: false)
+                closeSession(id, reason: "the accessory refused the session for '\(name)' (status \(status))", notifyPeer: false)
             }
         case (.stopExternalAccessoryProtocolSession, _):
             // A device-originated message in the catalogue, but an accessory that ends a session
             // this way is taken at its word.
-            guard let id = try? message.parameter(0)?.uint16(), let session = sessions[id], session.state == .open else {
+            guard let id = try? message.parameter(0)?.uint16(),
+                  let name = sessions.reading(id, { $0.state == .open ? $0.protocolName : nil }) ?? nil else {
                 tolerate("stop-unknown-session", "StopExternalAccessoryProtocolSession from the accessory for a session that is not open was ignored")
                 return
             }
-            closeSession(id, reason: "the accessory ended the session for '\(session.protocolName)'", notifyPeer: false)
+            closeSession(id, reason: "the accessory ended the session for '\(name)'", notifyPeer: false)
         case (.requestAppLaunch, _):
             events.append(.appLaunchRequested(AppLaunchRequest(message)))
         default:

@@ -34,7 +34,7 @@ extension Upper {
             events.append(.malformedMessage("EA data shorter than its session id"))
             return true
         }
-        guard let queued = sessions[id]?.inbound.byteCount, sessions[id]?.state == .open else {
+        guard let queued = sessions.reading(id, { $0.state == .open ? $0.inbound.byteCount : nil }) ?? nil else {
             // Not open here (never opened, or closed): taken and dropped, as nothing will read it.
             tolerate("ea-data-not-open", "EA data for session \(id), which is not open on this side, was dropped")
             return true
@@ -47,11 +47,11 @@ extension Upper {
         dataPlane.bytesReceived += range.count
         if let retained {
             // Kept as a view of the array or the lent slot the bytes arrived in: no copy.
-            sessions.with(id) { $0.inbound.append(retained.extracting(range)) }
+            sessions.modifying(id) { $0.inbound.append(retained.extracting(range)) }
         } else {
             dataPlane.bytesCopiedIn += range.count
             let copy = payload.extracting(range).withUnsafeBytes { Array($0) }
-            sessions.with(id) { $0.inbound.append(copy[...], owned: true) }
+            sessions.modifying(id) { $0.inbound.append(copy[...], owned: true) }
         }
         if queued == 0 { events.append(.bytesAvailable(sessionID: id)) }
         return true
@@ -86,11 +86,11 @@ extension Upper {
     /// from the peer or the link keeps the session, closed, with the bytes already received still
     /// readable, until the owner closes it too.
     mutating func closeSession(_ id: UInt16, reason: String?, notifyPeer: Bool) {
-        guard let state = sessions[id]?.state else { return }
+        guard let state = sessions.reading(id, { $0.state }) else { return }
         let wasLive = state == .open || state == .opening
         roundRobin.removeAll { $0 == id }
         if notifyPeer {
-            let name = sessions[id]?.protocolName ?? ""
+            let name = sessions.reading(id, { $0.protocolName }) ?? ""
             sessions.remove(id)
             if wasLive, role == .device {
                 let queued = controlQueuedSinceUp
@@ -101,7 +101,7 @@ extension Upper {
                 }
             }
         } else {
-            sessions.with(id) {
+            sessions.modifying(id) {
                 $0.state = .closed(reason)
                 $0.outbound.removeAll()
             }
@@ -112,11 +112,11 @@ extension Upper {
     /// Copies what fits of `bytes` into the session's outbound packets (the one copy of the
     /// way out); the session is mutated in place.
     mutating func write(_ id: UInt16, _ bytes: RawSpan, link: inout IAP2Link) throws(EndpointError) -> Int {
-        guard let state = sessions[id]?.state else { throw .unknownSession(id) }
+        guard let state = sessions.reading(id, { $0.state }) else { throw .unknownSession(id) }
         guard state == .open else { throw .sessionNotOpen(id) }
         let chunk = link.maxPayloadLength - EASessionData.headerSize
         let limit = bufferLimit
-        let taken = sessions.with(id) { session -> Int in
+        let taken = sessions.modifying(id) { session -> Int in
             let taken = session.outbound.append(bytes, sessionID: id, chunk: chunk, limit: limit, buffers: &link)
             if taken < bytes.byteCount { session.wasFull = true }
             return taken
@@ -128,14 +128,14 @@ extension Upper {
     }
 
     mutating func read(_ id: UInt16, maxBytes: Int) -> [UInt8] {
-        guard let (bytes, copied) = sessions.with(id, { $0.inbound.take(maxBytes) }) else { return [] }
+        guard let (bytes, copied) = sessions.modifying(id, { $0.inbound.take(maxBytes) }) else { return [] }
         dataPlane.bytesRead += bytes.count
         dataPlane.bytesCopiedIn += copied
         return bytes
     }
 
     mutating func readChunk(_ id: UInt16, maxBytes: Int) -> ArraySlice<UInt8> {
-        guard let (bytes, copied) = sessions.with(id, { $0.inbound.takeChunk(maxBytes) }) else { return [] }
+        guard let (bytes, copied) = sessions.modifying(id, { $0.inbound.takeChunk(maxBytes) }) else { return [] }
         dataPlane.bytesRead += bytes.count
         dataPlane.bytesCopiedIn += copied
         return bytes
@@ -143,7 +143,7 @@ extension Upper {
 
     mutating func borrow<Result>(_ id: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         var consumed = 0
-        let result = try sessions.with(id) { session -> Result? in
+        let result = try sessions.modifying(id) { session -> Result? in
             let before = session.inbound.byteCount
             defer { consumed = before - session.inbound.byteCount }
             return try session.inbound.borrowFirst(body)
@@ -159,7 +159,7 @@ extension Upper {
         var newly = total - acknowledgedSeen[eaSession, default: 0]
         acknowledgedSeen[eaSession] = total
         while newly > 0, let packet = dataInFlight.popFirst() {
-            sessions.with(packet.session) { $0.acknowledged += packet.bytes }
+            sessions.modifying(packet.session) { $0.acknowledged += packet.bytes }
             newly -= 1
         }
     }
@@ -182,7 +182,7 @@ extension Upper {
         while link.canSend, link.queuedCount < Self.linkQueueDepth, !roundRobin.isEmpty, idle < roundRobin.count {
             let id = roundRobin.removeFirst()
             guard sessions.contains(id) else { continue }
-            guard let (packet, dataBytes) = sessions.with(id, { $0.outbound.popPacket() }) ?? nil else {
+            guard let (packet, dataBytes) = sessions.modifying(id, { $0.outbound.popPacket() }) ?? nil else {
                 idle += 1
                 roundRobin.append(id)
                 continue
@@ -193,7 +193,7 @@ extension Upper {
                 dataInFlight.append((id, dataBytes))
             }
             let limit = bufferLimit
-            let roomAgain = sessions.with(id) { session -> Bool in
+            let roomAgain = sessions.modifying(id) { session -> Bool in
                 guard session.wasFull, session.outbound.byteCount < limit else { return false }
                 session.wasFull = false
                 return true

@@ -1,15 +1,28 @@
 internal import IAPWire
 
-/// The EA sessions of an endpoint, in an array searched by id (there are few): a session is
-/// changed in place through ``with(_:_:)``, with no copy of its queues and no allocation (a
-/// dictionary's in-place access allocates for a value this large).
+/// The EA sessions of an endpoint, in an array searched by id (there are few). A session is
+/// read in place through ``reading(_:_:)`` and changed in place through ``modifying(_:_:)``:
+/// neither copies it (its name and queues), so a received packet or a counter read costs no
+/// retain of them, and no allocation (a dictionary's in-place access allocates for a value this
+/// large).
 struct SessionTable: Sendable {
     private(set) var entries: [Upper.Session] = []
 
-    /// A copy of the session `id`, to read it.
-    subscript(id: UInt16) -> Upper.Session? { entries.first { $0.id == id } }
+    /// Where the session `id` lies in `entries`, looked up in place.
+    private func index(of id: UInt16) -> Int? {
+        let span = entries.span
+        for index in span.indices where span[index].id == id { return index }
+        return nil
+    }
 
-    func contains(_ id: UInt16) -> Bool { entries.contains { $0.id == id } }
+    /// Runs `body` on the session `id` where it lies, without copying it; nil when there is none.
+    func reading<Result>(_ id: UInt16, _ body: (Upper.Session) throws -> Result) rethrows -> Result? {
+        let span = entries.span
+        for index in span.indices where span[index].id == id { return try body(span[index]) }
+        return nil
+    }
+
+    func contains(_ id: UInt16) -> Bool { index(of: id) != nil }
 
     /// The ids, in order.
     var ids: [UInt16] { entries.map(\.id).sorted() }
@@ -21,9 +34,9 @@ struct SessionTable: Sendable {
 
     mutating func remove(_ id: UInt16) { entries.removeAll { $0.id == id } }
 
-    /// Runs `body` on the session `id` in place; nil when there is none.
-    mutating func with<Result>(_ id: UInt16, _ body: (inout Upper.Session) throws -> Result) rethrows -> Result? {
-        guard let index = entries.firstIndex(where: { $0.id == id }) else { return nil }
+    /// Runs `body` on the session `id` in place, to change it; nil when there is none.
+    mutating func modifying<Result>(_ id: UInt16, _ body: (inout Upper.Session) throws -> Result) rethrows -> Result? {
+        guard let index = index(of: id) else { return nil }
         return try body(&entries[index])
     }
 }

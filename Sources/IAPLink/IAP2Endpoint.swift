@@ -329,19 +329,19 @@ public struct IAP2Endpoint: Sendable {
     }
 
     /// Bytes readable on a session.
-    public func bytesAvailable(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.inbound.byteCount ?? 0 }
+    public func bytesAvailable(_ sessionID: UInt16) -> Int { upper.sessions.reading(sessionID) { $0.inbound.byteCount } ?? 0 }
     /// Bytes a session may still queue for sending.
     public func spaceAvailable(_ sessionID: UInt16) -> Int {
-        guard let session = upper.sessions[sessionID], session.state == .open else { return 0 }
-        return max(0, upper.bufferLimit - session.outbound.byteCount)
+        let limit = upper.bufferLimit
+        return upper.sessions.reading(sessionID) { $0.state == .open ? max(0, limit - $0.outbound.byteCount) : 0 } ?? 0
     }
     /// Bytes written to a session and not yet handed to the link.
-    public func bytesPending(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.outbound.byteCount ?? 0 }
+    public func bytesPending(_ sessionID: UInt16) -> Int { upper.sessions.reading(sessionID) { $0.outbound.byteCount } ?? 0 }
     /// Bytes written to a session that the peer's link acknowledged (they reached the peer's
     /// link layer, in order); 0 for a session that is not open.
-    public func bytesAcknowledged(_ sessionID: UInt16) -> Int { upper.sessions[sessionID]?.acknowledged ?? 0 }
+    public func bytesAcknowledged(_ sessionID: UInt16) -> Int { upper.sessions.reading(sessionID) { $0.acknowledged } ?? 0 }
     /// The state of session `sessionID`; nil for an id that was never opened (or was forgotten).
-    public func sessionState(_ sessionID: UInt16) -> EASessionState? { upper.sessions[sessionID]?.state }
+    public func sessionState(_ sessionID: UInt16) -> EASessionState? { upper.sessions.reading(sessionID) { $0.state } }
     /// The open (or opening) sessions and their protocol names.
     public var sessions: [(id: UInt16, protocolName: String)] {
         upper.sessions.entries.filter { $0.state == .open || $0.state == .opening }
