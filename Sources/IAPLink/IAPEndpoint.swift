@@ -11,15 +11,21 @@ public import ByteRing
 /// that later sends the iAP2 detect starts over in iAP2. The accessory side speaks what it was
 /// built with.
 public struct IAPEndpoint: Sendable {
-    // The iAP2 endpoint is stored as it is, not as an optional: reading an optional stored
-    // property of a borrowed struct (`two!.x`, `two?.x`) loads a copy of the whole endpoint, a
-    // retain and release of every reference it holds, which was a quarter of the daemon path's
-    // time. While iAP1 runs, `two` is a dormant endpoint that never started (`runsIAP1`) and
-    // `one` the running one; iAP1 is slow enough for its optional's cost not to matter.
+    /// The protocol that runs.
+    private enum Running: Sendable {
+        /// iAP2, in `two`.
+        case iap2
+        /// iAP1, in this endpoint; `two` is then a dormant endpoint that never started.
+        case iap1(IAP1Endpoint)
+    }
+
+    // The iAP2 endpoint is stored as it is, not as a payload of `Running` (nor as an optional):
+    // reading an enum's payload, even in a getter, copies it (a retain and release of every
+    // reference the endpoint holds), and the connection reads its endpoint after every input.
+    // Stored as it is, it is read and changed in place. iAP1 is slow enough for the copies of
+    // its payload not to matter.
     private var two: IAP2Endpoint
-    private var one: IAP1Endpoint?
-    /// Whether iAP1 runs (`one` is set); a plain Bool for the hot path's tests.
-    private var runsIAP1 = false
+    private var running: Running = .iap2
     private let deviceSettings: (configuration: LinkConfiguration, policy: any AuthenticationPolicy, bufferLimit: Int)?
     /// Whether this is the device side (which switches); kept apart so the receive path tests a
     /// plain Bool.
@@ -30,7 +36,7 @@ public struct IAPEndpoint: Sendable {
     /// Output of an endpoint that was replaced, sent before the new one's.
     private var pendingOutput: [[UInt8]] = []
     private var transmitBufferPool: PacketBufferPool?
-    /// Seeds each new endpoint's generator, so no two of them send the same challenge.
+    /// The initial sequence number of each new iAP2 endpoint.
     private var random: SplitMix
     private var switchCount = 0
     /// How often one connection may change protocol (an accessory alternating the iAP2 detect
@@ -57,22 +63,47 @@ public struct IAPEndpoint: Sendable {
 
     /// Wraps an iAP1 endpoint.
     public init(_ endpoint: IAP1Endpoint) {
-        one = endpoint
-        runsIAP1 = true
+        running = .iap1(endpoint)
         two = Self.dormant
         deviceSettings = nil
         switches = false
         random = SplitMix(state: 0)
     }
 
+    /// Runs `body` on the iAP1 endpoint `one` (the payload of `running`) in place: it is taken out
+    /// of `running` meanwhile, so that it is the only holder of its buffers and changing them
+    /// copies nothing, and put back after.
+    private mutating func change<Result, Failure: Error>(_ one: consuming IAP1Endpoint,
+                                                         _ body: (inout IAP1Endpoint) throws(Failure) -> Result) throws(Failure) -> Result {
+        var one = one
+        running = .iap2
+        defer { running = .iap1(one) }
+        return try body(&one)
+    }
+
     /// The protocol running now.
-    public var protocolVersion: IAPProtocolVersion { runsIAP1 ? .iap1 : .iap2 }
+    public var protocolVersion: IAPProtocolVersion {
+        switch running {
+        case .iap2: .iap2
+        case .iap1: .iap1
+        }
+    }
 
     /// The iAP2 endpoint, while iAP2 runs (for inspection: link state, statistics).
-    public var iap2: IAP2Endpoint? { runsIAP1 ? nil : two }
+    public var iap2: IAP2Endpoint? {
+        switch running {
+        case .iap2: two
+        case .iap1: nil
+        }
+    }
 
     /// The iAP1 endpoint, while iAP1 runs.
-    public var iap1: IAP1Endpoint? { one }
+    public var iap1: IAP1Endpoint? {
+        switch running {
+        case .iap2: nil
+        case let .iap1(one): one
+        }
+    }
 
     /// How long the device waits for each answer of the accessory.
     public var answerTimeout: Duration {
@@ -80,7 +111,7 @@ public struct IAPEndpoint: Sendable {
         set {
             answerTimeoutValue = newValue
             two.answerTimeout = newValue
-            one?.answerTimeout = newValue
+            if case let .iap1(one) = running { change(one) { $0.answerTimeout = newValue } }
         }
     }
 
@@ -99,31 +130,46 @@ public struct IAPEndpoint: Sendable {
 
     /// Starts: the accessory side identifies unless it waits for the device; the device side waits (the iAP2 device sends the detect).
     public mutating func start(now: LinkTime) {
-        if runsIAP1 { one!.start(now: now) } else { two.start(now: now) }
+        switch running {
+        case .iap2: two.start(now: now)
+        case let .iap1(one): change(one) { $0.start(now: now) }
+        }
     }
 
     /// Feeds bytes from the peer, in any chunking.
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
-        if runsIAP1 { one!.receive(bytes, now: now) } else { two.receive(bytes, now: now) }
+        switch running {
+        case .iap2: two.receive(bytes, now: now)
+        case let .iap1(one): change(one) { $0.receive(bytes, now: now) }
+        }
         if switches { switchIfNeeded(now: now) }
     }
 
     /// Feeds bytes from the peer held in an array (iAP2 keeps views of it instead of copying).
     public mutating func receive(_ bytes: [UInt8], now: LinkTime) {
-        if runsIAP1 { one!.receive(bytes.span.bytes, now: now) } else { two.receive(bytes, now: now) }
+        switch running {
+        case .iap2: two.receive(bytes, now: now)
+        case let .iap1(one): change(one) { $0.receive(bytes.span.bytes, now: now) }
+        }
         if switches { switchIfNeeded(now: now) }
     }
 
     /// Feeds bytes lent by the transport (a USB IN slot; iAP2 keeps views of the lease instead
     /// of copying).
     public mutating func receive(lent lease: SlotLease, now: LinkTime) {
-        if runsIAP1 { lease.withSpan { one!.receive($0, now: now) } } else { two.receive(lent: lease, now: now) }
+        switch running {
+        case .iap2: two.receive(lent: lease, now: now)
+        case let .iap1(one): change(one) { one in lease.withSpan { one.receive($0, now: now) } }
+        }
         if switches { switchIfNeeded(now: now) }
     }
 
     /// Fires every timer due at `now`.
     public mutating func advance(to now: LinkTime) {
-        if runsIAP1 { one!.advance(to: now) } else { two.advance(to: now) }
+        switch running {
+        case .iap2: two.advance(to: now)
+        case let .iap1(one): change(one) { $0.advance(to: now) }
+        }
         // A partial frame abandoned after the inter-byte gap may have held the packets that
         // tell which protocol the accessory speaks.
         if switches { switchIfNeeded(now: now) }
@@ -131,12 +177,18 @@ public struct IAPEndpoint: Sendable {
 
     /// When ``advance(to:)`` must be called next, if anything is scheduled.
     public var nextDeadline: LinkTime? {
-        runsIAP1 ? one?.nextDeadline : two.nextDeadline
+        switch running {
+        case .iap2: two.nextDeadline
+        case let .iap1(one): one.nextDeadline
+        }
     }
 
     /// Packets to send, in order (each a whole packet with its sync byte, or the detect).
     public mutating func takeOutput() -> [[UInt8]] {
-        let output = runsIAP1 ? one!.takeOutput() : two.takeOutput()
+        let output = switch running {
+        case .iap2: two.takeOutput()
+        case let .iap1(one): change(one) { $0.takeOutput() }
+        }
         guard !pendingOutput.isEmpty else { return output }
         defer { pendingOutput.removeAll() }
         return pendingOutput + output
@@ -149,7 +201,10 @@ public struct IAPEndpoint: Sendable {
             frames.append(contentsOf: pendingOutput)
             pendingOutput.removeAll()
         }
-        if runsIAP1 { frames.append(contentsOf: one!.takeOutput()) } else { two.takeOutput(into: &frames) }
+        switch running {
+        case .iap2: two.takeOutput(into: &frames)
+        case let .iap1(one): frames.append(contentsOf: change(one) { $0.takeOutput() })
+        }
     }
 
     /// Appends the packets to send to `frames` as they lie: iAP2 packets in the transport's
@@ -159,10 +214,9 @@ public struct IAPEndpoint: Sendable {
             for frame in pendingOutput { frames.append(.bytes(frame)) }
             pendingOutput.removeAll()
         }
-        if runsIAP1 {
-            for frame in one!.takeOutput() { frames.append(.bytes(frame)) }
-        } else {
-            two.takeFrames(into: &frames)
+        switch running {
+        case .iap2: two.takeFrames(into: &frames)
+        case let .iap1(one): for frame in change(one, { $0.takeOutput() }) { frames.append(.bytes(frame)) }
         }
     }
 
@@ -172,19 +226,25 @@ public struct IAPEndpoint: Sendable {
         get { transmitBufferPool }
         set {
             transmitBufferPool = newValue
-            if !runsIAP1 { two.transmitBuffers = newValue }
+            if case .iap2 = running { two.transmitBuffers = newValue }
         }
     }
 
     /// Whether ``takeOutput()`` has anything.
     public var hasOutput: Bool {
         if !pendingOutput.isEmpty { return true }
-        return runsIAP1 ? one?.hasOutput == true : two.hasOutput
+        switch running {
+        case .iap2: return two.hasOutput
+        case let .iap1(one): return one.hasOutput
+        }
     }
 
     /// What happened since the last call, in order.
     public mutating func takeEvents() -> [EndpointEvent] {
-        let events = runsIAP1 ? one!.takeEvents() : two.takeEvents()
+        let events = switch running {
+        case .iap2: two.takeEvents()
+        case let .iap1(one): change(one) { $0.takeEvents() }
+        }
         guard !pendingEvents.isEmpty else { return events }
         defer { pendingEvents.removeAll() }
         return pendingEvents + events
@@ -197,24 +257,32 @@ public struct IAPEndpoint: Sendable {
             taken.append(contentsOf: pendingEvents)
             pendingEvents.removeAll()
         }
-        if runsIAP1 { taken.append(contentsOf: one!.takeEvents()) } else { two.takeEvents(into: &taken) }
+        switch running {
+        case .iap2: two.takeEvents(into: &taken)
+        case let .iap1(one): taken.append(contentsOf: change(one) { $0.takeEvents() })
+        }
     }
 
     /// The identity, once identified (and authenticated when the accessory asked for it).
     public var identity: AccessoryIdentity? {
-        runsIAP1 ? one?.identity : two.identity
+        switch running {
+        case .iap2: two.identity
+        case let .iap1(one): one.identity
+        }
     }
 
     /// Device role: moves to iAP1 when an iAP1 packet arrived before the iAP2 link came up, and
     /// back to iAP2 when an iAP1 accessory sends the detect.
     private mutating func switchIfNeeded(now: LinkTime) {
-        if runsIAP1 {
-            guard one!.sawIAP2Detect, switchCount < Self.maxSwitches, let settings = deviceSettings else { return }
+        if case let .iap1(current) = running {
+            guard current.sawIAP2Detect, switchCount < Self.maxSwitches, let settings = deviceSettings else { return }
+            var one = current
+            running = .iap2 // `one` is now the only holder of its buffers; `two` takes over below
             switchCount += 1
-            pendingEvents += one!.takeEvents()
-            pendingOutput += one!.takeOutput()
-            if one!.identified { pendingEvents.append(.accessoryRestarted(reason: "the accessory started over in iAP2")) }
-            let rest = one!.takeBytesAfterDetect()
+            pendingEvents += one.takeEvents()
+            pendingOutput += one.takeOutput()
+            if one.identified { pendingEvents.append(.accessoryRestarted(reason: "the accessory started over in iAP2")) }
+            let rest = one.takeBytesAfterDetect()
             var iap2 = IAP2Endpoint(device: settings.configuration, policy: settings.policy, sessionBufferLimit: settings.bufferLimit,
                                     initialSequence: UInt8(truncatingIfNeeded: random.next()), randomSeed: random.next())
             iap2.answerTimeout = answerTimeoutValue
@@ -222,8 +290,6 @@ public struct IAPEndpoint: Sendable {
             iap2.transmitBuffers = transmitBufferPool
             pendingEvents.append(.protocolSwitched(.iap2))
             iap2.receive(IAP2Detect.bytes + rest, now: now)
-            one = nil
-            runsIAP1 = false
             two = iap2
             return
         }
@@ -254,8 +320,7 @@ public struct IAPEndpoint: Sendable {
         if !believed.contains(where: Self.isIdentification) { iap1.requestIdentify() }
         iap1.takeOver(bodies: believed, partial: partial, now: now)
         two = Self.dormant
-        one = iap1
-        runsIAP1 = true
+        running = .iap1(iap1)
     }
 
     /// What `two` holds while iAP1 runs: an endpoint that never starts, with the smallest buffers.
@@ -274,83 +339,152 @@ public struct IAPEndpoint: Sendable {
     /// follows at once on iAP2 (the session is open once its start is sent), and when the
     /// accessory acknowledges the open on iAP1.
     public mutating func openSession(protocolName: String, now: LinkTime) throws(EndpointError) -> UInt16 {
-        if runsIAP1 { return try one!.openSession(protocolName: protocolName, now: now) }
-        return try two.openSession(protocolName: protocolName, now: now)
+        switch running {
+        case .iap2:
+            return try two.openSession(protocolName: protocolName, now: now)
+        case let .iap1(one):
+            return try change(one, { (one) throws(EndpointError) in try one.openSession(protocolName: protocolName, now: now) })
+        }
     }
 
     /// Closes a session (the device tells the accessory) and forgets it. On iAP2 the stop's
     /// acknowledgement is followed (``IAP2Endpoint/closeSession(_:now:)``); on iAP1 nothing
     /// waits for the answer to CloseDataSession.
     public mutating func closeSession(_ sessionID: UInt16, now: LinkTime) {
-        if runsIAP1 { one!.closeSession(sessionID, now: now) } else { two.closeSession(sessionID, now: now) }
+        switch running {
+        case .iap2: two.closeSession(sessionID, now: now)
+        case let .iap1(one): change(one) { $0.closeSession(sessionID, now: now) }
+        }
     }
 
     /// Whether the stop of a closed session waits for the accessory's acknowledgement
     /// (``IAP2Endpoint/isStopPending(_:)``; always false on iAP1).
     public func isStopPending(_ sessionID: UInt16) -> Bool {
-        !runsIAP1 && two.isStopPending(sessionID)
+        switch running {
+        case .iap2: two.isStopPending(sessionID)
+        case .iap1: false
+        }
     }
 
     /// Queues bytes for a session; returns how many were taken (fewer under back-pressure).
     public mutating func write(_ sessionID: UInt16, _ bytes: some Collection<UInt8>, now: LinkTime) throws(EndpointError) -> Int {
-        if runsIAP1 { return try one!.write(sessionID, bytes, now: now) }
-        return try two.write(sessionID, bytes, now: now)
+        switch running {
+        case .iap2:
+            return try two.write(sessionID, bytes, now: now)
+        case let .iap1(one):
+            return try change(one, { (one) throws(EndpointError) in try one.write(sessionID, bytes, now: now) })
+        }
     }
 
     /// Queues bytes for a session from a view of them (iAP2: copied once, into the link packets).
     public mutating func write(_ sessionID: UInt16, span bytes: RawSpan, now: LinkTime) throws(EndpointError) -> Int {
-        if runsIAP1 { return try one!.write(sessionID, bytes.withUnsafeBytes { Array($0) }, now: now) }
-        return try two.write(sessionID, span: bytes, now: now)
+        switch running {
+        case .iap2:
+            return try two.write(sessionID, span: bytes, now: now)
+        case let .iap1(one):
+            let copy = bytes.withUnsafeBytes { Array($0) }
+            return try change(one, { (one) throws(EndpointError) in try one.write(sessionID, copy, now: now) })
+        }
     }
 
     /// Takes up to `maxBytes` received bytes of a session; the room this makes lets held data in.
     public mutating func read(_ sessionID: UInt16, maxBytes: Int = .max) -> [UInt8] {
-        runsIAP1 ? one!.read(sessionID, maxBytes: maxBytes) : two.read(sessionID, maxBytes: maxBytes)
+        switch running {
+        case .iap2: two.read(sessionID, maxBytes: maxBytes)
+        case let .iap1(one): change(one) { $0.read(sessionID, maxBytes: maxBytes) }
+        }
     }
 
     /// Takes up to `maxBytes` received bytes of a session as a view (iAP2: of the array they
     /// arrived in, no copy; iAP1: of a copy).
     public mutating func readChunk(_ sessionID: UInt16, maxBytes: Int = .max) -> ArraySlice<UInt8> {
-        if runsIAP1 { return one!.read(sessionID, maxBytes: maxBytes)[...] }
-        return two.readChunk(sessionID, maxBytes: maxBytes)
+        switch running {
+        case .iap2: two.readChunk(sessionID, maxBytes: maxBytes)
+        case let .iap1(one): change(one, { $0.read(sessionID, maxBytes: maxBytes) })[...]
+        }
     }
 
     /// Lends the next received bytes of a session in place; `body` returns how many it consumed. Nil when nothing is readable.
     public mutating func borrow<Result>(_ sessionID: UInt16, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
-        if runsIAP1 { return try one!.borrow(sessionID, body) }
-        return try two.borrow(sessionID, body)
+        switch running {
+        case .iap2: return try two.borrow(sessionID, body)
+        case let .iap1(one):
+            // Taken out in place as `change(_:_:)` does, here where `body` rethrows.
+            var one = one
+            running = .iap2
+            defer { running = .iap1(one) }
+            return try one.borrow(sessionID, body)
+        }
     }
 
     /// The session bytes moved and copied (iAP2; iAP1 is not counted and reports zeros).
-    public var dataPlane: DataPlaneStatistics { runsIAP1 ? DataPlaneStatistics() : two.dataPlane }
+    public var dataPlane: DataPlaneStatistics {
+        switch running {
+        case .iap2: two.dataPlane
+        case .iap1: DataPlaneStatistics()
+        }
+    }
 
     /// Tells the iAP2 link how far the transport has got with its output
     /// (``IAP2Link/noteOutputProgress(_:)``); iAP1 keeps no retransmission timers.
     public mutating func noteOutputProgress(_ progress: TransportOutputProgress) {
-        if !runsIAP1 { two.noteOutputProgress(progress) }
+        if case .iap2 = running { two.noteOutputProgress(progress) }
     }
 
     /// The iAP2 link's counters (packets, retransmissions, acknowledgements); nil on iAP1.
-    public var linkStatistics: LinkStatistics? { runsIAP1 ? nil : two.link.statistics }
+    public var linkStatistics: LinkStatistics? {
+        switch running {
+        case .iap2: two.link.statistics
+        case .iap1: nil
+        }
+    }
 
     /// Bytes readable on a session.
     public func bytesAvailable(_ sessionID: UInt16) -> Int {
-        runsIAP1 ? one?.bytesAvailable(sessionID) ?? 0 : two.bytesAvailable(sessionID)
+        switch running {
+        case .iap2: two.bytesAvailable(sessionID)
+        case let .iap1(one): one.bytesAvailable(sessionID)
+        }
     }
     /// Bytes a session may still queue for sending (0 unless open).
     public func spaceAvailable(_ sessionID: UInt16) -> Int {
-        runsIAP1 ? one?.spaceAvailable(sessionID) ?? 0 : two.spaceAvailable(sessionID)
+        switch running {
+        case .iap2: two.spaceAvailable(sessionID)
+        case let .iap1(one): one.spaceAvailable(sessionID)
+        }
     }
     /// Bytes written to a session and not yet acknowledged by the peer.
     public func bytesPending(_ sessionID: UInt16) -> Int {
-        runsIAP1 ? one?.bytesPending(sessionID) ?? 0 : two.bytesPending(sessionID)
+        switch running {
+        case .iap2: two.bytesPending(sessionID)
+        case let .iap1(one): one.bytesPending(sessionID)
+        }
     }
     /// Bytes of a session the peer acknowledged.
     public func bytesAcknowledged(_ sessionID: UInt16) -> Int {
-        runsIAP1 ? one?.bytesAcknowledged(sessionID) ?? 0 : two.bytesAcknowledged(sessionID)
+        switch running {
+        case .iap2: two.bytesAcknowledged(sessionID)
+        case let .iap1(one): one.bytesAcknowledged(sessionID)
+        }
     }
     /// A session's state; nil for a session this side does not know.
     public func sessionState(_ sessionID: UInt16) -> EASessionState? {
-        runsIAP1 ? one?.sessionState(sessionID) : two.sessionState(sessionID)
+        switch running {
+        case .iap2: two.sessionState(sessionID)
+        case let .iap1(one): one.sessionState(sessionID)
+        }
+    }
+}
+
+/// A small deterministic generator (SplitMix64), seeded by the owner: the initial sequence
+/// numbers of the endpoints a switch of protocol makes. Never for challenges (see `Challenge`).
+struct SplitMix: Sendable {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }

@@ -1,0 +1,205 @@
+internal import IAPWire
+
+// Reliability: the send window, retransmission on timeout and for EAKs, cumulative
+// acknowledgement, and received packets delivered in order once (duplicates acknowledged
+// again, out-of-order ones held and listed in an EAK).
+extension IAP2Link {
+    mutating func pump(now: LinkTime) {
+        guard state == .connected, let parameters = peerLimits else { return }
+        while unacked.count < Int(parameters.maxOutstandingPackets), var next = sendQueue.popFirst() {
+            let sequence = nextSequence
+            nextSequence &+= 1
+            lastSentSequence = sequence
+            // Moved out of the queue entry, so an array is uniquely ours and the checksum is
+            // appended in place (a copy would make the array be copied whole).
+            var packet = LinkFrame.bytes([])
+            swap(&packet, &next.packet)
+            transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
+            statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
+            unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, timerStart: now, lastSentAt: now,
+                                    transmissions: 1, writtenMark: outputProgress?.writtenBytes ?? 0))
+        }
+    }
+
+    /// Finishes a framed packet in place (header before the payload, checksum after it) and
+    /// queues it for the transport. A packet finished before (a retransmission) carries the
+    /// checksum already: only the header is written again.
+    ///
+    /// - Returns: false when the packet is in a transmit buffer the transport has not finished
+    ///   sending: its memory may be read by the kernel at any moment, so it is not rewritten,
+    ///   and sending it again would only queue a duplicate behind the first.
+    @discardableResult
+    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, packet: inout LinkFrame, checksummed: Bool) -> Bool {
+        switch packet {
+        case .bytes(var array):
+            packet = .bytes([]) // uniquely ours while the header is written
+            if LinkPacket.finish(framed: &array, control: .ack, sequence: sequence, acknowledgement: lastReceived,
+                                 sessionID: sessionID, checksummed: checksummed) {
+                outbox.append(.bytes(array))
+                statistics.packetsSent += 1
+            }
+            packet = .bytes(array)
+        case let .buffer(buffer):
+            guard buffer.pendingTransmissions == 0 else { return false }
+            if !checksummed { buffer.append(0) }
+            let finished = buffer.withMutableSpan { span in
+                LinkPacket.finish(framedBytes: &span, control: .ack, sequence: sequence, acknowledgement: lastReceived,
+                                  sessionID: sessionID, checksummed: checksummed)
+            }
+            if finished {
+                outbox.append(.buffer(buffer))
+                statistics.packetsSent += 1
+            }
+        }
+        // The packet carries our acknowledgement.
+        pendingAcks = 0
+        ackDeadline = nil
+        return true
+    }
+
+    mutating func retransmit(at index: Int, now: LinkTime) {
+        // Taken out while it is finished again, so an array is not copied on write for the
+        // table's sake (the transport may still hold it: then it is, once).
+        var packet = LinkFrame.bytes([])
+        swap(&packet, &unacked[index].packet)
+        let sent = transmitData(sequence: unacked[index].sequence, sessionID: unacked[index].sessionID, packet: &packet,
+                                checksummed: true)
+        swap(&packet, &unacked[index].packet)
+        unacked[index].timerStart = now
+        unacked[index].writtenMark = outputProgress?.writtenBytes ?? 0
+        if sent {
+            unacked[index].lastSentAt = now
+            unacked[index].transmissions += 1
+            statistics.retransmissions += 1
+        } else {
+            statistics.retransmissionsDeferred += 1
+        }
+    }
+
+    mutating func acknowledge(upTo acknowledgement: UInt8, now: LinkTime) {
+        var removed = 0
+        while let sequence = unacked.first?.sequence, Int(acknowledgement &- sequence) < 128 {
+            let done = unacked.removeFirst()
+            acknowledgedPackets[done.sessionID, default: 0] += 1
+            removed += 1
+            // An array is kept for a later packet a writer lays out. It is emptied only when
+            // reused: by then the peer (an in-process one keeps views of what it received until
+            // they are read) has most likely let go of it, and its storage is reused without
+            // allocating. A transmit buffer goes back to its pool once the transport is done
+            // with it too.
+            if case let .bytes(packet) = done.packet, spareBuffers.count < Self.spareLimit { spareBuffers.append(packet) }
+        }
+        if removed > 0 { pump(now: now) }
+    }
+
+    mutating func receiveData<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ReceivedBytes?,
+                                                      now: LinkTime, sink: inout Sink) {
+        /// The payload to park: a view of the received storage, or a copy.
+        func parked() -> ReceivedBytes {
+            if let retained { return retained }
+            statistics.payloadBytesCopiedIn += payload.byteCount
+            return ReceivedBytes(payload.withUnsafeBytes { Array($0) }[...])
+        }
+        let expected = lastReceived &+ 1
+        let distance = Int(header.sequence &- expected)
+        let window = Int(configuration.parameters.maxOutstandingPackets)
+        if distance == 0 {
+            guard sink.accept(sessionID: header.sessionID, payload: payload, retained: retained) else {
+                // Not taken, so not acknowledged: the sender's window stops it. The packet is
+                // parked (at most a window of packets can be) and offered again by
+                // ``redeliver(now:sink:)`` when the reader makes room; a bare ACK of what we did
+                // take tells the peer we are alive.
+                statistics.refusedByReceiver += 1
+                refusing = true
+                if held[header.sequence] == nil {
+                    held[header.sequence] = Held(sessionID: header.sessionID, payload: parked())
+                }
+                sendAck()
+                return
+            }
+            held[header.sequence] = nil
+            refusing = false
+            lastReceived = header.sequence
+            statistics.payloadBytesDelivered += payload.byteCount
+            pendingAcks += 1
+            deliverHeld(sink: &sink)
+            scheduleAck(now: now)
+        } else if distance >= 128 {
+            // Already delivered: acknowledge again, deliver nothing.
+            statistics.duplicatesReceived += 1
+            sendAck()
+        } else if refusing {
+            // Behind a refused packet: park it without an EAK (which would only make the peer
+            // resend what we cannot take yet).
+            statistics.outOfOrderReceived += 1
+            if distance < max(window, 1), held[header.sequence] == nil {
+                held[header.sequence] = Held(sessionID: header.sessionID, payload: parked())
+            }
+        } else if distance < max(window, 1) {
+            statistics.outOfOrderReceived += 1
+            if held[header.sequence] == nil {
+                held[header.sequence] = Held(sessionID: header.sessionID, payload: parked())
+            }
+            sendEAK()
+        } else {
+            statistics.outsideWindowReceived += 1
+        }
+    }
+
+    /// Hands parked packets that now follow in order to `sink`, as far as it takes them.
+    private mutating func deliverHeld<Sink: LinkSink>(sink: inout Sink) {
+        while let next = held[lastReceived &+ 1] {
+            guard next.payload.withSpan({ sink.accept(sessionID: next.sessionID, payload: $0, retained: next.payload) }) else {
+                statistics.refusedByReceiver += 1
+                refusing = true
+                return
+            }
+            held[lastReceived &+ 1] = nil
+            lastReceived &+= 1
+            statistics.payloadBytesDelivered += next.payload.count
+            pendingAcks += 1
+        }
+        refusing = false
+    }
+
+    /// Offers parked packets to `sink` again (call it when a reader made room). What is taken is
+    /// acknowledged at once, so the peer resumes without waiting for its retransmission timer.
+    public mutating func redeliver<Sink: LinkSink>(now: LinkTime, sink: inout Sink) {
+        guard state == .connected, refusing else { return }
+        let before = lastReceived
+        deliverHeld(sink: &sink)
+        if lastReceived != before { sendAck() }
+    }
+
+    private mutating func scheduleAck(now: LinkTime) {
+        guard let parameters = negotiated else { return }
+        if pendingAcks >= max(1, Int(parameters.maxCumulativeAcks)) {
+            sendAck()
+        } else if ackDeadline == nil {
+            ackDeadline = now + .milliseconds(Int(parameters.cumulativeAckTimeout))
+        }
+    }
+
+    mutating func sendAck() {
+        transmitControl([.ack], payload: [])
+        statistics.acksSent += 1
+    }
+
+    private mutating func sendEAK() {
+        let expected = lastReceived &+ 1
+        let listed = held.keys.sorted { Int($0 &- expected) < Int($1 &- expected) }
+        transmitControl([.ack, .eak], payload: listed)
+        statistics.eaksSent += 1
+    }
+
+    mutating func transmitControl(_ control: LinkControl, payload: [UInt8]) {
+        if let packet = try? LinkPacket.encode(control: control, sequence: lastSentSequence, acknowledgement: lastReceived,
+                                               sessionID: 0, payload: payload) {
+            outbox.append(.bytes(packet))
+        }
+        if control.contains(.ack) {
+            pendingAcks = 0
+            ackDeadline = nil
+        }
+    }
+}
