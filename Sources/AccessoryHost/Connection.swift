@@ -19,10 +19,17 @@ final class Connection: @unchecked Sendable {
     struct Reader {
         var maxBytes: Int
         var continuation: CheckedContinuation<[UInt8]?, any Error>
+        /// Finds it when its task is cancelled.
+        var id: Int
     }
     struct Writer {
         var remaining: ArraySlice<UInt8>
         var continuation: CheckedContinuation<Void, any Error>
+        var id: Int
+    }
+    struct Flusher {
+        var continuation: CheckedContinuation<Void, any Error>
+        var id: Int
     }
     /// How long a wait for the accessory's acknowledgements may last.
     enum WaitLimit {
@@ -53,7 +60,7 @@ final class Connection: @unchecked Sendable {
         var stream: any SessionStream
         var readers: [Reader] = []
         var writers: [Writer] = []
-        var flushers: [CheckedContinuation<Void, any Error>] = []
+        var flushers: [Flusher] = []
         /// Waiting for the accessory to acknowledge bytes.
         var drainers: [Drainer] = []
         /// Bytes the session took from the application so far.
@@ -100,8 +107,9 @@ final class Connection: @unchecked Sendable {
     /// The key of each link session, by its EA session id.
     private var linkKeys: [UInt16: Int] = [:]
     private var nextKey = 1
-    /// Numbers the drainers, so a timer finds its own.
-    private var nextDrainerID = 1
+    /// Numbers the waiters (readers, writers, flushers, drainers), so that a timer or a
+    /// cancelled task finds its own; taken off the queue, before the hop.
+    private let waiterIDs = Atomic<Int>(0)
     /// Native sessions being opened, by protocol name (one session per protocol).
     private var pendingNativeOpens: Set<String> = []
     private var pendingOpens: [UInt16: (name: String, complete: OpenCompletion)] = [:]
@@ -330,9 +338,9 @@ final class Connection: @unchecked Sendable {
         if state.writers.isEmpty, unsent == 0 || state.isEnded {
             for flusher in state.flushers {
                 if state.isEnded, unsent > 0 {
-                    flusher.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
+                    flusher.continuation.resume(throwing: state.ended ?? AccessoryError.sessionClosed)
                 } else {
-                    flusher.resume()
+                    flusher.continuation.resume()
                 }
             }
             state.flushers.removeAll()
@@ -533,31 +541,61 @@ final class Connection: @unchecked Sendable {
     // thread. Only a wait for the accessory costs a hop back.
 
     func write(_ session: AccessorySession, _ bytes: [UInt8]) async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            onQueue {
-                self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
-                    $0.writers.append(Writer(remaining: bytes[...], continuation: continuation))
-                }
+        try await wait(on: session) { (id, continuation: CheckedContinuation<Void, any Error>) in
+            self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
+                $0.writers.append(Writer(remaining: bytes[...], continuation: continuation, id: id))
             }
         }
     }
 
     func read(_ session: AccessorySession, maxBytes: Int) async throws -> [UInt8]? {
-        try await withCheckedThrowingContinuation { continuation in
-            onQueue {
-                self.enqueue(session, gone: { continuation.resume(returning: nil) }) {
-                    $0.readers.append(Reader(maxBytes: max(1, maxBytes), continuation: continuation))
-                }
+        try await wait(on: session) { id, continuation in
+            self.enqueue(session, gone: { continuation.resume(returning: nil) }) {
+                $0.readers.append(Reader(maxBytes: max(1, maxBytes), continuation: continuation, id: id))
             }
         }
     }
 
-    func flush(_ session: AccessorySession) async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            onQueue {
-                self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
-                    $0.flushers.append(continuation)
+    /// Runs `enqueue` on the queue (on the caller's thread when it can, ``onQueue(_:)``) with a
+    /// new waiter id and the continuation it queues; the task waits until the waiter is served.
+    /// A task cancelled while it waits takes its waiter off the session, which throws
+    /// `CancellationError` (what the session took of a write stays taken: ``AccessorySession/bytesWritten``
+    /// counts it); one cancelled before it waits throws it at once.
+    private func wait<Value>(on session: AccessorySession,
+                             _ enqueue: @escaping (Int, CheckedContinuation<Value, any Error>) -> Void) async throws -> Value {
+        let id = waiterIDs.wrappingAdd(1, ordering: .relaxed).newValue
+        let key = session.key
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Value, any Error>) in
+                onQueue {
+                    if Task.isCancelled { return continuation.resume(throwing: CancellationError()) }
+                    enqueue(id, continuation)
                 }
+            }
+        } onCancel: {
+            self.queue.async { self.cancelWaiter(id, key: key) }
+        }
+    }
+
+    /// Resumes waiter `id` of session `key` with `CancellationError`, if it still waits. On the queue.
+    private func cancelWaiter(_ id: Int, key: Int) {
+        guard sessions[key] != nil else { return }
+        let cancelled = CancellationError()
+        if let index = sessions[key]!.readers.firstIndex(where: { $0.id == id }) {
+            sessions[key]!.readers.remove(at: index).continuation.resume(throwing: cancelled)
+        } else if let index = sessions[key]!.writers.firstIndex(where: { $0.id == id }) {
+            sessions[key]!.writers.remove(at: index).continuation.resume(throwing: cancelled)
+        } else if let index = sessions[key]!.flushers.firstIndex(where: { $0.id == id }) {
+            sessions[key]!.flushers.remove(at: index).continuation.resume(throwing: cancelled)
+        } else if let index = sessions[key]!.drainers.firstIndex(where: { $0.id == id }) {
+            sessions[key]!.drainers.remove(at: index).continuation.resume(throwing: cancelled)
+        }
+    }
+
+    func flush(_ session: AccessorySession) async throws {
+        try await wait(on: session) { (id, continuation: CheckedContinuation<Void, any Error>) in
+            self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
+                $0.flushers.append(Flusher(continuation: continuation, id: id))
             }
         }
     }
@@ -566,19 +604,15 @@ final class Connection: @unchecked Sendable {
     /// as long as it takes); past the limit, fails with ``AccessoryError/timedOut(_:)`` naming
     /// `step`.
     func drain(_ session: AccessorySession, limit: WaitLimit? = nil, step: String? = nil) async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            onQueue {
-                let id = self.nextDrainerID
-                self.nextDrainerID += 1
-                let now = self.driver.now
-                let acknowledged = self.sessions[session.key].map { _ in self.acknowledged(session) } ?? 0
-                self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
-                    $0.drainers.append(Drainer(target: $0.written, continuation: continuation, limit: limit,
-                                               step: step ?? "waiting for '\(session.protocolString)' to be acknowledged",
-                                               id: id, acknowledged: acknowledged, since: now))
-                }
-                if let limit { self.scheduleCheck(of: id, session: session, limit: limit, since: now) }
+        try await wait(on: session) { (id, continuation: CheckedContinuation<Void, any Error>) in
+            let now = self.driver.now
+            let acknowledged = self.sessions[session.key].map { _ in self.acknowledged(session) } ?? 0
+            self.enqueue(session, gone: { continuation.resume(throwing: AccessoryError.sessionClosed) }) {
+                $0.drainers.append(Drainer(target: $0.written, continuation: continuation, limit: limit,
+                                           step: step ?? "waiting for '\(session.protocolString)' to be acknowledged",
+                                           id: id, acknowledged: acknowledged, since: now))
             }
+            if let limit { self.scheduleCheck(of: id, session: session, limit: limit, since: now) }
         }
     }
 
@@ -667,6 +701,11 @@ final class Connection: @unchecked Sendable {
         return sessions[session.key]!.acknowledged
     }
 
+    /// Bytes the session took from the application (the count at the close once closed).
+    func written(_ session: AccessorySession) -> Int {
+        sessions[session.key]?.written ?? session.writtenAtClose.withLock { $0 } ?? 0
+    }
+
     func bytesAvailable(_ session: AccessorySession) -> Int {
         guard let stream = sessions[session.key]?.stream else { return 0 }
         return driver.perform { machine, _ in stream.readable(&machine) }
@@ -721,6 +760,7 @@ final class Connection: @unchecked Sendable {
         guard sessions[session.key] != nil else { return }
         let acknowledged = acknowledged(session)
         session.acknowledgedAtClose.withLock { $0 = acknowledged }
+        session.writtenAtClose.withLock { $0 = written(session) }
         close(key: session.key)
     }
 
@@ -731,7 +771,7 @@ final class Connection: @unchecked Sendable {
         sessionKeys.removeAll { $0 == key }
         for reader in state.readers { reader.continuation.resume(returning: nil) }
         for writer in state.writers { writer.continuation.resume(throwing: AccessoryError.sessionClosed) }
-        for flusher in state.flushers { flusher.resume(throwing: AccessoryError.sessionClosed) }
+        for flusher in state.flushers { flusher.continuation.resume(throwing: AccessoryError.sessionClosed) }
         for drainer in state.drainers { drainer.continuation.resume(throwing: AccessoryError.sessionClosed) }
         if let id = state.stream.linkSessionID { linkKeys[id] = nil }
         let linkUp = downReason == nil

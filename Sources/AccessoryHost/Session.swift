@@ -37,6 +37,11 @@ public enum SessionStreamEvent: Hashable, Sendable {
 /// the order they were called, and so are writes; two tasks writing at once interleave whole
 /// writes, never bytes of them. Do not call a session from inside ``withNextChunk(_:)``'s body.
 ///
+/// Cancellation: a task cancelled while it waits in ``read(maxBytes:)``, ``write(_:)``,
+/// ``flush()`` or a drain stops waiting and throws `CancellationError`; the session stays open
+/// and the bytes a cancelled write had already handed over are sent (``bytesWritten`` counts
+/// them), so a caller that goes on knows where the stream stands.
+///
 /// A session that is dropped without ``close()`` is closed when its last reference goes.
 public final class AccessorySession: Sendable {
     /// The protocol string.
@@ -48,6 +53,8 @@ public final class AccessorySession: Sendable {
     let connection: Connection
     /// What the accessory had acknowledged when the session was closed (the count outlives it).
     let acknowledgedAtClose = Mutex<Int?>(nil)
+    /// ``bytesWritten`` when the session was closed.
+    let writtenAtClose = Mutex<Int?>(nil)
     /// Whether the session's bytes travel on a native transport (the accessory's USB interface
     /// for this protocol, FF/F0/01, raw) rather than multiplexed on the iAP2 link. The API is the
     /// same either way; only throughput and ``bytesAcknowledged``'s source differ.
@@ -111,6 +118,11 @@ public final class AccessorySession: Sendable {
     /// to have arrived; the rest may or may not have. It stays readable after the accessory went
     /// away and after ``close()`` (the count at the close).
     public var bytesAcknowledged: Int { connection.onQueue { connection.acknowledged(self) } }
+
+    /// Bytes the session took from the application so far, whole writes and parts of writes
+    /// (a write cancelled while it waited, ``writeAvailable(_:)``), in order: what will be sent
+    /// unless the session ends first. It stays readable after ``close()`` (the count at the close).
+    public var bytesWritten: Int { connection.onQueue { connection.written(self) } }
 
     /// Whether bytes are readable now.
     public var hasBytesAvailable: Bool { connection.onQueue { connection.bytesAvailable(self) > 0 } }

@@ -167,4 +167,40 @@ struct AsyncAPITests {
         }
         session.close()
     }
+
+    @Test("a task cancelled in a read, a write held by back-pressure or a drain stops waiting with CancellationError; the session goes on")
+    func cancelledWaits() async throws {
+        let (manager, echo, accessory) = try await ManagerTests.connected()
+        defer { manager.stop(); echo.stop() }
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        // A read with nothing to read.
+        let reading = Task { try await session.read() }
+        reading.cancel()
+        await #expect(throws: CancellationError.self) { try await reading.value }
+        // A write the accessory does not take (it stopped reading): more than the session holds.
+        echo.reading.store(false, ordering: .relaxed)
+        let big = testPattern(8 << 20, seed: 11)
+        let writing = Task { try await session.write(big) }
+        let draining = Task { try await session.drain() }
+        writing.cancel()
+        draining.cancel()
+        await #expect(throws: CancellationError.self) { try await writing.value }
+        await #expect(throws: CancellationError.self) { try await draining.value }
+        #expect(session.bytesWritten < big.count)
+        // Already cancelled before it waits.
+        let early = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return try await session.read()
+        }
+        await #expect(throws: CancellationError.self) { try await early.value }
+        // The session goes on: what the cancelled write handed over comes back, then more.
+        echo.resumeReading()
+        let handed = session.bytesWritten
+        let tail = Array("after".utf8)
+        try await session.write(tail)
+        var received: [UInt8] = []
+        while received.count < handed + tail.count, let bytes = try await session.read() { received += bytes }
+        #expect(received == Array(big.prefix(handed)) + tail)
+        session.close()
+    }
 }
