@@ -73,7 +73,7 @@ extension SimulatorProfile {
                     ProtocolSpec(name: "com.example.borescope.video", behaviour: .source, sourceBytes: 1 << 20, native: true),
                 ],
                 link: LinkOverrides(maxPacketLength: 4_096, maxOutstandingPackets: 1, retransmissionTimeoutMs: 3_000,
-                                    cumulativeAckTimeoutMs: 1_500),
+                                    cumulativeAckTimeoutMs: 1_500, maxCumulativeAcks: 1, maxRetransmissions: 4),
                 habits: Habits(challengeResponseDelayMs: 100))
         default:
             return nil

@@ -190,6 +190,11 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         public var retransmissionTimeoutMs: Int?
         /// Milliseconds a receiver may wait before acknowledging (default 20).
         public var cumulativeAckTimeoutMs: Int?
+        /// How many received packets a receiver may leave unacknowledged (default 4); 1 makes
+        /// both sides acknowledge every packet at once, as the TD300 asks.
+        public var maxCumulativeAcks: Int?
+        /// How many times a packet is sent again before the link gives up (default 30).
+        public var maxRetransmissions: Int?
         /// Milliseconds of silence in the middle of a frame after which the accessory gives the
         /// frame up and scans its bytes again (default 50, 1–60000); iAP1 and iAP2 alike.
         public var interByteGapMs: Int?
@@ -200,7 +205,10 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
 
         /// Creates overrides; every nil field keeps the default.
         public init(maxPacketLength: Int? = nil, maxOutstandingPackets: Int? = nil, retransmissionTimeoutMs: Int? = nil,
-                    cumulativeAckTimeoutMs: Int? = nil, interByteGapMs: Int? = nil, sendsPacketLength: Int? = nil) {
+                    cumulativeAckTimeoutMs: Int? = nil, maxCumulativeAcks: Int? = nil, maxRetransmissions: Int? = nil,
+                    interByteGapMs: Int? = nil, sendsPacketLength: Int? = nil) {
+            self.maxCumulativeAcks = maxCumulativeAcks
+            self.maxRetransmissions = maxRetransmissions
             self.sendsPacketLength = sendsPacketLength
             self.maxPacketLength = maxPacketLength
             self.maxOutstandingPackets = maxOutstandingPackets
@@ -210,8 +218,8 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         }
 
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case maxPacketLength, maxOutstandingPackets, retransmissionTimeoutMs, cumulativeAckTimeoutMs, interByteGapMs,
-                 sendsPacketLength
+            case maxPacketLength, maxOutstandingPackets, retransmissionTimeoutMs, cumulativeAckTimeoutMs, maxCumulativeAcks,
+                 maxRetransmissions, interByteGapMs, sendsPacketLength
         }
 
         /// Decodes the overrides, refusing unknown fields.
@@ -222,6 +230,8 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             maxOutstandingPackets = try container.decodeIfPresent(Int.self, forKey: .maxOutstandingPackets)
             retransmissionTimeoutMs = try container.decodeIfPresent(Int.self, forKey: .retransmissionTimeoutMs)
             cumulativeAckTimeoutMs = try container.decodeIfPresent(Int.self, forKey: .cumulativeAckTimeoutMs)
+            maxCumulativeAcks = try container.decodeIfPresent(Int.self, forKey: .maxCumulativeAcks)
+            maxRetransmissions = try container.decodeIfPresent(Int.self, forKey: .maxRetransmissions)
             interByteGapMs = try container.decodeIfPresent(Int.self, forKey: .interByteGapMs)
             sendsPacketLength = try container.decodeIfPresent(Int.self, forKey: .sendsPacketLength)
         }
@@ -421,6 +431,12 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         }
         if let value = link.cumulativeAckTimeoutMs {
             configuration.parameters.cumulativeAckTimeout = UInt16(clamping: clamp(value, .cumulativeAckTimeout))
+        }
+        if let value = link.maxCumulativeAcks {
+            configuration.parameters.maxCumulativeAcks = UInt8(clamping: clamp(value, .maxCumulativeAcks))
+        }
+        if let value = link.maxRetransmissions {
+            configuration.parameters.maxRetransmissions = UInt8(clamping: clamp(value, .maxRetransmissions))
         }
         if let value = link.interByteGapMs {
             configuration.interByteGap = .milliseconds(min(max(value, 1), 60_000))

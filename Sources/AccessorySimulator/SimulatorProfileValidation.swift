@@ -61,6 +61,8 @@ extension SimulatorProfile {
             ("maxOutstandingPackets", link.maxOutstandingPackets, .maxOutstandingPackets),
             ("retransmissionTimeoutMs", link.retransmissionTimeoutMs, .retransmissionTimeout),
             ("cumulativeAckTimeoutMs", link.cumulativeAckTimeoutMs, .cumulativeAckTimeout),
+            ("maxCumulativeAcks", link.maxCumulativeAcks, .maxCumulativeAcks),
+            ("maxRetransmissions", link.maxRetransmissions, .maxRetransmissions),
             ("sendsPacketLength", link.sendsPacketLength, .maxPacketLength),
         ]
         for case let (key, value?, field) in overrides where !field.validRange.contains(value) {
