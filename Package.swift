@@ -143,7 +143,8 @@ let package = Package(
         // Shared by the test targets: the .ownThread trait, which runs tests that block their
         // thread (or run for seconds of CPU) off Swift's cooperative pool (issue 16).
         .target(name: "TestThreads", path: "Tests/TestThreads", swiftSettings: strict),
-        // What every test target shares: the deterministic generator its seeded tests use.
+        // What every test target shares: the deterministic generator its seeded tests use, and test
+        // data built in one pass (Tests/TestSupport/Bytes.swift says why).
         .target(name: "TestSupport", path: "Tests/TestSupport", swiftSettings: strict),
         // For the leak tests: the heap in use (glibc's mallinfo2), which Glibc's module lacks.
         .target(name: "HeapStatistics", path: "Tests/HeapStatistics"),
@@ -164,7 +165,7 @@ let package = Package(
                     exclude: ["Fixtures"], swiftSettings: strict),
         .testTarget(name: "IAPDaemonTests", dependencies: ["IAPDaemon", "IAPDaemonProtocol", "AccessoryHost", "AccessorySimulator", "AccessoryLogging",
                                                            "IAPTransport", "SystemCalls", "TestSupport", "TestThreads"], swiftSettings: strict),
-        .testTarget(name: "ExternalAccessoryTests", dependencies: ["ExternalAccessory", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPTransport"], swiftSettings: strict),
+        .testTarget(name: "ExternalAccessoryTests", dependencies: ["TestSupport", "ExternalAccessory", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPTransport"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
         .testTarget(name: "RulesTests", swiftSettings: strict),
@@ -173,8 +174,8 @@ let package = Package(
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["TestSupport", "ByteRing", "TestThreads"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
-        .testTarget(name: "USBRigTests", dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPLink"], swiftSettings: strict),
-        .testTarget(name: "USBHostTests", dependencies: ["USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "USBRigTests", dependencies: ["TestSupport", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPLink"], swiftSettings: strict),
+        .testTarget(name: "USBHostTests", dependencies: ["TestSupport", "USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -29,45 +29,24 @@ step "unit and integration tests again: Swift's cooperative pool narrowed to one
 # Swift Testing runs every test, synchronous ones included, on the cooperative pool (one thread
 # per core, none added for a thread that blocks). A test that blocks its thread instead of
 # awaiting (or running with the .ownThread trait of Tests/TestThreads), or computes for seconds
-# on it, holds up every other test's awaits and time-limit timers: with two other builds running,
-# 26 tests hit their 60 s limits and a run once hung (issue 16). One pool thread and two busy
-# loops make that show on every run: about 80 s here (50 s without the loops); before the fix,
-# over 3 minutes and 27 failures with two busy loops even at full width.
+# on it, holds up every other test's awaits and time-limit timers. One pool thread and two busy
+# loops make that show on every run, not only on a busy machine.
 yes > /dev/null & busy1=$!
 yes > /dev/null & busy2=$!
 trap 'kill "$busy1" "$busy2" 2>/dev/null; rm -f "$log"' EXIT
-# Skipped here only: iapd's 100-client test builds up 100 client managers over the seconds the
-# one-thread pool stretches it to, which the heap-leak test beside reads as growth in every
-# round (it ran in the pass above, at full width).
-# One test module at a time: every module at once on one pool thread beside two busy loops now
-# starves the pool of CPU rather than finding a blocked thread (the CPU-bound suites on threads
-# of their own take the cores): 16 to 32 one-minute time limits ran out in 180 s, the same
-# before and after issue 22's changes, while each module alone passes. A test that blocks its
-# thread still holds up every other test of its module, which is what this pass is for.
-# The test bundle runs directly, as `swift test` runs it for Swift Testing: through `swift test`,
-# SwiftPM saw one processor too, and now and then (2 runs in 40 here, CLIKitTests beside three
-# busy loops) the output stopped after a few tests though `swift test` ended with status 0, so the
-# summary this pass counts was missing (once in a full run of this script); the bundle
-# run directly ended with its summary in 60 runs of 60. NO_COLOR: run directly, Swift Testing
-# colours its output when TERM names a terminal that can, pipe or not.
+# One test module at a time (tools/narrow-pool/by-module.sh): all of them at once on one pool
+# thread beside two busy loops starve the pool of CPU rather than find a blocked thread. iapd's
+# 100-client test is skipped here only: on one pool thread it builds up 100 client managers
+# over seconds, which the heap-leak test beside it reads as growth (it ran in the pass above).
+# The bundle runs directly, as `swift test` runs it for Swift Testing: through `swift test`,
+# SwiftPM sees one processor too and its relayed output is not reliable then. NO_COLOR: run
+# directly, Swift Testing colours its output when TERM names a terminal that can.
 bundle="$(swift build --show-bin-path)/AccessoryHostPackageTests.xctest"
-narrow_failed=()
-narrow_tests=0
-for module in $(grep -o 'testTarget(name: "[A-Za-z]*"' Package.swift | sed 's/.*"\(.*\)"/\1/'); do
-    NO_COLOR=1 timeout 600 tools/narrow-pool/run.sh "$bundle" --testing-library swift-testing --filter "^$module\." --skip manyClientsAndCycles 2>&1 | tee "$log" \
-        | grep -vE "^(Test Case|Test Suite|◇|↳|✔ Test [a-zA-Z]|✔ Suite|\s*$)" | grep -vE "^Test Suite|^Executed|passed after|^\[" || true
-    line=$(grep -E "Test run with [0-9]+ tests?" "$log" | tail -n 1 || true)
-    if grep -qE "✔ Test run with [0-9]+ tests? .*passed" "$log"; then
-        narrow_tests=$((narrow_tests + $(sed -E 's/.*with ([0-9]+) tests?.*/\1/' <<<"$line")))
-    else
-        narrow_failed+=("$module")
-        echo "$module: ${line:-no summary (hung or crashed)}"
-    fi
-done
+narrow_ok=1
+tools/narrow-pool/by-module.sh "$bundle" || narrow_ok=0
 kill "$busy1" "$busy2"
 trap 'rm -f "$log"' EXIT
-echo "one-thread pool under load: $narrow_tests tests in all, module by module; failed: ${narrow_failed[*]:-none}"
-[ "${#narrow_failed[@]}" -eq 0 ] || { echo "test: swift test with a one-thread cooperative pool under load failed or hung in: ${narrow_failed[*]}" >&2; exit 1; }
+[ "$narrow_ok" -eq 1 ] || { echo "test: swift test with a one-thread cooperative pool under load failed or hung (see above)" >&2; exit 1; }
 
 step "ThreadSanitizer: the ring under two threads"
 # ByteRing's producer and consumer share memory ordered only by its atomics; its stress tests
@@ -97,8 +76,8 @@ timeout 300 .build/release/iapbench ptys --accessories 1000 --timeout 10
 
 step "soak: 1,000 connect/disconnect cycles, then 1 GiB through 4 sessions at 5 % loss (memory and descriptors flat)"
 # One malloc arena: glibc otherwise keeps a cache per Dispatch worker thread, and which threads
-# happen to allocate moves the resident size by tens of MiB with nothing leaked (the note of
-# issue 16 has both figures). Exits 70 when memory or descriptors grew.
+# happen to allocate moves the resident size by tens of MiB with nothing leaked. Exits 70 when
+# memory or descriptors grew.
 MALLOC_ARENA_MAX=1 timeout 600 .build/release/iapbench soak --cycles 1000 --mib 1024 --loss 5
 
 step "iapctl as scripts and people see it (exit codes, JSON against its schema, the socket, help, install, man page, completion)"

@@ -61,7 +61,7 @@ extension SimulatedAccessory {
             let count = min(spaceAvailable(id), runtime.sourceBytes - runtime.statistics.bytesOut, 16_384)
             guard count > 0 else { break }
             let start = runtime.statistics.bytesOut
-            let chunk = (0..<count).map { Self.sourcePatternByte(at: start + $0) }
+            let chunk = Self.sourcePattern(from: start, count: count)
             let taken = write(id, chunk[...])
             guard taken > 0 else { break }
             runtime.statistics.bytesOut += taken

@@ -110,6 +110,19 @@ public struct SimulatedAccessory: Sendable {
     /// Byte `index` of what a source session sends: `UInt8(truncatingIfNeeded: index &* 31 &+ 7)`.
     public static func sourcePatternByte(at index: Int) -> UInt8 { UInt8(truncatingIfNeeded: index &* 31 &+ 7) }
 
+    /// `count` bytes of the source pattern from offset `start` (``sourcePatternByte(at:)`` of each),
+    /// built in one pass: what a source session sends, and what a test compares with.
+    public static func sourcePattern(from start: Int = 0, count: Int) -> [UInt8] {
+        [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+            var index = 0
+            while index < count {
+                buffer[index] = UInt8(truncatingIfNeeded: (start &+ index) &* 31 &+ 7)
+                index &+= 1
+            }
+            initialized = count
+        }
+    }
+
     // MARK: Driving
 
     /// Starts the link (the accessory sends the detect).

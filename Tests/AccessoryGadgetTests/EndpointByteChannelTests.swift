@@ -5,6 +5,7 @@ import Glibc
 import IAPTransport
 import Synchronization
 import Testing
+import TestSupport
 import TestThreads
 
 /// The GadgetFS native channel over pipes in place of the endpoint files: one pipe carries what
@@ -68,7 +69,7 @@ struct EndpointByteChannelTests {
         }
     }
 
-    static func pattern(_ count: Int, seed: Int) -> [UInt8] { (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ seed) } }
+    static func pattern(_ count: Int, seed: Int) -> [UInt8] { bytes(count) { UInt8(truncatingIfNeeded: $0 &* 13 &+ seed) } }
 
     @Test("what the host sends becomes readable in order; what is written reaches the host in order")
     func bothDirections() async throws {

@@ -445,7 +445,7 @@ private func closeAll(_ descriptors: Int32...) {
 
 private func testFrame(_ count: Int, seed: UInt64) -> [UInt8] {
     var state = seed &* 0x9E37_79B9_7F4A_7C15 | 1
-    return (0..<count).map { _ in
+    return bytes(count) { _ in
         state ^= state << 13
         state ^= state >> 7
         state ^= state << 17

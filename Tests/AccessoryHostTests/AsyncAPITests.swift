@@ -4,6 +4,7 @@ import IAPLink
 import IAPTransport
 import Synchronization
 import Testing
+import TestSupport
 
 /// Issue 17: the async API used from any thread or task, sessions as async sequences, and
 /// stream events that never announce bytes that are not there.
@@ -179,7 +180,7 @@ struct AsyncAPITests {
         await #expect(throws: CancellationError.self) { try await reading.value }
         // A write the accessory does not take (it stopped reading): more than the session holds.
         echo.reading.store(false, ordering: .relaxed)
-        let big = testPattern(8 << 20, seed: 11)
+        let big = testPattern(4 << 20, seed: 11)
         let writing = Task { try await session.write(big) }
         let draining = Task { try await session.drain() }
         writing.cancel()

@@ -4,6 +4,7 @@ import Dispatch
 import IAPLink
 import IAPTransport
 import Testing
+import TestSupport
 
 /// The simulator's profiles of real accessories' habits (PROTOCOL.md §7), through the public
 /// API: what an application sees of an accessory that never confirms a session, asks for an app,
@@ -51,7 +52,7 @@ struct FieldProfileTests {
         #expect(try await Self.echo(config, request) == request)
         let frames = try await thermal.openSession(for: "com.example.thermal.frame")
         let frame = try await Self.read(frames, count: 1 << 20)
-        #expect(frame == (0..<(1 << 20)).map(SimulatedAccessory.sourcePatternByte(at:)))
+        #expect(frame == SimulatedAccessory.sourcePattern(count: 1 << 20))
         let big = testPattern(1 << 20, seed: 3)
         #expect(try await Self.echo(config, big) == big)
     }
@@ -70,7 +71,7 @@ struct FieldProfileTests {
         let video = try await accessory.openSession(for: "com.example.borescope.video")
         #expect(video.usesNativeTransport)
         let received = try await Self.read(video, count: 1 << 20)
-        #expect(received == (0..<(1 << 20)).map(SimulatedAccessory.sourcePatternByte(at:)))
+        #expect(received == SimulatedAccessory.sourcePattern(count: 1 << 20))
     }
 
     @Test("a serial accessory that sends 65,535-byte packets to a host that advertised 2,880: every byte arrives")
@@ -91,6 +92,6 @@ struct FieldProfileTests {
         let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
         let source = try await accessory.openSession(for: "com.example.source")
         let received = try await Self.read(source, count: 1 << 20)
-        #expect(received == (0..<(1 << 20)).map(SimulatedAccessory.sourcePatternByte(at:)))
+        #expect(received == SimulatedAccessory.sourcePattern(count: 1 << 20))
     }
 }

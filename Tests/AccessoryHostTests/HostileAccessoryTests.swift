@@ -7,6 +7,7 @@ import IAPTransport
 import IAPWire
 import Synchronization
 import Testing
+import TestSupport
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -5,6 +5,7 @@ import IAPLink
 import IAPTransport
 import Synchronization
 import Testing
+import TestSupport
 
 /// Legacy iAP1 accessories through the public API: the simulator's "legacy-sensor" profile on
 /// the in-memory transport and on a real pseudo-terminal (the UART path, with the 0xFF sync

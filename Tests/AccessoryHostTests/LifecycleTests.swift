@@ -4,6 +4,7 @@ import IAPTransport
 import IAPWire
 import Synchronization
 import Testing
+import TestSupport
 
 @Suite("Lifecycles and misbehaving accessories", .serialized, .timeLimit(.minutes(3)))
 struct LifecycleTests {

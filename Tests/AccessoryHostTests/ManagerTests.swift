@@ -4,6 +4,7 @@ import IAPLink
 import IAPTransport
 import Synchronization
 import Testing
+import TestSupport
 import USBHost
 
 @Suite("AccessoryManager over the in-memory transport and a pseudo-terminal", .timeLimit(.minutes(1)))

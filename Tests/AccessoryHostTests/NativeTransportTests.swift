@@ -5,6 +5,7 @@ import IAPLink
 import IAPTransport
 import Synchronization
 import Testing
+import TestSupport
 
 /// EA sessions on native transports (PROTOCOL.md §4.3) through the public API, against the
 /// in-process simulator: its native protocols travel on channels of their own beside the link.

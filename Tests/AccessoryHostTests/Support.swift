@@ -99,9 +99,6 @@ struct LeakSamples {
     }
 }
 
-func testPattern(_ count: Int, seed: Int = 0) -> [UInt8] {
-    (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 7) ^ ($0 >> 9) &+ seed) }
-}
 
 
 /// The wires the API suite runs over: the in-memory transport, and a real pseudo-terminal (the

@@ -1,3 +1,4 @@
+import TestSupport
 import ByteRing
 import Synchronization
 
@@ -9,7 +10,7 @@ func patternByte(cycle: Int, offset: Int) -> UInt8 {
 
 /// The first `length` bytes of cycle `cycle`'s pattern.
 func pattern(cycle: Int, length: Int) -> [UInt8] {
-    (0..<length).map { patternByte(cycle: cycle, offset: $0) }
+    bytes(length) { patternByte(cycle: cycle, offset: $0) }
 }
 
 /// Byte `position` of the stream the two-thread tests push through a ring.

@@ -1,3 +1,4 @@
+import TestSupport
 import AccessoryHost
 import AccessorySimulator
 import Dispatch
@@ -224,7 +225,7 @@ func makeManager(declaring declared: [String] = ["com.example.echo", "com.exampl
 }
 
 func testBytes(_ count: Int, seed: UInt8 = 0) -> [UInt8] {
-    (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 13) ^ ($0 >> 8)) &+ seed }
+    bytes(count) { UInt8(truncatingIfNeeded: ($0 &* 13) ^ ($0 >> 8)) &+ seed }
 }
 
 /// Returns once the facade handled every event the host published before the call, and the

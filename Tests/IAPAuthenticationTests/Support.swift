@@ -2,6 +2,7 @@ import AccessorySimulator
 import Glibc
 import IAPLink
 import Testing
+import TestSupport
 
 /// The fixtures: PEM files made by Fixtures/generate.sh (a test CA, RSA-1024 and P-256
 /// accessories it signed, an unrelated CA, a certificate with an 8192-bit key).

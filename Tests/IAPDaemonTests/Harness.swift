@@ -1,3 +1,4 @@
+import TestSupport
 import AccessoryHost
 import AccessoryLogging
 import AccessorySimulator
@@ -135,7 +136,7 @@ struct RawClient: ~Copyable {
 
 /// Bytes of a pattern no two offsets of which repeat soon.
 func pattern(_ count: Int, seed: UInt8) -> [UInt8] {
-    (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 8 &+ Int(seed)) }
+    bytes(count) { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 8 &+ Int(seed)) }
 }
 
 /// Writes `payload` and reads the echo back concurrently; returns what came back.

@@ -1,6 +1,7 @@
 import IAPInspect
 import IAPWire
 import Testing
+import TestSupport
 
 /// The repository root, found from this file's path, for the shipped samples.
 let repositoryRoot: String = {

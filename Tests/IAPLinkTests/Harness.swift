@@ -136,5 +136,5 @@ extension AccessoryIdentity {
 /// Bytes of a test stream: a position-dependent pattern, so a dropped, duplicated or reordered
 /// byte shows.
 func pattern(_ stream: Int, _ offset: Int, _ count: Int) -> [UInt8] {
-    (offset..<(offset + count)).map { UInt8(truncatingIfNeeded: ($0 &* 131) ^ ($0 >> 8) &+ stream &* 29) }
+    bytes(count, from: offset) { UInt8(truncatingIfNeeded: ($0 &* 131) ^ ($0 >> 8) &+ stream &* 29) }
 }

@@ -190,7 +190,7 @@ struct SerialTransportTests {
         let frameSize = 4096
         let total = 4 * 1024 * 1024
         let frames = (0..<(total / frameSize)).map { number in
-            (0..<frameSize).map { patternByte(number * frameSize + $0, seed: 3) }
+            bytes(frameSize, from: number * frameSize) { patternByte($0, seed: 3) }
         }
         // The reader is not reading yet: the kernel takes a little, the transport queues the rest.
         writer.send(frames)

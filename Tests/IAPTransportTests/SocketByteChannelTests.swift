@@ -27,7 +27,7 @@ struct SocketByteChannelTests {
 
         // The peer writes eight rings' worth, blocking while the channel holds it off.
         let total = capacity * 8
-        let pattern = (0..<total).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 11) }
+        let pattern = bytes(total) { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 11) }
         let peer = ends[1]
         let written = DispatchSemaphore(value: 0)
         DispatchQueue(label: "peer").async {

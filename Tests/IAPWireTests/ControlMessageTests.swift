@@ -1,5 +1,6 @@
 import IAPWire
 import Testing
+import TestSupport
 
 @Suite("Control-session messages")
 struct ControlMessageTests {

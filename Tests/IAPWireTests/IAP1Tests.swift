@@ -1,5 +1,6 @@
 import IAPWire
 import Testing
+import TestSupport
 
 @Suite("iAP1 packets")
 struct IAP1Tests {

@@ -23,6 +23,8 @@ public struct SplitMix64: RandomNumberGenerator, Sendable {
 
     /// `count` random bytes.
     public mutating func bytes(_ count: Int) -> [UInt8] {
-        (0..<count).map { _ in UInt8(truncatingIfNeeded: next()) }
+        var generator = self
+        defer { self = generator }
+        return TestSupport.bytes(count) { _ in UInt8(truncatingIfNeeded: generator.next()) }
     }
 }

@@ -4,6 +4,7 @@ import Dispatch
 import IAPTransport
 import Synchronization
 import Testing
+import TestSupport
 import TestThreads
 @testable import USBHost
 import USBTransport
@@ -98,7 +99,7 @@ import USBTransport
         #expect(accessory.transportKind == .usb)
         #expect(accessory.name == "Legacy Sensor")
         let session = try await accessory.openSession(for: "com.example.echo")
-        let payload = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ $0 >> 9) }
+        let payload = bytes(300_000) { UInt8(truncatingIfNeeded: $0 &* 13 &+ $0 >> 9) }
         async let sent: Void = session.write(payload)
         var received: [UInt8] = []
         while received.count < payload.count, let chunk = try await session.read() { received += chunk }

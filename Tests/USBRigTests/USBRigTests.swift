@@ -3,6 +3,7 @@
 // tools/usb-rig (which sets ACCESSORYHOST_USB_RIG=1 and loads dummy_hcd with four controllers);
 // elsewhere they are skipped.
 
+import TestSupport
 import AccessoryHost
 import AccessoryGadget
 import AccessorySimulator
@@ -57,7 +58,7 @@ func echoProfile(sessions: Int, serial: String = "RIG-0001") -> SimulatorProfile
 }
 
 func pattern(_ count: Int, seed: Int) -> [UInt8] {
-    (0..<count).map { UInt8(truncatingIfNeeded: ($0 &* 131) ^ ($0 >> 9) &+ seed) }
+    bytes(count) { UInt8(truncatingIfNeeded: ($0 &* 131) ^ ($0 >> 9) &+ seed) }
 }
 
 /// Writes `payload` and reads it back through an echo session; true when byte-exact.
