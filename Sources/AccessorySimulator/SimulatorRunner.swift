@@ -152,6 +152,10 @@ public final class SimulatorRunner: @unchecked Sendable {
         else { return false }
         nativeChannels[id] = channel
         channel.activate(queue: queue) { [weak self] event in self?.nativeEvent(id, event) }
+        // What the session's behaviour wrote when it opened (a source's first chunks) waited for
+        // a channel that was not there yet: move it now, not at the machine's next event (which,
+        // on an idle link, may never come).
+        driver.perform { machine, now in pumpNative(&machine, now: now) }
         return true
     }
 

@@ -74,6 +74,27 @@ struct FieldProfileTests {
         #expect(received == SimulatedAccessory.sourcePattern(count: 1 << 20))
     }
 
+    @Test("a native source's first bytes reach the host with every clock standing still (no timer needed to start it)")
+    func nativeSourceStartsWithoutATimer() async throws {
+        // Before, the bytes a source wrote as its native session opened waited for the
+        // accessory's next link event: 3 s of retransmission timer alone, and for ever on a link
+        // with nothing else to do (a CI run's time limit).
+        var profile = try #require(SimulatorProfile.builtIn(named: "borescope"))
+        profile.habits.challengeResponseDelayMs = 0
+        let clock = ManualLinkClock() // never advanced: no timer of either side ever fires
+        var configuration = AccessoryManager.Configuration()
+        configuration.clock = clock
+        let manager = AccessoryManager(configuration: configuration)
+        let runner = try SimulatorRunner(profile: profile, attachment: .memory { manager.attach($0) }, clock: clock)
+        defer { manager.stop(); runner.stop() }
+        runner.start()
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
+        let video = try await accessory.openSession(for: "com.example.borescope.video")
+        #expect(video.usesNativeTransport)
+        let received = try await Self.read(video, count: 1 << 20)
+        #expect(received == SimulatedAccessory.sourcePattern(count: 1 << 20))
+    }
+
     @Test("a serial accessory that sends 65,535-byte packets to a host that advertised 2,880: every byte arrives")
     func oversizedPacketsOnASerialLine() async throws {
         // Issue 31: before, the host dropped them as too long and the accessory stalled for ever.
