@@ -276,9 +276,3 @@ final class GadgetCore: Sendable {
 
     var isClosing: Bool { state.withLock { $0.phase == .closing } }
 }
-
-/// A Dispatch interval from a Duration (whole milliseconds, at least one).
-func dispatchInterval(_ duration: Duration) -> DispatchTimeInterval {
-    let (seconds, attoseconds) = duration.components
-    return .milliseconds(max(1, Int(seconds) * 1_000 + Int(attoseconds / 1_000_000_000_000_000)))
-}

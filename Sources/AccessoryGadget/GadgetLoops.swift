@@ -139,7 +139,7 @@ extension GadgetCore {
                 readerWake.wait()
                 continue
             case let .wait(interval?):
-                if readerWake.wait(timeout: .now() + dispatchInterval(interval)) == .timedOut {
+                if readerWake.wait(timeout: .now() + max(interval, .milliseconds(1)).dispatchInterval) == .timedOut {
                     // No ENABLE came: the endpoint may work again without one (a transient error).
                     state.withLock { $0.readerFailedGeneration = nil }
                 }

@@ -368,7 +368,7 @@ final class DepartureWatch: Sendable {
     /// The reason, waiting at most `limit` for the announcement (it follows the session's end).
     func reason(waitingUpTo limit: Duration) -> String? {
         if let reason = seen.reason.withLock({ $0 }) { return reason }
-        _ = seen.signal.wait(timeout: .now() + .milliseconds(Int(limit.components.seconds) * 1_000))
+        _ = seen.signal.wait(timeout: .now() + limit.dispatchInterval)
         return seen.reason.withLock { $0 }
     }
 
