@@ -113,7 +113,7 @@ final class GadgetCore: Sendable {
         if ep0 != nil {
             guard let made = makeWakePipe() else {
                 let code = errno
-                throw TransportError("cannot watch ep0 of \(name): \(gadgetErrorText(code))", errno: code,
+                throw TransportError("cannot watch ep0 of \(name): \(SystemError(code).description)", errno: code,
                                      advice: "too many open files; close some (or raise ulimit -n) and try again")
             }
             ends = made

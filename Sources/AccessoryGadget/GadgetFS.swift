@@ -316,7 +316,7 @@ public final class GadgetFSDevice: Sendable {
             _ = mkdir(mountPoint, 0o755)
             guard mount("gadgetfs", mountPoint, "gadgetfs", 0, nil) == 0 else {
                 let code = errno
-                throw TransportError("cannot mount GadgetFS on \(mountPoint): \(gadgetErrorText(code))", errno: code,
+                throw TransportError("cannot mount GadgetFS on \(mountPoint): \(SystemError(code).description)", errno: code,
                                      advice: code == ENODEV ? "load the module: modprobe gadgetfs" : "run as root")
             }
             mounted = true
@@ -330,7 +330,7 @@ public final class GadgetFSDevice: Sendable {
         guard descriptor >= 0 else {
             let code = errno
             if mounted { _ = umount2(mountPoint, 0) }
-            throw TransportError("cannot open \(mountPoint)/\(controller): \(gadgetErrorText(code))", errno: code,
+            throw TransportError("cannot open \(mountPoint)/\(controller): \(SystemError(code).description)", errno: code,
                                  advice: code == EBUSY ? "another program drives GadgetFS; stop it" : "run as root")
         }
         ep0 = descriptor
@@ -340,7 +340,7 @@ public final class GadgetFSDevice: Sendable {
             let code = errno
             _ = Glibc.close(descriptor)
             if mounted { _ = umount2(mountPoint, 0) }
-            throw TransportError("the kernel refused the GadgetFS descriptors: \(gadgetErrorText(code))", errno: code,
+            throw TransportError("the kernel refused the GadgetFS descriptors: \(SystemError(code).description)", errno: code,
                                  advice: "free a device controller (unbind another gadget) or read the kernel log")
         }
         switch spawnThread(name: "gadgetfs-ep0", body: { [self] in watchEndpointZero() }) {
@@ -523,7 +523,7 @@ public final class GadgetFSDevice: Sendable {
             let descriptor = open(mountPoint + "/" + file, O_RDWR | O_CLOEXEC)
             let blob = GadgetFSLayout.endpointBlob(address)
             guard descriptor >= 0, blob.withUnsafeBytes({ write(descriptor, $0.baseAddress, $0.count) }) == blob.count else {
-                note("cannot enable \(file): \(gadgetErrorText(errno))")
+                note("cannot enable \(file): \(SystemError(errno).description)")
                 if descriptor >= 0 { _ = Glibc.close(descriptor) }
                 for other in opened { _ = Glibc.close(other) }
                 return nil

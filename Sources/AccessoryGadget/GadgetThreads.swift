@@ -93,7 +93,7 @@ func spawnThread(name: String, body: @escaping @Sendable () -> Void) -> Result<W
     guard result == 0 else {
         Unmanaged<ThreadStart>.fromOpaque(context).release()
         return .failure(TransportError(
-            "cannot start the \(name) thread: \(gadgetErrorText(result))", errno: result,
+            "cannot start the \(name) thread: \(SystemError(result).description)", errno: result,
             advice: "the system is out of threads or memory; close something and try again"))
     }
     start.started.wait()

@@ -41,7 +41,7 @@ final class SerialCore: Sendable {
             guard SerialPoller.shared.isAvailable else {
                 let code = SerialPoller.shared.setupError
                 state.close(reason: TransportError(
-                    "cannot watch \(name): \(systemErrorText(code))",
+                    "cannot watch \(name): \(SystemError(code).description)",
                     errno: code,
                     advice: "too many open files; close some (or raise ulimit -n) and open the port again"
                 ), deliver: true)

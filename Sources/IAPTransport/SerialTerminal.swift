@@ -1,4 +1,5 @@
 internal import Glibc
+internal import SystemCalls
 
 // The terminal settings of a serial port: raw mode, 8N1, its speed.
 
@@ -20,7 +21,7 @@ extension SerialTransport {
                 )
             }
             throw TransportError(
-                "cannot read the serial settings of \(name): \(systemErrorText(code))",
+                "cannot read the serial settings of \(name): \(SystemError(code).description)",
                 errno: code,
                 advice: "unplug the adapter, plug it back in and try again"
             )
@@ -46,7 +47,7 @@ extension SerialTransport {
                 throw unsupportedSpeedError(name: name, baudRate: baudRate, errno: code)
             }
             throw TransportError(
-                "cannot configure \(name): \(systemErrorText(code))",
+                "cannot configure \(name): \(SystemError(code).description)",
                 errno: code,
                 advice: "unplug the adapter, plug it back in and try again"
             )

@@ -77,7 +77,7 @@ public final class SerialTransport: Transport {
             if tcflush(descriptor, TCIFLUSH) != 0 {
                 let code = errno
                 throw TransportError(
-                    "cannot discard stale input on \(path): \(systemErrorText(code))",
+                    "cannot discard stale input on \(path): \(SystemError(code).description)",
                     errno: code,
                     advice: "unplug the adapter, plug it back in and try again"
                 )
@@ -112,7 +112,7 @@ public final class SerialTransport: Transport {
         guard flags >= 0, fcntl(fileDescriptor, F_SETFL, flags | O_NONBLOCK) == 0 else {
             let code = errno
             throw TransportError(
-                "cannot use file descriptor \(fileDescriptor) for \(description): \(systemErrorText(code))",
+                "cannot use file descriptor \(fileDescriptor) for \(description): \(SystemError(code).description)",
                 errno: code,
                 advice: "pass a descriptor that is open for reading and writing"
             )

@@ -62,7 +62,7 @@ extension SerialTransport {
             )
         default:
             TransportError(
-                "cannot open \(path): \(systemErrorText(code))",
+                "cannot open \(path): \(SystemError(code).description)",
                 errno: code,
                 advice: "check the device path (ls /dev/ttyUSB* /dev/ttyACM*) and try again"
             )
@@ -95,7 +95,7 @@ extension SerialTransport {
 
     static func readError(name: String, errno code: Int32) -> TransportError {
         TransportError(
-            "reading from \(name) failed: \(systemErrorText(code))",
+            "reading from \(name) failed: \(SystemError(code).description)",
             errno: code,
             advice: "open the port again; if this repeats, dmesg shows what the adapter's driver reports"
         )
@@ -106,14 +106,9 @@ extension SerialTransport {
             return hangUpError(name: name, errno: code)
         }
         return TransportError(
-            "writing to \(name) failed: \(systemErrorText(code))",
+            "writing to \(name) failed: \(SystemError(code).description)",
             errno: code,
             advice: "open the port again; if this repeats, dmesg shows what the adapter's driver reports"
         )
     }
-}
-
-/// `strerror(3)` text with the errno's name, e.g. "No such file or directory (ENOENT)".
-func systemErrorText(_ code: Int32) -> String {
-    SystemError(code).description
 }
