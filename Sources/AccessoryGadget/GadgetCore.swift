@@ -269,8 +269,8 @@ final class GadgetCore: Sendable {
         readerWake.signal()
         writerWake.signal()
         if wakeWriter >= 0 {
-            var byte: UInt8 = 1
-            _ = write(wakeWriter, &byte, 1)
+            let byte: [UInt8] = [1]
+            _ = byte.withUnsafeBytes { SystemCall.write(wakeWriter, $0) }
         }
     }
 
