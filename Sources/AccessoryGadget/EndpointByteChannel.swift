@@ -184,7 +184,7 @@ final class EndpointByteChannel: ByteChannel, Sendable {
 
     private func failed(_ what: String, _ code: Int32) {
         guard !closing else { return }
-        let error = TransportError("\(what) of \(description) failed: \(gadgetErrorText(code))", errno: code,
+        let error = TransportError("\(what) of \(description) failed: \(SystemError(code).description)", errno: code,
                                    advice: "the host went away or reset the device")
         // Not joined from here: the thread that failed returns right after. On a queue of its own,
         // not the global one: the shutdown joins threads, and on Linux the global queue shares

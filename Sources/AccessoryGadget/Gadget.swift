@@ -194,7 +194,7 @@ public final class USBGadget: Sendable {
             let link = "\(config)/ffs.\(configuration.functionInstance)"
             guard symlink(function, link) == 0 else {
                 let code = errno
-                throw USBGadgetError("cannot link \(function) into \(config): \(gadgetErrorText(code))", path: link, errno: code,
+                throw USBGadgetError("cannot link \(function) into \(config): \(SystemError(code).description)", path: link, errno: code,
                                      advice: Self.advice(for: code), category: Self.category(for: code))
             }
             record.link = link
@@ -371,7 +371,7 @@ public final class USBGadget: Sendable {
                 advice = Self.advice(for: code)
                 category = Self.category(for: code)
             }
-            throw USBGadgetError("cannot create \(path): \(gadgetErrorText(code))", path: path, errno: code, advice: advice,
+            throw USBGadgetError("cannot create \(path): \(SystemError(code).description)", path: path, errno: code, advice: advice,
                                  category: category)
         }
         record.directories.append(path)
@@ -382,7 +382,7 @@ public final class USBGadget: Sendable {
             record.createdMountDirectory = directory
         } else if errno != EEXIST {
             let code = errno
-            throw USBGadgetError("cannot create the mount point \(directory): \(gadgetErrorText(code))", path: directory, errno: code,
+            throw USBGadgetError("cannot create the mount point \(directory): \(SystemError(code).description)", path: directory, errno: code,
                                  advice: advice(for: code), category: category(for: code))
         }
         guard mount(instance, directory, "functionfs", 0, nil) == 0 else {
@@ -400,7 +400,7 @@ public final class USBGadget: Sendable {
                 advice = Self.advice(for: code)
                 category = Self.category(for: code)
             }
-            throw USBGadgetError("cannot mount FunctionFS '\(instance)' at \(directory): \(gadgetErrorText(code))", path: directory,
+            throw USBGadgetError("cannot mount FunctionFS '\(instance)' at \(directory): \(SystemError(code).description)", path: directory,
                                  errno: code, advice: advice, category: category)
         }
         record.mountedAt = directory
@@ -421,7 +421,7 @@ public final class USBGadget: Sendable {
         if let target = record.mountedAt {
             if umount2(target, 0) != 0, errno != EINVAL, errno != ENOENT {
                 let code = errno
-                note(USBGadgetError("cannot unmount \(target): \(gadgetErrorText(code))", path: target, errno: code,
+                note(USBGadgetError("cannot unmount \(target): \(SystemError(code).description)", path: target, errno: code,
                                     advice: code == EBUSY ? "a program still has its files open (fuser -vm \(target)); stop it, then umount \(target)"
                                         : advice(for: code),
                                     category: category(for: code)))
@@ -430,14 +430,14 @@ public final class USBGadget: Sendable {
         }
         if let mountDirectory = record.createdMountDirectory, rmdir(mountDirectory) != 0, errno != ENOENT {
             let code = errno
-            note(USBGadgetError("cannot remove \(mountDirectory): \(gadgetErrorText(code))", path: mountDirectory, errno: code,
+            note(USBGadgetError("cannot remove \(mountDirectory): \(SystemError(code).description)", path: mountDirectory, errno: code,
                                 advice: advice(for: code), category: category(for: code)))
         }
         record.createdMountDirectory = nil
         if let link = record.link {
             if unlink(link) != 0, errno != ENOENT {
                 let code = errno
-                note(USBGadgetError("cannot remove the link \(link): \(gadgetErrorText(code))", path: link, errno: code,
+                note(USBGadgetError("cannot remove the link \(link): \(SystemError(code).description)", path: link, errno: code,
                                     advice: advice(for: code), category: category(for: code)))
             }
             record.link = nil
@@ -447,7 +447,7 @@ public final class USBGadget: Sendable {
         for directory in record.directories.reversed() {
             if rmdir(directory) != 0, errno != ENOENT {
                 let code = errno
-                note(USBGadgetError("cannot remove \(directory): \(gadgetErrorText(code))", path: directory, errno: code,
+                note(USBGadgetError("cannot remove \(directory): \(SystemError(code).description)", path: directory, errno: code,
                                     advice: advice(for: code), category: category(for: code)))
             }
         }

@@ -113,7 +113,7 @@ final class GadgetCore: Sendable {
         if ep0 != nil {
             guard let made = makeWakePipe() else {
                 let code = errno
-                throw TransportError("cannot watch ep0 of \(name): \(gadgetErrorText(code))", errno: code,
+                throw TransportError("cannot watch ep0 of \(name): \(SystemError(code).description)", errno: code,
                                      advice: "too many open files; close some (or raise ulimit -n) and try again")
             }
             ends = made
@@ -269,16 +269,10 @@ final class GadgetCore: Sendable {
         readerWake.signal()
         writerWake.signal()
         if wakeWriter >= 0 {
-            var byte: UInt8 = 1
-            _ = write(wakeWriter, &byte, 1)
+            let byte: [UInt8] = [1]
+            _ = byte.withUnsafeBytes { SystemCall.write(wakeWriter, $0) }
         }
     }
 
     var isClosing: Bool { state.withLock { $0.phase == .closing } }
-}
-
-/// A Dispatch interval from a Duration (whole milliseconds, at least one).
-func dispatchInterval(_ duration: Duration) -> DispatchTimeInterval {
-    let (seconds, attoseconds) = duration.components
-    return .milliseconds(max(1, Int(seconds) * 1_000 + Int(attoseconds / 1_000_000_000_000_000)))
 }

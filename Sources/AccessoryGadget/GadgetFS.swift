@@ -316,7 +316,7 @@ public final class GadgetFSDevice: Sendable {
             _ = mkdir(mountPoint, 0o755)
             guard mount("gadgetfs", mountPoint, "gadgetfs", 0, nil) == 0 else {
                 let code = errno
-                throw TransportError("cannot mount GadgetFS on \(mountPoint): \(gadgetErrorText(code))", errno: code,
+                throw TransportError("cannot mount GadgetFS on \(mountPoint): \(SystemError(code).description)", errno: code,
                                      advice: code == ENODEV ? "load the module: modprobe gadgetfs" : "run as root")
             }
             mounted = true
@@ -326,21 +326,23 @@ public final class GadgetFSDevice: Sendable {
             if mounted { _ = umount2(mountPoint, 0) }
             throw TransportError("GadgetFS at \(mountPoint) has no controller file", advice: "load a device controller driver (e.g. modprobe dummy_hcd)")
         }
-        let descriptor = open(mountPoint + "/" + controller, O_RDWR | O_CLOEXEC)
-        guard descriptor >= 0 else {
-            let code = errno
+        let descriptor: Int32
+        switch SystemCall.open(mountPoint + "/" + controller, O_RDWR | O_CLOEXEC) {
+        case .success(let opened): descriptor = opened
+        case .failure(let error):
+            let code = error.code
             if mounted { _ = umount2(mountPoint, 0) }
-            throw TransportError("cannot open \(mountPoint)/\(controller): \(gadgetErrorText(code))", errno: code,
+            throw TransportError("cannot open \(mountPoint)/\(controller): \(SystemError(code).description)", errno: code,
                                  advice: code == EBUSY ? "another program drives GadgetFS; stop it" : "run as root")
         }
         ep0 = descriptor
         let blob = layout.setupBlob
-        let written = blob.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-        guard written == blob.count else {
-            let code = errno
+        let written = blob.withUnsafeBytes { SystemCall.write(descriptor, $0) }
+        guard case .success(blob.count) = written else {
+            let code = if case .failure(let error) = written { error.code } else { errno }
             _ = Glibc.close(descriptor)
             if mounted { _ = umount2(mountPoint, 0) }
-            throw TransportError("the kernel refused the GadgetFS descriptors: \(gadgetErrorText(code))", errno: code,
+            throw TransportError("the kernel refused the GadgetFS descriptors: \(SystemError(code).description)", errno: code,
                                  advice: "free a device controller (unbind another gadget) or read the kernel log")
         }
         switch spawnThread(name: "gadgetfs-ep0", body: { [self] in watchEndpointZero() }) {
@@ -465,12 +467,16 @@ public final class GadgetFSDevice: Sendable {
     /// Acknowledges a control request without data (the status stage), or stalls one.
     private func acknowledge() {
         var byte: UInt8 = 0
-        _ = read(ep0, &byte, 0)
+        _ = withUnsafeMutableBytes(of: &byte) { SystemCall.read(ep0, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<0])) }
     }
 
     private func stall(deviceToHost: Bool) {
         var byte: UInt8 = 0
-        if deviceToHost { _ = read(ep0, &byte, 0) } else { _ = write(ep0, &byte, 0) }
+        if deviceToHost {
+            _ = withUnsafeMutableBytes(of: &byte) { SystemCall.read(ep0, into: UnsafeMutableRawBufferPointer(rebasing: $0[..<0])) }
+        } else {
+            _ = withUnsafeBytes(of: &byte) { SystemCall.write(ep0, UnsafeRawBufferPointer(rebasing: $0[..<0])) }
+        }
     }
 
     private func setup(_ request: [UInt8]) {
@@ -482,7 +488,7 @@ public final class GadgetFSDevice: Sendable {
         case (0x80, 6) where value >> 8 == 3: // GET_DESCRIPTOR (string)
             guard let descriptor = layout.stringDescriptor(UInt8(value & 0xFF)) else { return stall(deviceToHost: true) }
             let answer = Array(descriptor.prefix(length))
-            _ = answer.withUnsafeBytes { write(ep0, $0.baseAddress, $0.count) }
+            _ = answer.withUnsafeBytes { SystemCall.write(ep0, $0) }
         case (0x00, 9): // SET_CONFIGURATION (the kernel already took it; the endpoints are ours)
             tearDown()
             if value != 0 { configureIAP2() }
@@ -508,8 +514,8 @@ public final class GadgetFSDevice: Sendable {
             let native = Int(index) - 1
             guard index == 0 || layout.nativeProtocols.indices.contains(native) else { return stall(deviceToHost: true) }
             let setting = index == 0 ? 0 : state.withLock { $0.alternates[native] ?? 0 }
-            var answer = [setting]
-            _ = write(ep0, &answer, min(1, length))
+            let answer = [setting]
+            _ = answer.withUnsafeBytes { SystemCall.write(ep0, UnsafeRawBufferPointer(rebasing: $0.prefix(min(1, length)))) }
         default:
             note("stalled request \(type) \(code) value \(value) index \(index)")
             stall(deviceToHost: type & 0x80 != 0)
@@ -520,10 +526,13 @@ public final class GadgetFSDevice: Sendable {
     private func enable(_ pair: GadgetFSLayout.BulkPair) -> (in: Int32, out: Int32)? {
         var opened: [Int32] = []
         for (file, address) in [(pair.inFile, pair.inAddress), (pair.outFile, pair.outAddress)] {
-            let descriptor = open(mountPoint + "/" + file, O_RDWR | O_CLOEXEC)
             let blob = GadgetFSLayout.endpointBlob(address)
-            guard descriptor >= 0, blob.withUnsafeBytes({ write(descriptor, $0.baseAddress, $0.count) }) == blob.count else {
-                note("cannot enable \(file): \(gadgetErrorText(errno))")
+            let opening = SystemCall.open(mountPoint + "/" + file, O_RDWR | O_CLOEXEC)
+            let descriptor = (try? opening.get()) ?? -1
+            let written = opening.flatMap { descriptor in blob.withUnsafeBytes { SystemCall.write(descriptor, $0) } }
+            guard case .success(blob.count) = written else {
+                let code = if case .failure(let error) = written { error.code } else { errno }
+                note("cannot enable \(file): \(SystemError(code).description)")
                 if descriptor >= 0 { _ = Glibc.close(descriptor) }
                 for other in opened { _ = Glibc.close(other) }
                 return nil

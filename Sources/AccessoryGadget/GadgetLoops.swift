@@ -19,7 +19,7 @@ extension GadgetCore {
             if case .failure(let error) = SystemCall.poll(&watched, retry: { !isClosing }) {
                 if error.kind == .interrupted || error.kind == .wouldBlock { continue }
                 let code = error.code
-                fail(TransportError("cannot watch ep0 of \(name): \(gadgetErrorText(code))", errno: code,
+                fail(TransportError("cannot watch ep0 of \(name): \(SystemError(code).description)", errno: code,
                                     advice: "start the gadget again"))
                 return
             }
@@ -53,7 +53,7 @@ extension GadgetCore {
             case let code?:
                 if isClosing { return }
                 fail(TransportError(
-                    "reading the USB function's events from ep0 of \(name) failed: \(gadgetErrorText(code))", errno: code,
+                    "reading the USB function's events from ep0 of \(name) failed: \(SystemError(code).description)", errno: code,
                     advice: "the FunctionFS instance went away (unmounted, or the gadget was removed); start the gadget again"))
                 return
             }
@@ -139,7 +139,7 @@ extension GadgetCore {
                 readerWake.wait()
                 continue
             case let .wait(interval?):
-                if readerWake.wait(timeout: .now() + dispatchInterval(interval)) == .timedOut {
+                if readerWake.wait(timeout: .now() + max(interval, .milliseconds(1)).dispatchInterval) == .timedOut {
                     // No ENABLE came: the endpoint may work again without one (a transient error).
                     state.withLock { $0.readerFailedGeneration = nil }
                 }
@@ -196,7 +196,7 @@ extension GadgetCore {
         observer?()
         if recoverable { return true }
         if !isClosing {
-            fail(TransportError("\(direction) of \(name) failed: \(gadgetErrorText(code))", errno: code,
+            fail(TransportError("\(direction) of \(name) failed: \(SystemError(code).description)", errno: code,
                                 advice: "start the gadget again"))
         }
         return false

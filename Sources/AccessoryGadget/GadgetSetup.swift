@@ -44,7 +44,7 @@ func writeSetupBlob(_ ep0: Int32, _ blob: [UInt8], path: String, what: String) t
     default:
         advice = "unmount and mount FunctionFS again, then retry"
     }
-    throw TransportError("cannot write the USB \(what) to \(path): \(gadgetErrorText(code))", errno: code, advice: advice)
+    throw TransportError("cannot write the USB \(what) to \(path): \(SystemError(code).description)", errno: code, advice: advice)
 }
 
 /// `FUNCTIONFS_ENDPOINT_DESC`: `_IOR('g', 130, struct usb_endpoint_descriptor)` (9 bytes). It
@@ -58,9 +58,4 @@ func activeMaxPacketSize(_ descriptor: Int32) -> Int? {
     guard result == 0, bytes[0] >= 7, bytes[1] == 0x05 else { return nil }
     let size = Int(UInt16(bytes[4]) | UInt16(bytes[5]) << 8) & 0x07FF
     return size >= 8 ? size : nil
-}
-
-/// `strerror(3)` text with the errno's name, e.g. "No such file or directory (ENOENT)".
-func gadgetErrorText(_ code: Int32) -> String {
-    SystemError(code).description
 }

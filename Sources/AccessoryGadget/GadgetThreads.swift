@@ -63,10 +63,9 @@ private final class ThreadStart: Sendable {
 /// Names the calling thread (what `ps -L` and /proc show; 15 bytes at most) by writing its
 /// `comm` file: `pthread_setname_np` is a GNU extension Swift does not see.
 private func nameCurrentThread(_ name: String) {
-    let descriptor = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
-    guard descriptor >= 0 else { return }
+    guard case .success(let descriptor) = SystemCall.open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC) else { return }
     let bytes = Array(name.utf8.prefix(15))
-    _ = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+    _ = bytes.withUnsafeBytes { SystemCall.write(descriptor, $0) }
     _ = close(descriptor)
 }
 
@@ -93,7 +92,7 @@ func spawnThread(name: String, body: @escaping @Sendable () -> Void) -> Result<W
     guard result == 0 else {
         Unmanaged<ThreadStart>.fromOpaque(context).release()
         return .failure(TransportError(
-            "cannot start the \(name) thread: \(gadgetErrorText(result))", errno: result,
+            "cannot start the \(name) thread: \(SystemError(result).description)", errno: result,
             advice: "the system is out of threads or memory; close something and try again"))
     }
     start.started.wait()

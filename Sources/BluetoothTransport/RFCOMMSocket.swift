@@ -1,5 +1,6 @@
 internal import Dispatch
 internal import Glibc
+internal import SystemCalls
 
 /// RFCOMM sockets opened directly (`AF_BLUETOOTH`, `BTPROTO_RFCOMM`), without BlueZ's profile
 /// machinery: what the simulated accessory uses to reach a host's iAP2 channel. (On one
@@ -47,7 +48,7 @@ public enum RFCOMMSocket {
             guard withSocketAddress(bound, { bind(descriptor, $0, $1) }) == 0 else {
                 let code = errno
                 _ = close(descriptor)
-                return .failure(BluetoothError(.noAdapter, "no local adapter has the address \(local): \(String(cString: strerror(code)))",
+                return .failure(BluetoothError(.noAdapter, "no local adapter has the address \(local): \(SystemError(code).text)",
                                                advice: "bluetoothctl list shows the adapters' addresses"))
             }
         }
@@ -89,7 +90,7 @@ public enum RFCOMMSocket {
             if code == EADDRINUSE {
                 throw BluetoothError(.failed, "RFCOMM channel \(channel) of \(local) is taken", advice: "choose another channel (1-30)")
             }
-            throw BluetoothError(.noAdapter, "cannot listen on \(local) channel \(channel): \(String(cString: strerror(code)))",
+            throw BluetoothError(.noAdapter, "cannot listen on \(local) channel \(channel): \(SystemError(code).text)",
                                  advice: "bluetoothctl list shows the adapters' addresses")
         }
         guard Glibc.listen(descriptor, 1) == 0 else {
@@ -112,7 +113,7 @@ public enum RFCOMMSocket {
         }
         if descriptor >= 0 { _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC) }
         guard descriptor >= 0 else {
-            throw BluetoothError(.failed, "accepting an RFCOMM connection failed: \(String(cString: strerror(errno)))",
+            throw BluetoothError(.failed, "accepting an RFCOMM connection failed: \(SystemError.last.text)",
                                  advice: "dmesg shows what the kernel reports")
         }
         return (descriptor, BluetoothAddress(bytes: Array(peer[2..<8].reversed())) ?? BluetoothAddress(bytes: [0, 0, 0, 0, 0, 0])!)
@@ -133,7 +134,7 @@ public enum RFCOMMSocket {
     }
 
     private static func systemError(_ code: Int32, _ what: String, address: BluetoothAddress) -> BluetoothError {
-        let text = String(cString: strerror(code))
+        let text = SystemError(code).text
         switch code {
         case EACCES, EPERM:
             return BluetoothError(.permission, "\(what): \(text)", advice: "run as root, or give the program CAP_NET_RAW")

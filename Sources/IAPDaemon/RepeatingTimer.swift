@@ -1,4 +1,5 @@
 internal import Dispatch
+internal import IAPTransport
 internal import Synchronization
 
 /// A repeating Dispatch timer that is started at most once and stopped at most once, from any
@@ -30,9 +31,7 @@ final class RepeatingTimer: Sendable {
             return true
         }
         guard first else { return false }
-        let (seconds, attoseconds) = interval.components
-        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
-        source.schedule(deadline: .now(), repeating: .nanoseconds(max(1_000_000, nanoseconds)), leeway: .milliseconds(100))
+        source.schedule(deadline: .now(), repeating: max(interval, .milliseconds(1)).dispatchInterval, leeway: .milliseconds(100))
         source.setEventHandler(handler: handler)
         source.resume()
         return true

@@ -17,9 +17,9 @@ extension IAP1Endpoint {
         case .deviceLingoes:
             transactionIDs = false
             var payload: [UInt8] = []
-            payload.appendUInt32(1) // the General lingo
-            payload.appendUInt32(2) // authenticate now
-            payload.appendUInt32(0x200)
+            payload.appendUInt32BE(1) // the General lingo
+            payload.appendUInt32BE(2) // authenticate now
+            payload.appendUInt32BE(0x200)
             send(IAP1Command.identifyDeviceLingoes, payload)
             step = .identifying(awaiting: IAP1Command.identifyDeviceLingoes)
         }
@@ -30,11 +30,11 @@ extension IAP1Endpoint {
         guard let identity = identityValue else { return [] }
         var tokens: [FIDToken] = []
         var identify: [UInt8] = [1, 0x00]
-        identify.appendUInt32(2)
-        identify.appendUInt32(0x200)
+        identify.appendUInt32BE(2)
+        identify.appendUInt32BE(0x200)
         tokens.append(FIDToken(type: 0, subtype: 0, data: identify))
         var caps: [UInt8] = []
-        caps.appendUInt64(1 << 9) // application communication (EA)
+        caps.appendUInt64BE(1 << 9) // application communication (EA)
         tokens.append(FIDToken(type: 0, subtype: 1, data: caps))
         func info(_ type: UInt8, _ value: [UInt8]) { tokens.append(FIDToken(type: 0, subtype: 2, data: [type] + value)) }
         func cString(_ text: String) -> [UInt8] { Array(text.utf8.prefix(200)) + [0] }

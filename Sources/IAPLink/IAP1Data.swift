@@ -23,8 +23,8 @@ extension IAP1Endpoint {
             // The peer did not wait for the acknowledgements: this packet cannot be kept, and a
             // stream with a hole in it is worse than an ended one.
             var extra: [UInt8] = []
-            extra.appendUInt16(id)
-            extra.appendUInt32(UInt32(clamping: data.count))
+            extra.appendUInt16BE(id)
+            extra.appendUInt32BE(UInt32(clamping: data.count))
             acknowledge(dataIn, status: role == .device ? IAP1AckStatus.droppedData : IAP1AckStatus.badParameter,
                         transactionID: tid, extra: role == .device ? extra : [])
             sessions[id] = session
@@ -85,7 +85,7 @@ extension IAP1Endpoint {
         closeSession(id, reason: reason, notifyPeer: false)
         if role == .device {
             var payload: [UInt8] = []
-            payload.appendUInt16(id)
+            payload.appendUInt16BE(id)
             send(IAP1Command.closeDataSession, payload)
         }
     }
@@ -103,7 +103,7 @@ extension IAP1Endpoint {
             sessions[id] = nil
             if wasLive, role == .device {
                 var payload: [UInt8] = []
-                payload.appendUInt16(id)
+                payload.appendUInt16BE(id)
                 send(IAP1Command.closeDataSession, payload)
             }
         } else {

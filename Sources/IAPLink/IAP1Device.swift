@@ -49,7 +49,7 @@ extension IAP1Endpoint {
             }
         case IAP1Command.requestTransportMaxPayloadSize:
             var payload: [UInt8] = []
-            payload.appendUInt16(UInt16(maxIncomingPayload))
+            payload.appendUInt16BE(UInt16(maxIncomingPayload))
             send(IAP1Command.returnTransportMaxPayloadSize, payload, answering: tid)
         case IAP1Command.requestLingoProtocolVersion:
             let lingo = try reader.uint8("lingo")

@@ -368,7 +368,7 @@ public struct IAP1Endpoint: Sendable {
         while id == 0 || sessions[id] != nil { id &+= 1 }
         nextSessionID = id &+ 1
         var payload: [UInt8] = []
-        payload.appendUInt16(id)
+        payload.appendUInt16BE(id)
         payload.append(declared.identifier)
         let tid = send(IAP1Command.openDataSessionForProtocol, payload)
         sessions[id] = Session(protocolName: protocolName, protocolIndex: declared.identifier, state: .opening,

@@ -57,7 +57,7 @@ extension IAP1Endpoint {
             idle = 0
             var payload: [UInt8] = []
             payload.reserveCapacity(2 + min(maxDataPerPacket, session.outbound.byteCount))
-            payload.appendUInt16(id)
+            payload.appendUInt16BE(id)
             payload.append(contentsOf: session.outbound.take(maxDataPerPacket).bytes)
             let tid = send(dataOut, payload)
             inFlight.append((tid, id, payload.count - 2))
@@ -143,22 +143,5 @@ extension IAP1Endpoint {
         let name = IAP1Catalogue.generalCommands[UInt8(packet.command)] ?? "command"
         events.append(.malformedMessage("iAP1 \(name) carries transaction id \(packet.transactionID.map(String.init) ?? "none") where \(expected) was expected; ignored"))
         return false
-    }
-}
-
-extension Array where Element == UInt8 {
-    mutating func appendUInt16(_ value: UInt16) {
-        append(UInt8(truncatingIfNeeded: value >> 8))
-        append(UInt8(truncatingIfNeeded: value))
-    }
-
-    mutating func appendUInt32(_ value: UInt32) {
-        appendUInt16(UInt16(truncatingIfNeeded: value >> 16))
-        appendUInt16(UInt16(truncatingIfNeeded: value))
-    }
-
-    mutating func appendUInt64(_ value: UInt64) {
-        appendUInt32(UInt32(truncatingIfNeeded: value >> 32))
-        appendUInt32(UInt32(truncatingIfNeeded: value))
     }
 }

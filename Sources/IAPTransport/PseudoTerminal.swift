@@ -1,5 +1,6 @@
 internal import Glibc
 internal import Synchronization
+internal import SystemCalls
 
 /// A pseudo-terminal pair: a serial line inside this machine, for running the host against a
 /// simulated accessory without hardware.
@@ -47,7 +48,7 @@ public final class PseudoTerminal: Sendable {
         guard openpty(&master, &slave, nil, nil, nil) == 0 else {
             let code = errno
             throw TransportError(
-                "cannot create a pseudo-terminal: \(systemErrorText(code))",
+                "cannot create a pseudo-terminal: \(SystemError(code).description)",
                 errno: code,
                 advice: code == EMFILE || code == ENFILE || code == ENOSPC
                     ? "too many open files or pseudo-terminals; close some (or raise ulimit -n / kernel.pty.max) and try again"
@@ -122,7 +123,7 @@ public final class PseudoTerminal: Sendable {
         else {
             let code = errno
             throw TransportError(
-                "cannot configure the pseudo-terminal master: \(systemErrorText(code))",
+                "cannot configure the pseudo-terminal master: \(SystemError(code).description)",
                 errno: code,
                 advice: "try again; if it keeps failing, check that devpts is mounted on /dev/pts"
             )
@@ -136,7 +137,7 @@ public final class PseudoTerminal: Sendable {
         guard tcgetattr(slave, &settings) == 0 else {
             let code = errno
             throw TransportError(
-                "cannot read the pseudo-terminal's settings: \(systemErrorText(code))",
+                "cannot read the pseudo-terminal's settings: \(SystemError(code).description)",
                 errno: code,
                 advice: "try again; if it keeps failing, check that devpts is mounted on /dev/pts"
             )
@@ -146,7 +147,7 @@ public final class PseudoTerminal: Sendable {
         guard tcsetattr(slave, TCSANOW, &settings) == 0 else {
             let code = errno
             throw TransportError(
-                "cannot put the pseudo-terminal in raw mode: \(systemErrorText(code))",
+                "cannot put the pseudo-terminal in raw mode: \(SystemError(code).description)",
                 errno: code,
                 advice: "try again; if it keeps failing, check that devpts is mounted on /dev/pts"
             )
@@ -162,7 +163,7 @@ public final class PseudoTerminal: Sendable {
         }
         guard result == 0 else {
             throw TransportError(
-                "cannot find the pseudo-terminal's device path: \(systemErrorText(result))",
+                "cannot find the pseudo-terminal's device path: \(SystemError(result).description)",
                 errno: result,
                 advice: "check that /dev/pts is mounted and visible in this mount namespace"
             )

@@ -35,19 +35,19 @@ extension RawSpan {
 
 extension Array where Element == UInt8 {
     @inlinable @inline(__always)
-    mutating func appendUInt16BE(_ value: UInt16) {
+    package mutating func appendUInt16BE(_ value: UInt16) {
         append(UInt8(truncatingIfNeeded: value >> 8))
         append(UInt8(truncatingIfNeeded: value))
     }
 
     @inlinable
-    mutating func appendUInt32BE(_ value: UInt32) {
+    package mutating func appendUInt32BE(_ value: UInt32) {
         appendUInt16BE(UInt16(truncatingIfNeeded: value >> 16))
         appendUInt16BE(UInt16(truncatingIfNeeded: value))
     }
 
     @inlinable
-    mutating func appendUInt64BE(_ value: UInt64) {
+    package mutating func appendUInt64BE(_ value: UInt64) {
         appendUInt32BE(UInt32(truncatingIfNeeded: value >> 32))
         appendUInt32BE(UInt32(truncatingIfNeeded: value))
     }

@@ -69,6 +69,8 @@ final class BulkPipe: @unchecked Sendable {
     private let outPacketSize: Int
     private var inTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
     private var outTransfers: [UnsafeMutablePointer<libusb_transfer>] = []
+    /// Each transfer's direction and slot, so that a completion finds its slot at once.
+    private var transferSlots: [UnsafeMutablePointer<libusb_transfer>: TransferSlot] = [:]
     private var inSubmitted: [Bool]
     private var outSubmitted: [Bool]
     private var outDone: [Bool]
@@ -122,10 +124,12 @@ final class BulkPipe: @unchecked Sendable {
         var complete = true
         for _ in 0..<inCount {
             guard let transfer = backend.allocateTransfer() else { complete = false; break }
+            transferSlots[transfer] = .inbound(inTransfers.count)
             inTransfers.append(transfer)
         }
         for _ in 0..<outCount {
             guard let transfer = backend.allocateTransfer() else { complete = false; break }
+            transferSlots[transfer] = .outbound(outTransfers.count)
             outTransfers.append(transfer)
         }
         isComplete = complete
@@ -299,7 +303,8 @@ final class BulkPipe: @unchecked Sendable {
     fileprivate func completed(_ transfer: UnsafeMutablePointer<libusb_transfer>) {
         let status = transfer.pointee.status
         let actual = max(0, Int(transfer.pointee.actual_length))
-        if let index = inTransfers.firstIndex(of: transfer) {
+        let slot = transferSlots[transfer]
+        if case let .inbound(index)? = slot {
             inSubmitted[index] = false
             var length = 0
             switch status {
@@ -321,7 +326,7 @@ final class BulkPipe: @unchecked Sendable {
             }
             inRing.commit(index, length: length)
             onCompletion?(.received(length: length, status: status))
-        } else if let index = outTransfers.firstIndex(of: transfer) {
+        } else if case let .outbound(index)? = slot {
             outSubmitted[index] = false
             outDone[index] = true
             letGoOfBuffer(index)
@@ -378,7 +383,14 @@ final class BulkPipe: @unchecked Sendable {
         for transfer in inTransfers + outTransfers { backend.freeTransfer(transfer) }
         inTransfers = []
         outTransfers = []
+        transferSlots = [:]
     }
+}
+
+/// Which of a ``BulkPipe``'s transfers one is: an IN or OUT transfer, and its slot.
+private enum TransferSlot {
+    case inbound(Int)
+    case outbound(Int)
 }
 
 /// Where a bulk transfer's completion enters Swift: inside libusb_handle_events, on the

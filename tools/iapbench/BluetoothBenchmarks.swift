@@ -8,6 +8,7 @@ import IAPInspect
 import IAPLink
 import IAPTransport
 import Synchronization
+import SystemCalls
 
 /// `iapbench bluetooth`: an EA echo session over iAP2 on RFCOMM (the host's iAP2 service
 /// registered with BlueZ on one adapter, the simulated accessory connecting from another) beside
@@ -235,7 +236,7 @@ enum BluetoothBenchmarks {
                     sent += written
                     pieceOffset = (pieceOffset + written) % piece.count
                 } else if written < 0, errno != EAGAIN, errno != EINTR {
-                    failure = "writing failed: \(String(cString: strerror(errno)))"
+                    failure = "writing failed: \(SystemError.last.text)"
                     break
                 }
             }
@@ -244,7 +245,7 @@ enum BluetoothBenchmarks {
                 if count > 0 {
                     received += count
                 } else if count == 0 || (errno != EAGAIN && errno != EINTR) {
-                    failure = count == 0 ? "the echo side closed" : "reading failed: \(String(cString: strerror(errno)))"
+                    failure = count == 0 ? "the echo side closed" : "reading failed: \(SystemError.last.text)"
                     break
                 }
             }

@@ -1,10 +1,11 @@
 import Glibc
+import SystemCalls
 
 /// Reading a whole file or standard input without Foundation.
 enum FileInput {
     struct ReadError: Error, CustomStringConvertible {
         var errno: Int32
-        var description: String { String(cString: strerror(errno)) }
+        var description: String { SystemError(errno).text }
     }
 
     /// Every byte of the file at `path`, or of standard input for "-".

@@ -3,6 +3,7 @@ import Glibc
 import IAPInspect
 import IAPTransport
 import Synchronization
+import SystemCalls
 
 /// `--trace-file FILE.pcapng` (or `--trace-format pcapng`): every frame of every accessory in
 /// pcapng, one interface per transport, for Wireshark with `tools/wireshark/iap.lua`.
@@ -34,7 +35,7 @@ final class PcapTraceFile: Sendable {
 
     init(path: String) throws {
         guard let handle = fopen(path, "wb") else {
-            throw ToolError(description: "cannot write the trace file '\(path)': \(String(cString: strerror(errno)))", exitCode: .ioError)
+            throw ToolError(description: "cannot write the trace file '\(path)': \(SystemError.last.text)", exitCode: .ioError)
         }
         let shared = Handle(handle)
         self.handle = shared

@@ -15,6 +15,7 @@ import IAPWire
 import ProjectVersion
 import Synchronization
 import USBHost
+import SystemCalls
 
 /// `iapctl report`.
 enum ReportCommand {
@@ -201,7 +202,7 @@ final class ReportFile {
         self.path = path
         if path == "-" { return }
         guard let opened = fopen(path, "w") else {
-            throw ToolError(description: "cannot write the report '\(path)': \(String(cString: strerror(errno))); "
+            throw ToolError(description: "cannot write the report '\(path)': \(SystemError.last.text); "
                                 + "choose another place with -o FILE (or -o - for standard output)", exitCode: .cannotCreate)
         }
         handle = opened
@@ -219,7 +220,7 @@ final class ReportFile {
         let failed = written != bytes.count || fflush(handle) != 0
         let code = errno
         if fclose(handle) != 0 || failed {
-            throw ToolError(description: "cannot write the report '\(path)': \(String(cString: strerror(failed ? code : errno)))",
+            throw ToolError(description: "cannot write the report '\(path)': \(SystemError(failed ? code : errno).text)",
                             exitCode: .cannotCreate)
         }
     }

@@ -10,6 +10,7 @@ import IAPTransport
 import IAPWire
 import Synchronization
 import USBHost
+import SystemCalls
 
 /// The option groups of iapctl's command specs (see `CommandSpec.refusedGroups`): statics, so
 /// that they are there before main.swift's top-level specs are built.
@@ -193,7 +194,7 @@ func loadProfile(_ name: String) throws -> SimulatorProfile {
             throw ToolError(description: "no simulator profile named '\(name)': \(guess)the built-in profiles are \(names.joined(separator: ", ")); "
                                 + "a JSON profile is given by its path (tools/profiles/ has examples)", exitCode: .noInput)
         }
-        throw ToolError(description: "cannot read the simulator profile '\(name)': \(String(cString: strerror(code))); "
+        throw ToolError(description: "cannot read the simulator profile '\(name)': \(SystemError(code).text); "
                             + "give a built-in name (\(names.joined(separator: ", "))) or the path of a JSON profile", exitCode: .noInput)
     }
     if status.st_mode & S_IFMT == S_IFDIR {
@@ -201,7 +202,7 @@ func loadProfile(_ name: String) throws -> SimulatorProfile {
                             + "or a built-in name (\(names.joined(separator: ", ")))", exitCode: .noInput)
     }
     guard access(name, R_OK) == 0 else {
-        throw ToolError(description: "cannot read the simulator profile '\(name)': \(String(cString: strerror(errno)))", exitCode: .noInput)
+        throw ToolError(description: "cannot read the simulator profile '\(name)': \(SystemError.last.text)", exitCode: .noInput)
     }
     do {
         return try SimulatorProfile.load(path: name)
@@ -233,7 +234,7 @@ final class TraceSink: Sendable {
         var opened: UnsafeMutablePointer<FILE>?
         if let path {
             guard let handle = fopen(path, "w") else {
-                throw ToolError(description: "cannot create the trace file '\(path)': \(String(cString: strerror(errno)))", exitCode: .cannotCreate)
+                throw ToolError(description: "cannot create the trace file '\(path)': \(SystemError.last.text)", exitCode: .cannotCreate)
             }
             opened = handle
         }

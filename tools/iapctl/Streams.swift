@@ -213,18 +213,18 @@ final class UnixListener {
         }
         descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard descriptor >= 0 else {
-            throw ToolError(description: "cannot create a Unix socket: \(String(cString: strerror(errno)))", exitCode: .cannotCreate)
+            throw ToolError(description: "cannot create a Unix socket: \(SystemError.last.text)", exitCode: .cannotCreate)
         }
         // Before bind: the file bind creates takes this mode (less the umask), so it is never
         // open to others, not even for a moment.
         guard fchmod(descriptor, 0o600) == 0 else {
-            let message = String(cString: strerror(errno))
+            let message = SystemError.last.text
             Glibc.close(descriptor)
             descriptor = -1
             throw ToolError(description: "cannot restrict the socket for '\(path)' to its owner: \(message)", exitCode: .cannotCreate)
         }
         guard withAddress({ bind(descriptor, $0, $1) }) == 0 else {
-            let message = String(cString: strerror(errno))
+            let message = SystemError.last.text
             Glibc.close(descriptor)
             descriptor = -1
             throw ToolError(description: "cannot listen on '\(path)': \(message)", exitCode: .cannotCreate)
@@ -241,7 +241,7 @@ final class UnixListener {
         }
         identity = (UInt(bound.st_dev), UInt(bound.st_ino))
         guard listen(descriptor, 1) == 0 else {
-            let message = String(cString: strerror(errno))
+            let message = SystemError.last.text
             close()
             throw ToolError(description: "cannot listen on '\(path)': \(message)", exitCode: .cannotCreate)
         }
@@ -368,7 +368,7 @@ final class DepartureWatch: Sendable {
     /// The reason, waiting at most `limit` for the announcement (it follows the session's end).
     func reason(waitingUpTo limit: Duration) -> String? {
         if let reason = seen.reason.withLock({ $0 }) { return reason }
-        _ = seen.signal.wait(timeout: .now() + .milliseconds(Int(limit.components.seconds) * 1_000))
+        _ = seen.signal.wait(timeout: .now() + limit.dispatchInterval)
         return seen.reason.withLock { $0 }
     }
 
