@@ -69,7 +69,7 @@ public final class AccessoryManager: Sendable {
         /// `/run/iapd/iapd.sock`.
         public var daemonSocketPath: String = AccessoryManager.defaultDaemonSocketPath
         /// The time the manager and its connections run on: links, answer timeouts, drain and
-        /// close limits, waits. The system's clock; a test passes a ``ManualLinkClock`` to decide
+        /// close limits, waits. The system's clock; a test passes a `ManualLinkClock` to decide
         /// when each of them comes due.
         public var clock: any LinkClock = SystemLinkClock()
 

@@ -111,8 +111,12 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
 
     /// Creates a driver; nothing happens until ``start(update:closed:)``.
     ///
-    /// - Parameter clock: the time the machine runs on; the system's clock unless a test
-    ///   passes a ``ManualLinkClock``.
+    /// - Parameters:
+    ///   - machine: the state machine the driver runs (an endpoint).
+    ///   - transport: the wire it runs over.
+    ///   - queue: the serial queue everything happens on.
+    ///   - clock: the time the machine runs on; the system's clock unless a test passes a
+    ///     ``ManualLinkClock``.
     public init(machine: Machine, transport: any Transport, queue: DispatchQueue, clock: any LinkClock = SystemLinkClock()) {
         self.machine = machine
         self.transport = transport
