@@ -1,8 +1,9 @@
 // swift-tools-version:6.0
 //
 // AccessoryHost: a userspace USB host driver for MFi-style accessories (iAP1 / iAP2) on Linux.
-// Layers, bottom up: CLibUSB (system library) → IAPWire (pure codecs) → IAPInspect (human and
-// JSON views of frames) → tools. See README.md and CHANGELOG.md.
+// The layers and the module graph: docs/ARCHITECTURE.md. The core (AccessoryHost) knows transports
+// only as a protocol; USB (AccessoryHostUSB) and Bluetooth (AccessoryHostBluetooth) are sources
+// that plug into it, and AccessoryHostKit imports them all at once.
 
 import PackageDescription
 
@@ -13,29 +14,28 @@ let strict: [SwiftSetting] = [
 
 let package = Package(
     name: "AccessoryHost",
+    // Products are the API meant for other packages: the core and its sources, the facade, the
+    // transports and authentication to configure them, the protocol's codecs and state machines,
+    // the logger and the simulator to test against. The rest (libusb, D-Bus and the daemon's
+    // wrappers, the ring, command-line utilities) are the tools' and the products' insides.
     products: [
-        .library(name: "IAPWire", targets: ["IAPWire"]),
-        .library(name: "IAPLink", targets: ["IAPLink"]),
-        .library(name: "IAPInspect", targets: ["IAPInspect"]),
+        .library(name: "AccessoryHostKit", targets: ["AccessoryHostKit"]),
         .library(name: "AccessoryHost", targets: ["AccessoryHost"]),
-        .library(name: "IAPAuthentication", targets: ["IAPAuthentication"]),
+        .library(name: "AccessoryHostUSB", targets: ["AccessoryHostUSB"]),
+        .library(name: "AccessoryHostBluetooth", targets: ["AccessoryHostBluetooth"]),
         .library(name: "ExternalAccessory", targets: ["ExternalAccessory"]),
-        .library(name: "IAPDaemon", targets: ["IAPDaemon"]),
-        .library(name: "IAPDaemonProtocol", targets: ["IAPDaemonProtocol"]),
-        .library(name: "CLIKit", targets: ["CLIKit"]),
-        .library(name: "AccessoryLogging", targets: ["AccessoryLogging"]),
-        .library(name: "ByteRing", targets: ["ByteRing"]),
-        .library(name: "USBHost", targets: ["USBHost"]),
-        .library(name: "USBTransport", targets: ["USBTransport"]),
         .library(name: "IAPTransport", targets: ["IAPTransport"]),
+        .library(name: "IAPAuthentication", targets: ["IAPAuthentication"]),
+        .library(name: "IAPLink", targets: ["IAPLink"]),
+        .library(name: "IAPWire", targets: ["IAPWire"]),
+        .library(name: "IAPInspect", targets: ["IAPInspect"]),
+        .library(name: "AccessoryLogging", targets: ["AccessoryLogging"]),
         .library(name: "AccessorySimulator", targets: ["AccessorySimulator"]),
-        .library(name: "AccessoryGadget", targets: ["AccessoryGadget"]),
-        .library(name: "DBus", targets: ["DBus"]),
-        .library(name: "BluetoothTransport", targets: ["BluetoothTransport"]),
         .executable(name: "iapctl", targets: ["iapctl"]),
         .executable(name: "iapbench", targets: ["iapbench"]),
         .executable(name: "iapd", targets: ["iapd"]),
         .executable(name: "ea-echo", targets: ["ea-echo"]),
+        .executable(name: "serial-echo", targets: ["serial-echo"]),
     ],
     targets: [
         // libusb-1.0 as Debian ships it (1.0.26): `apt-get install libusb-1.0-0-dev pkg-config`.
@@ -61,7 +61,7 @@ let package = Package(
         .target(name: "DBus", dependencies: ["CDBus"], swiftSettings: strict),
         // iAP2 over Bluetooth RFCOMM through BlueZ: the iAP2 profile registered over D-Bus,
         // each connection's socket as a Transport, connecting out to paired accessories.
-        .target(name: "BluetoothTransport", dependencies: ["DBus", "IAPTransport", "IAPLink", "SystemCalls"], swiftSettings: strict),
+        .target(name: "BluetoothTransport", dependencies: ["DBus", "IAPTransport", "SystemCalls"], swiftSettings: strict),
         // Authentication that verifies: certificates, signatures and trust anchors through
         // OpenSSL (one wrapper type holds every call), the policies accept / record / require,
         // and the simulator's signing credentials.
@@ -70,7 +70,10 @@ let package = Package(
         .target(name: "ByteRing", swiftSettings: strict),
         // Swift over libusb: the Dispatch event loop, descriptors and matching, bulk pipes over
         // ring slots, hotplug, and USB as a Transport.
-        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing"], swiftSettings: strict),
+        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing", "USBDescriptors"], swiftSettings: strict),
+        // USB descriptors and devices as plain values (no libusb): what the core, the daemon's
+        // client and the fuzzer need of USB.
+        .target(name: "USBDescriptors", swiftSettings: strict),
         // The adapter between USBHost (which knows nothing of iAP) and IAPTransport: the iAP2
         // interface classes, Transport over the USB pipe, ByteChannel over a native pipe.
         .target(name: "USBTransport", dependencies: ["USBHost", "IAPTransport", "IAPLink", "ByteRing"], swiftSettings: strict),
@@ -81,7 +84,7 @@ let package = Package(
         .target(name: "IAPLink", dependencies: ["IAPWire", "ByteRing"], swiftSettings: strict),
         // Transports (in-memory, serial, pseudo-terminal) and the Dispatch driver that runs an
         // endpoint over one.
-        .target(name: "IAPTransport", dependencies: ["IAPLink", "IAPWire", "SystemCalls", "ByteRing"], swiftSettings: strict),
+        .target(name: "IAPTransport", dependencies: ["IAPLink", "SystemCalls", "ByteRing"], swiftSettings: strict),
         // read/write/poll/open that retry EINTR and return typed errors: the one place the serial,
         // pty and gadget code makes its system calls.
         .target(name: "SystemCalls", swiftSettings: strict),
@@ -91,17 +94,27 @@ let package = Package(
         // The simulator as a USB device: configfs gadgets, FunctionFS and GadgetFS, their
         // endpoint threads and signal handling.
         .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
-        // The public API: AccessoryManager, Accessory, AccessorySession.
-        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "BluetoothTransport", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPAuthentication",
-                                                      "IAPDaemonProtocol", "SystemCalls"], swiftSettings: strict),
+        // The public API's core: AccessoryManager, Accessory, AccessorySession, the sources of
+        // accessories as plug-ins (AccessorySource), the accessory daemon's client. No transport
+        // of its own beyond IAPTransport's: links no libusb, libdbus or libcrypto.
+        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPDaemonProtocol", "SystemCalls",
+                                                      "USBDescriptors"], swiftSettings: strict),
+        // USB as a source of accessories (libusb): AccessoryManager.startUSB.
+        .target(name: "AccessoryHostUSB", dependencies: ["AccessoryHost", "USBHost", "USBTransport"], swiftSettings: strict),
+        // Bluetooth as a source of accessories (BlueZ over libdbus): AccessoryManager.startBluetooth.
+        .target(name: "AccessoryHostBluetooth", dependencies: ["AccessoryHost", "BluetoothTransport", "IAPTransport"], swiftSettings: strict),
+        // Everything in one import: the core, its USB and Bluetooth sources, the serial
+        // transports and verifying authentication.
+        .target(name: "AccessoryHostKit", dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "IAPAuthentication", "IAPTransport"],
+                swiftSettings: strict),
         // The client protocol of iapd: messages and their framing (pure, fuzzed).
         .target(name: "IAPDaemonProtocol", dependencies: ["IAPLink"], swiftSettings: strict),
         // iapd's server: clients over Unix sockets, sessions handed over as sockets of their own.
-        .target(name: "IAPDaemon", dependencies: ["AccessoryHost", "AccessoryLogging", "BluetoothTransport", "IAPDaemonProtocol", "IAPLink", "IAPTransport", "SystemCalls"],
+        .target(name: "IAPDaemon", dependencies: ["AccessoryHost", "AccessoryHostBluetooth", "AccessoryLogging", "BluetoothTransport", "IAPDaemonProtocol", "IAPLink", "IAPTransport", "SystemCalls"],
                 swiftSettings: strict),
         // iOS's ExternalAccessory framework on AccessoryHost: EAAccessoryManager, EAAccessory,
         // EASession with Foundation streams on run loops, the connect/disconnect notifications.
-        .target(name: "ExternalAccessory", dependencies: ["AccessoryHost", "AccessoryLogging", "IAPTransport"], swiftSettings: strict),
+        .target(name: "ExternalAccessory", dependencies: ["AccessoryHost", "AccessoryHostBluetooth", "AccessoryHostUSB", "AccessoryLogging", "IAPAuthentication", "IAPTransport"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         // Strings from frames are escaped for people with AccessoryLogging's `escapedForTerminal`.
         .target(name: "IAPInspect", dependencies: ["IAPWire", "AccessoryLogging"], swiftSettings: strict),
@@ -114,21 +127,21 @@ let package = Package(
         .target(name: "CLIKit", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         .executableTarget(
             name: "iapctl",
-            dependencies: ["AccessoryHost", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "USBTransport", "IAPTransport", "IAPLink", "IAPWire",
+            dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "IAPTransport", "IAPLink", "IAPWire",
                            "IAPInspect", "CLIKit", "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication", "ProjectVersion"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapd",
-            dependencies: ["AccessoryHost", "AccessoryLogging", "AccessorySimulator", "BluetoothTransport", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
+            dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryLogging", "AccessorySimulator", "BluetoothTransport", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
                            "IAPLink", "IAPTransport", "SystemCalls", "USBHost", "ProjectVersion"],
             path: "tools/iapd",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapbench",
-            dependencies: ["IAPDaemon", "SystemCalls", "AccessoryLogging", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit", "ProjectVersion"],
+            dependencies: ["IAPDaemon", "SystemCalls", "AccessoryLogging", "AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit", "ProjectVersion"],
             path: "tools/iapbench",
             swiftSettings: strict
         ),
@@ -140,6 +153,14 @@ let package = Package(
             exclude: ["README.md"],
             swiftSettings: [.enableUpcomingFeature("ExistentialAny")]
         ),
+        // The smallest program on the core: one serial accessory, an echo; links neither libusb,
+        // libdbus nor libcrypto (tools/examples/serial-only-demo.sh checks it with ldd).
+        .executableTarget(
+            name: "serial-echo",
+            dependencies: ["AccessoryHost", "IAPTransport"],
+            path: "tools/examples/SerialOnly",
+            swiftSettings: strict
+        ),
         // Shared by the test targets: the .ownThread trait, which runs tests that block their
         // thread (or run for seconds of CPU) off Swift's cooperative pool (issue 16).
         .target(name: "TestThreads", path: "Tests/TestThreads", swiftSettings: strict),
@@ -150,18 +171,18 @@ let package = Package(
         .target(name: "HeapStatistics", path: "Tests/HeapStatistics"),
         .testTarget(name: "IAPWireTests", dependencies: ["TestSupport", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPLinkTests", dependencies: ["TestSupport", "IAPLink", "IAPWire", "ByteRing", "TestThreads"], swiftSettings: strict),
-        .testTarget(name: "IAPTransportTests", dependencies: ["TestSupport", "IAPTransport", "IAPLink", "IAPWire", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "IAPTransportTests", dependencies: ["TestSupport", "IAPTransport", "IAPLink", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessoryGadgetTests", dependencies: ["TestSupport", "AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire", "TestThreads"], swiftSettings: strict),
-        .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport", "TestThreads"], swiftSettings: strict),
-        .testTarget(name: "BluetoothTransportTests", dependencies: ["BluetoothTransport", "DBus", "AccessoryHost", "AccessoryLogging", "AccessorySimulator", "IAPDaemon", "IAPTransport", "SystemCalls",
+        .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"], swiftSettings: strict),
+        .testTarget(name: "BluetoothTransportTests", dependencies: ["BluetoothTransport", "DBus", "AccessoryHost", "AccessoryHostBluetooth", "AccessoryLogging", "AccessorySimulator", "IAPDaemon", "IAPTransport", "SystemCalls",
                                                                      "IAPLink", "TestSupport", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "SystemCallsTests", dependencies: ["SystemCalls"], swiftSettings: strict),
         .testTarget(name: "AccessoryHostTests", dependencies: ["TestSupport", "AccessoryHost", "AccessorySimulator", "AccessoryLogging", "IAPTransport", "IAPLink", "IAPWire", "USBHost", "HeapStatistics", "IAPInspect"], swiftSettings: strict),
         // The OpenSSL verification, the policies over iAP2 and iAP1 with the simulator, hostile
         // certificates (fixtures generated by Tests/IAPAuthenticationTests/Fixtures/generate.sh).
-        .testTarget(name: "IAPAuthenticationTests", dependencies: ["TestSupport", "TestThreads", "IAPAuthentication", "IAPLink", "IAPWire", "IAPInspect",
-                                                                   "AccessorySimulator", "AccessoryHost", "IAPTransport"],
+        .testTarget(name: "IAPAuthenticationTests", dependencies: ["TestSupport", "TestThreads", "IAPAuthentication", "IAPLink", "IAPInspect",
+                                                                   "AccessorySimulator", "AccessoryHost"],
                     exclude: ["Fixtures"], swiftSettings: strict),
         .testTarget(name: "IAPDaemonTests", dependencies: ["IAPDaemon", "IAPDaemonProtocol", "AccessoryHost", "AccessorySimulator", "AccessoryLogging",
                                                            "IAPTransport", "SystemCalls", "TestSupport", "TestThreads"], swiftSettings: strict),
@@ -169,13 +190,13 @@ let package = Package(
         .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),
         // Lints rules.d/ (guards, labels, numbering, the interface match).
         .testTarget(name: "RulesTests", swiftSettings: strict),
-        .testTarget(name: "CLIKitTests", dependencies: ["CLIKit", "AccessoryLogging", "ProjectVersion"], swiftSettings: strict),
+        .testTarget(name: "CLIKitTests", dependencies: ["CLIKit", "ProjectVersion"], swiftSettings: strict),
         .testTarget(name: "AccessoryLoggingTests", dependencies: ["AccessoryLogging"], swiftSettings: strict),
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["TestSupport", "ByteRing", "TestThreads"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
-        .testTarget(name: "USBRigTests", dependencies: ["TestSupport", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "USBHost", "USBTransport", "IAPLink"], swiftSettings: strict),
-        .testTarget(name: "USBHostTests", dependencies: ["TestSupport", "USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "USBRigTests", dependencies: ["TestSupport", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "USBHost", "IAPLink"], swiftSettings: strict),
+        .testTarget(name: "USBHostTests", dependencies: ["TestSupport", "USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )

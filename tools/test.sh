@@ -17,6 +17,9 @@ step "build (debug, tests included; warnings fail the build)"
 swift build --build-tests 2>&1 | tee "$log" | grep -E "error|warning:|Compiling|Build complete" | grep -v "^\[" || true
 if grep -q "warning:" "$log"; then echo "test: the build has warnings (see above)" >&2; exit 1; fi
 grep -q "Build complete" "$log" || { echo "test: the build failed" >&2; cat "$log" >&2; exit 1; }
+# Every dependency edge of Package.swift is imported somewhere in its target (the module graph of
+# docs/ARCHITECTURE.md is the one that builds).
+python3 tools/package/unused-dependencies.py
 
 step "unit and integration tests"
 # A hung test must fail the run, not eat CI's time: 30 minutes is many times what it takes.
@@ -88,6 +91,9 @@ timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapc
 
 step "the ExternalAccessory example ported from iOS (tools/examples/EAEcho): in process and over a pseudo-terminal"
 tools/examples/ea-echo-demo.sh --bin .build/release
+
+step "the core alone (tools/examples/SerialOnly): links no libusb, libdbus or libcrypto, and echoes over a pseudo-terminal"
+tools/examples/serial-only-demo.sh --bin .build/release
 
 step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
 # tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it

@@ -1,9 +1,8 @@
-public import BluetoothTransport
 public import Dispatch
 public import IAPLink
 public import IAPTransport
 internal import Synchronization
-public import USBHost
+public import USBDescriptors
 
 /// A connected accessory, as ExternalAccessory's EAAccessory describes one.
 ///

@@ -1,4 +1,4 @@
-public import USBHost
+public import USBDescriptors
 
 /// Which accessories an application or a script is looking for.
 ///

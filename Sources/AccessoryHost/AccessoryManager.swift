@@ -1,15 +1,11 @@
 public import AccessoryLogging
-public import BluetoothTransport
 public import Dispatch
-public import IAPAuthentication
 public import IAPLink
 public import IAPTransport
 internal import Glibc
 internal import IAPDaemonProtocol
 internal import ProjectVersion
 internal import Synchronization
-public import USBHost
-internal import USBTransport
 
 /// Something that happened to the set of connected accessories.
 public enum AccessoryEvent: Sendable {
@@ -51,9 +47,12 @@ public final class AccessoryManager: Sendable {
         /// than this (plus framing), so an accessory that keeps to that never makes a session
         /// hold more; one that sends larger packets anyway gets at most one packet more.
         public var sessionBufferLimit: Int
-        /// Decides on the accessory's authentication. By default IAPAuthentication's
-        /// `VerifyingAuthentication` in record mode: verified with OpenSSL, reported
-        /// (``Accessory/authentication``), accepted whatever the result.
+        /// Decides on the accessory's authentication. By default `AcceptingAuthentication`:
+        /// every accessory is accepted and reported as not checked. IAPAuthentication's
+        /// `VerifyingAuthentication` (in record mode: verified with OpenSSL, reported in
+        /// ``Accessory/authentication``, accepted whatever the result) is what iapctl, iapd and
+        /// the ExternalAccessory facade use; the core leaves it to you so that a program that
+        /// does not verify links no libcrypto.
         public var authentication: any AuthenticationPolicy
         /// Where the manager says what happens (identification, failures, disconnects at info and
         /// above; link and session details at debug). Silent by default.
@@ -61,9 +60,10 @@ public final class AccessoryManager: Sendable {
         /// Wraps every transport the manager runs, USB ones included (e.g. a `TracingTransport`
         /// for `--trace`); nil runs them as they are.
         public var transportTap: (@Sendable (any Transport) -> any Transport)?
-        /// Whether ``AccessoryManager/startUSB(options:)`` goes through the accessory daemon
-        /// (`iapd`) when its socket exists: `.automatic` by default, `.never` to open devices
-        /// in this process (what the daemon itself does; `iapctl --direct`).
+        /// Whether a source that can share its accessories (AccessoryHostUSB's `startUSB`) goes
+        /// through the accessory daemon (`iapd`) when its socket exists: `.automatic` by
+        /// default, `.never` to open devices in this process (what the daemon itself does;
+        /// `iapctl --direct`).
         public var daemon: DaemonUse = .automatic
         /// Where the daemon listens: `IAPD_SOCKET` from the environment, else
         /// `/run/iapd/iapd.sock`.
@@ -75,7 +75,7 @@ public final class AccessoryManager: Sendable {
 
         /// A configuration; every parameter has the default an application usually wants.
         public init(supportedProtocols: [String] = [], link: LinkConfiguration = .device, answerTimeout: Duration = .seconds(10),
-                    sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = VerifyingAuthentication(mode: .record),
+                    sessionBufferLimit: Int = 1 << 20, authentication: any AuthenticationPolicy = AcceptingAuthentication(),
                     logger: Logger = Logger(label: "AccessoryHost", handler: NullLogHandler())) {
             self.logger = logger
             self.supportedProtocols = supportedProtocols
@@ -102,7 +102,7 @@ public final class AccessoryManager: Sendable {
         return DaemonProtocol.defaultSocketPath
     }
 
-    private struct State {
+    struct State {
         var nextConnectionID = 1
         var nextAccessoryID = 1
         var connections: [Int: Connection] = [:]
@@ -111,11 +111,10 @@ public final class AccessoryManager: Sendable {
         var callbacks: [Int: (DispatchQueue, @Sendable (AccessoryEvent) -> Void)] = [:]
         var nextSubscriber = 0
         var stopped = false
-        var usb: USBContext?
-        /// The iAP2 profile registered with BlueZ, once ``AccessoryManager/startBluetooth(options:)`` ran.
-        var bluetooth: BluetoothProfile?
-        /// USB accessories being opened (not yet attached): the manager is not settled.
-        var usbOpening = 0
+        /// The sources of accessories added (USB, Bluetooth…), in the order they came.
+        var sources: [any AccessorySource] = []
+        /// Accessories a source is opening (not yet attached): the manager is not settled.
+        var opening = 0
         /// The connection to the daemon, when accessories come through it.
         var daemon: DaemonClient?
         /// Connected to the daemon, its list not in yet: the manager is not settled.
@@ -131,6 +130,10 @@ public final class AccessoryManager: Sendable {
     public let queue: DispatchQueue
     private let state = Mutex(State())
 
+    /// Runs `body` with the manager's state locked (for the sources' bookkeeping in
+    /// AccessorySource.swift).
+    func withState<Result>(_ body: (inout State) -> Result) -> Result { state.withLock { body(&$0) } }
+
     /// A task executor on ``queue``. A task that prefers it
     /// (`withTaskExecutorPreference(manager.taskExecutor) { … }`) has its session calls resume
     /// without a hop to another thread: the lowest latency for request/response loops. Its code
@@ -138,8 +141,9 @@ public final class AccessoryManager: Sendable {
     /// while it runs: keep that short and never block in it.
     public let taskExecutor: any TaskExecutor
 
-    /// A manager that runs nothing yet: give it transports with ``attach(_:)`` and USB with
-    /// ``startUSB(options:)``; ``stop()`` ends it.
+    /// A manager that runs nothing yet: give it transports with ``attach(_:)`` and sources of
+    /// accessories with ``addSource(_:)`` (AccessoryHostUSB's `startUSB`, AccessoryHostBluetooth's
+    /// `startBluetooth`); ``stop()`` ends it.
     public init(configuration: Configuration = Configuration()) {
         self.configuration = configuration
         let queue = DispatchQueue(label: "AccessoryHost.manager")
@@ -222,6 +226,9 @@ public final class AccessoryManager: Sendable {
         return adjusted
     }
 
+    /// The inter-byte gap on Bluetooth: 500 ms.
+    static let bluetoothInterByteGap: Duration = .milliseconds(500)
+
     /// The next accessory's connection id (one counter for every transport, native or remote).
     private func takeAccessoryID() -> Int {
         state.withLock { state -> Int in
@@ -230,7 +237,7 @@ public final class AccessoryManager: Sendable {
         }
     }
 
-    private func attachOnQueue(_ plain: any Transport) {
+    func attachOnQueue(_ plain: any Transport) {
         dispatchPrecondition(condition: .onQueue(queue))
         let transport = configuration.transportTap?(plain) ?? plain
         let (id, stopped) = self.state.withLock { state -> (Int, Bool) in
@@ -266,113 +273,6 @@ public final class AccessoryManager: Sendable {
             giveUp: { [weak connection] reason in connection?.stop(reason: reason) })
         self.state.withLock { $0.connections[id] = connection }
         connection.start()
-    }
-
-    /// Starts finding USB accessories: every device with an iAP interface (FF/F0/00), present
-    /// now or plugged in later, is opened and its accessory authenticated and identified, then
-    /// announced like any other. Devices are followed by libusb hotplug, or by polling where
-    /// hotplug is missing or turned off in `options`.
-    ///
-    /// A device that cannot be opened (permissions, another program holds it) is reported as
-    /// ``AccessoryEvent/failed(location:reason:)`` with what to do about it.
-    ///
-    /// - Throws: `USBError` of kind `.unavailable` when the machine has no USB (no
-    ///   usbfs); other transports keep working.
-    ///
-    /// With ``Configuration/daemon`` `.automatic` (the default) and the daemon's socket present,
-    /// the accessories come through the daemon instead (``connectToDaemon(socketPath:)``): the
-    /// same ``Accessory`` and ``AccessorySession`` API, shared with other processes. When the
-    /// daemon cannot be reached, that is logged and devices are opened here.
-    public func startUSB(options: USBOptions = USBOptions()) throws(USBError) {
-        if configuration.daemon == .automatic, access(configuration.daemonSocketPath, F_OK) == 0 {
-            do {
-                try connectToDaemon()
-                return
-            } catch {
-                configuration.logger.warning("\(error); opening USB devices directly")
-            }
-        }
-        startUSB(context: try USBContext(queue: queue, function: .iAP2, options: options))
-    }
-
-    /// The inter-byte gap on Bluetooth: 500 ms.
-    static let bluetoothInterByteGap: Duration = .milliseconds(500)
-
-    /// Starts taking accessories over Bluetooth: the iAP2 service is registered with BlueZ
-    /// (`org.bluez.ProfileManager1.RegisterProfile`, UUID `00000000-deca-fade-deca-deafdecacafe`,
-    /// an RFCOMM channel and SDP record of BlueZ's), and every connection of a paired accessory
-    /// BlueZ hands over is run like any other transport: the accessory is announced with
-    /// transport `TransportKind.bluetooth` and ``Accessory/bluetoothAddress``, once
-    /// its identification declared a BluetoothTransportComponent with the connection's address.
-    /// With `BluetoothOptions.connectsOut`, ``connectBluetooth(to:)``
-    /// connects out to a paired accessory.
-    ///
-    /// - Throws: `BluetoothError` saying what to run: no D-Bus, BlueZ not
-    ///   running (`systemctl start bluetooth`), no adapter, adapter off (`bluetoothctl power
-    ///   on`), the D-Bus policy (the bluetooth group), the profile taken by another program.
-    public func startBluetooth(options: BluetoothOptions = BluetoothOptions()) async throws(BluetoothError) {
-        // A registration BlueZ no longer holds (released, or a bluetoothd that restarted) is
-        // replaced, its open connections kept; a live one is not.
-        guard state.withLock({ ($0.bluetooth?.isReleased ?? true) && !$0.stopped }) else {
-            throw BluetoothError(.failed, "Bluetooth is started already (or the manager stopped)", advice: "start it once per manager")
-        }
-        let profile = try await BluetoothProfile.register(options: options, queue: queue) { [weak self] transport in
-            self?.attachOnQueue(transport)
-        }
-        let (stopped, released) = state.withLock { state -> (Bool, BluetoothProfile?) in
-            var released: BluetoothProfile?
-            if !state.stopped, state.bluetooth?.isReleased ?? true {
-                released = state.bluetooth
-                state.bluetooth = profile
-            }
-            return (state.stopped || state.bluetooth !== profile, released)
-        }
-        released?.retire()
-        if stopped {
-            profile.stop()
-            throw BluetoothError(.failed, "the manager stopped (or Bluetooth was started twice) while Bluetooth started", advice: "start it once per manager")
-        }
-        configuration.logger.info("Bluetooth: the iAP2 profile is registered with BlueZ at \(options.profilePath)")
-    }
-
-    /// Connects out to the paired accessory at `address` (BlueZ's `Device1.ConnectProfile` for
-    /// the iAP2 UUID); it is announced like any accessory once identified. Needs
-    /// ``startBluetooth(options:)`` with `BluetoothOptions.connectsOut`.
-    ///
-    /// - Throws: `BluetoothError`: not paired, pairing refused, iAP2 not
-    ///   offered, not answering (each with the `bluetoothctl` command), Bluetooth not started.
-    public func connectBluetooth(to address: BluetoothAddress) async throws(BluetoothError) {
-        guard let profile = state.withLock({ $0.bluetooth }) else {
-            throw BluetoothError(.failed, "Bluetooth is not started", advice: "call startBluetooth(options:) first (iapctl --bluetooth)")
-        }
-        try await profile.connect(to: address)
-    }
-
-    /// Whether the iAP2 profile is registered with the BlueZ running now:
-    /// ``startBluetooth(options:)`` succeeded, and since then BlueZ has neither released the
-    /// profile nor stopped or restarted (a restarted bluetoothd forgets registrations without
-    /// saying so). When this is false, ``startBluetooth(options:)`` may be called again.
-    public func isBluetoothRegistered() async -> Bool {
-        guard let profile = state.withLock({ $0.bluetooth }) else { return false }
-        return await profile.checkRegistration()
-    }
-
-    /// The Bluetooth devices with an open connection to this host, identified or not yet (those
-    /// a registration that was replaced handed over included), sorted.
-    public var bluetoothConnections: [BluetoothAddress] {
-        let transports = state.withLock { state in state.connections.values.map(\.transport) }
-        return Set(transports.compactMap { $0.capability(BluetoothPeer.self)?.address }).sorted()
-    }
-
-    /// The devices BlueZ knows (paired or seen), for a person choosing one to connect to.
-    ///
-    /// - Throws: `BluetoothError` when Bluetooth is not started or BlueZ
-    ///   cannot be asked.
-    public func bluetoothDevices() async throws(BluetoothError) -> [BluetoothDevice] {
-        guard let profile = state.withLock({ $0.bluetooth }) else {
-            throw BluetoothError(.failed, "Bluetooth is not started", advice: "call startBluetooth(options:) first (iapctl --bluetooth)")
-        }
-        return try await profile.devices()
     }
 
     /// Takes accessories from the accessory daemon (`iapd`) listening at `socketPath` (by
@@ -436,82 +336,28 @@ public final class AccessoryManager: Sendable {
         return connection
     }
 
-    /// Starts USB discovery on `context`, which must run on ``queue``.
-    func startUSB(context: USBContext) {
-        precondition(context.queue === queue, "the USB context must run on the manager's queue")
-        let stopped = state.withLock { state -> Bool in
-            if !state.stopped { state.usb = context }
-            return state.stopped
-        }
-        let logger = configuration.logger
-        QueueMark.run(on: queue) {
-            guard !stopped else { return context.shutdown() }
-            do {
-                try context.startMonitoring { [weak self] event in self?.usbEvent(event, context: context) }
-                logger.debug("USB: following devices by \(context.usesHotplug ? "hotplug" : "polling")")
-            } catch {
-                logger.error("USB: \(error)")
-            }
-        }
-    }
-
-    /// The counters of a USB accessory's bulk pipes (transfers, bytes, stalls, zero-length
-    /// packets, slots in device memory…); nil for accessories on other transports.
-    public func usbStatistics(of accessory: Accessory) -> USBPipeStatistics? {
-        QueueMark.run(on: queue) { accessory.connection.transport.capability(USBPipeStatistics.self) }
-    }
-
-    /// The USB context, once ``startUSB(options:)`` ran.
-    public var usbContext: USBContext? { state.withLock { $0.usb } }
-
-    private func usbEvent(_ event: USBDeviceEvent, context: USBContext) {
-        let logger = configuration.logger
-        switch event {
-        case let .arrived(device):
-            guard device.function != nil else {
-                logger.trace("USB: \(device) has no iAP interface")
-                return
-            }
-            logger.info("USB: accessory \(device) at \(device.devicePath)")
-            state.withLock { $0.usbOpening += 1 }
-            context.open(device) { [weak self] result in
-                guard let self else { return }
-                state.withLock { $0.usbOpening -= 1 }
-                switch result {
-                case let .success(transport):
-                    attachOnQueue(USBIAPTransport(transport))
-                case let .failure(error):
-                    logger.error("USB: \(error)")
-                    publish(.failed(location: "usb \(device.location) \(device.descriptor.idString)", reason: error.description))
-                }
-            }
-        case let .left(device):
-            guard device.function != nil else { return }
-            logger.info("USB: \(device) unplugged")
-        }
-    }
-
-    /// Stops every connection; accessories disconnect, sessions end. USB devices are released
-    /// once their transfers are back; with USB running, returns once its libusb context is
-    /// freed (at most 5 s; called on ``queue`` itself, from a task on ``taskExecutor``, it
-    /// cannot wait for that and returns at once).
+    /// Stops every connection and source; accessories disconnect, sessions end. A source's
+    /// devices are released once their transfers are back; returns once the sources have let
+    /// go of what they hold (USB: its libusb context; at most 5 s in all; called on ``queue``
+    /// itself, from a task on ``taskExecutor``, it cannot wait for that and returns at once).
     public func stop() {
-        let (connections, usb, daemon, bluetooth) = state.withLock { state -> ([Connection], USBContext?, DaemonClient?, BluetoothProfile?) in
+        let (connections, sources, daemon) = state.withLock { state -> ([Connection], [any AccessorySource], DaemonClient?) in
             state.stopped = true
-            return (Array(state.connections.values), state.usb, state.daemon, state.bluetooth)
+            return (Array(state.connections.values), state.sources, state.daemon)
         }
-        bluetooth?.stop()
         let onQueue = QueueMark.isCurrent(queue)
         QueueMark.run(on: queue) {
             daemon?.stop()
             for connection in connections { connection.stop(reason: "the manager stopped") }
-            usb?.shutdown()
+            for source in sources { source.stop() }
         }
-        // Return once libusb's context is gone, so that a manager made next does not overlap it;
-        // at most 5 s (a transport that had to abandon transfers the kernel never gave back
-        // leaves its context alive on purpose). The teardown runs on the queue: from the queue
-        // itself there is nothing to wait for.
-        if !onQueue { _ = usb?.waitUntilExited(timeout: .now() + 5) }
+        // Return once the sources have let go (USB: libusb's context is gone, so that a manager
+        // made next does not overlap it), at most 5 s in all. The teardown runs on the queue:
+        // from the queue itself there is nothing to wait for.
+        if !onQueue {
+            let deadline = DispatchTime.now() + 5
+            for source in sources { source.waitUntilReleased(deadline: deadline) }
+        }
         // Finished outside the lock: finishing runs the stream's onTermination, which takes it.
         let subscribers = state.withLock { state in
             defer { state.subscribers.removeAll() }
@@ -619,7 +465,7 @@ public final class AccessoryManager: Sendable {
 
     /// On the queue: no connection is still working towards an identified accessory.
     private var isSettled: Bool {
-        let (connections, opening, daemonPending) = state.withLock { ($0.connections.values.map { $0 }, $0.usbOpening, $0.daemonPending) }
+        let (connections, opening, daemonPending) = state.withLock { ($0.connections.values.map { $0 }, $0.opening, $0.daemonPending) }
         return opening == 0 && !daemonPending && connections.allSatisfy { !$0.isPending }
     }
 
@@ -638,7 +484,7 @@ public final class AccessoryManager: Sendable {
         if !everIdentified { publish(.failed(location: location, reason: reason)) }
     }
 
-    private func publish(_ event: AccessoryEvent) {
+    func publish(_ event: AccessoryEvent) {
         // In subscription order (a dictionary's own order varies from process to process).
         let (subscribers, callbacks) = state.withLock { state in
             (state.subscribers.values.map { $0 }, state.callbacks.sorted { $0.key < $1.key }.map(\.value))

@@ -6,7 +6,8 @@ extension Accessory {
     /// subject, issuer, serial number and validity period when it could be read.
     ///
     /// The policy is ``AccessoryManager/Configuration/authentication``: by default
-    /// IAPAuthentication's `VerifyingAuthentication` in record mode (verify, report, accept).
+    /// `AcceptingAuthentication` (not checked); IAPAuthentication's `VerifyingAuthentication`
+    /// in record mode verifies, reports and accepts.
     /// The certificate's strings come from the accessory: escape them before showing them on a
     /// terminal.
     public var authentication: AuthenticationOutcome { identity.authentication }

@@ -1,12 +1,11 @@
 internal import AccessoryLogging
-internal import BluetoothTransport
 internal import Dispatch
 internal import Glibc
 internal import IAPDaemonProtocol
 internal import IAPLink
 internal import IAPTransport
 internal import SystemCalls
-internal import USBHost
+internal import USBDescriptors
 
 /// Why the accessory daemon (`iapd`) cannot be used, with what to do about it.
 public struct DaemonConnectionError: Error, Sendable, Hashable, CustomStringConvertible {

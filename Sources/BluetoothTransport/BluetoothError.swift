@@ -1,4 +1,5 @@
 public import DBus
+internal import IAPTransport
 
 /// Why Bluetooth cannot be used, with the command that fixes it.
 ///

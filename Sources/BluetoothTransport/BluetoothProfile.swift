@@ -1,6 +1,6 @@
 public import DBus
 public import Dispatch
-internal import IAPTransport
+public import IAPTransport
 internal import Synchronization
 
 /// How the iAP2 service is offered through BlueZ.

@@ -1,5 +1,6 @@
 internal import Dispatch
 internal import Glibc
+public import IAPTransport
 internal import SystemCalls
 
 /// RFCOMM sockets opened directly (`AF_BLUETOOTH`, `BTPROTO_RFCOMM`), without BlueZ's profile

@@ -1,7 +1,10 @@
 public import AccessoryHost
+internal import AccessoryHostBluetooth
+internal import AccessoryHostUSB
 public import AccessoryLogging
 internal import Dispatch
 public import Foundation
+internal import IAPAuthentication
 internal import IAPTransport
 internal import Synchronization
 
@@ -123,7 +126,8 @@ public final class EAAccessoryManager: NSObject, @unchecked Sendable {
         let declared = options.supportedProtocols ?? Self.lookUpDeclaredProtocols()
         declaredProtocols = declared
         logger = options.logger
-        host = AccessoryManager(configuration: .init(supportedProtocols: declared, logger: options.logger))
+        // Verified and reported, every accessory accepted: what the core leaves to its users.
+        host = AccessoryManager(configuration: .init(supportedProtocols: declared, authentication: VerifyingAuthentication(mode: .record), logger: options.logger))
         super.init()
         if declared.isEmpty {
             logger.warning("the app declares no accessory protocols, so no accessory is listed: declare them in EAHostOptions.supportedProtocols, EA_SUPPORTED_PROTOCOLS, or UISupportedExternalAccessoryProtocols in an Info.plist beside the executable")

@@ -1,7 +1,9 @@
 public import AccessoryHost
+internal import AccessoryHostBluetooth
 public import AccessoryLogging
 public import BluetoothTransport
 internal import Dispatch
+public import IAPTransport
 internal import Synchronization
 
 /// Keeps iapd's Bluetooth service up: registers the iAP2 profile with BlueZ at start, and

@@ -1,4 +1,4 @@
-internal import Foundation
+internal import FoundationEssentials
 
 /// Why bytes from the other side are not a valid message.
 public enum DaemonProtocolError: Error, Sendable, Hashable, CustomStringConvertible {

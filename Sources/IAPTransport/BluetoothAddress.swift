@@ -56,3 +56,24 @@ public struct BluetoothAddress: Hashable, Sendable, Codable, CustomStringConvert
         declared == bytes || declared == bytes.reversed()
     }
 }
+
+/// One Bluetooth connection BlueZ handed over: who is at the other end.
+public struct BluetoothPeer: Sendable, Hashable {
+    /// The accessory's address.
+    public var address: BluetoothAddress
+    /// BlueZ's object for the device, e.g. `/org/bluez/hci0/dev_00_1A_7D_DA_71_13`.
+    public var devicePath: String
+    /// The local adapter it came in on, e.g. `hci0` (empty when the path names none).
+    public var adapter: String
+    /// The profile version from the accessory's SDP record, when BlueZ gave one.
+    public var profileVersion: UInt16?
+
+    /// A peer at `address`, known to BlueZ as `devicePath`.
+    public init(address: BluetoothAddress, devicePath: String, profileVersion: UInt16? = nil) {
+        self.address = address
+        self.devicePath = devicePath
+        let elements = devicePath.split(separator: "/")
+        self.adapter = elements.count >= 3 && elements[0] == "org" && elements[1] == "bluez" ? String(elements[2]) : ""
+        self.profileVersion = profileVersion
+    }
+}

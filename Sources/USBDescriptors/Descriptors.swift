@@ -1,5 +1,7 @@
 // USB descriptors as values, parsed from the bytes a device sends (USB 2.0 §9.6), and the rule
-// that finds a function's interfaces by class. Pure Swift with no imports, so the fuzzer can build it alone.
+// that finds a function's interfaces by class. Pure Swift with no imports, so the fuzzer can build it
+// alone and code that only describes USB devices (the core, the accessory daemon's client) links no
+// libusb.
 
 /// Why descriptor bytes could not be parsed.
 public struct USBDescriptorError: Error, Hashable, Sendable, CustomStringConvertible {

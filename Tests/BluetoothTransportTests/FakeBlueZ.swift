@@ -4,6 +4,7 @@ import Dispatch
 import Glibc
 import Synchronization
 import TestSupport
+import IAPTransport
 
 /// A stand-in for bluetoothd on a private bus: owns `org.bluez`, answers
 /// `ObjectManager.GetManagedObjects` with the adapters and devices the test sets, takes

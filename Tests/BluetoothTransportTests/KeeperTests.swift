@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryHostBluetooth
 import AccessoryLogging
 import AccessorySimulator
 import BluetoothTransport

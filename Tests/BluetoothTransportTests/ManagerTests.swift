@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryHostBluetooth
 import AccessorySimulator
 import BluetoothTransport
 import Dispatch

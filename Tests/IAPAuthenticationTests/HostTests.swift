@@ -66,16 +66,24 @@ import Testing
         #expect(manager.connectedAccessories.map(\.serialNumber) == ["GOOD-0001"])
     }
 
-    @Test func theDefaultPolicyRecords() async throws {
-        let manager = AccessoryManager()
+    /// The core's default checks nothing (so that it links no libcrypto) and lets the accessory
+    /// in; the record mode verifies, reports and lets it in too.
+    @Test(arguments: [false, true])
+    func theDefaultAcceptsAndRecordModeRecords(verifying: Bool) async throws {
+        let manager = verifying ? AccessoryManager(configuration: .init(authentication: VerifyingAuthentication(mode: .record))) : AccessoryManager()
         defer { manager.stop() }
         let runner = try SimulatorRunner(profile: Fixtures.profile("accessory-rsa"), attachment: .memory { manager.attach($0) })
         defer { runner.stop() }
         runner.start()
         let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)))
-        // Signature verified; no trust anchors were given, so the issuer is unknown: recorded, accepted.
-        #expect(accessory.authentication.signatureVerified)
-        #expect(accessory.authentication.failure?.kind == "unknown issuer")
         #expect(accessory.authentication.accepted)
+        if verifying {
+            // Signature verified; no trust anchors were given, so the issuer is unknown: recorded, accepted.
+            #expect(accessory.authentication.signatureVerified)
+            #expect(accessory.authentication.failure?.kind == "unknown issuer")
+        } else {
+            #expect(accessory.authentication.status == .notChecked)
+            #expect(!accessory.authentication.signatureVerified)
+        }
     }
 }

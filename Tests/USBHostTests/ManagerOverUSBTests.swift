@@ -1,4 +1,5 @@
 @testable import AccessoryHost
+@testable import AccessoryHostUSB
 import AccessorySimulator
 import Dispatch
 import IAPTransport

@@ -4,6 +4,7 @@
 // USBRigTests suite: every test here binds the rig's controllers.
 
 import AccessoryHost
+import AccessoryHostUSB
 import AccessoryGadget
 import AccessoryLogging
 import AccessorySimulator

@@ -5,6 +5,7 @@
 
 import TestSupport
 import AccessoryHost
+import AccessoryHostUSB
 import AccessoryGadget
 import AccessorySimulator
 import Dispatch

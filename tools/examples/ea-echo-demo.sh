@@ -23,22 +23,9 @@ done
 echo "ea-echo-demo: in process (--simulate)" >&2
 timeout 120 "$bin/ea-echo" --simulate --bytes "$bytes"
 
-work=$(mktemp -d)
-simulator=""
-# shellcheck disable=SC2317  # reached through the EXIT trap
-cleanup() {
-    if [ -n "$simulator" ]; then kill -TERM "$simulator" 2>/dev/null || true; wait "$simulator" 2>/dev/null || true; fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
-# The simulator prints its pty on its first line (read through a FIFO, as firmware-upgrade-demo.sh does).
-mkfifo "$work/simulator.out"
-"$bin/iapctl" simulate > "$work/simulator.out" 2> "$work/simulator.log" &
-simulator=$!
-exec 3< "$work/simulator.out"
-if ! read -r -t 30 -u 3 pty; then
-    echo "ea-echo-demo: the simulator did not start: $(cat "$work/simulator.log")" >&2
-    exit 1
-fi
+# shellcheck source=tools/examples/simulator.sh
+. tools/examples/simulator.sh
+start_simulator ea-echo-demo "$bin/iapctl" simulate
+pty=$where
 echo "ea-echo-demo: over a pseudo-terminal ($pty, iapctl simulate in another process)" >&2
 timeout 120 "$bin/ea-echo" --serial "$pty" --bytes "$bytes"

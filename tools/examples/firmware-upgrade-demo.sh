@@ -29,30 +29,14 @@ if [ -z "$iapctl" ]; then
 fi
 [ -x "$iapctl" ] || { echo "firmware-upgrade-demo: no iapctl built (swift build -c release)" >&2; exit 1; }
 
-work=$(mktemp -d)
-simulator=""
-# shellcheck disable=SC2317  # reached through the EXIT trap
-cleanup() {
-    if [ -n "$simulator" ]; then kill -TERM "$simulator" 2>/dev/null || true; wait "$simulator" 2>/dev/null || true; fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=tools/examples/simulator.sh
+. "$here/simulator.sh"
 head -c "$((mib << 20))" /dev/urandom > "$work/image.bin"
 
-# The simulator prints where it is on its first line of standard output (the pty's path, or
-# "usb gadget VID:PID on UDC"). It writes into a FIFO this script keeps open (fd 3), so the line
-# is read as soon as it is written, and a simulator that fails at once ends the read with EOF.
-mkfifo "$work/simulator.out"
 if [ "$usb" -eq 1 ]; then
-    "$iapctl" simulate --gadget --profile firmware-updater --usb-id 1209:00f1 > "$work/simulator.out" 2> "$work/simulator.log" &
+    start_simulator firmware-upgrade-demo "$iapctl" simulate --gadget --profile firmware-updater --usb-id 1209:00f1
 else
-    "$iapctl" simulate --profile firmware-updater > "$work/simulator.out" 2> "$work/simulator.log" &
-fi
-simulator=$!
-exec 3< "$work/simulator.out"
-if ! read -r -t 30 -u 3 where; then
-    echo "firmware-upgrade-demo: the simulator did not start: $(cat "$work/simulator.log")" >&2
-    exit 1
+    start_simulator firmware-upgrade-demo "$iapctl" simulate --profile firmware-updater
 fi
 echo "firmware-upgrade-demo: simulated firmware updater: $where" >&2
 

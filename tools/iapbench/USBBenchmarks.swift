@@ -1,4 +1,5 @@
 import AccessoryHost
+import AccessoryHostUSB
 import AccessoryGadget
 import AccessorySimulator
 import CLIKit

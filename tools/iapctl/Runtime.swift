@@ -1,4 +1,6 @@
 import AccessoryHost
+import AccessoryHostBluetooth
+import AccessoryHostUSB
 import AccessoryLogging
 import AccessorySimulator
 import BluetoothTransport

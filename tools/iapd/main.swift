@@ -3,6 +3,7 @@
 // accessory system-wide. The client protocol is in docs/DAEMON.md.
 
 import AccessoryHost
+import AccessoryHostUSB
 import AccessoryLogging
 import AccessorySimulator
 import BluetoothTransport
