@@ -21,11 +21,9 @@ internal import Dispatch
 ///   freed (libusb may still write to them).
 ///
 /// Confined to the context's event queue, like its owner. Not an owner of the device handle or
-/// the interface: the user claims and releases those.
+/// the interface: the user claims and releases those (``USBDeviceHandle``).
 final class BulkPipe: @unchecked Sendable {
-    // Sendability: every stored var is touched on the context's event queue only; the one call
-    // made elsewhere (clearing a halt, on the setup queue) uses only the backend and the handle,
-    // which libusb allows from any thread.
+    // Sendability: every stored var is touched on the context's event queue only.
     /// What a transfer's end says, after the rings were updated.
     enum Completion {
         /// An IN transfer ended: `length` bytes were committed to its slot (0 for none). The
@@ -95,11 +93,11 @@ final class BulkPipe: @unchecked Sendable {
     ///   - transmitBufferCount: the most transmit buffers of `outSlotSize` bytes to make from
     ///     `allocator`, ``initialTransmitBuffers`` of them now and the rest as the link needs them
     ///     (none without an allocator: heap buffers would save nothing, usbfs copies them).
-    init(backend: any USBBackend, handle: OpaquePointer, inEndpoint: UInt8, outEndpoint: UInt8, outPacketSize: Int,
+    init(device: USBDeviceHandle, inEndpoint: UInt8, outEndpoint: UInt8, outPacketSize: Int,
          inCount: Int, inSlotSize: Int, outCount: Int, outSlotSize: Int, allocator: (any SlotAllocator)?,
          transmitBufferCount: Int = 0, description: String) {
-        self.backend = backend
-        self.handle = handle
+        backend = device.backend
+        handle = device.handle
         self.inEndpoint = inEndpoint
         self.outEndpoint = outEndpoint
         self.outPacketSize = max(1, outPacketSize)
@@ -345,18 +343,7 @@ final class BulkPipe: @unchecked Sendable {
         }
     }
 
-    // MARK: Stalls and teardown
-
-    /// Clears a halt on `endpoint` on the setup queue (a control transfer the kernel waits for)
-    /// and reports the status on `queue`. Call it once no transfer of that direction is in
-    /// flight.
-    func clearHalt(_ endpoint: UInt8, setupQueue: DispatchQueue, queue: DispatchQueue, completion: @escaping (Int32) -> Void) {
-        let carried = Unchecked(value: completion)
-        setupQueue.async { [self] in
-            let status = backend.clearHalt(handle, endpoint: endpoint)
-            queue.async { carried.value(status) }
-        }
-    }
+    // MARK: Teardown
 
     /// Asks libusb to give back every transfer it holds; their completions follow (cancelled).
     func cancelAll() {

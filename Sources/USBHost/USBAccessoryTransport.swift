@@ -43,13 +43,11 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// The device this transport talks to.
     public let device: USBDeviceInfo
 
-    let backend: any USBBackend
-    let handle: OpaquePointer
+    /// The open device: claims, alternate settings, halts, the reset, the close.
+    let deviceHandle: USBDeviceHandle
     let queue: DispatchQueue
-    private let setupQueue: DispatchQueue
     private let interface: UInt8
     private let options: USBOptions
-    private let contextMarker: UInt
     /// The bulk pair's transfers and rings (the engine both bulk pipes share).
     private let pipe: BulkPipe
     /// A frame for the OUT pipe: an array to copy into a slot, or a transmit buffer to send
@@ -98,22 +96,19 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         return statistics
     }
 
-    init(device: USBDeviceInfo, backend: any USBBackend, handle: OpaquePointer, location: USBFunctionLocation, options: USBOptions,
-         queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String, onFinished: @escaping () -> Void) {
-        self.contextMarker = contextMarker
+    init(device: USBDeviceInfo, handle deviceHandle: USBDeviceHandle, location: USBFunctionLocation, options: USBOptions,
+         description: String, onFinished: @escaping () -> Void) {
         self.onFinished = onFinished
         self.device = device
-        self.backend = backend
-        self.handle = handle
-        self.queue = queue
-        self.setupQueue = setupQueue
+        self.deviceHandle = deviceHandle
+        queue = deviceHandle.queue
         self.options = options
         self.description = description
         interface = location.interface.number
         outTimeout = options.outTimeoutMilliseconds
         nativeInterfaces = location.nativeInterfaces
-        let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
-        pipe = BulkPipe(backend: backend, handle: handle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
+        let allocator = deviceHandle.slotAllocator(enabled: options.useDeviceMemory)
+        pipe = BulkPipe(device: deviceHandle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
                         outPacketSize: location.bulkOut.packetSize,
                         inCount: options.inTransfers, inSlotSize: options.inTransferSize ?? USBOptions.splitInTransferSize,
                         outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator,
@@ -126,8 +121,8 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         // Once activated, the teardown does this and `keepAlive` holds the transport until then.
         guard case .idle = state else { return }
         pipe.releaseResources()
-        _ = backend.releaseInterface(handle, interface)
-        backend.close(handle)
+        deviceHandle.releaseInterface(interface)
+        deviceHandle.close()
         if let onFinished {
             let carried = Unchecked(value: onFinished) // runs on the context's queue, where it was made
             queue.async { carried.value() }
@@ -166,14 +161,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
 
     /// Runs `body` now when called on the context's queue (where the manager calls), else hops
     /// there: a frame sent right after activation must find the transport running.
-    private func onQueue(_ body: @escaping () -> Void) {
-        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
-            body()
-        } else {
-            let carried = Unchecked(value: body)
-            queue.async { carried.value() }
-        }
-    }
+    private func onQueue(_ body: @escaping () -> Void) { deviceHandle.onQueue(body) }
 
     /// Takes one frame; on the context's queue (where the manager calls it) it is submitted at
     /// once, from elsewhere it hops there first.
@@ -433,7 +421,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         let isIn = endpoint & 0x80 != 0
         guard isIn ? pipe.inIdle : pipe.outIdle else { return }
         setupCallsInFlight += 1
-        pipe.clearHalt(endpoint, setupQueue: setupQueue, queue: queue) { [self] status in
+        deviceHandle.clearHalt(endpoint) { [self] status in
                 setupCallsInFlight -= 1
                 guard case .running = state else { return finishIfDrained() }
                 if status != 0, status != LIBUSB_ERROR_NOT_FOUND.rawValue {
@@ -494,38 +482,35 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         }
         resetStarted = true
         setupCallsInFlight += 1
-        setupQueue.async { [self] in
-            let status = backend.resetDevice(handle)
-            queue.async { [self] in
-                setupCallsInFlight -= 1
-                let completion = pendingReset
-                pendingReset = nil
-                resetStarted = false
-                guard case .running = state else {
-                    finishIfDrained()
-                    completion?(usbFailure("\(description) closed while it was reset"))
-                    return
-                }
-                guard status == 0 else {
-                    // NOT_FOUND: it came back as another device (or not at all), or an interface
-                    // could not be claimed again; NO_DEVICE: it left.
-                    let error = usbFailure("resetting \(description) failed: \(errorName(status))", kind: .noDevice,
-                                           advice: "unplug and replug the accessory")
-                    if status == LIBUSB_ERROR_NOT_FOUND.rawValue || status == LIBUSB_ERROR_NO_DEVICE.rawValue {
-                        deviceWentAway = true
-                    }
-                    fail(error)
-                    completion?(error)
-                    return
-                }
-                pipe.statistics.deviceResets += 1
-                inHalted = false
-                outHalted = false
-                consecutiveErrors = 0
-                refillIn()
-                drainWaiting()
-                completion?(nil)
+        deviceHandle.reset { [self] status in
+            setupCallsInFlight -= 1
+            let completion = pendingReset
+            pendingReset = nil
+            resetStarted = false
+            guard case .running = state else {
+                finishIfDrained()
+                completion?(usbFailure("\(description) closed while it was reset"))
+                return
             }
+            guard status == 0 else {
+                // NOT_FOUND: it came back as another device (or not at all), or an interface
+                // could not be claimed again; NO_DEVICE: it left.
+                let error = usbFailure("resetting \(description) failed: \(errorName(status))", kind: .noDevice,
+                                       advice: "unplug and replug the accessory")
+                if status == LIBUSB_ERROR_NOT_FOUND.rawValue || status == LIBUSB_ERROR_NO_DEVICE.rawValue {
+                    deviceWentAway = true
+                }
+                fail(error)
+                completion?(error)
+                return
+            }
+            pipe.statistics.deviceResets += 1
+            inHalted = false
+            outHalted = false
+            consecutiveErrors = 0
+            refillIn()
+            drainWaiting()
+            completion?(nil)
         }
     }
 
@@ -564,8 +549,8 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         closeDeadline = nil
         queue.async { [self] in
             pipe.releaseResources()
-            _ = backend.releaseInterface(handle, interface)
-            backend.close(handle)
+            deviceHandle.releaseInterface(interface)
+            deviceHandle.close()
             report(error)
         }
     }
@@ -658,7 +643,7 @@ extension USBAccessoryTransport {
             return reply(.failure(usbFailure("native-transport interface \(number) of \(description) already carries an open session",
                                                  advice: "close that session first")))
         }
-        let claimed = backend.claimInterface(handle, number)
+        let claimed = deviceHandle.claimInterface(number)
         guard claimed == 0 else {
             let advice = claimed == LIBUSB_ERROR_BUSY.rawValue
                 ? "another program holds it; stop it (find it with: fuser -v \(device.devicePath)) and try again"
@@ -667,64 +652,45 @@ extension USBAccessoryTransport {
         }
         nativeOpening.insert(number)
         setupCallsInFlight += 1
-        setupQueue.async { [self] in
-            let status = backend.setInterfaceAltSetting(handle, interface: number, alternateSetting: target.alternateSetting)
-            queue.async { [self] in
-                setupCallsInFlight -= 1
-                nativeOpening.remove(number)
-                guard case .running = state else {
-                    _ = backend.releaseInterface(handle, number)
-                    finishIfDrained()
-                    return reply(.failure(usbFailure("\(description) closed while '\(protocolName)' was opening")))
-                }
-                guard status == 0 else {
-                    _ = backend.releaseInterface(handle, number)
-                    if status == LIBUSB_ERROR_NO_DEVICE.rawValue { deviceGone() }
-                    // usbfs reports a stalled SET_INTERFACE as EPIPE, which libusb passes on as
-                    // LIBUSB_ERROR_OTHER (PIPE from other backends).
-                    let advice = status == LIBUSB_ERROR_PIPE.rawValue || status == LIBUSB_ERROR_OTHER.rawValue
-                        ? "the accessory refused (stalled) SET_INTERFACE for the alternate setting. A Linux FunctionFS gadget cannot accept any alternate setting but 0 on kernels without FunctionFS's get_alt callback (added upstream in December 2023; Debian 12's 6.1 lacks it)"
-                        : "unplug and replug the accessory"
-                    return reply(.failure(usbFailure("cannot select alternate setting \(target.alternateSetting) of native-transport interface \(number) of \(description): \(errorName(status))",
-                                                         advice: advice)))
-                }
-                var pipeOptions = options
-                pipeOptions.outTransferSize = USBOptions.largeInTransferSize
-                let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
-                let pipe = USBNativePipe(
-                    backend: backend, handle: handle, location: target, options: pipeOptions,
-                    inTransferSize: pipe.statistics.inTransferSize, queue: queue, setupQueue: setupQueue, contextMarker: contextMarker,
-                    description: "\(device.location) interface \(number) ('\(protocolName)')", allocator: allocator,
-                    onFinished: { [weak self] pipe in
-                        guard let self else { return }
-                        if self.nativePipes[pipe.interfaceNumber] === pipe { self.nativePipes[pipe.interfaceNumber] = nil }
-                        for open in self.opensAfterClose.removeValue(forKey: pipe.interfaceNumber) ?? [] { open() }
-                        self.finishIfDrained()
-                    })
-                // Tracked even when it failed to start: its teardown still uses the handle.
-                nativePipes[number] = pipe
-                guard pipe.isOpen else {
-                    return reply(.failure(usbFailure("cannot allocate libusb transfers for \(pipe.description)")))
-                }
-                reply(.success(pipe))
+        deviceHandle.selectAlternateSetting(target.alternateSetting, of: number) { [self] status in
+            setupCallsInFlight -= 1
+            nativeOpening.remove(number)
+            guard case .running = state else {
+                deviceHandle.releaseInterface(number)
+                finishIfDrained()
+                return reply(.failure(usbFailure("\(description) closed while '\(protocolName)' was opening")))
             }
+            guard status == 0 else {
+                deviceHandle.releaseInterface(number)
+                if status == LIBUSB_ERROR_NO_DEVICE.rawValue { deviceGone() }
+                // usbfs reports a stalled SET_INTERFACE as EPIPE, which libusb passes on as
+                // LIBUSB_ERROR_OTHER (PIPE from other backends).
+                let advice = status == LIBUSB_ERROR_PIPE.rawValue || status == LIBUSB_ERROR_OTHER.rawValue
+                    ? "the accessory refused (stalled) SET_INTERFACE for the alternate setting. A Linux FunctionFS gadget cannot accept any alternate setting but 0 on kernels without FunctionFS's get_alt callback (added upstream in December 2023; Debian 12's 6.1 lacks it)"
+                    : "unplug and replug the accessory"
+                return reply(.failure(usbFailure("cannot select alternate setting \(target.alternateSetting) of native-transport interface \(number) of \(description): \(errorName(status))",
+                                                     advice: advice)))
+            }
+            var pipeOptions = options
+            pipeOptions.outTransferSize = USBOptions.largeInTransferSize
+            let pipe = USBNativePipe(
+                device: deviceHandle, location: target, options: pipeOptions, inTransferSize: pipe.statistics.inTransferSize,
+                description: "\(device.location) interface \(number) ('\(protocolName)')",
+                onFinished: { [weak self] pipe in
+                    guard let self else { return }
+                    if self.nativePipes[pipe.interfaceNumber] === pipe { self.nativePipes[pipe.interfaceNumber] = nil }
+                    for open in self.opensAfterClose.removeValue(forKey: pipe.interfaceNumber) ?? [] { open() }
+                    self.finishIfDrained()
+                })
+            // Tracked even when it failed to start: its teardown still uses the handle.
+            nativePipes[number] = pipe
+            guard pipe.isOpen else {
+                return reply(.failure(usbFailure("cannot allocate libusb transfers for \(pipe.description)")))
+            }
+            reply(.success(pipe))
         }
     }
 
     /// The native pipes open now (tests).
     var openNativePipes: [USBNativePipe] { nativePipes.values.sorted { $0.interfaceNumber < $1.interfaceNumber } }
-}
-
-/// Ring slot memory from usbfs (`libusb_dev_mem_alloc`): transfers then need no bounce buffer in
-/// the kernel. Declined (nil) where the kernel does not offer it; the ring uses the heap then.
-final class DeviceMemoryAllocator: SlotAllocator, @unchecked Sendable {
-    // Sendability: used only by the ring's init and releaseMemory, on the event queue.
-    let backend: any USBBackend
-    let handle: OpaquePointer
-    init(backend: any USBBackend, handle: OpaquePointer) {
-        self.backend = backend
-        self.handle = handle
-    }
-    func allocate(byteCount: Int) -> UnsafeMutableRawPointer? { backend.allocateDeviceMemory(handle, length: byteCount) }
-    func deallocate(_ pointer: UnsafeMutableRawPointer, byteCount: Int) { backend.freeDeviceMemory(handle, pointer, length: byteCount) }
 }

@@ -44,11 +44,9 @@ public final class USBNativePipe: @unchecked Sendable {
     /// The interface this pipe owns.
     public let interfaceNumber: UInt8
 
-    private let backend: any USBBackend
-    private let handle: OpaquePointer
+    /// The device: the interface's alternate setting, halts and release.
+    private let device: USBDeviceHandle
     private let queue: DispatchQueue
-    private let setupQueue: DispatchQueue
-    private let contextMarker: UInt
     private let outPacketSize: Int
     /// The bulk pair's transfers and rings (the engine both bulk pipes share).
     private let pipe: BulkPipe
@@ -78,23 +76,20 @@ public final class USBNativePipe: @unchecked Sendable {
     /// Counters since the pipe opened.
     public var statistics: USBPipeStatistics { pipe.statistics }
 
-    init(backend: any USBBackend, handle: OpaquePointer, location: NativeInterfaceLocation, options: USBOptions,
-         inTransferSize: Int, queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String,
-         allocator: (any SlotAllocator)?, onFinished: @escaping (USBNativePipe) -> Void) {
-        self.backend = backend
-        self.handle = handle
-        self.queue = queue
-        self.setupQueue = setupQueue
-        self.contextMarker = contextMarker
+    init(device: USBDeviceHandle, location: NativeInterfaceLocation, options: USBOptions, inTransferSize: Int, description: String,
+         onFinished: @escaping (USBNativePipe) -> Void) {
+        self.device = device
+        queue = device.queue
         self.description = description
         self.onFinished = onFinished
         interfaceNumber = location.number
         outPacketSize = max(1, location.bulkOut.packetSize)
         // Twice the iAP2 pipe's IN transfers: a slot stays with the reader until it is consumed
         // (zero copy), so while the reader works on some the device still has others to fill.
-        pipe = BulkPipe(backend: backend, handle: handle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
+        pipe = BulkPipe(device: device, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
                         outPacketSize: location.bulkOut.packetSize, inCount: Self.inTransferCount(options), inSlotSize: inTransferSize,
-                        outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator, description: description)
+                        outCount: options.outTransfers, outSlotSize: options.outTransferSize,
+                        allocator: device.slotAllocator(enabled: options.useDeviceMemory), description: description)
         pipe.onCompletion = { [unowned self] completion in self.completed(completion) }
         keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to the engine until the teardown ends
         if !pipe.isComplete {
@@ -102,14 +97,7 @@ public final class USBNativePipe: @unchecked Sendable {
         }
     }
 
-    private func onQueue(_ body: @escaping () -> Void) {
-        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
-            body()
-        } else {
-            let carried = Unchecked(value: body)
-            queue.async { carried.value() }
-        }
-    }
+    private func onQueue(_ body: @escaping () -> Void) { device.onQueue(body) }
 
     private func emit(_ event: Event) {
         guard let handler else { return }
@@ -352,7 +340,7 @@ public final class USBNativePipe: @unchecked Sendable {
         guard pipe.inIdle else { return }
         setupCallsInFlight += 1
         let endpoint = pipe.inEndpoint
-        pipe.clearHalt(endpoint, setupQueue: setupQueue, queue: queue) { [self] status in
+        device.clearHalt(endpoint) { [self] status in
             setupCallsInFlight -= 1
             guard case .running = state else { return finishIfDrained() }
             guard status == 0 || status == LIBUSB_ERROR_NOT_FOUND.rawValue else {
@@ -399,15 +387,12 @@ public final class USBNativePipe: @unchecked Sendable {
             readable = 0
             pipe.releaseResources()
             guard resetsAlternateSetting else { return released(error) }
-            setupQueue.async { [self] in
-                _ = backend.setInterfaceAltSetting(handle, interface: interfaceNumber, alternateSetting: 0)
-                queue.async { [self] in released(error) }
-            }
+            device.selectAlternateSetting(0, of: interfaceNumber) { [self] _ in released(error) }
         }
     }
 
     private func released(_ error: USBError?) {
-        _ = backend.releaseInterface(handle, interfaceNumber)
+        device.releaseInterface(interfaceNumber)
         state = .closed
         closedError = error
         if activated {
