@@ -7,14 +7,16 @@ internal import Dispatch
 /// transport (``USBAccessoryTransport``) and the native-transport pipes (``USBNativePipe``), run
 /// their transfers through it; what differs between them (when an IN slot goes back to the
 /// kernel, the OUT timeout, what an error or a stall means) is theirs to decide, told by the
-/// ``Completion`` of every transfer.
+/// ``Completion`` of every transfer. Their common lifecycle (state, keep-alive, clearing halts,
+/// drain-then-free, the close) is ``BulkPipeLifecycle``'s.
 ///
 /// Who may touch a transfer, and when (libusb's rules, kept in this one place):
 /// - a transfer is submitted only while its slot is reserved in its ring and nothing else owns
 ///   it (`submitted` false); libusb owns it from a successful submit until its callback;
 /// - the callback runs inside `libusb_handle_events`, on the context's event queue: it records
 ///   the outcome, updates the rings and hands the ``Completion`` to the owner; the owner must not
-///   close the device handle from there (libusb's lock is held: close after the call returns);
+///   close the device handle from there (libusb's lock is held: ``BulkPipeLifecycle`` frees and
+///   closes after the call returns);
 /// - ``cancelAll()`` asks libusb to give every submitted transfer back; ``isIdle`` says when it
 ///   has; only then may ``releaseResources()`` free the slots (device memory first, while the
 ///   handle is open) and the transfers. Transfers the kernel never gives back are leaked, never
@@ -381,8 +383,8 @@ private enum TransferSlot {
 }
 
 /// Where a bulk transfer's completion enters Swift: inside libusb_handle_events, on the
-/// context's event queue. `user_data` is the engine, kept alive by its owner until the teardown
-/// ends.
+/// context's event queue. `user_data` is the engine, kept alive by its owner (through
+/// ``BulkPipeLifecycle``) until the teardown ends.
 private func bulkTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
     guard let transfer, let user = transfer.pointee.user_data else { return }
     Unmanaged<BulkPipe>.fromOpaque(user).takeUnretainedValue().completed(transfer)

@@ -9,7 +9,7 @@ internal import Dispatch
 /// called (the event queue).
 ///
 /// The iAP2 transport owns it and closes it once every pipe over it has finished; the pipes
-/// (``BulkPipe``, ``USBNativePipe``) use it and never close it.
+/// (``BulkPipe``, ``BulkPipeLifecycle``) use it and never close it.
 final class USBDeviceHandle: @unchecked Sendable {
     // Sendability: nothing here changes after init; libusb allows its calls on a handle from any
     // thread, and those that may wait run on the setup queue by design.
