@@ -7,25 +7,25 @@ internal import Dispatch
 /// transport (``USBAccessoryTransport``) and the native-transport pipes (``USBNativePipe``), run
 /// their transfers through it; what differs between them (when an IN slot goes back to the
 /// kernel, the OUT timeout, what an error or a stall means) is theirs to decide, told by the
-/// ``Completion`` of every transfer.
+/// ``Completion`` of every transfer. Their common lifecycle (state, keep-alive, clearing halts,
+/// drain-then-free, the close) is ``BulkPipeLifecycle``'s.
 ///
 /// Who may touch a transfer, and when (libusb's rules, kept in this one place):
 /// - a transfer is submitted only while its slot is reserved in its ring and nothing else owns
 ///   it (`submitted` false); libusb owns it from a successful submit until its callback;
 /// - the callback runs inside `libusb_handle_events`, on the context's event queue: it records
 ///   the outcome, updates the rings and hands the ``Completion`` to the owner; the owner must not
-///   close the device handle from there (libusb's lock is held: close after the call returns);
+///   close the device handle from there (libusb's lock is held: ``BulkPipeLifecycle`` frees and
+///   closes after the call returns);
 /// - ``cancelAll()`` asks libusb to give every submitted transfer back; ``isIdle`` says when it
 ///   has; only then may ``releaseResources()`` free the slots (device memory first, while the
 ///   handle is open) and the transfers. Transfers the kernel never gives back are leaked, never
 ///   freed (libusb may still write to them).
 ///
 /// Confined to the context's event queue, like its owner. Not an owner of the device handle or
-/// the interface: the user claims and releases those.
+/// the interface: the user claims and releases those (``USBDeviceHandle``).
 final class BulkPipe: @unchecked Sendable {
-    // Sendability: every stored var is touched on the context's event queue only; the one call
-    // made elsewhere (clearing a halt, on the setup queue) uses only the backend and the handle,
-    // which libusb allows from any thread.
+    // Sendability: every stored var is touched on the context's event queue only.
     /// What a transfer's end says, after the rings were updated.
     enum Completion {
         /// An IN transfer ended: `length` bytes were committed to its slot (0 for none). The
@@ -95,11 +95,11 @@ final class BulkPipe: @unchecked Sendable {
     ///   - transmitBufferCount: the most transmit buffers of `outSlotSize` bytes to make from
     ///     `allocator`, ``initialTransmitBuffers`` of them now and the rest as the link needs them
     ///     (none without an allocator: heap buffers would save nothing, usbfs copies them).
-    init(backend: any USBBackend, handle: OpaquePointer, inEndpoint: UInt8, outEndpoint: UInt8, outPacketSize: Int,
+    init(device: USBDeviceHandle, inEndpoint: UInt8, outEndpoint: UInt8, outPacketSize: Int,
          inCount: Int, inSlotSize: Int, outCount: Int, outSlotSize: Int, allocator: (any SlotAllocator)?,
          transmitBufferCount: Int = 0, description: String) {
-        self.backend = backend
-        self.handle = handle
+        backend = device.backend
+        handle = device.handle
         self.inEndpoint = inEndpoint
         self.outEndpoint = outEndpoint
         self.outPacketSize = max(1, outPacketSize)
@@ -345,18 +345,7 @@ final class BulkPipe: @unchecked Sendable {
         }
     }
 
-    // MARK: Stalls and teardown
-
-    /// Clears a halt on `endpoint` on the setup queue (a control transfer the kernel waits for)
-    /// and reports the status on `queue`. Call it once no transfer of that direction is in
-    /// flight.
-    func clearHalt(_ endpoint: UInt8, setupQueue: DispatchQueue, queue: DispatchQueue, completion: @escaping (Int32) -> Void) {
-        let carried = Unchecked(value: completion)
-        setupQueue.async { [self] in
-            let status = backend.clearHalt(handle, endpoint: endpoint)
-            queue.async { carried.value(status) }
-        }
-    }
+    // MARK: Teardown
 
     /// Asks libusb to give back every transfer it holds; their completions follow (cancelled).
     func cancelAll() {
@@ -394,8 +383,8 @@ private enum TransferSlot {
 }
 
 /// Where a bulk transfer's completion enters Swift: inside libusb_handle_events, on the
-/// context's event queue. `user_data` is the engine, kept alive by its owner until the teardown
-/// ends.
+/// context's event queue. `user_data` is the engine, kept alive by its owner (through
+/// ``BulkPipeLifecycle``) until the teardown ends.
 private func bulkTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
     guard let transfer, let user = transfer.pointee.user_data else { return }
     Unmanaged<BulkPipe>.fromOpaque(user).takeUnretainedValue().completed(transfer)

@@ -2,60 +2,6 @@ public import ByteRing
 internal import CLibUSB
 public import Dispatch
 
-/// Counters of one USB accessory's bulk pipes, for `iapctl` and the tests.
-public struct USBPipeStatistics: Sendable, Hashable {
-    /// IN transfers completed, and the bytes they carried.
-    public var inTransfers = 0
-    /// Bytes the completed IN transfers carried (the accessory's bytes, before any framing is
-    /// checked).
-    public var bytesIn = 0
-    /// IN transfers that ended with no data (a zero-length packet).
-    public var zeroLengthIn = 0
-    /// OUT transfers completed, and the bytes they carried.
-    public var outTransfers = 0
-    /// Bytes the completed OUT transfers carried (link packets, headers included).
-    public var bytesOut = 0
-    /// OUT transfers sent with a zero-length packet after them (length a multiple of wMaxPacketSize).
-    public var zeroLengthOut = 0
-    /// Endpoint stalls cleared.
-    public var stalls = 0
-    /// Device resets (``USBAccessoryTransport/resetDevice(completion:)``) that succeeded.
-    public var deviceResets = 0
-    /// IN transfers where the device sent more than asked (babble).
-    public var overflows = 0
-    /// OUT transfers that timed out (the link retransmits what they carried).
-    public var timeouts = 0
-    /// Other transfer errors retried.
-    public var errors = 0
-    /// Frames that waited for a free OUT slot.
-    public var queuedFrames = 0
-    /// Frame bytes copied into OUT slots (frames handed over as arrays) or copied by usbfs
-    /// (frames in heap memory): the OUT copies on USB.
-    public var bytesCopiedOut = 0
-    /// Frame bytes sent from transmit buffers in device memory where the writer laid them out:
-    /// no copy (``USBAccessoryTransport/transmitBuffers``).
-    public var bytesSentInPlace = 0
-    /// Transmit buffers in device memory made so far (see ``USBOptions/transmitBuffers``).
-    public var transmitBuffers = 0
-    /// Ring slots in memory usbfs maps for DMA (zero-copy), and on the heap.
-    public var deviceMemorySlots = 0
-    /// Ring slots on the heap: the kernel offered no device memory (or ``USBOptions/useDeviceMemory``
-    /// is off), so usbfs copies each transfer.
-    public var heapSlots = 0
-    /// Bytes per IN transfer (see ``USBOptions/inTransferSize``).
-    public var inTransferSize = 0
-    /// IN slots lent to the reader beyond the delivery (``USBAccessoryTransport/Event/lent(_:)``).
-    public var inSlotsLent = 0
-    /// Lent IN slots whose bytes were moved out (copied) because the reader held them too long,
-    /// or still held them at close, and the bytes so copied.
-    public var inSlotsEvacuated = 0
-    /// The bytes moved out of those slots (one copy each, off the normal path).
-    public var bytesEvacuated = 0
-    /// Transfers still owned by libusb when the teardown gave up waiting for them (leaked rather
-    /// than freed under libusb's feet). Always 0 unless the kernel misbehaves.
-    public var abandonedTransfers = 0
-}
-
 /// The main bulk interface of one USB function (an accessory's iAP2 interface) as a pipe of
 /// frames out and bytes in; the `USBTransport` module makes it a `Transport`.
 ///
@@ -97,15 +43,16 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// The device this transport talks to.
     public let device: USBDeviceInfo
 
-    let backend: any USBBackend
-    let handle: OpaquePointer
+    /// The open device: claims, alternate settings, halts, the reset, the close.
+    let deviceHandle: USBDeviceHandle
     let queue: DispatchQueue
-    private let setupQueue: DispatchQueue
     private let interface: UInt8
-    private let options: USBOptions
-    private let contextMarker: UInt
+    // Internal, not private, where the opening of native pipes (USBNativeOpening.swift) uses it.
+    let options: USBOptions
     /// The bulk pair's transfers and rings (the engine both bulk pipes share).
-    private let pipe: BulkPipe
+    let pipe: BulkPipe
+    /// The state, the handler, the keep-alive, halts and the close (shared with the native pipes).
+    let lifecycle: BulkPipeLifecycle<Event>
     /// A frame for the OUT pipe: an array to copy into a slot, or a transmit buffer to send
     /// from where it lies.
     private enum OutFrame {
@@ -116,28 +63,21 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// A zero-length packet the kernel could not add to a frame is owed, before any other frame.
     private var zeroLengthPacketOwed = false
     private var waitingHead = 0
-    private enum State { case idle, running, closing(USBError?), closed }
-    private var state = State.idle
-    private var handler: (@Sendable (Event) -> Void)?
-    private var handlerQueue: DispatchQueue?
     /// IN slots are lent (``Event/lent(_:)``) rather than borrowed for the handler call.
     private var lending = false
     private var inHalted = false
     private var outHalted = false
-    private var setupCallsInFlight = 0
     private var retryScheduled = false
     private var consecutiveErrors = 0
     private var outTimeout: UInt32
-    private var keepAlive: Unmanaged<USBAccessoryTransport>?
-    private var closeDeadline: DispatchWorkItem?
-    private var closeScheduled = false
     private var onFinished: (() -> Void)?
     /// The native-transport interfaces of the configuration, and the pipes open on them.
-    private let nativeInterfaces: [NativeInterfaceLocation]
-    private var nativePipes: [UInt8: USBNativePipe] = [:]
-    private var nativeOpening: Set<UInt8> = []
+    let nativeInterfaces: [NativeInterfaceLocation]
+    var nativePipes: [UInt8: USBNativePipe] = [:]
+    /// Native interfaces claimed whose alternate setting is being selected.
+    var nativeOpening: Set<UInt8> = []
     /// Opens waiting for a closing pipe on the same interface to finish (a close, then an open).
-    private var opensAfterClose: [UInt8: [() -> Void]] = [:]
+    var opensAfterClose: [UInt8: [() -> Void]] = [:]
     private var deviceWentAway = false
     /// A device reset is under way (``resetDevice(completion:)``): nothing is submitted until it
     /// ends; its completion, once the reset ran.
@@ -152,36 +92,35 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         return statistics
     }
 
-    init(device: USBDeviceInfo, backend: any USBBackend, handle: OpaquePointer, location: USBFunctionLocation, options: USBOptions,
-         queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String, onFinished: @escaping () -> Void) {
-        self.contextMarker = contextMarker
+    init(device: USBDeviceInfo, handle deviceHandle: USBDeviceHandle, location: USBFunctionLocation, options: USBOptions,
+         description: String, onFinished: @escaping () -> Void) {
         self.onFinished = onFinished
         self.device = device
-        self.backend = backend
-        self.handle = handle
-        self.queue = queue
-        self.setupQueue = setupQueue
+        self.deviceHandle = deviceHandle
+        queue = deviceHandle.queue
         self.options = options
         self.description = description
         interface = location.interface.number
         outTimeout = options.outTimeoutMilliseconds
         nativeInterfaces = location.nativeInterfaces
-        let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
-        pipe = BulkPipe(backend: backend, handle: handle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
+        let allocator = deviceHandle.slotAllocator(enabled: options.useDeviceMemory)
+        pipe = BulkPipe(device: deviceHandle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
                         outPacketSize: location.bulkOut.packetSize,
                         inCount: options.inTransfers, inSlotSize: options.inTransferSize ?? USBOptions.splitInTransferSize,
                         outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator,
                         transmitBufferCount: options.transmitBuffers, description: description)
+        lifecycle = BulkPipeLifecycle(engine: pipe, device: deviceHandle)
+        lifecycle.policy = self
         pipe.onCompletion = { [unowned self] completion in self.completed(completion) }
     }
 
     deinit {
         // Dropped without ever being activated (an open nobody used): give everything back.
-        // Once activated, the teardown does this and `keepAlive` holds the transport until then.
+        // Once activated, the teardown does this and the lifecycle holds the transport until then.
         guard case .idle = state else { return }
         pipe.releaseResources()
-        _ = backend.releaseInterface(handle, interface)
-        backend.close(handle)
+        deviceHandle.releaseInterface(interface)
+        deviceHandle.close()
         if let onFinished {
             let carried = Unchecked(value: onFinished) // runs on the context's queue, where it was made
             queue.async { carried.value() }
@@ -202,13 +141,11 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     ///     past that, the oldest lease's bytes are copied out of its slot so the pipe keeps going.
     ///   - handler: gets every event of the pipe, in order, until ``Event/closed(_:)``.
     public func activate(queue handlerQueue: DispatchQueue, lendingInSlots: Bool = false, handler: @escaping @Sendable (Event) -> Void) {
-        onQueue { [self] in
+        lifecycle.onQueue { [self] in
             guard case .idle = state else { return }
-            self.handler = handler
-            self.handlerQueue = handlerQueue === queue ? nil : handlerQueue
+            lifecycle.listen(queue: handlerQueue, handler: handler)
             lending = lendingInSlots && handlerQueue === queue
-            keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to self until teardown ends
-            state = .running
+            lifecycle.start(keeping: self) // libusb holds unretained pointers to the engine until teardown ends
             guard pipe.isComplete else {
                 fail(usbFailure("cannot allocate libusb transfers for \(description)"))
                 return
@@ -220,14 +157,10 @@ public final class USBAccessoryTransport: @unchecked Sendable {
 
     /// Runs `body` now when called on the context's queue (where the manager calls), else hops
     /// there: a frame sent right after activation must find the transport running.
-    private func onQueue(_ body: @escaping () -> Void) {
-        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
-            body()
-        } else {
-            let carried = Unchecked(value: body)
-            queue.async { carried.value() }
-        }
-    }
+    private func onQueue(_ body: @escaping () -> Void) { lifecycle.onQueue(body) }
+
+    /// Where the transport is in its life.
+    var state: BulkPipeLifecycle<Event>.State { lifecycle.state }
 
     /// Takes one frame; on the context's queue (where the manager calls it) it is submitted at
     /// once, from elsewhere it hops there first.
@@ -256,9 +189,8 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         queue.async { [self] in
             switch state {
             case .idle:
-                state = .closing(nil)
-                keepAlive = Unmanaged.passRetained(self)
-                finishIfDrained()
+                lifecycle.start(keeping: self)
+                lifecycle.beginClosing(nil)
             case .running: beginClosing(nil)
             case .closing, .closed: break
             }
@@ -304,7 +236,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         switch state {
         case .running:
             if inHalted, !resetting { clearHaltWhenIdle(pipe.inEndpoint) } else { refillIn() }
-        case .closing: finishIfDrained()
+        case .closing: lifecycle.finishIfDrained()
         case .idle, .closed: break
         }
     }
@@ -314,20 +246,16 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     private func deliver() {
         if lending {
             while let lease = pipe.lendNextIn() {
-                if case .running = state, let handler { handler(.lent(lease)) }
+                if case .running = state { lifecycle.emit(.lent(lease)) }
             }
             pipe.reclaimLentIn(maximumLent: pipe.inRing.slotCount / 2)
             return
         }
         let inRing = pipe.inRing
         while let view = inRing.peek() {
-            if case .running = state, let handler {
-                if let handlerQueue {
-                    let copy = Array(view)
-                    handlerQueue.async { handler(.received(copy)) }
-                } else {
-                    handler(.borrowed(USBBorrowedBytes(view)))
-                }
+            if case .running = state {
+                // Copied for another queue, lent in place for a call here.
+                lifecycle.emit(lifecycle.handlerQueue != nil ? .received(Array(view)) : .borrowed(USBBorrowedBytes(view)))
             }
             inRing.consume(view.count)
         }
@@ -424,7 +352,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         switch state {
         case .running:
             if outHalted, !resetting { clearHaltWhenIdle(pipe.outEndpoint) } else { drainWaiting() }
-        case .closing: finishIfDrained()
+        case .closing: lifecycle.finishIfDrained()
         case .idle, .closed: break
         }
     }
@@ -475,7 +403,8 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         }
     }
 
-    private func deviceGone() {
+    /// The device left the bus: the transport closes, saying so.
+    func deviceGone() {
         deviceWentAway = true
         fail(usbFailure("\(description) left the bus (unplugged, or the accessory disconnected itself)", kind: .noDevice,
                         advice: "it is opened again when it comes back"))
@@ -484,26 +413,19 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// Clears a stalled endpoint once none of its transfers is in flight (on the setup queue:
     /// it is a control transfer the kernel waits for), then resumes the pipe.
     private func clearHaltWhenIdle(_ endpoint: UInt8) {
-        let isIn = endpoint & 0x80 != 0
-        guard isIn ? pipe.inIdle : pipe.outIdle else { return }
-        setupCallsInFlight += 1
-        pipe.clearHalt(endpoint, setupQueue: setupQueue, queue: queue) { [self] status in
-                setupCallsInFlight -= 1
-                guard case .running = state else { return finishIfDrained() }
-                if status != 0, status != LIBUSB_ERROR_NOT_FOUND.rawValue {
-                    if status == LIBUSB_ERROR_NO_DEVICE.rawValue { return deviceGone() }
-                    return fail(usbFailure("cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)) of \(description): \(errorName(status))",
-                                               advice: "unplug and replug the accessory"))
-                }
-                pipe.statistics.stalls += 1
-                if isIn {
-                    inHalted = false
-                    refillIn()
-                } else {
-                    outHalted = false
-                    drainWaiting()
-                }
-        }
+        lifecycle.clearHaltWhenIdle(endpoint, failed: { [self] status in
+            if status == LIBUSB_ERROR_NO_DEVICE.rawValue { return deviceGone() }
+            fail(usbFailure("cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)) of \(description): \(errorName(status))",
+                                advice: "unplug and replug the accessory"))
+        }, cleared: { [self] in
+            if endpoint & 0x80 != 0 {
+                inHalted = false
+                refillIn()
+            } else {
+                outHalted = false
+                drainWaiting()
+            }
+        })
     }
 
     // MARK: Device reset
@@ -547,39 +469,34 @@ public final class USBAccessoryTransport: @unchecked Sendable {
             return
         }
         resetStarted = true
-        setupCallsInFlight += 1
-        setupQueue.async { [self] in
-            let status = backend.resetDevice(handle)
-            queue.async { [self] in
-                setupCallsInFlight -= 1
-                let completion = pendingReset
-                pendingReset = nil
-                resetStarted = false
-                guard case .running = state else {
-                    finishIfDrained()
-                    completion?(usbFailure("\(description) closed while it was reset"))
-                    return
-                }
-                guard status == 0 else {
-                    // NOT_FOUND: it came back as another device (or not at all), or an interface
-                    // could not be claimed again; NO_DEVICE: it left.
-                    let error = usbFailure("resetting \(description) failed: \(errorName(status))", kind: .noDevice,
-                                           advice: "unplug and replug the accessory")
-                    if status == LIBUSB_ERROR_NOT_FOUND.rawValue || status == LIBUSB_ERROR_NO_DEVICE.rawValue {
-                        deviceWentAway = true
-                    }
-                    fail(error)
-                    completion?(error)
-                    return
-                }
-                pipe.statistics.deviceResets += 1
-                inHalted = false
-                outHalted = false
-                consecutiveErrors = 0
-                refillIn()
-                drainWaiting()
-                completion?(nil)
+        lifecycle.setupCall({ deviceHandle.reset(completion: $0) }) { [self] status in
+            let completion = pendingReset
+            pendingReset = nil
+            resetStarted = false
+            guard case .running = state else {
+                lifecycle.finishIfDrained()
+                completion?(usbFailure("\(description) closed while it was reset"))
+                return
             }
+            guard status == 0 else {
+                // NOT_FOUND: it came back as another device (or not at all), or an interface
+                // could not be claimed again; NO_DEVICE: it left.
+                let error = usbFailure("resetting \(description) failed: \(errorName(status))", kind: .noDevice,
+                                       advice: "unplug and replug the accessory")
+                if status == LIBUSB_ERROR_NOT_FOUND.rawValue || status == LIBUSB_ERROR_NO_DEVICE.rawValue {
+                    deviceWentAway = true
+                }
+                fail(error)
+                completion?(error)
+                return
+            }
+            pipe.statistics.deviceResets += 1
+            inHalted = false
+            outHalted = false
+            consecutiveErrors = 0
+            refillIn()
+            drainWaiting()
+            completion?(nil)
         }
     }
 
@@ -591,194 +508,39 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     }
 
     private func beginClosing(_ error: USBError?) {
-        state = .closing(error)
-        for frame in waiting[waitingHead...] { drop(frame) }
-        waiting.removeAll()
-        waitingHead = 0
-        zeroLengthPacketOwed = false
-        for native in nativePipes.values { native.parentClosing(error, deviceGone: deviceWentAway) }
-        pipe.cancelAll()
-        let deadline = DispatchWorkItem { [self] in abandonInFlight() }
-        closeDeadline = deadline
-        queue.asyncAfter(deadline: .now() + .milliseconds(options.teardownTimeoutMilliseconds), execute: deadline)
-        finishIfDrained()
-    }
-
-    /// Once libusb has given every transfer back and no setup call runs: frees the slots
-    /// (device memory first, while the handle is open), releases the interface, closes the
-    /// device, frees the transfers, and reports the close.
-    ///
-    /// The closing itself runs after the current libusb call returns: this is usually reached
-    /// from a transfer callback inside `libusb_handle_events`, and `libusb_close` there
-    /// deadlocks on libusb's own lock (found on the real kernel in the USB rig).
-    private func finishIfDrained() {
-        guard case let .closing(error) = state, pipe.isIdle, setupCallsInFlight == 0, nativePipes.isEmpty, !closeScheduled else { return }
-        closeScheduled = true
-        closeDeadline?.cancel()
-        closeDeadline = nil
-        queue.async { [self] in
-            pipe.releaseResources()
-            _ = backend.releaseInterface(handle, interface)
-            backend.close(handle)
-            report(error)
+        lifecycle.beginClosing(error, deadlineMilliseconds: options.teardownTimeoutMilliseconds) {
+            for frame in waiting[waitingHead...] { drop(frame) }
+            waiting.removeAll()
+            waitingHead = 0
+            zeroLengthPacketOwed = false
+            for native in nativePipes.values { native.parentClosing(error, deviceGone: deviceWentAway) }
         }
     }
+}
 
-    /// The kernel did not give transfers back in time: report the close anyway and leak them
-    /// (and the device handle) rather than free memory libusb may still write to.
-    private func abandonInFlight() {
-        guard case let .closing(error) = state else { return }
-        pipe.statistics.abandonedTransfers = pipe.transfersInFlight + setupCallsInFlight + nativePipes.count
-        onFinished = nil // the context must keep libusb running: the kernel still owns these
-        // The kernel may still complete them, into the engine: it is leaked on purpose, deaf.
-        pipe.onCompletion = nil
-        _ = Unmanaged.passRetained(pipe)
+extension USBAccessoryTransport: BulkPipePolicy {
+    /// The native pipes still closing: they use the device handle.
+    var closersPending: Int { nativePipes.count }
+
+    /// Releases the interface, closes the device and reports the close.
+    func freed(_ error: USBError?) {
+        deviceHandle.releaseInterface(interface)
+        deviceHandle.close()
+        report(error)
+    }
+
+    /// Reports the close, leaking the device handle with the transfers, and keeps the context
+    /// running: the kernel still owns them.
+    func abandoned(_ error: USBError?) {
+        onFinished = nil
         report(error ?? usbFailure("\(description): transfers did not finish within \(options.teardownTimeoutMilliseconds) ms of closing"))
     }
 
     private func report(_ error: USBError?) {
-        state = .closed
-        let handler = self.handler
-        self.handler = nil
-        if let handlerQueue {
-            handlerQueue.async { handler?(.closed(error)) }
-        } else {
-            handler?(.closed(error))
-        }
-        let finished = onFinished
-        onFinished = nil
-        finished?()
-        keepAlive?.release()
-        keepAlive = nil
-    }
-}
-
-// MARK: - Native transports
-
-extension USBAccessoryTransport {
-    /// The names of the accessory's native-transport interfaces (their iInterface strings, by
-    /// convention the EA protocol each carries), in interface order.
-    public var nativeProtocolNames: [String] {
-        nativeInterfaces.compactMap { device.nativeInterfaceNames[$0.number] }
-    }
-
-    /// Opens the native-transport interface that carries `protocolName`: the one whose name
-    /// (iInterface) is the protocol, or the only one there is. It is claimed, and alternate
-    /// setting 1 is selected on the setup queue (SET_INTERFACE is a control transfer the kernel
-    /// waits for); `completion` then gets a ``USBNativePipe`` (not yet activated), on `queue`.
-    ///
-    /// Fails, saying what to do, when the configuration has no such interface, when it is
-    /// already open, when another program holds it, or when the accessory refuses the
-    /// alternate setting.
-    public func openNativePipe(for protocolName: String, queue replyQueue: DispatchQueue,
-                               completion: @escaping @Sendable (Result<USBNativePipe, USBError>) -> Void) {
-        let reply: @Sendable (Result<USBNativePipe, USBError>) -> Void = { [queue] result in
-            if replyQueue === queue { completion(result) } else { replyQueue.async { completion(result) } }
-        }
-        queue.async { [self] in openNative(protocolName, reply: reply) }
-    }
-
-    /// The interface for `protocolName`: by name, else the only one.
-    static func nativeInterface(for protocolName: String, among interfaces: [NativeInterfaceLocation],
-                                names: [UInt8: String], device: String) -> Result<NativeInterfaceLocation, USBError> {
-        if let named = interfaces.first(where: { names[$0.number] == protocolName }) { return .success(named) }
-        if interfaces.count == 1, let only = interfaces.first { return .success(only) }
-        if interfaces.isEmpty {
-            return .failure(usbFailure("\(device) declares '\(protocolName)' on a native transport but has no native-transport interface (FF/F0/01 with a bulk pair) in its configuration",
-                                           advice: "the accessory's descriptors and its identification disagree; ask its maker, or use a protocol it carries on the iAP2 link"))
-        }
-        let listed = interfaces.map { "\($0.number) (\(names[$0.number].map { "'\($0)'" } ?? "unnamed"))" }.joined(separator: ", ")
-        return .failure(usbFailure("\(device) has \(interfaces.count) native-transport interfaces, \(listed), and none is named '\(protocolName)'",
-                                       advice: "the accessory should name each native interface after its protocol (iInterface)"))
-    }
-
-    private func openNative(_ protocolName: String, reply: @escaping @Sendable (Result<USBNativePipe, USBError>) -> Void) {
-        guard case .running = state else {
-            return reply(.failure(usbFailure("\(description) is closed")))
-        }
-        let target: NativeInterfaceLocation
-        switch Self.nativeInterface(for: protocolName, among: nativeInterfaces, names: device.nativeInterfaceNames, device: description) {
-        case let .success(found): target = found
-        case let .failure(error): return reply(.failure(error))
-        }
-        let number = target.number
-        if let closing = nativePipes[number], !closing.isOpen {
-            // The previous session on this interface is still closing (alternate setting 0 and
-            // the release are on their way): open once it has finished.
-            opensAfterClose[number, default: []].append { [self] in openNative(protocolName, reply: reply) }
-            return
-        }
-        guard nativePipes[number] == nil, !nativeOpening.contains(number) else {
-            return reply(.failure(usbFailure("native-transport interface \(number) of \(description) already carries an open session",
-                                                 advice: "close that session first")))
-        }
-        let claimed = backend.claimInterface(handle, number)
-        guard claimed == 0 else {
-            let advice = claimed == LIBUSB_ERROR_BUSY.rawValue
-                ? "another program holds it; stop it (find it with: fuser -v \(device.devicePath)) and try again"
-                : "unplug and replug the accessory"
-            return reply(.failure(usbFailure("cannot claim native-transport interface \(number) of \(description): \(errorName(claimed))", advice: advice)))
-        }
-        nativeOpening.insert(number)
-        setupCallsInFlight += 1
-        setupQueue.async { [self] in
-            let status = backend.setInterfaceAltSetting(handle, interface: number, alternateSetting: target.alternateSetting)
-            queue.async { [self] in
-                setupCallsInFlight -= 1
-                nativeOpening.remove(number)
-                guard case .running = state else {
-                    _ = backend.releaseInterface(handle, number)
-                    finishIfDrained()
-                    return reply(.failure(usbFailure("\(description) closed while '\(protocolName)' was opening")))
-                }
-                guard status == 0 else {
-                    _ = backend.releaseInterface(handle, number)
-                    if status == LIBUSB_ERROR_NO_DEVICE.rawValue { deviceGone() }
-                    // usbfs reports a stalled SET_INTERFACE as EPIPE, which libusb passes on as
-                    // LIBUSB_ERROR_OTHER (PIPE from other backends).
-                    let advice = status == LIBUSB_ERROR_PIPE.rawValue || status == LIBUSB_ERROR_OTHER.rawValue
-                        ? "the accessory refused (stalled) SET_INTERFACE for the alternate setting. A Linux FunctionFS gadget cannot accept any alternate setting but 0 on kernels without FunctionFS's get_alt callback (added upstream in December 2023; Debian 12's 6.1 lacks it)"
-                        : "unplug and replug the accessory"
-                    return reply(.failure(usbFailure("cannot select alternate setting \(target.alternateSetting) of native-transport interface \(number) of \(description): \(errorName(status))",
-                                                         advice: advice)))
-                }
-                var pipeOptions = options
-                pipeOptions.outTransferSize = USBOptions.largeInTransferSize
-                let allocator: DeviceMemoryAllocator? = options.useDeviceMemory ? DeviceMemoryAllocator(backend: backend, handle: handle) : nil
-                let pipe = USBNativePipe(
-                    backend: backend, handle: handle, location: target, options: pipeOptions,
-                    inTransferSize: pipe.statistics.inTransferSize, queue: queue, setupQueue: setupQueue, contextMarker: contextMarker,
-                    description: "\(device.location) interface \(number) ('\(protocolName)')", allocator: allocator,
-                    onFinished: { [weak self] pipe in
-                        guard let self else { return }
-                        if self.nativePipes[pipe.interfaceNumber] === pipe { self.nativePipes[pipe.interfaceNumber] = nil }
-                        for open in self.opensAfterClose.removeValue(forKey: pipe.interfaceNumber) ?? [] { open() }
-                        self.finishIfDrained()
-                    })
-                // Tracked even when it failed to start: its teardown still uses the handle.
-                nativePipes[number] = pipe
-                guard pipe.isOpen else {
-                    return reply(.failure(usbFailure("cannot allocate libusb transfers for \(pipe.description)")))
-                }
-                reply(.success(pipe))
-            }
+        lifecycle.report(error) { [self] in
+            let finished = onFinished
+            onFinished = nil
+            finished?()
         }
     }
-
-    /// The native pipes open now (tests).
-    var openNativePipes: [USBNativePipe] { nativePipes.values.sorted { $0.interfaceNumber < $1.interfaceNumber } }
-}
-
-/// Ring slot memory from usbfs (`libusb_dev_mem_alloc`): transfers then need no bounce buffer in
-/// the kernel. Declined (nil) where the kernel does not offer it; the ring uses the heap then.
-final class DeviceMemoryAllocator: SlotAllocator, @unchecked Sendable {
-    // Sendability: used only by the ring's init and releaseMemory, on the event queue.
-    let backend: any USBBackend
-    let handle: OpaquePointer
-    init(backend: any USBBackend, handle: OpaquePointer) {
-        self.backend = backend
-        self.handle = handle
-    }
-    func allocate(byteCount: Int) -> UnsafeMutableRawPointer? { backend.allocateDeviceMemory(handle, length: byteCount) }
-    func deallocate(_ pointer: UnsafeMutableRawPointer, byteCount: Int) { backend.freeDeviceMemory(handle, pointer, length: byteCount) }
 }

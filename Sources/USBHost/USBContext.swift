@@ -322,9 +322,10 @@ public final class USBContext: @unchecked Sendable {
                                                     code: LIBUSB_ERROR_BUSY.rawValue)))
             }
         }
-        let status = backend.claimInterface(handle, number)
+        let deviceHandle = USBDeviceHandle(backend: backend, handle: handle, queue: queue, setupQueue: setupQueue, contextMarker: marker)
+        let status = deviceHandle.claimInterface(number)
         guard status == 0 else {
-            backend.close(handle)
+            deviceHandle.close()
             let error: USBError = switch status {
             case LIBUSB_ERROR_BUSY.rawValue:
                 USBError(.busy, "interface \(number) of \(device) is in use by \(holders(of: device, interface: number, configuration: location.configurationValue))",
@@ -339,9 +340,8 @@ public final class USBContext: @unchecked Sendable {
         }
         var options = options
         options.inTransferSize = options.inTransferSize ?? automaticInTransferSize(for: device)
-        let transport = USBAccessoryTransport(device: device, backend: backend, handle: handle, location: location, options: options,
-                                              queue: queue, setupQueue: setupQueue, contextMarker: marker, description: device.description,
-                                              onFinished: { [self] in transportFinished() })
+        let transport = USBAccessoryTransport(device: device, handle: deviceHandle, location: location, options: options,
+                                              description: device.description, onFinished: { [self] in transportFinished() })
         completion(.success(transport))
     }
 

@@ -44,27 +44,18 @@ public final class USBNativePipe: @unchecked Sendable {
     /// The interface this pipe owns.
     public let interfaceNumber: UInt8
 
-    private let backend: any USBBackend
-    private let handle: OpaquePointer
     private let queue: DispatchQueue
-    private let setupQueue: DispatchQueue
-    private let contextMarker: UInt
     private let outPacketSize: Int
     /// The bulk pair's transfers and rings (the engine both bulk pipes share).
     private let pipe: BulkPipe
-
-    private enum State { case running, closing(USBError?), closed }
-    private var state = State.running
-    private var handler: (@Sendable (Event) -> Void)?
-    private var handlerQueue: DispatchQueue?
+    /// The state, the handler, the keep-alive, halts and the close (shared with the iAP2 pipe).
+    private let lifecycle: BulkPipeLifecycle<Event>
     private var activated = false
     private var readable = 0
     private var unsent = 0
     private var delivered = 0
     private var wantsWritable = false
     private var inHalted = false
-    private var setupCallsInFlight = 0
-    private var closeScheduled = false
     /// Whether closing selects alternate setting 0 (not when the device is gone).
     private var resetsAlternateSetting = true
     /// What was readable when the pipe closed (the ring's memory is given back then).
@@ -72,83 +63,58 @@ public final class USBNativePipe: @unchecked Sendable {
     private var leftoverHead = 0
     /// Set once the ring was emptied into ``leftover`` (from then on reads come from there).
     private var drained = false
-    private var keepAlive: Unmanaged<USBNativePipe>?
     private var onFinished: ((USBNativePipe) -> Void)?
 
     /// Counters since the pipe opened.
     public var statistics: USBPipeStatistics { pipe.statistics }
 
-    init(backend: any USBBackend, handle: OpaquePointer, location: NativeInterfaceLocation, options: USBOptions,
-         inTransferSize: Int, queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt, description: String,
-         allocator: (any SlotAllocator)?, onFinished: @escaping (USBNativePipe) -> Void) {
-        self.backend = backend
-        self.handle = handle
-        self.queue = queue
-        self.setupQueue = setupQueue
-        self.contextMarker = contextMarker
+    init(device: USBDeviceHandle, location: NativeInterfaceLocation, options: USBOptions, inTransferSize: Int, description: String,
+         onFinished: @escaping (USBNativePipe) -> Void) {
+        queue = device.queue
         self.description = description
         self.onFinished = onFinished
         interfaceNumber = location.number
         outPacketSize = max(1, location.bulkOut.packetSize)
         // Twice the iAP2 pipe's IN transfers: a slot stays with the reader until it is consumed
         // (zero copy), so while the reader works on some the device still has others to fill.
-        pipe = BulkPipe(backend: backend, handle: handle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
+        pipe = BulkPipe(device: device, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
                         outPacketSize: location.bulkOut.packetSize, inCount: Self.inTransferCount(options), inSlotSize: inTransferSize,
-                        outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator, description: description)
+                        outCount: options.outTransfers, outSlotSize: options.outTransferSize,
+                        allocator: device.slotAllocator(enabled: options.useDeviceMemory), description: description)
+        lifecycle = BulkPipeLifecycle(engine: pipe, device: device)
+        lifecycle.policy = self
         pipe.onCompletion = { [unowned self] completion in self.completed(completion) }
-        keepAlive = Unmanaged.passRetained(self) // libusb holds unretained pointers to the engine until the teardown ends
+        lifecycle.start(keeping: self) // libusb holds unretained pointers to the engine until the teardown ends
         if !pipe.isComplete {
-            beginClosing(usbFailure("cannot allocate libusb transfers for \(description)"))
+            lifecycle.beginClosing(usbFailure("cannot allocate libusb transfers for \(description)"))
         }
     }
 
-    private func onQueue(_ body: @escaping () -> Void) {
-        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
-            body()
-        } else {
-            let carried = Unchecked(value: body)
-            queue.async { carried.value() }
-        }
-    }
-
-    private func emit(_ event: Event) {
-        guard let handler else { return }
-        if let handlerQueue {
-            handlerQueue.async { handler(event) }
-        } else {
-            handler(event)
-        }
-    }
+    private var state: BulkPipeLifecycle<Event>.State { lifecycle.state }
+    private func emit(_ event: Event) { lifecycle.emit(event) }
 
     // MARK: Stream
 
     /// Starts delivering events to `handler` on `queue`; IN transfers start now.
     public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (Event) -> Void) {
-        onQueue { [self] in
+        lifecycle.onQueue { [self] in
             guard !activated else { return }
             activated = true
-            self.handler = handler
-            self.handlerQueue = handlerQueue === queue ? nil : handlerQueue
+            lifecycle.listen(queue: handlerQueue, handler: handler)
             switch state {
             case .running:
                 refillIn()
-            case .closing:
+            case .idle, .closing:
                 break
             case .closed:
                 // Closed before anyone listened (the parent went away): say so now.
-                emit(.closed(closedError))
-                self.handler = nil
+                lifecycle.report(lifecycle.closedError)
             }
         }
     }
 
-    private var closedError: USBError?
-
     /// Whether the pipe still runs (not closing or closed).
-    var isOpen: Bool {
-        if case .running = state { return true }
-        return false
-    }
+    var isOpen: Bool { lifecycle.isRunning }
 
     /// Lends the received bytes of the oldest IN slot to `body` in place (no copy) and returns what
     /// it returns; nil when nothing is readable. `body` says how many bytes it consumed (clamped to
@@ -248,9 +214,9 @@ public final class USBNativePipe: @unchecked Sendable {
     /// Bytes already received stay readable. Callable from any thread; nothing happens when the pipe
     /// has already ended.
     public func close() {
-        onQueue { [self] in
+        lifecycle.onQueue { [self] in
             guard case .running = state else { return }
-            beginClosing(nil)
+            lifecycle.beginClosing(nil)
         }
     }
 
@@ -259,7 +225,7 @@ public final class USBNativePipe: @unchecked Sendable {
     func parentClosing(_ error: USBError?, deviceGone: Bool) {
         if deviceGone { resetsAlternateSetting = false }
         guard case .running = state else { return }
-        beginClosing(error ?? usbFailure("\(description): the accessory's main interface was closed"))
+        lifecycle.beginClosing(error ?? usbFailure("\(description): the accessory's main interface was closed"))
     }
 
     // MARK: Transfers
@@ -309,8 +275,8 @@ public final class USBNativePipe: @unchecked Sendable {
         switch state {
         case .running:
             if inHalted { clearInHaltWhenIdle() } else { refillIn() }
-        case .closing: finishIfDrained()
-        case .closed: break
+        case .closing: lifecycle.finishIfDrained()
+        case .idle, .closed: break
         }
     }
 
@@ -341,29 +307,23 @@ public final class USBNativePipe: @unchecked Sendable {
             } else if unsent == 0, status == LIBUSB_TRANSFER_COMPLETED {
                 emit(.writable) // everything written so far was delivered: a flush may finish
             }
-        case .closing: finishIfDrained()
-        case .closed: break
+        case .closing: lifecycle.finishIfDrained()
+        case .idle, .closed: break
         }
     }
 
     /// Clears an IN stall once no IN transfer is in flight (a control transfer: on the setup
     /// queue), then resumes. Nothing was lost: a stalled IN transfer carried nothing.
     private func clearInHaltWhenIdle() {
-        guard pipe.inIdle else { return }
-        setupCallsInFlight += 1
         let endpoint = pipe.inEndpoint
-        pipe.clearHalt(endpoint, setupQueue: setupQueue, queue: queue) { [self] status in
-            setupCallsInFlight -= 1
-            guard case .running = state else { return finishIfDrained() }
-            guard status == 0 || status == LIBUSB_ERROR_NOT_FOUND.rawValue else {
-                if status == LIBUSB_ERROR_NO_DEVICE.rawValue { return fail(gone, deviceGone: true) }
-                return fail(usbFailure("\(description): cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)): \(errorName(status))",
-                                           advice: "unplug and replug the accessory"))
-            }
-            pipe.statistics.stalls += 1
+        lifecycle.clearHaltWhenIdle(endpoint, failed: { [self] status in
+            if status == LIBUSB_ERROR_NO_DEVICE.rawValue { return fail(gone, deviceGone: true) }
+            fail(usbFailure("\(description): cannot clear the stall on endpoint 0x\(String(endpoint, radix: 16)): \(errorName(status))",
+                                advice: "unplug and replug the accessory"))
+        }, cleared: { [self] in
             inHalted = false
             refillIn()
-        }
+        })
     }
 
     // MARK: Teardown
@@ -373,52 +333,36 @@ public final class USBNativePipe: @unchecked Sendable {
     private func fail(_ error: USBError, deviceGone: Bool = false) {
         guard case .running = state else { return }
         if deviceGone { resetsAlternateSetting = false }
-        beginClosing(error)
+        lifecycle.beginClosing(error)
     }
+}
 
-    private func beginClosing(_ error: USBError?) {
-        state = .closing(error)
-        pipe.cancelAll()
-        finishIfDrained()
-    }
-
-    /// Once libusb gave every transfer back: keeps what was readable, frees the slots and the
-    /// transfers, selects alternate setting 0 (the accessory's end of the session), releases
-    /// the interface and reports the close. Runs after the current libusb call returns (this is
-    /// usually reached from inside a transfer callback).
-    private func finishIfDrained() {
-        guard case let .closing(error) = state, pipe.isIdle, setupCallsInFlight == 0, !closeScheduled else { return }
-        closeScheduled = true
-        queue.async { [self] in
-            let inRing = pipe.inRing
-            while let view = inRing.peek() {
-                leftover.append(contentsOf: view)
-                inRing.consume(view.count)
-            }
-            drained = true
-            readable = 0
-            pipe.releaseResources()
-            guard resetsAlternateSetting else { return released(error) }
-            setupQueue.async { [self] in
-                _ = backend.setInterfaceAltSetting(handle, interface: interfaceNumber, alternateSetting: 0)
-                queue.async { [self] in released(error) }
-            }
+extension USBNativePipe: BulkPipePolicy {
+    /// Keeps what was readable (the ring's memory goes next).
+    func willFree() {
+        let inRing = pipe.inRing
+        while let view = inRing.peek() {
+            leftover.append(contentsOf: view)
+            inRing.consume(view.count)
         }
+        drained = true
+        readable = 0
+    }
+
+    /// Selects alternate setting 0 (the accessory's end of the session) unless the device is
+    /// gone, releases the interface and reports the close.
+    func freed(_ error: USBError?) {
+        guard resetsAlternateSetting else { return released(error) }
+        lifecycle.device.selectAlternateSetting(0, of: interfaceNumber) { [self] _ in released(error) }
     }
 
     private func released(_ error: USBError?) {
-        _ = backend.releaseInterface(handle, interfaceNumber)
-        state = .closed
-        closedError = error
-        if activated {
-            emit(.closed(error))
-            handler = nil
+        lifecycle.device.releaseInterface(interfaceNumber)
+        lifecycle.report(error) { [self] in
+            let finished = onFinished
+            onFinished = nil
+            finished?(self)
         }
-        let finished = onFinished
-        onFinished = nil
-        finished?(self)
-        keepAlive?.release()
-        keepAlive = nil
     }
 }
 
