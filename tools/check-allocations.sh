@@ -27,25 +27,34 @@ echo "check-allocations: ok, no allocation per frame"
 
 # The session path: the one-session in-process echo (application write → host endpoint → link →
 # memory → the simulated accessory's echo → back → application read) at two sizes. What grows
-# with the data is allocated per packet or per read. Today about 1–2 allocations per data packet
-# remain, host and simulated accessory together: a 9-byte array per bare ACK, one array per read()
-# (the API returns one), Dispatch's block per batch handed across queues, and packet buffers the
-# peer still held views of when the link wanted them back (an in-process peer keeps what it
-# received until it is read). The bound catches a return of the copy-on-write and table
-# allocations this path had (about 20 per packet).
+# with the data is allocated per packet or per read. What remains, host and simulated accessory
+# together, is under one allocation per data packet: packet arrays the in-process peer still held
+# views of when the link wanted to reuse them (it keeps what it received until it is read, so
+# how many depends on the threads' timing), the arrays of acknowledgements in the same case,
+# Dispatch's timers being set again, and one array and continuation per read(). The figure
+# varies with timing, so the median of five rounds is held to the bound. The bound catches a
+# return of what this path had: Dispatch blocks per batch, an array per bare ACK, a packet copied
+# whole to append its checksum, arrays per turn of the simulator (about 3 per packet), and
+# before those copy-on-write and table allocations (about 20 per packet).
 count_session_allocs() {
     valgrind --tool=memcheck --error-exitcode=3 "$bench" loopback --echo-only --mib "$1" 2>&1 \
         | sed -n 's/.*total heap usage: \([0-9,]*\) allocs.*/\1/p' | tr -d ,
 }
-small=$(count_session_allocs 8)
-large=$(count_session_allocs 24)
-[ -n "$small" ] && [ -n "$large" ] || { echo "check-allocations: FAILED: the loopback echo did not run under valgrind" >&2; exit 1; }
 # 16 MiB more, each way, in packets of 65,525 payload bytes: 2 × 257 data packets.
 packets=$(( 2 * ((16 << 20) + 65524) / 65525 ))
-per_packet=$(awk -v a="$small" -v b="$large" -v p="$packets" 'BEGIN { printf "%.2f", (b - a) / p }')
-echo "session path: $small heap allocations echoing 8 MiB, $large echoing 24 MiB: $per_packet per data packet"
-if awk -v x="$per_packet" 'BEGIN { exit !(x > 3.0) }'; then
-    echo "check-allocations: FAILED: the session path allocates $per_packet times per packet (bound 3.0)" >&2
+rounds=()
+for round in 1 2 3 4 5; do
+    small=$(count_session_allocs 8)
+    large=$(count_session_allocs 24)
+    [ -n "$small" ] && [ -n "$large" ] || { echo "check-allocations: FAILED: the loopback echo did not run under valgrind" >&2; exit 1; }
+    per_packet=$(awk -v a="$small" -v b="$large" -v p="$packets" 'BEGIN { printf "%.2f", (b - a) / p }')
+    echo "session path, round $round: $small heap allocations echoing 8 MiB, $large echoing 24 MiB: $per_packet per data packet"
+    rounds+=("$per_packet")
+done
+median=$(printf '%s\n' "${rounds[@]}" | sort -n | sed -n 3p)
+echo "session path: median $median allocations per data packet"
+if awk -v x="$median" 'BEGIN { exit !(x > 1.0) }'; then
+    echo "check-allocations: FAILED: the session path allocates $median times per packet (median of 5; bound 1.0)" >&2
     exit 1
 fi
-echo "check-allocations: ok, the session path stays within 3 allocations per packet"
+echo "check-allocations: ok, the session path stays within 1 allocation per packet"

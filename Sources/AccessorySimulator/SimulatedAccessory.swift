@@ -113,7 +113,10 @@ public struct SimulatedAccessory: Sendable {
     /// `count` bytes of the source pattern from offset `start` (``sourcePatternByte(at:)`` of each),
     /// built in one pass: what a source session sends, and what a test compares with.
     public static func sourcePattern(from start: Int = 0, count: Int) -> [UInt8] {
-        [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+        // With a capacity of 0 the initializer would write into the stdlib's shared empty
+        // array, a race ThreadSanitizer reports when two threads do it at once.
+        guard count > 0 else { return [] }
+        return [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
             var index = 0
             while index < count {
                 buffer[index] = UInt8(truncatingIfNeeded: (start &+ index) &* 31 &+ 7)
@@ -182,6 +185,14 @@ public struct SimulatedAccessory: Sendable {
     public mutating func takeOutput(into frames: inout [[UInt8]]) {
         while let next = outbox.first, next.release <= now, let frame = outbox.popFirst()?.frame {
             frames.append(frame)
+        }
+    }
+
+    /// Appends the frames for the device that are due to `frames`, as link frames: what the
+    /// driver takes each turn, into an array it keeps (no array made per turn).
+    public mutating func takeFrames(into frames: inout [LinkFrame]) {
+        while let next = outbox.first, next.release <= now, let frame = outbox.popFirst()?.frame {
+            frames.append(.bytes(frame))
         }
     }
 

@@ -188,8 +188,10 @@ extension Upper {
                 continue
             }
             idle = 0
-            // The packet was laid out by write(); the link finishes it where it lies.
-            if link.send(sessionID: eaSession, storage: packet, now: now) {
+            // The packet was laid out by write(); the link finishes it where it lies. Handed
+            // over, not copied: a second reference would make the link's checksum append copy
+            // the whole packet.
+            if link.send(sessionID: eaSession, storage: consume packet, now: now) {
                 dataInFlight.append((id, dataBytes))
             }
             let limit = bufferLimit

@@ -126,6 +126,17 @@ public struct IAP2Link: Sendable {
     var spareBuffers: [[UInt8]] = []
     /// Most buffers kept for reuse: a window's worth and a few more.
     static let spareLimit = 40
+    /// The newest acknowledged buffers left to age before reuse (a megabyte of full packets, what
+    /// a session buffers by default).
+    static let spareReserve = 16
+    /// The arrays the last control packets (bare ACKs mostly) went out in, taken again in turn:
+    /// by the time one comes round the transport and the peer have let go of it, and it is
+    /// refilled without allocating.
+    var controlBuffers: [[UInt8]] = []
+    /// The next of ``controlBuffers`` to refill, once all are made.
+    var nextControlBuffer = 0
+    /// How many arrays control packets go round in.
+    static let controlBufferCount = 16
     /// Buffers the transport lends for outgoing packets (``LinkFrame/buffer(_:)``): memory it
     /// sends from as it is (usbfs device memory), so a packet laid out there is never copied
     /// again. Used for payloads of at least ``transmitBufferThreshold`` bytes while one is free;
@@ -316,9 +327,11 @@ public struct IAP2Link: Sendable {
     public mutating func framedBuffer(payloadCapacity: Int) -> [UInt8] {
         let needed = LinkPacketHeader.size + max(0, payloadCapacity) + 1
         // The smallest that fits (a short packet does not take a 64 KiB buffer), the oldest of
-        // those (the likeliest to be free of the peer's views).
+        // those, and none of the newest ``spareReserve``: the peer acknowledges a packet when it
+        // arrives, and an in-process peer holds views of it until they are read, so a buffer just
+        // acknowledged is likely still shared, and emptying a shared array allocates anew.
         var best: Int?
-        for index in spareBuffers.indices where spareBuffers[index].capacity >= needed {
+        for index in spareBuffers.indices.dropLast(Self.spareReserve) where spareBuffers[index].capacity >= needed {
             if best.map({ spareBuffers[index].capacity < spareBuffers[$0].capacity }) ?? true { best = index }
         }
         if let index = best {
@@ -339,13 +352,13 @@ public struct IAP2Link: Sendable {
     /// - Returns: false under the same conditions as ``send(sessionID:payload:now:)``, or when
     ///   the buffer holds no payload.
     @discardableResult
-    public mutating func send(sessionID: UInt8, framedPacket: [UInt8], now: LinkTime) -> Bool {
+    public mutating func send(sessionID: UInt8, framedPacket: consuming [UInt8], now: LinkTime) -> Bool {
         send(sessionID: sessionID, storage: .bytes(framedPacket), now: now)
     }
 
     /// Queues a packet laid out in `storage` (from ``packetStorage(payloadCapacity:)``), as
     /// ``send(sessionID:framedPacket:now:)`` does.
-    mutating func send(sessionID: UInt8, storage: LinkFrame, now: LinkTime) -> Bool {
+    mutating func send(sessionID: UInt8, storage: consuming LinkFrame, now: LinkTime) -> Bool {
         let payloadLength = storage.count - LinkPacketHeader.size
         guard canSend, payloadLength > 0, payloadLength <= maxPayloadLength else { return false }
         sendQueue.append((sessionID, storage))

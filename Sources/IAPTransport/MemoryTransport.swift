@@ -12,12 +12,14 @@ public final class MemoryTransport: Transport {
 
     private struct State {
         var queue: DispatchQueue?
-        var handler: (@Sendable (TransportEvent) -> Void)?
+        var handler: Receiver?
+        /// Wakes the receiving side on its queue: a user-data source, so a batch costs no
+        /// allocation (a `queue.async` per batch costs a block and a continuation).
+        var wakeUp: WakeUp?
         var pending: [[UInt8]] = []
         /// An emptied batch array handed back by the last flush, for the next batch.
         var spare: [[UInt8]] = []
         var closed = false
-        var flushScheduled = false
     }
     private let state = Mutex(State())
     private let peerBox = Mutex<MemoryTransport?>(nil)
@@ -45,10 +47,16 @@ public final class MemoryTransport: Transport {
     }
 
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
-        state.withLock {
-            $0.queue = queue
-            $0.handler = handler
+        let wakeUp = DispatchSource.makeUserDataAddSource(queue: queue)
+        wakeUp.setEventHandler { [weak self] in self?.flush() }
+        let closed = state.withLock { state -> Bool in
+            state.queue = queue
+            state.handler = Receiver(deliver: handler)
+            if !state.closed { state.wakeUp = WakeUp(source: wakeUp) }
+            return state.closed
         }
+        wakeUp.activate()
+        if closed { wakeUp.cancel() }
         flush()
     }
 
@@ -75,46 +83,63 @@ public final class MemoryTransport: Transport {
     }
 
     private func deliver(_ frame: [UInt8]) {
-        let schedule = state.withLock { state -> Bool in
-            guard !state.closed else { return false }
+        // Frames sent while a wake-up is pending join its batch (the source coalesces).
+        let wakeUp = state.withLock { state -> WakeUp? in
+            guard !state.closed else { return nil }
             state.pending.append(frame)
-            guard !state.flushScheduled, state.queue != nil else { return false }
-            state.flushScheduled = true
-            return true
+            return state.wakeUp
         }
-        if schedule { state.withLock { $0.queue }?.async { self.flush() } }
+        wakeUp?.source.add(data: 1)
     }
 
     private func flush() {
-        // The batch is swapped out for the spare array (no allocation), and the emptied batch
-        // becomes the spare again afterwards.
-        var frames: [[UInt8]] = []
-        let handler = state.withLock { state -> (@Sendable (TransportEvent) -> Void)? in
-            state.flushScheduled = false
-            swap(&frames, &state.pending)
-            swap(&state.pending, &state.spare)
-            return state.closed ? nil : state.handler
+        // The batch is taken out and the spare array put in its place (no allocation); the
+        // emptied batch becomes the spare afterwards. Values move in and out of the lock by
+        // return and by constant capture: a local variable a closure changes would be boxed.
+        var (frames, receiver) = state.withLock { state -> ([[UInt8]], Receiver?) in
+            let batch = state.pending
+            state.pending = state.spare
+            state.spare = []
+            return (batch, state.closed ? nil : state.handler)
         }
-        if let handler {
+        if let receiver {
             // One hop per batch; each frame is handed over as the array it was sent in (no copy:
             // the receiver may keep views of it).
-            for frame in frames { handler(.received(frame)) }
+            for frame in frames { receiver.deliver(.received(frame)) }
         }
+        receiver = nil
         frames.removeAll(keepingCapacity: true)
+        let emptied = frames
+        frames = []
         state.withLock { state in
-            if state.spare.capacity < frames.capacity { swap(&state.spare, &frames) }
+            if state.spare.capacity < emptied.capacity { state.spare = emptied }
         }
     }
 
     private func close(error: TransportError?) {
-        let (queue, handler) = state.withLock { state -> (DispatchQueue?, (@Sendable (TransportEvent) -> Void)?) in
+        let (queue, receiver) = state.withLock { state -> (DispatchQueue?, Receiver?) in
             guard !state.closed else { return (nil, nil) }
             state.closed = true
             state.pending.removeAll()
+            state.wakeUp?.source.cancel()
+            state.wakeUp = nil
             defer { state.handler = nil }
             return (state.queue, state.handler)
         }
-        guard let queue, let handler else { return }
-        queue.async { handler(.closed(error)) }
+        guard let queue, let receiver else { return }
+        queue.async { receiver.deliver(.closed(error)) }
     }
+}
+
+/// The handler a memory transport delivers to. A closure kept in a struct moves through
+/// `Mutex.withLock`'s generic result as it is; a bare closure there is wrapped in a
+/// reabstraction thunk, an allocation per batch.
+private struct Receiver: Sendable {
+    let deliver: @Sendable (TransportEvent) -> Void
+}
+
+/// A user-data source that wakes a memory transport's receiving side. Dispatch sources may be
+/// signalled and cancelled from any thread; the type only lacks the annotation.
+private struct WakeUp: @unchecked Sendable {
+    let source: any DispatchSourceUserDataAdd
 }
