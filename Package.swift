@@ -56,9 +56,12 @@ let package = Package(
             pkgConfig: "dbus-1",
             providers: [.apt(["libdbus-1-dev", "pkg-config"])]
         ),
+        // Queue confinement in one place: whether code runs on a given queue (QueueMark), and the
+        // one box for values carried unchecked between queues.
+        .target(name: "QueueConfinement", swiftSettings: strict),
         // Swift over libdbus: a private bus connection driven by Dispatch sources on one queue,
         // method calls out, objects exported, typed values (file descriptors included).
-        .target(name: "DBus", dependencies: ["CDBus"], swiftSettings: strict),
+        .target(name: "DBus", dependencies: ["CDBus", "QueueConfinement"], swiftSettings: strict),
         // iAP2 over Bluetooth RFCOMM through BlueZ: the iAP2 profile registered over D-Bus,
         // each connection's socket as a Transport, connecting out to paired accessories.
         .target(name: "BluetoothTransport", dependencies: ["DBus", "IAPTransport", "SystemCalls"], swiftSettings: strict),
@@ -70,7 +73,7 @@ let package = Package(
         .target(name: "ByteRing", swiftSettings: strict),
         // Swift over libusb: the Dispatch event loop, descriptors and matching, bulk pipes over
         // ring slots, hotplug, and USB as a Transport.
-        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing", "USBDescriptors"], swiftSettings: strict),
+        .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing", "USBDescriptors", "QueueConfinement"], swiftSettings: strict),
         // USB descriptors and devices as plain values (no libusb): what the core, the daemon's
         // client and the fuzzer need of USB.
         .target(name: "USBDescriptors", swiftSettings: strict),
@@ -98,9 +101,9 @@ let package = Package(
         // accessories as plug-ins (AccessorySource), the accessory daemon's client. No transport
         // of its own beyond IAPTransport's: links no libusb, libdbus or libcrypto.
         .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPDaemonProtocol", "SystemCalls",
-                                                      "USBDescriptors"], swiftSettings: strict),
+                                                      "USBDescriptors", "QueueConfinement"], swiftSettings: strict),
         // USB as a source of accessories (libusb): AccessoryManager.startUSB.
-        .target(name: "AccessoryHostUSB", dependencies: ["AccessoryHost", "USBHost", "USBTransport"], swiftSettings: strict),
+        .target(name: "AccessoryHostUSB", dependencies: ["AccessoryHost", "USBHost", "USBTransport", "QueueConfinement"], swiftSettings: strict),
         // Bluetooth as a source of accessories (BlueZ over libdbus): AccessoryManager.startBluetooth.
         .target(name: "AccessoryHostBluetooth", dependencies: ["AccessoryHost", "BluetoothTransport", "IAPTransport"], swiftSettings: strict),
         // Everything in one import: the core, its USB and Bluetooth sources, the serial
@@ -114,7 +117,8 @@ let package = Package(
                 swiftSettings: strict),
         // iOS's ExternalAccessory framework on AccessoryHost: EAAccessoryManager, EAAccessory,
         // EASession with Foundation streams on run loops, the connect/disconnect notifications.
-        .target(name: "ExternalAccessory", dependencies: ["AccessoryHost", "AccessoryHostBluetooth", "AccessoryHostUSB", "AccessoryLogging", "IAPAuthentication", "IAPTransport"], swiftSettings: strict),
+        .target(name: "ExternalAccessory", dependencies: ["AccessoryHost", "AccessoryHostBluetooth", "AccessoryHostUSB", "AccessoryLogging", "IAPAuthentication", "IAPTransport",
+                                                          "QueueConfinement"], swiftSettings: strict),
         // Frames in human terms and as JSON (used by `iapctl decode` and by tracing).
         // Strings from frames are escaped for people with AccessoryLogging's `escapedForTerminal`.
         .target(name: "IAPInspect", dependencies: ["IAPWire", "AccessoryLogging"], swiftSettings: strict),
@@ -196,7 +200,7 @@ let package = Package(
         .testTarget(name: "ByteRingTests", dependencies: ["TestSupport", "ByteRing", "TestThreads"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
         .testTarget(name: "USBRigTests", dependencies: ["TestSupport", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "USBHost", "IAPLink"], swiftSettings: strict),
-        .testTarget(name: "USBHostTests", dependencies: ["TestSupport", "USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "USBHostTests", dependencies: ["TestSupport", "USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads", "QueueConfinement"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )

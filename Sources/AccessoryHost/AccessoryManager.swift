@@ -5,6 +5,7 @@ public import IAPTransport
 internal import Glibc
 internal import IAPDaemonProtocol
 internal import ProjectVersion
+internal import QueueConfinement
 internal import Synchronization
 
 /// Something that happened to the set of connected accessories.

@@ -1,5 +1,6 @@
 public import Dispatch
 public import IAPTransport
+internal import QueueConfinement
 internal import Synchronization
 
 /// Something that finds accessories on one kind of wire and hands their transports to an

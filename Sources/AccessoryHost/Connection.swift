@@ -3,6 +3,7 @@ internal import Dispatch
 internal import IAPLink
 internal import IAPTransport
 internal import IAPWire
+internal import QueueConfinement
 internal import Synchronization
 
 /// One transport and the device-role endpoint running over it, plus the sessions handed out.

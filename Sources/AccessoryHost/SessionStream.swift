@@ -87,10 +87,7 @@ struct NativeSessionStream: SessionStream {
         try channel.withReadableBytes(body)
     }
     func write(_ machine: inout IAPEndpoint, _ bytes: ArraySlice<UInt8>, now: LinkTime) -> Int { channel.write(bytes) }
-    func write(_ machine: inout IAPEndpoint, span bytes: RawSpan, now: LinkTime) -> Int {
-        if let socket = channel as? SocketByteChannel { return socket.write(span: bytes) }
-        return channel.write(bytes.withUnsafeBytes { Array($0) }[...])
-    }
+    func write(_ machine: inout IAPEndpoint, span bytes: RawSpan, now: LinkTime) -> Int { channel.write(span: bytes) }
     func unsent(_ machine: inout IAPEndpoint) -> Int { channel.unsentByteCount }
     func hasSpace(_ machine: inout IAPEndpoint) -> Bool { channel.isWritable }
     func acknowledged(_ machine: inout IAPEndpoint) -> Int { channel.bytesDelivered }

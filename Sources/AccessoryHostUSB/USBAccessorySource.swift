@@ -1,6 +1,7 @@
 public import AccessoryHost
 public import Dispatch
 internal import Glibc
+internal import QueueConfinement
 public import USBHost
 internal import USBTransport
 

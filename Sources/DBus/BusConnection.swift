@@ -1,6 +1,7 @@
 public import Dispatch
 internal import CDBus
 internal import Glibc
+internal import QueueConfinement
 internal import Synchronization
 
 /// A private connection to a D-Bus bus (the system bus, or any address), driven by Dispatch on
@@ -150,7 +151,7 @@ public final class BusConnection: Sendable {
     }
 
     private func onQueue<Result>(_ body: () throws(BusError) -> Result) throws(BusError) -> Result {
-        if let current = DispatchQueue.getSpecific(key: ConnectionCore.queueKey), current === queue.getSpecific(key: ConnectionCore.queueKey) {
+        if QueueMark.isCurrent(queue) {
             return try body()
         }
         let outcome: Swift.Result<Result, BusError> = queue.sync {

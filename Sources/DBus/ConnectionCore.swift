@@ -1,10 +1,8 @@
 internal import CDBus
 internal import Dispatch
 internal import Glibc
+internal import QueueConfinement
 internal import Synchronization
-
-/// Marks a queue that runs a bus connection (``ConnectionCore/queueKey``): one token per queue.
-final class QueueToken: Sendable {}
 
 /// Everything of one libdbus connection, confined to its queue: the only type that holds
 /// libdbus pointers (with ``WatchSource`` and ``TimeoutSource``, which it owns).
@@ -15,7 +13,6 @@ final class QueueToken: Sendable {}
 /// releases in ``close()`` on the queue, and libdbus calls back only from calls made on the queue).
 final class ConnectionCore: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only; `connected` is atomic.
-    static let queueKey = DispatchSpecificKey<QueueToken>()
 
     let queue: DispatchQueue
     let connected = Atomic<Bool>(true)
@@ -29,7 +26,7 @@ final class ConnectionCore: @unchecked Sendable {
     init(raw: OpaquePointer, queue: DispatchQueue) {
         self.raw = raw
         self.queue = queue
-        if queue.getSpecific(key: Self.queueKey) == nil { queue.setSpecific(key: Self.queueKey, value: QueueToken()) }
+        QueueMark.mark(queue)
     }
 
     private var opaqueSelf: UnsafeMutableRawPointer { Unmanaged.passUnretained(self).toOpaque() }

@@ -6,6 +6,7 @@ internal import Dispatch
 public import Foundation
 internal import IAPAuthentication
 internal import IAPTransport
+internal import QueueConfinement
 internal import Synchronization
 
 /// Where the shared manager is told, on Linux, what iOS reads from the app's bundle and the
@@ -193,7 +194,7 @@ public final class EAAccessoryManager: NSObject, @unchecked Sendable {
     public func showBluetoothAccessoryPicker(withNameFilter predicate: NSPredicate?,
                                              completion: EABluetoothAccessoryPickerCompletion? = nil) {
         guard let completion else { return }
-        let box = UncheckedBox(completion)
+        let box = UncheckedSendable(completion)
         DispatchQueue.main.async { box.value(EABluetoothAccessoryPickerError(.resultFailed)) }
     }
 
@@ -259,12 +260,6 @@ public final class EAAccessoryManager: NSObject, @unchecked Sendable {
               let dictionary = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else { return [] }
         return dictionary[key] as? [String] ?? []
     }
-}
-
-/// Carries a value that is not Sendable to the main queue, where it is used once.
-struct UncheckedBox<Value>: @unchecked Sendable {
-    let value: Value
-    init(_ value: Value) { self.value = value }
 }
 
 extension NSNotification.Name {

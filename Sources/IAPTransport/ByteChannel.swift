@@ -44,6 +44,9 @@ public protocol ByteChannel: AnyObject, Sendable {
     var readableByteCount: Int { get }
     /// Takes as many of `bytes` as fit now and returns how many (0 when full, or closed).
     func write(_ bytes: ArraySlice<UInt8>) -> Int
+    /// ``write(_:)`` from bytes where they lie. A channel that can send from borrowed memory (a
+    /// socket) implements it without a copy; the default copies what fits into an array.
+    func write(span bytes: RawSpan) -> Int
     /// Whether ``write(_:)`` would take at least one byte now.
     var isWritable: Bool { get }
     /// Bytes ``write(_:)`` took that the peer has not received yet.
@@ -55,6 +58,10 @@ public protocol ByteChannel: AnyObject, Sendable {
 }
 
 extension ByteChannel {
+    public func write(span bytes: RawSpan) -> Int {
+        bytes.withUnsafeBytes { write(Array($0)[...]) }
+    }
+
     public func readChunk(maxBytes: Int) -> ArraySlice<UInt8> {
         withReadableBytes { span in
             let count = min(max(0, maxBytes), span.byteCount)

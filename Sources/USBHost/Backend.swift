@@ -423,12 +423,6 @@ struct SourceTable: @unchecked Sendable {
     var byFD: [Int32: [any DispatchSourceProtocol]] = [:]
 }
 
-/// Carries a value the compiler cannot prove Sendable across one hop to the setup queue and
-/// back; used for device handles and completions that only the event queue touches.
-struct Unchecked<Value>: @unchecked Sendable {
-    var value: Value
-}
-
 /// A libusb status as an error value (0 is never one).
 struct LibUSBStatus: Error {
     var code: Int32

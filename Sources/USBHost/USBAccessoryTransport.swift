@@ -1,6 +1,7 @@
 public import ByteRing
 internal import CLibUSB
 public import Dispatch
+internal import QueueConfinement
 
 /// The main bulk interface of one USB function (an accessory's iAP2 interface) as a pipe of
 /// frames out and bytes in; the `USBTransport` module makes it a `Transport`.
@@ -122,7 +123,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         deviceHandle.releaseInterface(interface)
         deviceHandle.close()
         if let onFinished {
-            let carried = Unchecked(value: onFinished) // runs on the context's queue, where it was made
+            let carried = UncheckedSendable(onFinished) // runs on the context's queue, where it was made
             queue.async { carried.value() }
         }
     }

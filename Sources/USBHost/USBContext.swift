@@ -1,4 +1,5 @@
 internal import CLibUSB
+internal import QueueConfinement
 public import Dispatch
 
 /// How the USB layer behaves.
@@ -79,7 +80,6 @@ extension USBDeviceInfo {
 /// SET_CONFIGURATION, SET_INTERFACE, CLEAR_FEATURE(HALT)) run on a separate setup queue.
 public final class USBContext: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only.
-    static let queueKey = DispatchSpecificKey<UInt>()
 
     /// The queue that runs the event loop, every callback and every call that says "call on queue".
     public let queue: DispatchQueue
@@ -99,7 +99,6 @@ public final class USBContext: @unchecked Sendable {
     private let exited = DispatchSemaphore(value: 0)
     /// Device references taken to open devices that monitoring did not report.
     private var extraReferences: [OpaquePointer] = []
-    private let marker: UInt
 
     /// Starts libusb and its event loop on `queue`.
     ///
@@ -119,8 +118,7 @@ public final class USBContext: @unchecked Sendable {
         self.queue = queue
         self.function = function
         self.options = options
-        marker = UInt(bitPattern: ObjectIdentifier(backend).hashValue)
-        queue.setSpecific(key: Self.queueKey, value: marker)
+        QueueMark.mark(queue)
     }
 
     /// Whether devices are followed by hotplug notifications (else by polling).
@@ -154,7 +152,7 @@ public final class USBContext: @unchecked Sendable {
             // Changes are handled after the libusb call that reported them returns (libusb holds
             // its event lock during callbacks); the snapshot holds a device reference till then.
             let status = backend.startHotplug { [weak self] change in
-                let carried = Unchecked(value: change)
+                let carried = UncheckedSendable(change)
                 self?.queue.async { [weak self] in self?.hotplug(carried.value) }
             }
             if status == 0 { return }
@@ -226,9 +224,9 @@ public final class USBContext: @unchecked Sendable {
         // Opening asks the device for its configuration (the backend's open is a setup-queue
         // call); the rest continues on the queue.
         let backend = self.backend
-        let carried = Unchecked(value: completion)
+        let carried = UncheckedSendable(completion)
         setupQueue.async { [self] in
-            let opened = Unchecked(value: backend.open(bus: device.bus, address: device.address))
+            let opened = UncheckedSendable(backend.open(bus: device.bus, address: device.address))
             queue.async { [self] in
                 let completion = carried.value
                 switch opened.value {
@@ -262,7 +260,7 @@ public final class USBContext: @unchecked Sendable {
             for interface in native {
                 if let name = strings.extra[interface.nameIndex] { named.nativeInterfaceNames[interface.number] = name }
             }
-            let next = Unchecked(value: { [self] in configure(named, handle: handle, location: location, completion: completion) })
+            let next = UncheckedSendable({ [self] in configure(named, handle: handle, location: location, completion: completion) })
             queue.async { next.value() }
         }
     }
@@ -285,7 +283,7 @@ public final class USBContext: @unchecked Sendable {
                            completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
         guard location.needsConfigurationChange else { return claim(device, handle: handle, location: location, completion: completion) }
         let backend = self.backend
-        let carried = Unchecked(value: (handle, completion))
+        let carried = UncheckedSendable((handle, completion))
         setupQueue.async { [self] in
             let status = backend.setConfiguration(carried.value.0, location.configurationValue)
             queue.async { [self] in
@@ -322,7 +320,7 @@ public final class USBContext: @unchecked Sendable {
                                                     code: LIBUSB_ERROR_BUSY.rawValue)))
             }
         }
-        let deviceHandle = USBDeviceHandle(backend: backend, handle: handle, queue: queue, setupQueue: setupQueue, contextMarker: marker)
+        let deviceHandle = USBDeviceHandle(backend: backend, handle: handle, queue: queue, setupQueue: setupQueue)
         let status = deviceHandle.claimInterface(number)
         guard status == 0 else {
             deviceHandle.close()

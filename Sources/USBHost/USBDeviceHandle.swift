@@ -1,6 +1,7 @@
 internal import ByteRing
 internal import CLibUSB
 internal import Dispatch
+internal import QueueConfinement
 
 /// One open device: its libusb handle and every call on the handle that claims and releases
 /// interfaces, selects alternate settings, clears halts, resets the device or closes it. The
@@ -20,22 +21,20 @@ final class USBDeviceHandle: @unchecked Sendable {
     /// The context's event queue: where every completion of the calls below runs.
     let queue: DispatchQueue
     private let setupQueue: DispatchQueue
-    private let contextMarker: UInt
 
-    init(backend: any USBBackend, handle: OpaquePointer, queue: DispatchQueue, setupQueue: DispatchQueue, contextMarker: UInt) {
+    init(backend: any USBBackend, handle: OpaquePointer, queue: DispatchQueue, setupQueue: DispatchQueue) {
         self.backend = backend
         self.handle = handle
         self.queue = queue
         self.setupQueue = setupQueue
-        self.contextMarker = contextMarker
     }
 
     /// Runs `body` now when called on the context's queue, else hops there.
     func onQueue(_ body: @escaping () -> Void) {
-        if DispatchQueue.getSpecific(key: USBContext.queueKey) == contextMarker {
+        if QueueMark.isCurrent(queue) {
             body()
         } else {
-            let carried = Unchecked(value: body)
+            let carried = UncheckedSendable(body)
             queue.async { carried.value() }
         }
     }
@@ -77,7 +76,7 @@ final class USBDeviceHandle: @unchecked Sendable {
 
     private func onSetupQueue(_ completion: @escaping (Int32) -> Void,
                               _ call: @escaping @Sendable (any USBBackend, OpaquePointer) -> Int32) {
-        let carried = Unchecked(value: completion)
+        let carried = UncheckedSendable(completion)
         setupQueue.async { [self] in
             let status = call(backend, handle)
             queue.async { carried.value(status) }

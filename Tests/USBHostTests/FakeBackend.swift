@@ -1,6 +1,7 @@
 import CLibUSB
 import Dispatch
 import IAPTransport
+import QueueConfinement
 import Synchronization
 import Testing
 import TestThreads
@@ -328,7 +329,7 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         guard pending.contains(transfer) else { return LIBUSB_ERROR_NOT_FOUND.rawValue }
         let (complete, vanished) = state.withLock { ($0.completeCancelled, $0.vanished) }
         if complete {
-            let carried = Unchecked(value: transfer)
+            let carried = UncheckedSendable(transfer)
             queue.async {
                 if self.pending.contains(carried.value) { self.finish(carried.value, status: LIBUSB_TRANSFER_CANCELLED, actual: 0) }
             }
@@ -414,7 +415,7 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
             }
         }
         reply.withUnsafeBytes { (setup + 8).copyMemory(from: $0.baseAddress ?? UnsafeRawPointer(setup), byteCount: reply.count) }
-        let carried = Unchecked(value: transfer)
+        let carried = UncheckedSendable(transfer)
         let count = reply.count
         queue.async {
             let transfer = carried.value

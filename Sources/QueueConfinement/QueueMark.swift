@@ -1,8 +1,10 @@
 package import Dispatch
 
-/// Marks a manager's queue so that code can tell whether it already runs there: a task on
-/// ``AccessoryManager/taskExecutor`` (or a handler given the manager's queue) calls the
-/// synchronous API from the queue itself, where `sync` would wait for itself.
+/// Marks queues so that code can tell whether it already runs on one: the one way the package
+/// asks "am I on this queue" (a manager's queue, whose task executor and handlers call the
+/// synchronous API from the queue itself, where `sync` would wait for itself; a USB context's;
+/// a bus connection's). The mark is the queue's identity, so every module that marks the same
+/// queue marks it alike.
 package enum QueueMark {
     private static let key = DispatchSpecificKey<UInt>()
 
@@ -28,4 +30,15 @@ package enum QueueMark {
         if isCurrent(queue) { return body() }
         queue.async(execute: body)
     }
+}
+
+/// Carries a value the compiler cannot prove `Sendable` across a hop between queues, where the
+/// code guarantees that one queue at a time uses it (a completion handed to the setup queue and
+/// back, a callback carried to the main queue and run there once). The one such box of the
+/// package; say at each use why it is safe.
+package struct UncheckedSendable<Value>: @unchecked Sendable {
+    /// The value carried.
+    package var value: Value
+    /// Carries `value`.
+    package init(_ value: Value) { self.value = value }
 }
