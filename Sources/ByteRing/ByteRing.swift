@@ -29,6 +29,12 @@ public protocol SlotAllocator: AnyObject, Sendable {
 /// and how many were released. Everything else belongs to one side. Nothing is allocated after
 /// `init`.
 ///
+/// Its one user today, USB's bulk pipe, runs both sides of both its rings on the context's queue
+/// (a completion commits, the scanner consumes, in the same turn). The ring stays safe for a
+/// producer and a consumer on two threads (its tests run it so, under ThreadSanitizer) so that a
+/// reader on a queue of its own needs no change to it; on one queue the two atomics are
+/// uncontended and cost what plain loads and stores do.
+///
 /// This is one of the few types that hold unsafe pointers; the memory stays valid until the ring
 /// is deinitialised or ``releaseMemory()`` is called, and the views it hands out are valid only
 /// while the slot is reserved (producer) or until it is consumed (consumer).

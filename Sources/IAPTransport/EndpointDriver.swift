@@ -28,14 +28,13 @@ public protocol DrivenMachine: SendableMetatype {
     /// first (a retain and release of every reference it holds, after every input); a mutating
     /// call borrows it in place. The default returns ``DrivenMachine/nextDeadline``.
     mutating func deadlineInPlace() -> LinkTime?
-    /// Takes the frames to send, in order, and forgets them; empty when there are none.
+    /// Takes the frames to send, in order, and forgets them; empty when there are none: the
+    /// simple form a machine of tests implements.
     mutating func takeOutput() -> [[UInt8]]
-    /// Appends the frames to send to `frames`; the default appends ``DrivenMachine/takeOutput()``. A machine
-    /// that can hand over its own array (swapping storage with an empty one) spares the driver
-    /// an allocation per turn.
-    mutating func takeOutput(into frames: inout [[UInt8]])
-    /// Appends the frames to send to `frames` as they lie (transmit buffers as they are); the
-    /// default appends ``takeOutput(into:)``'s arrays.
+    /// Appends the frames to send to `frames` as they lie (transmit buffers as they are): what
+    /// the driver takes each turn, into an array it keeps. The default appends
+    /// ``takeOutput()``'s arrays (an array made per turn); the endpoints and the simulator
+    /// append their own.
     mutating func takeFrames(into frames: inout [LinkFrame])
     /// Told the transport's transmit buffers (``PacketBufferPool``), when it lends any, to lay
     /// outgoing packets out in; the default ignores them.
@@ -48,10 +47,6 @@ public protocol DrivenMachine: SendableMetatype {
 }
 
 extension DrivenMachine {
-    public mutating func takeOutput(into frames: inout [[UInt8]]) {
-        frames.append(contentsOf: takeOutput())
-    }
-
     public mutating func takeFrames(into frames: inout [LinkFrame]) {
         for frame in takeOutput() { frames.append(.bytes(frame)) }
     }
