@@ -33,7 +33,7 @@ public protocol DrivenMachine: SendableMetatype {
     mutating func takeOutput() -> [[UInt8]]
     /// Appends the frames to send to `frames` as they lie (transmit buffers as they are): what
     /// the driver takes each turn, into an array it keeps. The default appends
-    /// ``takeOutput()``'s arrays (an array made per turn); the endpoints and the simulator
+    /// ``DrivenMachine/takeOutput()``'s arrays (an array made per turn); the endpoints and the simulator
     /// append their own.
     mutating func takeFrames(into frames: inout [LinkFrame])
     /// Told the transport's transmit buffers (``PacketBufferPool``), when it lends any, to lay
