@@ -342,13 +342,18 @@ public final class AccessoryManager: Sendable {
     /// go of what they hold (USB: its libusb context; at most 5 s in all; called on ``queue``
     /// itself, from a task on ``taskExecutor``, it cannot wait for that and returns at once).
     public func stop() {
-        let (connections, sources, daemon) = state.withLock { state -> ([Connection], [any AccessorySource], DaemonClient?) in
+        // The sources are taken out, so that a second stop() stops none of them again.
+        let (sources, daemon) = state.withLock { state -> ([any AccessorySource], DaemonClient?) in
             state.stopped = true
-            return (Array(state.connections.values), state.sources, state.daemon)
+            defer { state.sources.removeAll() }
+            return (state.sources, state.daemon)
         }
         let onQueue = QueueMark.isCurrent(queue)
         QueueMark.run(on: queue) {
             daemon?.stop()
+            // Read on the queue: a connection attached in a turn before this one is in the table,
+            // and one attached after it sees `stopped`.
+            let connections = state.withLock { Array($0.connections.values) }
             for connection in connections { connection.stop(reason: "the manager stopped") }
             for source in sources { source.stop() }
         }

@@ -42,7 +42,8 @@ extension AccessoryManager {
     }
 
     /// The source of type `Source` added before, else the one `make` makes now, added: one of a
-    /// kind per manager however many callers race. Nil when the manager has stopped.
+    /// kind per manager however many callers race. Nil when the manager has stopped. `make` runs
+    /// with the manager's state locked: it must not call the manager.
     public func source<Source: AccessorySource>(_ type: Source.Type, orAdd make: () -> Source) -> Source? {
         withState { state -> Source? in
             guard !state.stopped else { return nil }

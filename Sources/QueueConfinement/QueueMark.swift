@@ -3,18 +3,26 @@ package import Dispatch
 /// Marks queues so that code can tell whether it already runs on one: the one way the package
 /// asks "am I on this queue" (a manager's queue, whose task executor and handlers call the
 /// synchronous API from the queue itself, where `sync` would wait for itself; a USB context's;
-/// a bus connection's). The mark is the queue's identity, so every module that marks the same
-/// queue marks it alike.
+/// a bus connection's). The mark is a token object set on the queue itself the first time any
+/// module marks it, and kept: on Linux a `DispatchQueue` is a wrapper that `.main` and `global()`
+/// make anew on each read, and a freed wrapper's address may come back, so neither can stand
+/// for the queue.
 package enum QueueMark {
-    private static let key = DispatchSpecificKey<UInt>()
+    /// What marks one queue: compared by identity.
+    private final class Token: Sendable {}
 
-    private static func marker(of queue: DispatchQueue) -> UInt { UInt(bitPattern: ObjectIdentifier(queue).hashValue) }
+    private static let key = DispatchSpecificKey<Token>()
 
-    /// Marks `queue` (another queue carries another mark).
-    package static func mark(_ queue: DispatchQueue) { queue.setSpecific(key: key, value: marker(of: queue)) }
+    /// Marks `queue`, once: a queue marked already keeps its token.
+    package static func mark(_ queue: DispatchQueue) {
+        if queue.getSpecific(key: key) == nil { queue.setSpecific(key: key, value: Token()) }
+    }
 
-    /// Whether the caller runs on `queue`.
-    package static func isCurrent(_ queue: DispatchQueue) -> Bool { DispatchQueue.getSpecific(key: key) == marker(of: queue) }
+    /// Whether the caller runs on `queue` (false for a queue never marked).
+    package static func isCurrent(_ queue: DispatchQueue) -> Bool {
+        guard let token = queue.getSpecific(key: key) else { return false }
+        return DispatchQueue.getSpecific(key: key) === token
+    }
 
     /// Runs `body` on `queue` from any thread: inline when already on it, otherwise with `sync`,
     /// which runs it on the calling thread once the queue is free (the queue taken like a lock:

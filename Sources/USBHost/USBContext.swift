@@ -147,6 +147,8 @@ public final class USBContext: @unchecked Sendable {
     public func startMonitoring(_ handler: @escaping (USBDeviceEvent) -> Void) throws(USBError) {
         dispatchPrecondition(condition: .onQueue(queue))
         precondition(monitor == nil, "startMonitoring is called once per context")
+        // A context shut down meanwhile (its manager stopped as USB started) has let libusb go.
+        guard !shutDown else { return }
         monitor = handler
         if usesHotplug {
             // Changes are handled after the libusb call that reported them returns (libusb holds
