@@ -26,19 +26,20 @@ fi
 echo "check-allocations: ok, no allocation per frame"
 
 # The session path: the one-session in-process echo (application write → host endpoint → link →
-# memory → the simulated accessory's echo → back → application read) at two sizes. What grows
-# with the data is allocated per packet or per read. What remains, host and simulated accessory
-# together, is under one allocation per data packet: packet arrays the in-process peer still held
-# views of when the link wanted to reuse them (it keeps what it received until it is read, so
-# how many depends on the threads' timing), the arrays of acknowledgements in the same case,
-# Dispatch's timers being set again, and one array and continuation per read(). The figure
-# varies with timing (unloaded: rounds from 0.5 to 1.2, medians of five from 0.79 to 1.12 on
-# the 2-core machine; with a busy core beside it, medians of 1.3), so the median of five rounds
-# is held to a bound of 1.5: under 1 is the target, and a count that knows when the peer lets go
-# of a buffer would make it exact. The bound catches a
-# return of what this path had: Dispatch blocks per batch, an array per bare ACK, a packet copied
-# whole to append its checksum, arrays per turn of the simulator (about 3 per packet), and
-# before those copy-on-write and table allocations (about 20 per packet).
+# memory → the simulated accessory's echo → back → application read with `read(into:)`, the
+# copying read into a kept buffer) at two sizes. What grows with the data is allocated per packet
+# or per read. What remains, host and simulated accessory together, is under one allocation per
+# data packet, and most of it is the simulated accessory's packets: the host keeps views of what
+# it received until the application reads them (up to the benchmark's 4 MiB session buffer, 64
+# packets), so when the accessory's link wants a packet's storage again it is now and then still
+# shared, and emptying it allocates. The rest: acknowledgement arrays in the same case,
+# Dispatch's timers set again, and a block per `queue.sync` of a session call made off the
+# manager's queue. The figure varies with the threads' timing (medians of five 0.64–0.80
+# unloaded, 0.72–0.88 beside two busy loops, on the 2-core machine), so the median of five
+# rounds is held to a bound of 1. The bound catches a return of what this path had: an array per
+# read, Dispatch blocks per batch, an array per bare ACK, a packet copied whole to append its
+# checksum, arrays per turn of the simulator (about 3 per packet), and before those copy-on-write
+# and table allocations (about 20 per packet).
 count_session_allocs() {
     valgrind --tool=memcheck --error-exitcode=3 "$bench" loopback --echo-only --mib "$1" 2>&1 \
         | sed -n 's/.*total heap usage: \([0-9,]*\) allocs.*/\1/p' | tr -d ,
@@ -56,8 +57,8 @@ for round in 1 2 3 4 5; do
 done
 median=$(printf '%s\n' "${rounds[@]}" | sort -n | sed -n 3p)
 echo "session path: median $median allocations per data packet"
-if awk -v x="$median" 'BEGIN { exit !(x > 1.5) }'; then
-    echo "check-allocations: FAILED: the session path allocates $median times per packet (median of 5; bound 1.5)" >&2
+if awk -v x="$median" 'BEGIN { exit !(x > 1) }'; then
+    echo "check-allocations: FAILED: the session path allocates $median times per packet (median of 5; bound 1)" >&2
     exit 1
 fi
-echo "check-allocations: ok, the session path stays within 1.5 allocations per packet (median of 5)"
+echo "check-allocations: ok, the session path stays within 1 allocation per packet (median of 5)"

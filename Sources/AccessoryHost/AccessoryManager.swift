@@ -291,11 +291,8 @@ public final class AccessoryManager: Sendable {
                                   attach: { [weak self] record, remote in self?.attachRemote(record, remote) },
                                   failed: { [weak self] location, reason in self?.publish(.failed(location: location, reason: reason)) },
                                   welcomed: { [weak self] in
-                                      let watchers = self?.state.withLock { state -> [@Sendable () -> Void] in
-                                          state.daemonPending = false
-                                          return Array(state.settleWatchers.values)
-                                      } ?? []
-                                      for watcher in watchers { watcher() }
+                                      self?.state.withLock { $0.daemonPending = false }
+                                      self?.wakeSettleWatchers()
                                   })
         let stopped = state.withLock { state -> Bool in
             guard !state.stopped else { return true }
@@ -488,6 +485,13 @@ public final class AccessoryManager: Sendable {
     private func closed(connectionID: Int, location: String, everIdentified: Bool, reason: String) {
         state.withLock { _ = $0.connections.removeValue(forKey: connectionID) }
         if !everIdentified { publish(.failed(location: location, reason: reason)) }
+    }
+
+    /// Tells the settle waits to look again, for a change that publishes no event (the daemon's
+    /// list in, an opening dropped). On the queue.
+    func wakeSettleWatchers() {
+        let watchers = state.withLock { Array($0.settleWatchers.values) }
+        for watcher in watchers { watcher() }
     }
 
     func publish(_ event: AccessoryEvent) {

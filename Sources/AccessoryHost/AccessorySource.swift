@@ -93,12 +93,16 @@ extension AccessoryManager {
             }
         }
 
-        /// Ends the opening with ``AccessoryEvent/failed(location:reason:)``.
+        /// Ends the opening with ``AccessoryEvent/failed(location:reason:)``; once the manager
+        /// has stopped, quietly (a source failing as it is stopped is no news to anyone).
         public func fail(location: String, reason: String) {
             guard let manager, end() else { return }
             QueueMark.runOrAsync(on: manager.queue) {
-                manager.withState { $0.opening -= 1 }
-                manager.publish(.failed(location: location, reason: reason))
+                let stopped = manager.withState { state -> Bool in
+                    state.opening -= 1
+                    return state.stopped
+                }
+                if !stopped { manager.publish(.failed(location: location, reason: reason)) }
             }
         }
 
@@ -106,8 +110,10 @@ extension AccessoryManager {
 
         deinit {
             // An opening dropped without an end (a source that stopped meanwhile) no longer
-            // keeps the manager unsettled.
-            if !ended.load(ordering: .acquiring), let manager { manager.withState { $0.opening -= 1 } }
+            // keeps the manager unsettled; nothing is published, so the waits are told.
+            guard !ended.load(ordering: .acquiring), let manager else { return }
+            manager.withState { $0.opening -= 1 }
+            manager.queue.async { manager.wakeSettleWatchers() }
         }
     }
 }

@@ -83,6 +83,20 @@ public final class AccessorySession: Sendable {
         try await connection.read(self, maxBytes: maxBytes)
     }
 
+    /// Appends the next received bytes (at most `maxBytes`) to `buffer`, waiting for some, and
+    /// returns how many it appended: 0 only at the end of the stream. The copying read that
+    /// allocates nothing when `buffer` has the room (keep one buffer and empty it with
+    /// `removeAll(keepingCapacity: true)` between reads); ``read(maxBytes:)`` returns a new array
+    /// each time instead.
+    public func read(into buffer: inout [UInt8], maxBytes: Int = 1 << 20) async throws -> Int {
+        let limit = Swift.max(1, maxBytes)
+        while true {
+            let taken = connection.onQueue { connection.readNow(self, into: &buffer, maxBytes: limit) }
+            if taken > 0 { return taken }
+            guard try await connection.waitUntilReadable(self) else { return 0 }
+        }
+    }
+
     /// Takes what is readable now without waiting (empty when nothing is).
     public func readAvailable(maxBytes: Int = 1 << 20) -> [UInt8] {
         connection.onQueue { connection.readNow(self, maxBytes: maxBytes) }

@@ -47,6 +47,15 @@ extension Connection {
         }
     }
 
+    /// Waits until bytes are readable (true) or the stream ended with none (false), taking none.
+    func waitUntilReadable(_ session: AccessorySession) async throws -> Bool {
+        try await wait(on: session) { id, continuation in
+            self.enqueue(session, gone: { continuation.resume(returning: nil) }) {
+                $0.readers.append(Reader(maxBytes: 0, continuation: continuation, id: id))
+            }
+        } != nil
+    }
+
     /// Runs `enqueue` on the queue (on the caller's thread when it can, ``onQueue(_:)``) with a
     /// new waiter id and the continuation it queues; the task waits until the waiter is served.
     /// A task cancelled while it waits takes its waiter off the session, which throws
@@ -143,6 +152,26 @@ extension Connection {
     func readNow(_ session: AccessorySession, maxBytes: Int) -> [UInt8] {
         guard let stream = sessions[session.key]?.stream else { return [] }
         return withSession(session.key) { machine, _ in stream.read(&machine, maxBytes: max(0, maxBytes)) }
+    }
+
+    /// Appends up to `maxBytes` readable bytes to `buffer` (the one copy of the way in); returns
+    /// how many.
+    func readNow(_ session: AccessorySession, into buffer: inout [UInt8], maxBytes: Int) -> Int {
+        guard let stream = sessions[session.key]?.stream else { return 0 }
+        return withSession(session.key) { machine, _ in
+            var taken = 0
+            while taken < maxBytes {
+                let room = maxBytes - taken
+                let count = stream.borrow(&machine) { span in
+                    let count = min(room, span.byteCount)
+                    span.extracting(0..<count).withUnsafeBytes { buffer.append(contentsOf: $0) }
+                    return (count, count)
+                }
+                guard let count, count > 0 else { break }
+                taken += count
+            }
+            return taken
+        }
     }
 
     func borrow<Result>(_ session: AccessorySession, _ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {

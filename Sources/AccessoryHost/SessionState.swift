@@ -8,6 +8,7 @@ internal import Synchronization
 
 extension Connection {
     struct Reader {
+        /// 0: a wait for readable bytes that takes none (`read(into:)`), resumed with `[]`.
         var maxBytes: Int
         var continuation: CheckedContinuation<[UInt8]?, any Error>
         /// Finds it when its task is cancelled.
@@ -82,7 +83,7 @@ final class SessionState {
         var readable = stream.readable(&machine) > 0
         while readable, !readers.isEmpty {
             let reader = readers.removeFirst()
-            reader.continuation.resume(returning: stream.read(&machine, maxBytes: reader.maxBytes))
+            reader.continuation.resume(returning: reader.maxBytes == 0 ? [] : stream.read(&machine, maxBytes: reader.maxBytes))
             readable = stream.readable(&machine) > 0
         }
         if isEnded, !readable {

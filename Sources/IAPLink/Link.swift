@@ -125,10 +125,10 @@ public struct IAP2Link: Sendable {
     /// Packets the peer acknowledged, kept to lay later packets out in (``framedBuffer(payloadCapacity:)``).
     var spareBuffers: [[UInt8]] = []
     /// Most buffers kept for reuse: a window's worth and a few more.
-    static let spareLimit = 40
-    /// The newest acknowledged buffers left to age before reuse (a megabyte of full packets, what
-    /// a session buffers by default).
-    static let spareReserve = 16
+    static let spareLimit = 48
+    /// The newest acknowledged buffers left to age before reuse: half again the megabyte of full
+    /// packets a session buffers by default, which an in-process peer may still hold views of.
+    static let spareReserve = 24
     /// The arrays the last control packets (bare ACKs mostly) went out in, taken again in turn:
     /// by the time one comes round the transport and the peer have let go of it, and it is
     /// refilled without allocating.
@@ -136,7 +136,7 @@ public struct IAP2Link: Sendable {
     /// The next of ``controlBuffers`` to refill, once all are made.
     var nextControlBuffer = 0
     /// How many arrays control packets go round in.
-    static let controlBufferCount = 16
+    static let controlBufferCount = 64
     /// Buffers the transport lends for outgoing packets (``LinkFrame/buffer(_:)``): memory it
     /// sends from as it is (usbfs device memory), so a packet laid out there is never copied
     /// again. Used for payloads of at least ``transmitBufferThreshold`` bytes while one is free;

@@ -77,6 +77,44 @@ struct AsyncAPITests {
         #expect(tail == [1, 2, 3])
     }
 
+    @Test("read(into:) appends into the caller's buffer, at most maxBytes, waits for bytes, returns 0 at the end and can be cancelled")
+    func readIntoABuffer() async throws {
+        let (manager, echo, accessory) = try await ManagerTests.connected()
+        defer { manager.stop() }
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        // Waiting with nothing there, then cancelled: the bytes that come later are not lost.
+        var unused: [UInt8] = []
+        let cancelled = Task {
+            var buffer: [UInt8] = []
+            return try await session.read(into: &buffer)
+        }
+        cancelled.cancel()
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        let payload = testPattern(200_000, seed: 17)
+        let writer = Task { try await session.write(payload) }
+        var buffer: [UInt8] = [0xEE]
+        buffer.reserveCapacity(10_000)
+        var received: [UInt8] = []
+        while received.count < payload.count {
+            buffer.removeAll(keepingCapacity: true)
+            let count = try await session.read(into: &buffer, maxBytes: 4_096)
+            #expect(count > 0 && count <= 4_096 && count == buffer.count)
+            received += buffer
+        }
+        try await writer.value
+        #expect(received == payload)
+        // It appends to what the buffer holds.
+        try await session.write([7, 8])
+        unused = [1]
+        var total = 0
+        while total < 2 { total += try await session.read(into: &unused) }
+        #expect(unused == [1, 7, 8])
+        // The end of the stream: 0, and the buffer untouched.
+        echo.stop()
+        #expect(try await session.read(into: &unused) == 0)
+        #expect(unused == [1, 7, 8])
+    }
+
     @Test("a hasBytesAvailable whose bytes were taken before it reached the handler is not delivered")
     func staleByteEventsAreDropped() async throws {
         let (manager, echo, accessory) = try await ManagerTests.connected()

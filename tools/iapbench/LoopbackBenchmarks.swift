@@ -94,8 +94,16 @@ enum LoopbackBenchmarks {
                 for stream in streams {
                     group.addTask { try await stream.write(payload) }
                     group.addTask {
+                        // The copying read into one kept buffer (no array per read).
+                        var buffer: [UInt8] = []
+                        buffer.reserveCapacity(1 << 20)
                         var received = 0
-                        while received < bytesPerSession, let chunk = try await stream.read() { received += chunk.count }
+                        while received < bytesPerSession {
+                            buffer.removeAll(keepingCapacity: true)
+                            let count = try await stream.read(into: &buffer)
+                            guard count > 0 else { break }
+                            received += count
+                        }
                         guard received == bytesPerSession else { throw ExitCode.dataError }
                     }
                 }
