@@ -1,3 +1,4 @@
+import CLIKit
 import IAPLink
 import IAPWire
 
@@ -57,6 +58,65 @@ enum LinkBenchmarks {
         }
     }
 
+    /// A host endpoint and an accessory endpoint, identified, with one EA session that holds
+    /// `queued` received chunks the host has not read. Each step the accessory sends one 64-byte
+    /// packet, the host receives it (acknowledging every packet), reads its session's counters as
+    /// `Connection.service` does after an input, and reads the oldest chunk, so the session keeps
+    /// holding `queued`. Were a session copied out of its table and changed, the copy would take
+    /// the whole queue with it, and a step would cost more the more is queued.
+    final class QueuedSession {
+        var host: IAP2Endpoint
+        var accessory: IAP2Endpoint
+        let now: LinkTime = .zero
+        var id: UInt16 = 0
+        let payload = [UInt8](repeating: 0x5A, count: 64)
+        var observed = 0
+
+        init(queued: Int) throws {
+            var accessoryConfiguration = LinkConfiguration.accessory
+            accessoryConfiguration.parameters.maxCumulativeAcks = 1
+            host = IAP2Endpoint(device: .device, policy: AcceptingAuthentication(), sessionBufferLimit: 16 << 20,
+                                initialSequence: 0x40, randomSeed: 1)
+            let identity = AccessoryIdentity(
+                name: "Queue Bench", modelIdentifier: "QB-1", manufacturer: "AccessoryHost", serialNumber: "QB0001",
+                firmwareVersion: "1.0.0", hardwareVersion: "A", messagesSent: [0xEA03], messagesReceived: [0xEA00, 0xEA01],
+                powerProvidingCapability: 0, maximumCurrentDrawnFromDevice: 0,
+                protocols: [ExternalAccessoryProtocol(identifier: 1, name: "bench.queued")], supportedLanguages: ["en"])
+            accessory = IAP2Endpoint(accessory: identity, configuration: accessoryConfiguration, sessionBufferLimit: 16 << 20,
+                                     initialSequence: 0x01, randomSeed: 2)
+            accessory.start(now: now)
+            host.start(now: now)
+            for _ in 0..<100 where host.identity == nil { exchange() }
+            guard host.identity != nil else { throw ExitCode.software }
+            id = try host.openSession(protocolName: "bench.queued", now: now)
+            for _ in 0..<100 where accessory.sessions.isEmpty { exchange() }
+            for _ in 0..<queued { send() }
+            guard host.bytesAvailable(id) == queued * payload.count else { throw ExitCode.software }
+        }
+
+        /// Moves every frame both ways until neither side has output.
+        func exchange() {
+            var moved = true
+            while moved {
+                moved = false
+                for frame in host.takeOutput() { accessory.receive(frame, now: now); moved = true }
+                for frame in accessory.takeOutput() { host.receive(frame, now: now); moved = true }
+            }
+        }
+
+        func send() {
+            _ = try? accessory.write(id, payload, now: now)
+            exchange()
+        }
+
+        /// One step at a constant depth of the queue.
+        func step() {
+            send()
+            observed &+= host.bytesAvailable(id) &+ host.spaceAvailable(id) &+ host.bytesPending(id) &+ host.bytesAcknowledged(id)
+            observed &+= host.read(id, maxBytes: payload.count).count
+        }
+    }
+
     static func all() throws -> [Benchmark] {
         var benchmarks: [Benchmark] = []
         for (name, group, size, count) in [("64 KiB", "link-large", 65_525, 64), ("64 B", "link-small", 64, 20_000)] {
@@ -88,6 +148,17 @@ enum LinkBenchmarks {
                                         bytesPerBatch: size * count, framesPerBatch: count) {
                 wire.transfer(payload, count: count)
                 blackHole(wire.accessorySink.bytes)
+            })
+        }
+        // 0 copies of session state per packet: the cost of a packet is flat from 1 to 1,000
+        // chunks queued in its session.
+        for queued in [1, 1_000] {
+            let session = try QueuedSession(queued: queued)
+            let steps = 256
+            let name = "endpoint: 64 B, \(queued == 1 ? "1 chunk queued (baseline)" : "1,000 chunks queued")"
+            benchmarks.append(Benchmark(name: name, group: "queued", bytesPerBatch: 64 * steps, framesPerBatch: steps) {
+                for _ in 0..<steps { session.step() }
+                blackHole(session.observed)
             })
         }
         return benchmarks
