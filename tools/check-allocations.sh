@@ -35,8 +35,8 @@ echo "check-allocations: ok, no allocation per frame"
 # shared, and emptying it allocates. The rest: acknowledgement arrays in the same case,
 # Dispatch's timers set again, and a block per `queue.sync` of a session call made off the
 # manager's queue. The figure varies with the threads' timing (medians of five 0.64–0.80
-# unloaded, 0.72–0.88 beside two busy loops, on the 2-core machine), so the median of five
-# rounds is held to a bound of 1. The bound catches a return of what this path had: an array per
+# unloaded, 0.72 beside two busy loops and 0.88 beside three, on the 2-core machine), so the
+# median of five rounds is held to a bound of 1. The bound catches a return of what this path had: an array per
 # read, Dispatch blocks per batch, an array per bare ACK, a packet copied whole to append its
 # checksum, arrays per turn of the simulator (about 3 per packet), and before those copy-on-write
 # and table allocations (about 20 per packet).
