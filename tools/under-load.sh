@@ -22,6 +22,13 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+# A failed pass's whole output is kept in .build/under-load/ (the summary shows only its tail).
+keep() {
+    mkdir -p .build/under-load
+    cp "$log" ".build/under-load/run-$1.log"
+    echo "  its whole output: .build/under-load/run-$1.log"
+}
+
 yes > /dev/null & busy1=$!
 yes > /dev/null & busy2=$!
 log=$(mktemp)
@@ -31,7 +38,7 @@ if [ "$whole" -eq 1 ]; then
     start=$(date +%s)
     if tools/test.sh > "$log" 2>&1; then result=passed; else result=failed; fi
     echo "tools/test.sh under two busy loops: $result in $(( $(date +%s) - start )) s"
-    [ "$result" = passed ] || { tail -n 40 "$log"; exit 1; }
+    [ "$result" = passed ] || { tail -n 40 "$log"; keep whole; exit 1; }
     exit 0
 fi
 
@@ -47,6 +54,7 @@ for run in $(seq 1 "$runs"); do
     else
         failed=$((failed + 1))
         echo "run $run: full width: FAILED after $(( $(date +%s) - start )) s: ${line:-no summary (hung or crashed)}"
+        keep "$run-full-width"
         grep -E "✘" "$log" | head -n 20 || true
     fi
     if [ "$narrow" -eq 1 ]; then
@@ -57,6 +65,7 @@ for run in $(seq 1 "$runs"); do
         else
             failed=$((failed + 1))
             echo "run $run: one-thread pool, module by module: FAILED after $(( $(date +%s) - start )) s"
+            keep "$run-one-thread"
             grep -vE "passed" "$log" | tail -n 20 || true
         fi
     fi

@@ -4,6 +4,12 @@ import IAPTransport
 import Synchronization
 import Testing
 
+/// Returns once what `queue` had to do before this call has run, without blocking the task's
+/// thread (a cooperative one).
+private func passed(_ queue: DispatchQueue) async {
+    await withCheckedContinuation { continuation in queue.async { continuation.resume() } }
+}
+
 /// ``AccessoryManager/Opening``: how a source's accessory in the making keeps the manager
 /// unsettled, and how it ends.
 @Suite("a source's openings and the manager's settling", .timeLimit(.minutes(1)))
@@ -23,15 +29,15 @@ struct OpeningTests {
         clock.observeDeadlines { timeoutSet.continuation.yield() }
         async let settled = manager.waitUntilSettled(timeout: .seconds(3_600))
         for await _ in timeoutSet.stream { break }
-        manager.queue.sync {} // the wait's first look (unsettled) is over
+        await passed(manager.queue) // the wait's first look (unsettled) is over
         opening = nil
-        manager.queue.sync {} // the wake-up the drop sent has run
+        await passed(manager.queue) // the wake-up the drop sent has run
         await clock.advance(by: .seconds(3_600)) // a wait still pending now times out: false
         #expect(await settled, "the drop ended the wait, not its timeout")
     }
 
     @Test("an opening that fails after the manager stopped publishes nothing")
-    func failureAfterStopIsQuiet() {
+    func failureAfterStopIsQuiet() async {
         let manager = AccessoryManager()
         let heard = Mutex<[AccessoryEvent]>([])
         let handlers = DispatchQueue(label: "handlers")
@@ -39,12 +45,12 @@ struct OpeningTests {
         defer { subscription.cancel() }
         let before = manager.beginOpening()
         before.fail(location: "usb 1-1", reason: "no reply to the detect")
-        manager.queue.sync {} // published before the stop
+        await passed(manager.queue) // published before the stop
         let after = manager.beginOpening()
         manager.stop()
         after.fail(location: "usb 1-2", reason: "the context was shut down")
-        manager.queue.sync {}
-        handlers.sync {}
+        await passed(manager.queue)
+        await passed(handlers)
         let failures = heard.withLock { events in
             events.compactMap { event -> String? in
                 if case .failed(let location, _) = event { return location }
