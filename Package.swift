@@ -69,8 +69,12 @@ let package = Package(
         // OpenSSL (one wrapper type holds every call), the policies accept / record / require,
         // and the simulator's signing credentials.
         .target(name: "IAPAuthentication", dependencies: ["COpenSSL", "IAPLink"], swiftSettings: strict),
-        // The zero-copy slot ring between USB transfers and the frame scanner (SPSC, atomics).
-        .target(name: "ByteRing", swiftSettings: strict),
+        // Atomic words and sealed memfds for memory two processes share (iapd's session rings):
+        // what Swift's Atomic and Glibc's module do not reach.
+        .target(name: "CSharedMemory"),
+        // The zero-copy slot ring between USB transfers and the frame scanner (SPSC, atomics), and
+        // the shared memory of iapd's session rings.
+        .target(name: "ByteRing", dependencies: ["CSharedMemory"], swiftSettings: strict),
         // Swift over libusb: the Dispatch event loop, descriptors and matching, bulk pipes over
         // ring slots, hotplug, and USB as a Transport.
         .target(name: "USBHost", dependencies: ["CLibUSB", "ByteRing", "USBDescriptors", "QueueConfinement"], swiftSettings: strict),
@@ -100,7 +104,7 @@ let package = Package(
         // The public API's core: AccessoryManager, Accessory, AccessorySession, the sources of
         // accessories as plug-ins (AccessorySource), the accessory daemon's client. No transport
         // of its own beyond IAPTransport's: links no libusb, libdbus or libcrypto.
-        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPDaemonProtocol", "SystemCalls",
+        .target(name: "AccessoryHost", dependencies: ["ProjectVersion", "ByteRing", "IAPTransport", "IAPLink", "IAPWire", "AccessoryLogging", "IAPDaemonProtocol", "SystemCalls",
                                                       "USBDescriptors", "QueueConfinement"], swiftSettings: strict),
         // USB as a source of accessories (libusb): AccessoryManager.startUSB.
         .target(name: "AccessoryHostUSB", dependencies: ["AccessoryHost", "USBHost", "USBTransport", "QueueConfinement"], swiftSettings: strict),
@@ -112,8 +116,9 @@ let package = Package(
                 swiftSettings: strict),
         // The client protocol of iapd: messages and their framing (pure, fuzzed).
         .target(name: "IAPDaemonProtocol", dependencies: ["IAPLink"], swiftSettings: strict),
-        // iapd's server: clients over Unix sockets, sessions handed over as sockets of their own.
-        .target(name: "IAPDaemon", dependencies: ["AccessoryHost", "AccessoryHostBluetooth", "AccessoryLogging", "BluetoothTransport", "IAPDaemonProtocol", "IAPLink", "IAPTransport", "SystemCalls"],
+        // iapd's server: clients over Unix sockets, each session handed over as shared rings
+        // (a memfd) and a socket for its wake-ups and its lifetime.
+        .target(name: "IAPDaemon", dependencies: ["AccessoryHost", "AccessoryHostBluetooth", "AccessoryLogging", "BluetoothTransport", "ByteRing", "IAPDaemonProtocol", "IAPLink", "IAPTransport", "SystemCalls"],
                 swiftSettings: strict),
         // iOS's ExternalAccessory framework on AccessoryHost: EAAccessoryManager, EAAccessory,
         // EASession with Foundation streams on run loops, the connect/disconnect notifications.
@@ -188,7 +193,7 @@ let package = Package(
         .testTarget(name: "IAPAuthenticationTests", dependencies: ["TestSupport", "TestThreads", "IAPAuthentication", "IAPLink", "IAPInspect",
                                                                    "AccessorySimulator", "AccessoryHost"],
                     exclude: ["Fixtures"], swiftSettings: strict),
-        .testTarget(name: "IAPDaemonTests", dependencies: ["IAPDaemon", "IAPDaemonProtocol", "AccessoryHost", "AccessorySimulator", "AccessoryLogging",
+        .testTarget(name: "IAPDaemonTests", dependencies: ["ByteRing", "IAPDaemon", "IAPDaemonProtocol", "AccessoryHost", "AccessorySimulator", "AccessoryLogging",
                                                            "IAPTransport", "SystemCalls", "TestSupport", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "ExternalAccessoryTests", dependencies: ["TestSupport", "ExternalAccessory", "AccessoryHost", "AccessorySimulator", "AccessoryGadget", "IAPTransport"], swiftSettings: strict),
         .testTarget(name: "IAPInspectTests", dependencies: ["TestSupport", "IAPInspect", "IAPWire"], swiftSettings: strict),

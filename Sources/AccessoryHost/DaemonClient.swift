@@ -1,4 +1,5 @@
 internal import AccessoryLogging
+internal import ByteRing
 internal import Dispatch
 internal import Glibc
 internal import IAPDaemonProtocol
@@ -117,7 +118,7 @@ final class DaemonClient: @unchecked Sendable {
     /// Descriptors received and not yet claimed by an `opened` reply, oldest first.
     private var descriptors: [Int32] = []
     private var nextID: UInt32 = 1
-    private var pending: [UInt32: (DaemonReply, Int32?) -> Void] = [:]
+    private var pending: [UInt32: (DaemonReply, [Int32]) -> Void] = [:]
     private var connections: [Int: Connection] = [:]
     private var stopped = false
     private var retryDelay: Duration = .milliseconds(100)
@@ -160,13 +161,22 @@ final class DaemonClient: @unchecked Sendable {
     func open(accessoryID: Int, protocolString: String, available: [String],
               complete: @escaping @Sendable (Result<any ByteChannel, AccessoryError>) -> Void) {
         guard descriptor >= 0 else { return complete(.failure(.disconnected("iapd is not reachable"))) }
-        request(.open(accessory: accessoryID, protocolString: protocolString)) { reply, descriptor in
+        request(.open(accessory: accessoryID, protocolString: protocolString)) { reply, passed in
             switch reply {
             case .opened:
-                guard let descriptor else {
-                    return complete(.failure(.sessionRefused("iapd answered the open without the session's socket")))
+                guard passed.count == 2 else {
+                    for descriptor in passed { _ = close(descriptor) }
+                    return complete(.failure(.sessionRefused("iapd answered the open without the session's socket and shared memory")))
                 }
-                complete(.success(SocketByteChannel(descriptor: descriptor, description: "iapd session '\(protocolString)'")))
+                let attached = SharedRingMemory.attach(descriptor: passed[1])
+                _ = close(passed[1]) // the mapping keeps the memory
+                switch attached {
+                case let .failure(failure):
+                    _ = close(passed[0]) // iapd sees the session closed
+                    complete(.failure(.sessionRefused("iapd's session cannot be used: \(failure)")))
+                case let .success(memory):
+                    complete(.success(SharedRingChannel(memory: memory, socket: passed[0], role: .client, description: "iapd session '\(protocolString)'")))
+                }
             case let .failure(failure):
                 complete(.failure(Self.accessoryError(failure, protocolString: protocolString, available: available)))
             default:
@@ -188,7 +198,7 @@ final class DaemonClient: @unchecked Sendable {
         }
     }
 
-    private func request(_ request: ClientRequest, reply: @escaping (DaemonReply, Int32?) -> Void) {
+    private func request(_ request: ClientRequest, reply: @escaping (DaemonReply, [Int32]) -> Void) {
         let id = nextID
         nextID &+= 1
         pending[id] = reply
@@ -245,10 +255,14 @@ final class DaemonClient: @unchecked Sendable {
 
     private func handle(_ message: DaemonMessage) {
         if let id = message.id {
-            var passed: Int32?
-            if case .opened = message.reply, !descriptors.isEmpty { passed = descriptors.removeFirst() }
+            // An opened session's socket and memory came with the reply's first bytes.
+            var passed: [Int32] = []
+            if case .opened = message.reply {
+                passed = Array(descriptors.prefix(2))
+                descriptors.removeFirst(passed.count)
+            }
             guard let reply = pending.removeValue(forKey: id) else {
-                if let passed { _ = close(passed) }
+                for descriptor in passed { _ = close(descriptor) }
                 return
             }
             return reply(message.reply, passed)
@@ -313,7 +327,7 @@ final class DaemonClient: @unchecked Sendable {
         descriptors.removeAll()
         let waiting = pending
         pending.removeAll()
-        for (_, reply) in waiting { reply(.failure(DaemonFailure(.noSuchAccessory, "iapd went away: \(reason)")), nil) }
+        for (_, reply) in waiting { reply(.failure(DaemonFailure(.noSuchAccessory, "iapd went away: \(reason)")), []) }
         let gone = connections
         connections.removeAll()
         for (_, connection) in gone { connection.stop(reason: stopped ? reason : "iapd went away: \(reason)") }

@@ -154,6 +154,14 @@ public final class AccessorySession: Sendable {
         connection.onQueue { connection.close(self) }
     }
 
+    /// For iapd, which passes the count on to the client that holds the session: `observer` is
+    /// called on the connection's queue (the manager's) each time ``bytesAcknowledged`` grows,
+    /// with the new count, from inside the connection's service (it must not call back into the
+    /// session).
+    package func observeAcknowledgements(_ observer: @escaping (Int) -> Void) {
+        connection.onQueue { connection.sessions[key]?.acknowledgementObserver = observer }
+    }
+
     /// Waits until every written byte was handed to the link (for example before closing).
     /// Handed is not arrived: ``drain()`` waits for the accessory's acknowledgement.
     public func flush() async throws {

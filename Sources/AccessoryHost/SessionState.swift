@@ -67,6 +67,8 @@ final class SessionState {
     var handler: StreamEventHandler?
     /// Bytes the accessory acknowledged (kept after the stream ended).
     var acknowledged = 0
+    /// Told each time ``acknowledged`` grows (iapd passes it on to its client).
+    var acknowledgementObserver: ((Int) -> Void)?
     /// Set when the stream ended: nil reason = closed normally.
     var ended: AccessoryError?
     var isEnded = false
@@ -79,7 +81,11 @@ final class SessionState {
     /// Serves the waiting readers, writers, flushers and drainers, and tells the handler what the
     /// application may do next.
     func serve(_ machine: inout IAPEndpoint, now: LinkTime) {
-        acknowledged = max(acknowledged, stream.acknowledged(&machine))
+        let newlyAcknowledged = stream.acknowledged(&machine)
+        if newlyAcknowledged > acknowledged {
+            acknowledged = newlyAcknowledged
+            acknowledgementObserver?(newlyAcknowledged)
+        }
         var readable = stream.readable(&machine) > 0
         while readable, !readers.isEmpty {
             let reader = readers.removeFirst()

@@ -1,5 +1,6 @@
 public import AccessoryHost
 public import AccessoryLogging
+internal import ByteRing
 internal import Dispatch
 internal import Glibc
 internal import IAPDaemonProtocol
@@ -37,6 +38,10 @@ public final class DaemonServer: Sendable {
         public var maximumQueuedOutput: Int = 4 * 1024 * 1024
         /// The daemon's name and version, sent in the welcome.
         public var name: String = "iapd"
+        /// Bytes of each of a session's two shared rings (rounded up to a power of two): what a
+        /// client may write ahead of the accessory, and what the accessory may send ahead of
+        /// the client's reads. Resident only as far as it is used.
+        public var sessionRingCapacity: Int = 1 << 20
 
         /// Options with the defaults.
         public init(group: UInt32? = nil) {
@@ -289,21 +294,25 @@ final class Core: @unchecked Sendable {
                 release()
                 client.reply(id, .failure(Self.failure(error)))
             case let .success(session):
-                switch UnixSocket.pair() {
-                case let .failure(error):
+                switch (UnixSocket.pair(), SharedRingMemory.create(capacity: options.sessionRingCapacity, name: "iapd-session")) {
+                case let (.failure(error), memory):
+                    if case let .success((_, passed)) = memory { _ = close(passed) }
                     session.close()
                     release()
                     client.reply(id, .failure(DaemonFailure(.failed, "iapd cannot make the session's socket: \(error)")))
-                case let .success((mine, theirs)):
-                    // 1 MiB each way and end (the kernel doubles it, within net.core.wmem_max): fewer
-                    // wake-ups per MiB; still a bound.
-                    UnixSocket.setBufferSizes(mine, bytes: 1 << 20)
-                    UnixSocket.setBufferSizes(theirs, bytes: 1 << 20)
+                case let (.success((mine, theirs)), .failure(failure)):
+                    _ = close(mine)
+                    _ = close(theirs)
+                    session.close()
+                    release()
+                    client.reply(id, .failure(DaemonFailure(.failed, "iapd cannot make the session's shared memory: \(failure); check the memory limits of iapd's unit (MemoryMax)")))
+                case let (.success((mine, theirs)), .success((memory, passed))):
                     let sessionID = nextSessionID
                     nextSessionID += 1
                     let logger = self.logger
-                    let bridge = SessionBridge(id: sessionID, session: session, descriptor: mine, queue: queue,
-                                               log: { logger.debug("\($0)") }) { [weak self, weak client] in
+                    let holder = client.holder
+                    let bridge = SessionBridge(id: sessionID, session: session, memory: memory, socket: mine, queue: queue,
+                                               log: { logger.notice("\(holder): \($0)") }) { [weak self, weak client] in
                         client?.bridges[sessionID] = nil
                         self?.release(key)
                         logger.debug("session \(sessionID) '\(protocolString)' ended")
@@ -311,7 +320,7 @@ final class Core: @unchecked Sendable {
                     client.bridges[sessionID] = bridge
                     bridgesByKey[key] = bridge
                     bridge.start()
-                    client.reply(id, .opened(accessory: accessoryID, protocolString: protocolString, session: sessionID), passing: theirs)
+                    client.reply(id, .opened(accessory: accessoryID, protocolString: protocolString, session: sessionID), passing: [theirs, passed])
                     logger.info("\(client.holder) opened '\(protocolString)' on \(accessory.name)")
                 }
             }
@@ -353,7 +362,7 @@ final class Client: @unchecked Sendable {
     private unowned let core: Core
     private var watch: DescriptorWatch?
     /// Queued output: bytes, and the descriptor that goes with their first byte.
-    private var output: [(bytes: [UInt8], descriptor: Int32?)] = []
+    private var output: [(bytes: [UInt8], descriptors: [Int32])] = []
     private var outputOffset = 0
     private var queuedBytes = 0
     private var framer = MessageFramer(limit: DaemonProtocol.maximumRequestLength)
@@ -410,8 +419,7 @@ final class Client: @unchecked Sendable {
         switch message.request {
         case let .hello(version, _):
             guard (DaemonProtocol.oldestVersion...DaemonProtocol.version).contains(version) else {
-                reply(message.id, .failure(DaemonFailure(.version,
-                    "this iapd speaks protocol \(DaemonProtocol.oldestVersion) to \(DaemonProtocol.version), the client \(version): use the library and iapd of one release")))
+                reply(message.id, .failure(DaemonFailure(.version, DaemonProtocol.versionMismatch(daemon: DaemonProtocol.oldestVersion...DaemonProtocol.version, client: version))))
                 return drop(reason: "protocol version \(version)")
             }
             self.version = version
@@ -436,20 +444,20 @@ final class Client: @unchecked Sendable {
         drop(reason: reason)
     }
 
-    func reply(_ id: UInt32?, _ reply: DaemonReply, passing descriptor: Int32? = nil) {
+    func reply(_ id: UInt32?, _ reply: DaemonReply, passing descriptors: [Int32] = []) {
         let bytes = MessageFramer.encode(DaemonMessage(id: id, reply: reply))
         guard !dropped else {
-            if let descriptor { _ = close(descriptor) }
+            for descriptor in descriptors { _ = close(descriptor) }
             return
         }
-        output.append((bytes, descriptor))
+        output.append((bytes, descriptors))
         queuedBytes += bytes.count
         flush()
     }
 
     func send(_ bytes: [UInt8]) {
         guard !dropped else { return }
-        output.append((bytes, nil))
+        output.append((bytes, []))
         queuedBytes += bytes.count
         guard queuedBytes <= core.options.maximumQueuedOutput else {
             core.logger.notice("dropping client \(id) (\(holder)): it left \(queuedBytes) bytes of events unread")
@@ -462,14 +470,14 @@ final class Client: @unchecked Sendable {
         while !dropped, let first = output.first {
             let result = first.bytes.withUnsafeBytes { raw -> Result<Int, SystemError> in
                 let rest = UnsafeRawBufferPointer(rebasing: raw[outputOffset...])
-                if outputOffset == 0, let passed = first.descriptor { return UnixSocket.send(descriptor, rest, passing: passed) }
+                if outputOffset == 0, !first.descriptors.isEmpty { return UnixSocket.send(descriptor, rest, passing: first.descriptors) }
                 return UnixSocket.send(descriptor, rest)
             }
             switch result {
             case .success(let count):
-                if outputOffset == 0, let passed = first.descriptor, count > 0 {
-                    _ = close(passed) // it went with the first byte
-                    output[0].descriptor = nil
+                if outputOffset == 0, count > 0, !first.descriptors.isEmpty {
+                    for passed in first.descriptors { _ = close(passed) } // they went with the first byte
+                    output[0].descriptors = []
                 }
                 outputOffset += count
                 queuedBytes -= count
@@ -491,7 +499,7 @@ final class Client: @unchecked Sendable {
     func drop(reason: String?) {
         guard !dropped else { return }
         dropped = true
-        for pending in output { if let passed = pending.descriptor { _ = close(passed) } }
+        for pending in output { for passed in pending.descriptors { _ = close(passed) } }
         output.removeAll()
         if let watch { watch.cancel() } else { _ = close(descriptor) }
         watch = nil

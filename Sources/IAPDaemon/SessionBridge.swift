@@ -1,26 +1,29 @@
 internal import AccessoryHost
+internal import ByteRing
 internal import Dispatch
 internal import IAPTransport
 
 /// One session the daemon opened for a client: the accessory's ``AccessorySession`` joined to
-/// the daemon's end of the socket pair whose other end the client holds.
+/// the session's shared rings (``SharedRingChannel``, the daemon's end), whose memory and socket
+/// the client holds the other end of.
 ///
-/// Both directions move without a copy of their own:
+/// Both directions move with one copy in the daemon:
 /// - accessory → client: each chunk the link received is lent in place
-///   (``AccessorySession/withNextChunk(_:)``) and sent to the socket from there;
-/// - client → accessory: the socket is read into the channel's buffer, which is lent to
+///   (``AccessorySession/withNextChunk(_:)``) and copied into the client's ring;
+/// - client → accessory: the client's ring is lent in place to
 ///   ``AccessorySession/writeAvailable(span:)`` (the link's one copy, into its packet).
 ///
-/// Back-pressure both ways: what the accessory cannot take stays in the channel's buffer, which
-/// stops reading the socket when full, so the client's writes block; what the client does not
-/// read fills its socket, so the daemon stops taking the session's bytes and the link holds the
-/// accessory off. Memory per session is bounded by the channel's buffer.
+/// Back-pressure both ways: what the accessory cannot take stays in the client's ring, so the
+/// client's writes wait for room; what the client does not read fills its ring, so the daemon
+/// stops taking the session's bytes and the link holds the accessory off. Memory per session is
+/// the two rings. The accessory's acknowledgements of the client's bytes are published in the
+/// rings' header as they come, so the client's drain waits for the accessory.
 ///
 /// Confinement: created and driven on the manager's queue.
 final class SessionBridge: @unchecked Sendable {
     let id: Int
     let session: AccessorySession
-    private let channel: SocketByteChannel
+    private let channel: SharedRingChannel
     private let queue: DispatchQueue
     private let log: (String) -> Void
     /// Called once, on the queue, when the bridge is done (the protocol is free again).
@@ -29,10 +32,11 @@ final class SessionBridge: @unchecked Sendable {
     private var accessoryEnded = false
     private var closing = false
 
-    init(id: Int, session: AccessorySession, descriptor: Int32, queue: DispatchQueue, log: @escaping (String) -> Void, onEnd: @escaping () -> Void) {
+    init(id: Int, session: AccessorySession, memory: SharedRingMemory, socket: Int32, queue: DispatchQueue, log: @escaping (String) -> Void,
+         onEnd: @escaping () -> Void) {
         self.id = id
         self.session = session
-        self.channel = SocketByteChannel(descriptor: descriptor, description: "client socket of '\(session.protocolString)'")
+        self.channel = SharedRingChannel(memory: memory, socket: socket, role: .daemon, description: "session \(id) '\(session.protocolString)'")
         self.queue = queue
         self.log = log
         self.onEnd = onEnd
@@ -49,9 +53,15 @@ final class SessionBridge: @unchecked Sendable {
             switch event {
             case .readable: toAccessory()
             case .writable: toClient()
-            case .closed: clientEnded()
+            case .closed(let error?):
+                // The client broke its ring: its session ends now.
+                log(error.description)
+                abort()
+            case .closed(nil): clientEnded()
             }
         }
+        let channel = self.channel
+        session.observeAcknowledgements { channel.publishAcknowledged($0) }
         session.setEventHandler(queue: queue) { [weak self] event in
             guard let self else { return }
             switch event {

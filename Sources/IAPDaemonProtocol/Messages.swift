@@ -8,16 +8,26 @@ public import IAPLink
 /// client says ``ClientRequest/hello(version:client:)`` first; the daemon answers
 /// ``DaemonReply/welcome(version:daemon:accessories:)`` and from then on sends every connect and
 /// disconnect as an event. An opened session is not carried on this connection: its reply
-/// comes with a descriptor (`SCM_RIGHTS`), a Unix stream socket of its own that carries the
-/// session's raw bytes both ways; closing it closes the session.
+/// comes with two descriptors (`SCM_RIGHTS`): a Unix stream socket of its own, and a `memfd`
+/// holding the session's two byte rings and their counters (docs/DAEMON.md, "Session rings";
+/// `SharedRingMemory` lays it out). The rings carry the bytes; the socket carries wake-ups and
+/// is the session's lifetime: closing it closes the session.
 public enum DaemonProtocol {
     /// The version this build speaks. Version 2 added ``DaemonReply/appLaunchRequested(accessory:bundleIdentifier:)``
-    /// and ``DaemonReply/transportFailed(location:reason:)``.
-    public static let version = 2
-    /// The oldest client version a daemon of this build serves (it sends such a client only the
-    /// events its version knows). A daemon refuses a client outside
-    /// ``oldestVersion`` … ``version``, naming both versions.
-    public static let oldestVersion = 1
+    /// and ``DaemonReply/transportFailed(location:reason:)``; version 3 carries sessions in
+    /// shared rings, with the accessory's acknowledgements, instead of in the socket's bytes.
+    public static let version = 3
+    /// The oldest client version a daemon of this build serves. A daemon refuses a client
+    /// outside ``oldestVersion`` … ``version``, naming both versions (a version 2 client would
+    /// read its session from the socket, which carries none of its bytes now).
+    public static let oldestVersion = 3
+
+    /// The failure's message when a client's version is not served: both versions, and what to do.
+    public static func versionMismatch(daemon: ClosedRange<Int>, client: Int) -> String {
+        let served = daemon.count == 1 ? "protocol \(daemon.lowerBound)" : "protocol \(daemon.lowerBound) to \(daemon.upperBound)"
+        let advice = client < daemon.lowerBound ? "update the client (its library) to the release of this iapd" : "update iapd to the client's release"
+        return "this iapd speaks \(served), the client protocol \(client): \(advice)"
+    }
     /// Where the daemon listens unless configured otherwise.
     public static let defaultSocketPath = "/run/iapd/iapd.sock"
     /// The environment variable that names another socket (for clients and the daemon).
@@ -100,7 +110,7 @@ public enum DaemonReply: Codable, Sendable, Hashable {
     case welcome(version: Int, daemon: String, accessories: [AccessoryRecord])
     /// Answers list.
     case accessories([AccessoryRecord])
-    /// Answers open: the session's socket comes with this message.
+    /// Answers open: the session's socket and shared memory come with this message, in that order.
     case opened(accessory: Int, protocolString: String, session: Int)
     /// Answers ping.
     case pong

@@ -100,18 +100,22 @@ public enum UnixSocket {
         SystemCall.retrying { Glibc.send(descriptor, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL)) }
     }
 
-    /// Sends `bytes` with `descriptor` attached (`SCM_RIGHTS`). The descriptor travels with the
-    /// first byte: a stream socket takes all of a short message or none of it when it has room
-    /// for it, and the receiver gets the descriptor with the bytes it reads first.
-    public static func send(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, passing passed: Int32) -> Result<Int, SystemError> {
-        let space = controlSpace(descriptors: 1)
+    /// Sends `bytes` with `passed` attached (`SCM_RIGHTS`, in order; at most
+    /// ``maximumPassedDescriptors``). The descriptors travel with the first byte: a stream socket
+    /// takes all of a short message or none of it when it has room for it, and the receiver gets
+    /// the descriptors with the bytes it reads first.
+    public static func send(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, passing passed: [Int32]) -> Result<Int, SystemError> {
+        precondition((1...maximumPassedDescriptors).contains(passed.count), "1 to \(maximumPassedDescriptors) descriptors")
+        let space = controlSpace(descriptors: passed.count)
         var control = [UInt8](repeating: 0, count: space)
         return control.withUnsafeMutableBytes { controlBytes -> Result<Int, SystemError> in
             let header = controlBytes.baseAddress!.assumingMemoryBound(to: cmsghdr.self)
-            header.pointee.cmsg_len = controlLength(descriptors: 1)
+            header.pointee.cmsg_len = controlLength(descriptors: passed.count)
             header.pointee.cmsg_level = SOL_SOCKET
             header.pointee.cmsg_type = Int32(SCM_RIGHTS)
-            controlBytes.baseAddress!.advanced(by: MemoryLayout<cmsghdr>.size).storeBytes(of: passed, as: Int32.self)
+            for (index, one) in passed.enumerated() {
+                controlBytes.baseAddress!.advanced(by: MemoryLayout<cmsghdr>.size + index * MemoryLayout<Int32>.size).storeBytes(of: one, as: Int32.self)
+            }
             var vector = iovec(iov_base: UnsafeMutableRawPointer(mutating: bytes.baseAddress), iov_len: bytes.count)
             return withUnsafeMutablePointer(to: &vector) { vectorPointer in
                 var message = msghdr()

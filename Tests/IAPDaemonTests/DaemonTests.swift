@@ -1,4 +1,5 @@
 import AccessoryHost
+import ByteRing
 import AccessorySimulator
 import Dispatch
 import Foundation
@@ -76,13 +77,15 @@ struct DaemonTests {
                 return
             }
             raw.send(.open(accessory: record.id, protocolString: "com.example.echo"), id: 2)
-            guard let (message, descriptor) = try raw.next(), case .opened = message.reply, let descriptor else {
+            guard let (message, passed) = try raw.next(), case .opened = message.reply, passed.count == 2 else {
                 Issue.record("no session")
                 return
             }
-            let bytes = pattern(256 * 1024, seed: 3)
-            _ = bytes.withUnsafeBytes { UnixSocket.send(descriptor, $0) }
-            _ = close(descriptor)
+            let memory = try SharedRingMemory.attach(descriptor: passed[1]).get()
+            _ = close(passed[1])
+            let channel = SharedRingChannel(memory: memory, socket: passed[0], role: .client, description: "doomed")
+            #expect(channel.write(pattern(256 * 1024, seed: 3)[...]) == 256 * 1024)
+            // The channel was never activated: dropping it closes the socket.
         }
         // The survivor goes on byte-exact meanwhile, and gets the released protocol.
         let payload = pattern(512 * 1024, seed: 4)
@@ -165,11 +168,11 @@ struct DaemonTests {
             ("not JSON", [0, 0, 0, 4, 0x6E, 0x6F, 0x70, 0x65]),
             ("JSON of no request", MessageFramer.encode(["hello": "world"])),
             ("open before hello", MessageFramer.encode(ClientMessage(id: 1, request: .open(accessory: 1, protocolString: "com.example.echo")))),
-            ("a protocol string of 300 bytes", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: 1, client: "x")))
+            ("a protocol string of 300 bytes", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: DaemonProtocol.version, client: "x")))
                 + MessageFramer.encode(ClientMessage(id: 2, request: .open(accessory: 1, protocolString: String(repeating: "a", count: 300))))),
-            ("a control character in the protocol", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: 1, client: "x")))
+            ("a control character in the protocol", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: DaemonProtocol.version, client: "x")))
                 + MessageFramer.encode(ClientMessage(id: 2, request: .open(accessory: 1, protocolString: "com.\u{1b}[2J")))),
-            ("an accessory id of 0", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: 1, client: "x")))
+            ("an accessory id of 0", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: DaemonProtocol.version, client: "x")))
                 + MessageFramer.encode(ClientMessage(id: 2, request: .open(accessory: 0, protocolString: "com.example.echo")))),
             ("another protocol version", MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: 99, client: "x")))),
         ]
@@ -219,34 +222,28 @@ struct DaemonTests {
     }
 }
 
-@Suite("iapd's protocol 2 events", .timeLimit(.minutes(1)))
-struct DaemonVersionTwoTests {
-    @Test("an app launch request and a transport failure reach clients of version 2; a client of version 1 is sent neither")
-    func versionTwoEvents() async throws {
+@Suite("iapd's protocol versions and events", .timeLimit(.minutes(1)))
+struct DaemonVersionTests {
+    @Test("an app launch request and a transport failure reach clients; a client of protocol 2 is refused, both versions named")
+    func eventsAndVersions() async throws {
         let daemon = try await DaemonHarness.start()
         defer { daemon.stop() }
         let (client, _) = try await daemon.client()
         defer { client.stop() }
         let events = client.events
-        let welcomed = DispatchSemaphore(value: 0)
-        let triggered = DispatchSemaphore(value: 0)
-        let seenByOld = Locked<[DaemonReply]>([])
-        async let old: Void = runBlocking {
-            defer { welcomed.signal() }
+        // A client of protocol 2 would read its sessions' bytes from their sockets: refused.
+        try await runBlocking {
             var raw = try RawClient(path: daemon.socketPath)
-            raw.send(.hello(version: 1, client: "old"))
-            guard case .welcome? = try raw.next()?.0.reply else {
-                Issue.record("no welcome for a version 1 client")
+            raw.send(.hello(version: 2, client: "old"))
+            guard case let .failure(failure)? = try raw.next()?.0.reply else {
+                Issue.record("a client of protocol 2 was not refused")
                 return
             }
-            welcomed.signal()
-            triggered.wait()
-            raw.send(.ping, id: 2)
-            while let (message, _) = try raw.next(), message.id != 2 {
-                seenByOld.withLock { $0.append(message.reply) }
-            }
+            #expect(failure.code == .version)
+            #expect(failure.message.contains("protocol 3") && failure.message.contains("protocol 2"), "\(failure.message)")
+            #expect(failure.message.contains("update the client"), "\(failure.message)")
+            #expect(try raw.next() == nil ? true : false, "the daemon kept the refused client")
         }
-        try await runBlocking { welcomed.wait() }
         // An accessory that asks for an app as it connects, and a transport that ends before
         // anything on it was identified.
         let thermal = try SimulatorRunner(profile: try #require(SimulatorProfile.builtIn(named: "thermal-camera")),
@@ -272,14 +269,8 @@ struct DaemonVersionTwoTests {
             }
             if launch != nil, failure != nil { break }
         }
-        triggered.signal()
-        try await old
         #expect(launch == "com.example.thermal")
         #expect(failure == "doomed (host side)")
-        let sent = seenByOld.withLock { $0 }
-        #expect(sent.contains { if case let .connected(record) = $0 { return record.identity.name == "Thermal Camera" } else { return false } })
-        #expect(!sent.contains { if case .appLaunchRequested = $0 { return true } else { return false } }, "\(sent)")
-        #expect(!sent.contains { if case .transportFailed = $0 { return true } else { return false } }, "\(sent)")
     }
 }
 

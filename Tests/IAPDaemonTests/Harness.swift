@@ -114,12 +114,17 @@ struct RawClient: ~Copyable {
 
     /// The next message (and a descriptor that came with it), waiting up to 20 s; nil at the end
     /// of the stream. Blocks its thread: for tests with `.ownThread`.
-    mutating func next() throws -> (DaemonMessage, Int32?)? {
+    /// The next message, and for `opened` the descriptors that came with it (the session's
+    /// socket and shared memory).
+    mutating func next() throws -> (DaemonMessage, [Int32])? {
         var scratch = [UInt8](repeating: 0, count: 64 * 1024)
         while true {
             if let message = try framer.next(DaemonMessage.self) {
-                var passed: Int32?
-                if case .opened = message.reply, !descriptors.isEmpty { passed = descriptors.removeFirst() }
+                var passed: [Int32] = []
+                if case .opened = message.reply {
+                    passed = Array(descriptors.prefix(2))
+                    descriptors.removeFirst(passed.count)
+                }
                 return (message, passed)
             }
             var poll = [pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)]
