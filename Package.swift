@@ -180,7 +180,7 @@ let package = Package(
         .target(name: "HeapStatistics", path: "Tests/HeapStatistics"),
         .testTarget(name: "IAPWireTests", dependencies: ["TestSupport", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "IAPLinkTests", dependencies: ["TestSupport", "IAPLink", "IAPWire", "ByteRing", "TestThreads"], swiftSettings: strict),
-        .testTarget(name: "IAPTransportTests", dependencies: ["TestSupport", "IAPTransport", "IAPLink", "TestThreads"], swiftSettings: strict),
+        .testTarget(name: "IAPTransportTests", dependencies: ["TestSupport", "ByteRing", "SystemCalls", "IAPTransport", "IAPLink", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "AccessorySimulatorTests", dependencies: ["AccessorySimulator", "IAPLink", "IAPWire"], swiftSettings: strict),
         .testTarget(name: "AccessoryGadgetTests", dependencies: ["TestSupport", "AccessoryGadget", "AccessorySimulator", "IAPTransport", "IAPWire", "TestThreads"], swiftSettings: strict),
         .testTarget(name: "DBusTests", dependencies: ["DBus", "TestSupport"], swiftSettings: strict),

@@ -643,6 +643,21 @@ if [ -x "$iapd" ]; then
     [ "$iapd_status" -eq 0 ] || fail "iapd exited with $iapd_status on SIGTERM: $(tail -n 20 "$work/iapd.log")"
     [ ! -e "$work/iapd.sock" ] || fail "iapd left its socket behind after SIGTERM"
     grep -q "stopping (signal 15)" "$work/iapd.log" || fail "iapd did not log its stop: $(cat "$work/iapd.log")"
+    # Through iapd, acknowledged means the accessory has the bytes (protocol 3): the accessory
+    # that stops reading fails the send as it does directly (exit 74, what it acknowledged).
+    "$iapd" --socket "$work/iapd-stuck.sock" --no-usb "--simulate=$work/stuck.json" 2> "$work/iapd-stuck.log" &
+    stuck_pid=$!
+    for _ in $(seq 1 100); do [ -S "$work/iapd-stuck.sock" ] && break; sleep 0.1; done # an external process: bounded polls
+    check "send through iapd to an accessory that stops acknowledging gives up (exit 74)" 74 \
+        timeout 120 env IAPD_SOCKET="$work/iapd-stuck.sock" "$iapctl" send com.example.sink "$work/stuck.bin" --stall-timeout 2 --json
+    contains "send through iapd is not ok" out '"ok":false'
+    through=$(sed -n 's/.*"bytesAcknowledged":\([0-9]*\).*/\1/p' "$work/out")
+    if [ -z "$through" ] || [ "$through" -lt 100000 ] || [ "$through" -ge 3000000 ] \
+        || [ $((through > stuck ? through - stuck : stuck - through)) -gt 65536 ]; then
+        fail "through iapd, a stuck send reports what the accessory acknowledged, as directly ($stuck): '$through': $(cat "$work/out")"
+    fi
+    kill -TERM "$stuck_pid" 2>/dev/null || true
+    wait "$stuck_pid" 2>/dev/null || true
     # Bluetooth asked for where no bus (so no BlueZ) answers: iapd goes on serving, says once
     # what stops Bluetooth (it tries again every 5 s), and a bad address is a usage error.
     env DBUS_SYSTEM_BUS_ADDRESS="unix:path=$work/no-such-bus" "$iapd" --socket "$work/iapd-bt.sock" --no-usb --simulate --bluetooth -vv \

@@ -257,6 +257,7 @@ final class Connection: @unchecked Sendable {
         guard let state = sessions[key], !state.isEnded else { return }
         state.isEnded = true
         state.ended = error
+        if let relay = state.relay { queue.async { relay.ended() } }
         if let handler = state.handler {
             if let error { handler.queue.async { handler.handler(.errorOccurred(error)) } }
             handler.queue.async { handler.handler(.endEncountered) }

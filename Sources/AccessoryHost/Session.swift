@@ -154,12 +154,23 @@ public final class AccessorySession: Sendable {
         connection.onQueue { connection.close(self) }
     }
 
-    /// For iapd, which passes the count on to the client that holds the session: `observer` is
-    /// called on the connection's queue (the manager's) each time ``bytesAcknowledged`` grows,
-    /// with the new count, from inside the connection's service (it must not call back into the
-    /// session).
-    package func observeAcknowledgements(_ observer: @escaping (Int) -> Void) {
-        connection.onQueue { connection.sessions[key]?.acknowledgementObserver = observer }
+    /// For iapd: from now on the connection moves this session's bytes to and from `relay`
+    /// itself, each time it serves the link (``SessionRelay``), and tells it the accessory's
+    /// acknowledgements and the end. The session's own readers, writers and event handler are
+    /// not for use alongside.
+    package func relay(to relay: any SessionRelay) {
+        connection.onQueue {
+            guard let state = connection.sessions[key] else { return connection.queue.async { relay.ended() } }
+            state.relay = relay
+            if state.isEnded { connection.queue.async { relay.ended() } }
+            connection.withSession(key) { _, _ in }
+        }
+    }
+
+    /// For iapd: serves the session now (its relay has bytes for the accessory, or room for
+    /// the accessory's).
+    package func serveRelay() {
+        connection.onQueue { if connection.sessions[key] != nil { connection.withSession(key) { _, _ in } } }
     }
 
     /// Waits until every written byte was handed to the link (for example before closing).

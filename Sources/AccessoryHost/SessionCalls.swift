@@ -236,7 +236,7 @@ extension Connection {
             guard let self else { return false }
             return self.onQueue {
                 guard let state = self.sessions[key] else { return false }
-                return self.driver.perform { machine, _ in
+                return self.driver.inspect { machine in
                     event == .hasBytesAvailable ? state.stream.readable(&machine) > 0 : !state.isEnded && state.stream.hasSpace(&machine)
                 }
             }

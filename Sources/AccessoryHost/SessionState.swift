@@ -67,8 +67,8 @@ final class SessionState {
     var handler: StreamEventHandler?
     /// Bytes the accessory acknowledged (kept after the stream ended).
     var acknowledged = 0
-    /// Told each time ``acknowledged`` grows (iapd passes it on to its client).
-    var acknowledgementObserver: ((Int) -> Void)?
+    /// Moves the session's bytes to and from another process as they become movable (iapd).
+    var relay: (any SessionRelay)?
     /// Set when the stream ended: nil reason = closed normally.
     var ended: AccessoryError?
     var isEnded = false
@@ -82,9 +82,11 @@ final class SessionState {
     /// application may do next.
     func serve(_ machine: inout IAPEndpoint, now: LinkTime) {
         let newlyAcknowledged = stream.acknowledged(&machine)
-        if newlyAcknowledged > acknowledged {
-            acknowledged = newlyAcknowledged
-            acknowledgementObserver?(newlyAcknowledged)
+        let acknowledgedMore = newlyAcknowledged > acknowledged
+        acknowledged = max(acknowledged, newlyAcknowledged)
+        if let relay {
+            serveRelay(relay, &machine, now: now)
+            if acknowledgedMore { relay.acknowledged(acknowledged) }
         }
         var readable = stream.readable(&machine) > 0
         while readable, !readers.isEmpty {
@@ -140,6 +142,23 @@ final class SessionState {
             if readable { handler.post(.hasBytesAvailable) }
             if wroteAll, !isEnded, stream.hasSpace(&machine) { handler.post(.hasSpaceAvailable) }
         }
+    }
+
+    /// Hands received bytes to the relay as far as it takes them, and writes what it has for
+    /// the accessory as far as the link takes it.
+    private func serveRelay(_ relay: any SessionRelay, _ machine: inout IAPEndpoint, now: LinkTime) {
+        while let whole = stream.borrow(&machine, { span -> (consumed: Int, result: Bool) in
+            let taken = min(max(0, relay.deliver(span)), span.byteCount)
+            return (taken, taken > 0 && taken == span.byteCount)
+        }), whole {}
+        guard !isEnded else { return }
+        var taken = 0
+        relay.withOutgoing { span in
+            let count = stream.write(&machine, span: span, now: now)
+            taken += count
+            return count
+        }
+        written += taken
     }
 
     /// Resumes waiter `id`, if it still waits, with `error`; false when it waits no more.

@@ -7,20 +7,23 @@ internal import IAPTransport
 /// the session's shared rings (``SharedRingChannel``, the daemon's end), whose memory and socket
 /// the client holds the other end of.
 ///
-/// Both directions move with one copy in the daemon:
-/// - accessory → client: each chunk the link received is lent in place
-///   (``AccessorySession/withNextChunk(_:)``) and copied into the client's ring;
-/// - client → accessory: the client's ring is lent in place to
-///   ``AccessorySession/writeAvailable(span:)`` (the link's one copy, into its packet).
+/// The bridge is the session's relay (``SessionRelay``): the connection moves the bytes in the
+/// same service of the link that made them movable, with one copy in the daemon each way:
+/// - accessory → client: each chunk the link accepted is copied into the client's ring before
+///   the link is left (the link's buffer is free again at once, and the accessory's next packet
+///   is acknowledged without waiting for another turn of the queue);
+/// - client → accessory: the client's ring is lent in place to the link, which copies it into
+///   its packets (the link's one copy) as far as its window takes.
+/// The client's wake-ups (bytes in its ring, room in the daemon's) serve the session once.
 ///
 /// Back-pressure both ways: what the accessory cannot take stays in the client's ring, so the
-/// client's writes wait for room; what the client does not read fills its ring, so the daemon
-/// stops taking the session's bytes and the link holds the accessory off. Memory per session is
-/// the two rings. The accessory's acknowledgements of the client's bytes are published in the
-/// rings' header as they come, so the client's drain waits for the accessory.
+/// client's writes wait for room; what the client does not read fills its ring, so the link's
+/// buffer fills and the link holds the accessory off. Memory per session is the two rings. The
+/// accessory's acknowledgements of the client's bytes are published in the rings' header as
+/// they come, so the client's drain waits for the accessory.
 ///
 /// Confinement: created and driven on the manager's queue.
-final class SessionBridge: @unchecked Sendable {
+final class SessionBridge: SessionRelay, @unchecked Sendable {
     let id: Int
     let session: AccessorySession
     private let channel: SharedRingChannel
@@ -49,28 +52,20 @@ final class SessionBridge: @unchecked Sendable {
     /// Starts moving bytes. On the queue.
     func start() {
         channel.activate(queue: queue) { [weak self] event in
-            guard let self else { return }
+            guard let self, onEnd != nil else { return }
             switch event {
-            case .readable: toAccessory()
-            case .writable: toClient()
+            case .readable, .writable:
+                session.serveRelay()
+                afterService()
             case .closed(let error?):
                 // The client broke its ring: its session ends now.
                 log(error.description)
                 abort()
-            case .closed(nil): clientEnded()
+            case .closed(nil):
+                clientEnded()
             }
         }
-        let channel = self.channel
-        session.observeAcknowledgements { channel.publishAcknowledged($0) }
-        session.setEventHandler(queue: queue) { [weak self] event in
-            guard let self else { return }
-            switch event {
-            case .hasBytesAvailable: toClient()
-            case .hasSpaceAvailable: toAccessory()
-            case .endEncountered, .errorOccurred: accessoryStopped()
-            case .openCompleted: break
-            }
-        }
+        session.relay(to: self)
     }
 
     /// Ends the bridge at once (the client went away): the session is closed without waiting.
@@ -81,37 +76,50 @@ final class SessionBridge: @unchecked Sendable {
         finish()
     }
 
-    private func toClient() {
-        guard onEnd != nil else { return }
-        while let sent = session.withNextChunk({ span -> (consumed: Int, result: Int) in
-            let sent = channel.write(span: span)
-            return (sent, sent)
-        }), sent > 0 {}
-        if accessoryEnded, !session.hasBytesAvailable { channel.close() }
+    // MARK: The relay (called by the connection, inside its service of the link)
+
+    func deliver(_ bytes: RawSpan) -> Int {
+        // A client that closed its end reads nothing more: its bytes are dropped.
+        clientClosed ? bytes.byteCount : channel.write(span: bytes)
     }
 
-    private func toAccessory() {
-        guard onEnd != nil, !accessoryEnded else { return }
+    func withOutgoing(_ body: (RawSpan) -> Int) {
+        guard onEnd != nil else { return }
         while let taken = channel.withReadableBytes({ span -> (consumed: Int, result: Int) in
-            let taken = (try? session.writeAvailable(span: span)) ?? 0
+            let taken = body(span)
             return (taken, taken)
         }), taken > 0 {}
+        // The client's last bytes went to the link: the close can go on (from the queue).
+        if clientClosed, !closing, channel.readableByteCount == 0 { queue.async { [weak self] in self?.afterService() } }
+    }
+
+    func acknowledged(_ count: Int) {
+        channel.publishAcknowledged(count)
+    }
+
+    func ended() {
+        guard onEnd != nil, !accessoryEnded else { return }
+        accessoryEnded = true
+        session.serveRelay() // what the accessory sent before, as far as the client's ring takes it
+        afterService()
+    }
+
+    // MARK: The ends
+
+    /// After a service: the client's end is closed once the accessory ended and every byte it
+    /// sent is in the client's ring; the session is closed once the client closed and every byte
+    /// it wrote was handed to the link.
+    private func afterService() {
+        guard onEnd != nil else { return }
+        if accessoryEnded, !clientClosed, !session.hasBytesAvailable { channel.close() }
+        if accessoryEnded, clientClosed { return finish() }
         if clientClosed, channel.readableByteCount == 0 { closeGracefully() }
     }
 
     private func clientEnded() {
         clientClosed = true
-        if accessoryEnded {
-            return finish()
-        }
-        if channel.readableByteCount == 0 { closeGracefully() } else { toAccessory() }
-    }
-
-    private func accessoryStopped() {
-        guard !accessoryEnded else { return }
-        accessoryEnded = true
-        toClient()
-        if clientClosed { finish() }
+        session.serveRelay()
+        afterService()
     }
 
     /// The client closed its end and everything it wrote was handed to the link: the session is

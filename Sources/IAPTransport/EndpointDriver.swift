@@ -155,6 +155,17 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         return result
     }
 
+    /// Runs `body` with the machine for a look that changes nothing (a session's counters):
+    /// unlike ``perform(_:)``, no frames are sent, no owner update runs and the timer is not
+    /// looked at afterwards. Must be called on ``queue``.
+    public func inspect<Result>(_ body: (inout Machine) throws -> Result) rethrows -> Result {
+        dispatchPrecondition(condition: .onQueue(queue))
+        precondition(!performing, "a call into the endpoint from inside another: finish the first call, then make the second")
+        performing = true
+        defer { performing = false }
+        return try body(&machine)
+    }
+
     /// Replaces the machine with `machine` and starts it, keeping the transport: what a device
     /// does when it reboots behind a wire that stays (a serial line). Must be called on ``queue``.
     public func replaceMachine(_ machine: Machine) {

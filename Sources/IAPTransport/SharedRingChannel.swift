@@ -199,8 +199,9 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     }
 
     /// Daemon: tells the client that the accessory acknowledged `count` of the client's bytes
-    /// (counts only grow). The client is woken when it waits for them and its ring is drained
-    /// (the end of a transfer), or every quarter ring of progress.
+    /// (counts only grow). The client is woken when it waits for them and every byte it wrote
+    /// is acknowledged (the end of a transfer), or every quarter ring of progress: not at every
+    /// acknowledgement of a stream that goes on.
     public func publishAcknowledged(_ count: Int) {
         precondition(role == .daemon, "only the daemon publishes acknowledgements")
         let value = UInt64(max(0, count))
@@ -208,7 +209,8 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
         acknowledged = value
         memory.store(.acknowledged, value)
         guard memory.load(.acknowledgementWaiting) != 0 else { return }
-        if inboundCount() == 0 || value - acknowledgedAtWake >= wakeRoom, memory.exchange(.acknowledgementWaiting, 0) != 0 {
+        let everything = value == consumed && inboundCount() == 0
+        if everything || value - acknowledgedAtWake >= wakeRoom, memory.exchange(.acknowledgementWaiting, 0) != 0 {
             acknowledgedAtWake = value
             wake()
         }
@@ -276,15 +278,17 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     /// The socket is readable: wake-ups to swallow, or the other side's end.
     private func woken() {
         guard !ended else { return }
+        // Read until the socket would block: a short read does not mean the end is not behind
+        // the bytes, and the source does not fire again for an end that was already there.
         reading: while !peerClosed {
             switch scratch.withUnsafeMutableBytes({ SystemCall.read(descriptor, into: $0) }) {
             case .success(0):
                 peerClosed = true
-            case .success(let count) where count == scratch.count:
+            case .success:
                 continue reading
             case .failure(let error) where error.kind != .wouldBlock:
                 peerClosed = true // a reset socket: the other side is gone
-            default:
+            case .failure:
                 break reading // all read
             }
         }
@@ -294,7 +298,8 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     /// Tells the handler what it may do now.
     private func announce() {
         guard !ended, let handler else { return }
-        if inboundCount() > 0 { handler(.readable) }
+        // Found empty, the consumer asks to be woken (from the first announcement on).
+        if readableByteCount > 0 { handler(.readable) }
         guard !ended else { return }
         var writable = false
         if role == .client {
@@ -324,6 +329,10 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     private func finish(_ error: TransportError?) {
         guard !ended else { return }
         ended = true
+        // The other side sees the end now, not once the source's cancellation closed the
+        // descriptor (a turn of the queue later): iapd hands a closed protocol to its next
+        // opener only once it sees its holder's end.
+        if !descriptorClosed { _ = Glibc.shutdown(descriptor, Int32(SHUT_RDWR)) }
         if let source { source.cancel() } else if !descriptorClosed { _ = Glibc.close(descriptor) }
         descriptorClosed = true
         let handler = self.handler

@@ -138,6 +138,30 @@ struct AsyncAPITests {
         session.close()
     }
 
+    @Test("an idle session's handler hears hasSpaceAvailable once, not again at every turn of its queue")
+    func idleHandlerIsQuiet() async throws {
+        let (manager, echo, accessory) = try await ManagerTests.connected()
+        defer { manager.stop(); echo.stop() }
+        let session = try await accessory.openSession(for: "com.acme.echo")
+        let handlerQueue = DispatchQueue(label: "test.idle-handler")
+        let spaces = Mutex(0)
+        session.setEventHandler(queue: handlerQueue) { event in
+            if event == .hasSpaceAvailable { spaces.withLock { $0 += 1 } }
+        }
+        func turn() async { await withCheckedContinuation { continuation in handlerQueue.async { continuation.resume() } } }
+        var turns = 0
+        while spaces.withLock({ $0 }) == 0, turns < 100_000 {
+            await turn()
+            turns += 1
+        }
+        let first = spaces.withLock { $0 }
+        // The check of a posted event looked at the link and served it, and the service posted
+        // the event again: one more per turn, a queue busy for as long as the session was open.
+        for _ in 0..<50 { await turn() }
+        #expect(spaces.withLock { $0 } == first, "hasSpaceAvailable kept coming to an idle session")
+        session.close()
+    }
+
     @Test("a handler that reads on every hasBytesAvailable never finds nothing to read")
     func everyByteEventFindsBytes() async throws {
         let (manager, echo, accessory) = try await ManagerTests.connected()

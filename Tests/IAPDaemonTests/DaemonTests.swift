@@ -123,6 +123,50 @@ struct DaemonTests {
         #expect(try await echo([5, 6], over: again) == [5, 6])
     }
 
+    @Test("an accessory that stops acknowledging after about 1 MiB: through iapd as directly, the drain fails at the same count")
+    func acknowledgementsEndToEnd() async throws {
+        // A sink that stops reading after 100,000 bytes: its link still takes what its buffers
+        // hold (about 1 MiB more), then acknowledges nothing.
+        let profile = try SimulatorProfile.decode(Array("""
+            { "identity": { "name": "Stuck", "model": "S1", "manufacturer": "Test", "serialNumber": "S-1",
+                            "firmwareVersion": "1.0", "hardwareVersion": "A" },
+              "protocols": [ { "name": "com.example.sink", "behaviour": "sink" } ],
+              "faults": { "stopReadingAfterBytes": 100000 } }
+            """.utf8))
+        // 1.5 MiB: taken whole (directly by the 1 MiB session buffer beside what the accessory
+        // takes; through iapd by the 4 MiB ring), and more than the accessory acknowledges.
+        let payload = pattern(1_536 << 10, seed: 12)
+        var counts: [Int] = []
+        for throughDaemon in [false, true] {
+            let how = throughDaemon ? "through iapd" : "directly"
+            // A fresh accessory each time: the sink stays stuck once it stopped.
+            let daemon = try await DaemonHarness.start(simulator: profile)
+            defer { daemon.stop() }
+            var client: AccessoryManager?
+            defer { client?.stop() }
+            let accessory: Accessory
+            if throughDaemon {
+                let (manager, remote) = try await daemon.client()
+                client = manager
+                accessory = remote
+            } else {
+                accessory = try #require(daemon.manager.connectedAccessories.first)
+            }
+            let session = try await accessory.openSession(for: "com.example.sink")
+            try await session.write(payload)
+            await #expect(throws: AccessoryError.self, "\(how): the drain succeeded") {
+                try await session.drain(progressTimeout: .seconds(1))
+            }
+            let acknowledged = session.bytesAcknowledged
+            #expect(100_000...(5 << 18) ~= acknowledged, "\(how): \(acknowledged) bytes acknowledged")
+            #expect(acknowledged < payload.count, "\(how)")
+            counts.append(acknowledged)
+            session.close()
+        }
+        // Before protocol 3, iapd's count was what iapd had read: all 1.5 MiB.
+        #expect(abs(counts[1] - counts[0]) <= 64 << 10, "directly \(counts[0]), through iapd \(counts[1])")
+    }
+
     @Test("100 clients connected, then 1,000 open/close cycles: descriptors and memory stay flat")
     func manyClientsAndCycles() async throws {
         let daemon = try await DaemonHarness.start()

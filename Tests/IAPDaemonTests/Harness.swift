@@ -29,10 +29,14 @@ final class DaemonHarness: Sendable {
     }
 
     static func start(profile: String = "multi-sensor") async throws -> DaemonHarness {
+        try await start(simulator: try #require(SimulatorProfile.builtIn(named: profile)))
+    }
+
+    /// A daemon serving an accessory of `simulator`'s profile.
+    static func start(simulator: SimulatorProfile) async throws -> DaemonHarness {
         var configuration = AccessoryManager.Configuration()
         configuration.daemon = .never
         let manager = AccessoryManager(configuration: configuration)
-        let simulator = try #require(SimulatorProfile.builtIn(named: profile))
         let runner = try SimulatorRunner(profile: simulator, attachment: .memory { host in manager.attach(host) })
         runner.start()
         _ = try #require(await manager.waitForAccessory(timeout: .seconds(20)))

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap certificate daemon)
+[ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap certificate daemon ring)
 
 out=tools/fuzz/out
 bin=$out/bin
@@ -23,7 +23,9 @@ export SWIFT_BACKTRACE=enable=no
 quiet() { grep -v "Cannot export local symbol '__asan" || true; }
 
 echo "fuzz: building ByteRing, IAPWire, IAPLink, SystemCalls, AccessoryLogging and IAPInspect with coverage instrumentation"
-swiftc "${flags[@]}" -module-name ByteRing -emit-module -emit-module-path "$bin/ByteRing.swiftmodule" \
+# The atomics and memfd calls of the session rings (C, instrumented too).
+clang -O1 -fsanitize=fuzzer-no-link,address -c Sources/CSharedMemory/CSharedMemory.c -I Sources/CSharedMemory/include -o "$bin/CSharedMemory.o"
+swiftc "${flags[@]}" -module-name ByteRing -I Sources/CSharedMemory/include -emit-module -emit-module-path "$bin/ByteRing.swiftmodule" \
     -wmo -c -o "$bin/ByteRing.o" Sources/ByteRing/*.swift 2>&1 | quiet
 swiftc "${flags[@]}" -module-name IAPWire -emit-module -emit-module-path "$bin/IAPWire.swiftmodule" \
     -wmo -c -o "$bin/IAPWire.o" Sources/IAPWire/*.swift 2>&1 | quiet
@@ -40,22 +42,28 @@ swiftc "${flags[@]}" -module-name IAPInspect -I "$bin" -emit-module -emit-module
 swiftc "${flags[@]}" -module-name IAPAuthentication -I "$bin" -I Sources/COpenSSL -emit-module -emit-module-path "$bin/IAPAuthentication.swiftmodule" \
     -wmo -c -o "$bin/IAPAuthentication.o" Sources/IAPAuthentication/*.swift 2>&1 | quiet
 
+# The transports' module, for the session rings' channel (SharedRingChannel).
+swiftc "${flags[@]}" -module-name IAPTransport -I "$bin" -I Sources/CSharedMemory/include -emit-module -emit-module-path "$bin/IAPTransport.swiftmodule" \
+    -wmo -c -o "$bin/IAPTransport.o" Sources/IAPTransport/*.swift 2>&1 | quiet
+
 # iapd's client protocol (the framer and the messages).
 swiftc "${flags[@]}" -module-name IAPDaemonProtocol -I "$bin" -emit-module -emit-module-path "$bin/IAPDaemonProtocol.swiftmodule" \
     -wmo -c -o "$bin/IAPDaemonProtocol.o" Sources/IAPDaemonProtocol/*.swift 2>&1 | quiet
 
 declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]="LinkFuzz.swift FuzzSteps.swift" [iap1]="IAP1Fuzz.swift FuzzSteps.swift"
-                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBDescriptors/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift [daemon]=DaemonFuzz.swift)
+                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBDescriptors/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift [daemon]=DaemonFuzz.swift
+                   [ring]=RingFuzz.swift)
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
-    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap, certificate, daemon)" >&2; exit 64; }
+    [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap, certificate, daemon, ring)" >&2; exit 64; }
     files=()
     for f in $file; do files+=("tools/fuzz/$f"); done
     extra=()
     [ "$target" = certificate ] && extra=(-I Sources/COpenSSL "$bin/IAPAuthentication.o" -lcrypto)
     [ "$target" = daemon ] && extra=("$bin/IAPDaemonProtocol.o")
-    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" \
+    [ "$target" = ring ] && extra=(-I Sources/CSharedMemory/include "$bin/IAPTransport.o")
+    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/CSharedMemory.o" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" \
         "${extra[@]}" -o "$bin/$target" 2>&1 | quiet
     [ -x "$bin/$target" ] || { echo "fuzz: building $target failed" >&2; exit 1; }
     corpus=$out/$target/corpus

@@ -67,10 +67,14 @@ enum DaemonBenchmarks {
         let through = try Through(serving: rig.manager)
         defer { through.stop() }
         let remote = LoopbackBenchmarks.Rig(manager: through.client, runner: rig.runner, accessory: through.accessory)
-        var throughput = Pairs(), latency = Pairs()
+        var throughput = Pairs(), latency = Pairs(), cpu = Pairs()
         for _ in 0..<rounds {
-            throughput.direct.append(try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: megabytes << 20).bytesPerSecond)
-            throughput.daemon.append(try LoopbackBenchmarks.throughput(remote, sessions: 1, bytesPerSession: megabytes << 20, firstProtocol: 2).bytesPerSecond)
+            let direct = try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: megabytes << 20)
+            throughput.direct.append(direct.bytesPerSecond)
+            cpu.direct.append(direct.cpuSeconds / Double(megabytes))
+            let daemon = try LoopbackBenchmarks.throughput(remote, sessions: 1, bytesPerSession: megabytes << 20, firstProtocol: 2)
+            throughput.daemon.append(daemon.bytesPerSecond)
+            cpu.daemon.append(daemon.cpuSeconds / Double(megabytes))
             latency.direct.append(try LoopbackBenchmarks.roundTrips(rig, size: 64, count: 2_000).p50)
             latency.daemon.append(try LoopbackBenchmarks.roundTrips(remote, size: 64, count: 2_000, protocolNumber: 2).p50)
         }
@@ -85,6 +89,19 @@ enum DaemonBenchmarks {
              "through iapd: \(Report.format(daemon / 1e6, digits: 1)) MB/s each way, \(Report.format(ratio, digits: 2))× direct "
                 + "(median of the rounds' ratios; lowest \(Report.format(throughput.ratios.min() ?? 0, digits: 2)), "
                 + "highest \(Report.format(throughput.ratios.max() ?? 0, digits: 2)))")
+        // The process's CPU per MiB echoed (the application, the link, the simulated accessory;
+        // through iapd also the daemon's relay and the client's side of it): what iapd adds is
+        // the difference, against the whole direct figure.
+        let addedCPU = zip(cpu.daemon, cpu.direct).map { $0 - $1 }
+        let addedShare = zip(addedCPU, cpu.direct).map { $1 > 0 ? $0 / $1 : 0 }
+        emit("CPU per MiB echoed, direct (baseline)", [("cpuMicrosecondsPerMiB", .int(Int(Pairs.median(cpu.direct) * 1e6)))],
+             "baseline: CPU per MiB echoed, direct: \(Report.format(Pairs.median(cpu.direct) * 1e3, digits: 2)) ms (the whole process: application, link, accessory)")
+        emit("CPU per MiB echoed, added by iapd",
+             [("cpuMicrosecondsPerMiB", .int(Int(Pairs.median(cpu.daemon) * 1e6))), ("addedMicrosecondsPerMiB", .int(Int(Pairs.median(addedCPU) * 1e6))),
+              ("addedShare", .string(Report.format(Pairs.median(addedShare), digits: 2)))],
+             "through iapd: CPU per MiB echoed \(Report.format(Pairs.median(cpu.daemon) * 1e3, digits: 2)) ms, "
+                + "\(Report.format(Pairs.median(addedCPU) * 1e3, digits: 2)) ms more: \(Report.format(Pairs.median(addedShare), digits: 2))× the direct figure "
+                + "(the relay, both sides of it; median of the rounds)")
         let added = zip(latency.daemon, latency.direct).map { $0 - $1 }
         emit("round trip, 64-byte messages, direct (baseline)", [("p50Nanoseconds", .int(Int(Pairs.median(latency.direct))))],
              "baseline: round trip of 64-byte messages, direct: p50 \(Report.duration(nanoseconds: Pairs.median(latency.direct)))")

@@ -79,7 +79,9 @@ enum LoopbackBenchmarks {
     }
 
     /// Echo throughput: every session writes `bytesPerSession` and reads them back, all at once.
-    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int, native: Bool = false, firstProtocol: Int = 1) throws -> (bytesPerSecond: Double, seconds: Double) {
+    /// `cpuSeconds`: the whole process's CPU time (user and system) over the timed part.
+    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int, native: Bool = false, firstProtocol: Int = 1) throws
+        -> (bytesPerSecond: Double, seconds: Double, cpuSeconds: Double) {
         let accessory = rig.accessory
         let payload = CodecBenchmarks.pattern(bytesPerSession)
         let streams = try blockingAwait {
@@ -89,6 +91,7 @@ enum LoopbackBenchmarks {
             return opened
         }
         let start = ContinuousClock.now
+        let cpuBefore = ProcessFigures.now().cpuSeconds
         try blockingAwait {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for stream in streams {
@@ -111,9 +114,10 @@ enum LoopbackBenchmarks {
             }
         }
         let elapsed = ContinuousClock.now - start
+        let cpuSeconds = ProcessFigures.now().cpuSeconds - cpuBefore
         for stream in streams { stream.close() }
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        return (Double(bytesPerSession * sessions) / seconds, seconds)
+        return (Double(bytesPerSession * sessions) / seconds, seconds, cpuSeconds)
     }
 
     /// Round trips of `size`-byte messages through one echo session: p50 and p99 in nanoseconds.
@@ -162,7 +166,7 @@ enum LoopbackBenchmarks {
         }
         if !overPty, command.flag("echo-only") {
             let rig = try rig(sessions: 1, overPty: false)
-            let (rate, seconds) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20)
+            let (rate, seconds, _) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20)
             emit("echo throughput, 1 session(s)", [("bytesPerSecond", .int(Int(rate)))],
                  text: "in-process echo, 1 session: \(Report.format(rate / 1e6, digits: 1)) MB/s each way (\(megabytes) MiB in \(Report.format(seconds, digits: 2)) s)")
             rig.manager.stop()
@@ -180,7 +184,7 @@ enum LoopbackBenchmarks {
             let rig = try rig(sessions: sessions, overPty: overPty)
             let bytes = (megabytes << 20) / sessions
             let before = rig.accessory.dataPlaneStatistics
-            let (rate, seconds) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
+            let (rate, seconds, _) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
             let copies = rig.accessory.dataPlaneStatistics - before
             emit("echo throughput, \(sessions) session(s)",
                  [("sessions", .int(sessions)), ("bytes", .int(bytes * sessions)), ("bytesPerSecond", .int(Int(rate))),
@@ -196,7 +200,7 @@ enum LoopbackBenchmarks {
                     + "included; \(overPty ? "plus one copy in by the serial transport, out of its read buffer" : "the in-memory transport copies nothing"))")
             if sessions == 1, !overPty {
                 // The same echo on a native transport (raw bytes on a channel of its own, no link).
-                let (native, nativeSeconds) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20, native: true)
+                let (native, nativeSeconds, _) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20, native: true)
                 emit("echo throughput, native transport", [("bytes", .int(megabytes << 20)), ("bytesPerSecond", .int(Int(native))),
                                                            ("seconds", .string(Report.format(nativeSeconds, digits: 3)))],
                      text: "in-process echo, native transport: \(Report.format(native / 1e6, digits: 1)) MB/s each way "
