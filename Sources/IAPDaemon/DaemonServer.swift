@@ -15,8 +15,10 @@ internal import SystemCalls
 /// - Every client hears every connect and disconnect once it said hello.
 /// - One session per protocol per accessory, system-wide: a second opener is refused with
 ///   the holder's pid and command line (from `SO_PEERCRED`).
-/// - A session is handed over as a socket of its own (`SCM_RIGHTS`) that carries its bytes
-///   raw, with back-pressure both ways (`SessionBridge`).
+/// - A session is handed over as two descriptors (`SCM_RIGHTS`): its shared rings (a sealed
+///   memfd) and a socket of its own for wake-ups and its lifetime; iapd relays it in the link's
+///   service, with back-pressure both ways and the accessory's acknowledgements published to
+///   the client (`SessionBridge`).
 /// - A client that goes away releases its sessions at once.
 /// - A request that is malformed or breaks a limit gets an error and the client is dropped;
 ///   others are not affected. Memory per client is bounded (requests, queued replies, sessions).

@@ -16,7 +16,7 @@ targets=("$@")
 out=tools/fuzz/out
 bin=$out/bin
 mkdir -p "$bin"
-flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6 -package-name AccessoryHost)
+flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6 -package-name AccessoryHost -I Sources/CSharedMemory/include)
 # A crash is reported by libFuzzer and ASan; Swift's backtracer would only hold the run up.
 export SWIFT_BACKTRACE=enable=no
 # ld.gold warns about every ASan helper symbol; those lines carry no information.
@@ -43,7 +43,7 @@ swiftc "${flags[@]}" -module-name IAPAuthentication -I "$bin" -I Sources/COpenSS
     -wmo -c -o "$bin/IAPAuthentication.o" Sources/IAPAuthentication/*.swift 2>&1 | quiet
 
 # The transports' module, for the session rings' channel (SharedRingChannel).
-swiftc "${flags[@]}" -module-name IAPTransport -I "$bin" -I Sources/CSharedMemory/include -emit-module -emit-module-path "$bin/IAPTransport.swiftmodule" \
+swiftc "${flags[@]}" -enable-upcoming-feature InternalImportsByDefault -enable-upcoming-feature ExistentialAny -module-name IAPTransport -I "$bin" -emit-module -emit-module-path "$bin/IAPTransport.swiftmodule" \
     -wmo -c -o "$bin/IAPTransport.o" Sources/IAPTransport/*.swift 2>&1 | quiet
 
 # iapd's client protocol (the framer and the messages).
