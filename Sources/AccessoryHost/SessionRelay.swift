@@ -4,8 +4,10 @@
 /// left, room the accessory's acknowledgements made is filled from the relay at once, with no
 /// event queued and no second call into the link per direction.
 ///
-/// Every method is called on the connection's queue, from inside the connection's service of
-/// the link: none may call the session (or another) back; anything more goes on the queue.
+/// Every method is called on the connection's queue. ``deliver(_:)``, ``withOutgoing(_:)`` and
+/// ``acknowledged(_:)`` are called from inside the connection's service of the link: they may
+/// not call the session (or another) back; anything more goes on the queue. ``ended()`` is
+/// posted to the queue, outside any service: it may call the session.
 package protocol SessionRelay: AnyObject, Sendable {
     /// Takes what it can of bytes the accessory sent (in place, valid only during the call);
     /// returns how many it took (0: it is full; the link then holds the accessory off).

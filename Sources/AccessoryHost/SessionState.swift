@@ -69,6 +69,9 @@ final class SessionState {
     var acknowledged = 0
     /// Moves the session's bytes to and from another process as they become movable (iapd).
     var relay: (any SessionRelay)?
+    /// The acknowledged count the relay was last told (``acknowledged`` may grow outside a
+    /// service, when someone asks for it).
+    private var relayedAcknowledged = 0
     /// Set when the stream ended: nil reason = closed normally.
     var ended: AccessoryError?
     var isEnded = false
@@ -81,12 +84,13 @@ final class SessionState {
     /// Serves the waiting readers, writers, flushers and drainers, and tells the handler what the
     /// application may do next.
     func serve(_ machine: inout IAPEndpoint, now: LinkTime) {
-        let newlyAcknowledged = stream.acknowledged(&machine)
-        let acknowledgedMore = newlyAcknowledged > acknowledged
-        acknowledged = max(acknowledged, newlyAcknowledged)
+        acknowledged = max(acknowledged, stream.acknowledged(&machine))
         if let relay {
             serveRelay(relay, &machine, now: now)
-            if acknowledgedMore { relay.acknowledged(acknowledged) }
+            if acknowledged > relayedAcknowledged {
+                relayedAcknowledged = acknowledged
+                relay.acknowledged(acknowledged)
+            }
         }
         var readable = stream.readable(&machine) > 0
         while readable, !readers.isEmpty {
@@ -114,8 +118,8 @@ final class SessionState {
                 break
             }
         }
-        let unsent = stream.unsent(&machine)
-        if writers.isEmpty, unsent == 0 || isEnded {
+        // Asked only for a flusher (a relayed stream asks its other side to wake it when asked).
+        if writers.isEmpty, !flushers.isEmpty, case let unsent = stream.unsent(&machine), unsent == 0 || isEnded {
             for flusher in flushers {
                 if isEnded, unsent > 0 {
                     flusher.continuation.resume(throwing: ended ?? AccessoryError.sessionClosed)

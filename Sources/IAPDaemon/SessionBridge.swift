@@ -143,6 +143,9 @@ final class SessionBridge: SessionRelay, @unchecked Sendable {
         guard let onEnd else { return }
         self.onEnd = nil
         channel.close()
+        // Closed here too (a no-op when the graceful close did it): the connection holds the
+        // bridge as the session's relay until the session is closed.
+        session.close()
         onEnd()
     }
 }

@@ -63,6 +63,8 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     private var handler: (@Sendable (ByteChannelEvent) -> Void)?
     private var source: (any DispatchSourceRead)?
     private var wantsWritable = false
+    /// The other side's head when the handler last heard of it.
+    private var headAtAnnouncement: UInt64 = 0
     private var peerClosed = false
     private var ended = false
     private var broken = false
@@ -122,6 +124,9 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     /// The inbound ring's readable bytes, from its tail as the other side published it (checked).
     private func inboundCount() -> Int {
         guard !broken else { return 0 }
+        // Once the other side's end was seen, what it wrote before is all there is: a process
+        // that closed its socket and goes on writing does not hold the session open.
+        if peerClosed { return Int(peerTail - consumed) }
         let tail = memory.load(.tail(inbound))
         guard tail >= peerTail, tail >= consumed, tail - consumed <= capacity else {
             corrupted("its ring's tail moved from \(peerTail) to \(tail) with \(consumed) bytes taken and \(capacity) in the ring")
@@ -147,7 +152,7 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
         memory.store(.head(inbound), consumed)
         guard memory.load(.producerWaiting(inbound)) != 0 else { return }
         let free = capacity - (peerTail - consumed)
-        if free >= wakeRoom, memory.exchange(.producerWaiting(inbound), 0) != 0 { wake() }
+        if free >= wakeRoom || peerTail == consumed, memory.exchange(.producerWaiting(inbound), 0) != 0 { wake() }
     }
 
     // MARK: Writing
@@ -168,8 +173,13 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
         return false
     }
 
-    /// Bytes written that the other side has not taken yet.
+    /// Bytes written that the other side has not taken yet. When some are left, the other side
+    /// is asked to wake this one once it took a quarter of the ring or all of them (a flush
+    /// waits for that).
     public var unsentByteCount: Int {
+        _ = room()
+        guard produced > peerHead, !broken, !ended else { return Int(produced - peerHead) }
+        memory.store(.producerWaiting(outbound), 1)
         _ = room()
         return Int(produced - peerHead)
     }
@@ -279,14 +289,24 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     private func woken() {
         guard !ended else { return }
         // Read until the socket would block: a short read does not mean the end is not behind
-        // the bytes, and the source does not fire again for an end that was already there.
+        // the bytes, and the source does not fire again for an end that was already there. At
+        // most 64 reads a turn: a peer that floods its socket gets the rest read on later turns
+        // of the queue, which serves everything else in between.
+        var reads = 0
         reading: while !peerClosed {
+            guard reads < 64 else {
+                queue?.async { [weak self] in self?.woken() }
+                break reading
+            }
+            reads += 1
             switch scratch.withUnsafeMutableBytes({ SystemCall.read(descriptor, into: $0) }) {
             case .success(0):
+                _ = inboundCount() // the tail as the other side left it, then no more
                 peerClosed = true
             case .success:
                 continue reading
             case .failure(let error) where error.kind != .wouldBlock:
+                _ = inboundCount()
                 peerClosed = true // a reset socket: the other side is gone
             case .failure:
                 break reading // all read
@@ -309,6 +329,12 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
         }
         if wantsWritable, !peerClosed, room() > 0 {
             wantsWritable = false
+            writable = true
+        }
+        // The other side took bytes since the last announcement: a flush may be done.
+        _ = room()
+        if peerHead != headAtAnnouncement {
+            headAtAnnouncement = peerHead
             writable = true
         }
         if writable, !ended { handler(.writable) }

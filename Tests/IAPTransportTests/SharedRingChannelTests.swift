@@ -10,7 +10,7 @@ import TestThreads
 
 /// iapd's session rings: one memory, the daemon's channel and the client's, checked without
 /// their queues (the byte and index protocol) and with them (the wake-ups and the end).
-@Suite("SharedRingChannel", .ownThread)
+@Suite("SharedRingChannel", .ownThread, .timeLimit(.minutes(1)))
 struct SharedRingChannelTests {
     /// A session's memory and both ends, not activated; `hostile` is a third mapping of the same
     /// memory, through which a test scribbles as a faulty client would.
@@ -183,11 +183,52 @@ struct SharedRingChannelTests {
     }
 }
 
-/// A channel's events, and a wait for one that does not block a cooperative thread.
+extension SharedRingChannelTests {
+    @Test("a flush hears the daemon take its bytes; after the client's end, what it wrote before is all there is")
+    func flushesAndTheClientsEnd() async throws {
+        let pair = try Pair()
+        let daemonQueue = DispatchQueue(label: "test.daemon"), clientQueue = DispatchQueue(label: "test.client")
+        let daemonEvents = EventLog(), clientEvents = EventLog()
+        pair.daemon.activate(queue: daemonQueue) { daemonEvents.append($0) }
+        pair.client.activate(queue: clientQueue) { clientEvents.append($0) }
+        // Bytes the daemon has not taken: asking for them asks to be woken when it has.
+        let unsent = clientQueue.sync { () -> Int in
+            _ = pair.client.write([1, 2, 3][...])
+            return pair.client.unsentByteCount
+        }
+        #expect(unsent == 3)
+        try await daemonEvents.wait { $0.contains { if case .readable = $0 { true } else { false } } }
+        var got: [UInt8] = []
+        daemonQueue.sync { Self.drain(pair.daemon, into: &got) }
+        #expect(got == [1, 2, 3])
+        try await clientEvents.wait { $0.contains { if case .writable = $0 { true } else { false } } }
+        #expect(clientQueue.sync { pair.client.unsentByteCount } == 0)
+        // The client writes two more bytes and closes; then, through its mapping, claims more.
+        clientQueue.sync {
+            _ = pair.client.write([4, 5][...])
+            pair.client.close()
+        }
+        try await daemonEvents.wait { $0.contains { if case .closed(nil) = $0 { true } else { false } } }
+        pair.hostile.store(.tail(0), 5 + 100)
+        var rest: [UInt8] = []
+        daemonQueue.sync { Self.drain(pair.daemon, into: &rest) }
+        #expect(rest == [4, 5])
+    }
+}
+
+/// A channel's events, and a wait for one that does not block a cooperative thread. A wait
+/// ends when its task is cancelled (the suite's time limit), failing the test.
 final class EventLog: Sendable {
+    private struct Waiter {
+        var token: Int
+        var check: @Sendable ([ByteChannelEvent]) -> Bool
+        var continuation: CheckedContinuation<Void, Never>
+    }
     private struct State {
         var events: [ByteChannelEvent] = []
-        var waiters: [(check: @Sendable ([ByteChannelEvent]) -> Bool, continuation: CheckedContinuation<Void, Never>)] = []
+        var waiters: [Waiter] = []
+        var nextToken = 0
+        var cancelled: Set<Int> = []
     }
     private let state = Mutex(State())
 
@@ -202,31 +243,29 @@ final class EventLog: Sendable {
         for continuation in ready { continuation.resume() }
     }
 
-    /// Waits until `check` holds for the events so far (a watchdog gives up after 20 s, and the
-    /// test fails).
+    /// Waits until `check` holds for the events so far.
     func wait(_ check: @escaping @Sendable ([ByteChannelEvent]) -> Bool) async throws {
-        let watchdog = Task {
-            try await Task.sleep(for: .seconds(20))
-            self.giveUp()
+        let token = state.withLock { state -> Int in
+            state.nextToken += 1
+            return state.nextToken
         }
-        defer { watchdog.cancel() }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let now = state.withLock { state -> Bool in
-                if check(state.events) { return true }
-                state.waiters.append((check, continuation))
-                return false
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now = state.withLock { state -> Bool in
+                    if check(state.events) || state.cancelled.contains(token) { return true }
+                    state.waiters.append(Waiter(token: token, check: check, continuation: continuation))
+                    return false
+                }
+                if now { continuation.resume() }
             }
-            if now { continuation.resume() }
+        } onCancel: {
+            let waiting = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                state.cancelled.insert(token)
+                guard let index = state.waiters.firstIndex(where: { $0.token == token }) else { return nil }
+                return state.waiters.remove(at: index).continuation
+            }
+            waiting?.resume()
         }
-        #expect(check(state.withLock { $0.events }), "the event did not come within 20 s")
-    }
-
-    private func giveUp() {
-        let all = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            let all = state.waiters.map(\.continuation)
-            state.waiters.removeAll()
-            return all
-        }
-        for continuation in all { continuation.resume() }
+        #expect(check(state.withLock { $0.events }), "the event did not come")
     }
 }
