@@ -156,9 +156,12 @@ struct AsyncAPITests {
         }
         let first = spaces.withLock { $0 }
         // The check of a posted event looked at the link and served it, and the service posted
-        // the event again: one more per turn, a queue busy for as long as the session was open.
+        // the event again: one more per turn (50 or so here), a queue busy for as long as the
+        // session was open. The link's own last words after the open (an acknowledgement) may
+        // still bring one or two.
         for _ in 0..<50 { await turn() }
-        #expect(spaces.withLock { $0 } == first, "hasSpaceAvailable kept coming to an idle session")
+        let more = spaces.withLock { $0 } - first
+        #expect(more < 10, "hasSpaceAvailable kept coming to an idle session: \(more) more in 50 turns of its queue")
         session.close()
     }
 
