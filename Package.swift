@@ -70,8 +70,9 @@ let package = Package(
         // and the simulator's signing credentials.
         .target(name: "IAPAuthentication", dependencies: ["COpenSSL", "IAPLink"], swiftSettings: strict),
         // Atomic words and sealed memfds for memory two processes share (iapd's session rings):
-        // what Swift's Atomic and Glibc's module do not reach.
-        .target(name: "CSharedMemory"),
+        // what Swift's Atomic and Glibc's module do not reach. A header of static inline C with a
+        // module map, so nothing is compiled of its own (valgrind cannot read a C file's DWARF 5).
+        .systemLibrary(name: "CSharedMemory"),
         // The zero-copy slot ring between USB transfers and the frame scanner (SPSC, atomics), and
         // the shared memory of iapd's session rings.
         .target(name: "ByteRing", dependencies: ["CSharedMemory"], swiftSettings: strict),

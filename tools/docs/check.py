@@ -97,13 +97,9 @@ def source_modules(description):
 
 
 def clang_flags(description, manifest):
-    """-I for each system-library target's module map and the -I its pkg-config names, and for
-    each C target's include directory (its module map)."""
+    """-I for each system-library target's module map and the -I its pkg-config names."""
     flags = []
     paths = {t["name"]: t["path"] for t in description["targets"]}
-    for target in description["targets"]:
-        if target.get("module_type") == "ClangTarget" and target["path"].startswith("Sources/"):
-            flags += ["-I", str(ROOT / target["path"] / "include")]
     for target in manifest["targets"]:
         if target["type"] != "system":
             continue

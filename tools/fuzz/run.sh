@@ -16,16 +16,14 @@ targets=("$@")
 out=tools/fuzz/out
 bin=$out/bin
 mkdir -p "$bin"
-flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6 -package-name AccessoryHost -I Sources/CSharedMemory/include)
+flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6 -package-name AccessoryHost -I Sources/CSharedMemory)
 # A crash is reported by libFuzzer and ASan; Swift's backtracer would only hold the run up.
 export SWIFT_BACKTRACE=enable=no
 # ld.gold warns about every ASan helper symbol; those lines carry no information.
 quiet() { grep -v "Cannot export local symbol '__asan" || true; }
 
 echo "fuzz: building ByteRing, IAPWire, IAPLink, SystemCalls, AccessoryLogging and IAPInspect with coverage instrumentation"
-# The atomics and memfd calls of the session rings (C, instrumented too).
-clang -O1 -fsanitize=fuzzer-no-link,address -c Sources/CSharedMemory/CSharedMemory.c -I Sources/CSharedMemory/include -o "$bin/CSharedMemory.o"
-swiftc "${flags[@]}" -module-name ByteRing -I Sources/CSharedMemory/include -emit-module -emit-module-path "$bin/ByteRing.swiftmodule" \
+swiftc "${flags[@]}" -module-name ByteRing -emit-module -emit-module-path "$bin/ByteRing.swiftmodule" \
     -wmo -c -o "$bin/ByteRing.o" Sources/ByteRing/*.swift 2>&1 | quiet
 swiftc "${flags[@]}" -module-name IAPWire -emit-module -emit-module-path "$bin/IAPWire.swiftmodule" \
     -wmo -c -o "$bin/IAPWire.o" Sources/IAPWire/*.swift 2>&1 | quiet
@@ -62,8 +60,8 @@ for target in "${targets[@]}"; do
     extra=()
     [ "$target" = certificate ] && extra=(-I Sources/COpenSSL "$bin/IAPAuthentication.o" -lcrypto)
     [ "$target" = daemon ] && extra=("$bin/IAPDaemonProtocol.o")
-    [ "$target" = ring ] && extra=(-I Sources/CSharedMemory/include "$bin/IAPTransport.o")
-    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/CSharedMemory.o" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" \
+    [ "$target" = ring ] && extra=("$bin/IAPTransport.o")
+    swiftc "${flags[@]}" -I "$bin" "${files[@]}" "$bin/ByteRing.o" "$bin/IAPWire.o" "$bin/IAPLink.o" "$bin/SystemCalls.o" "$bin/AccessoryLogging.o" "$bin/IAPInspect.o" \
         "${extra[@]}" -o "$bin/$target" 2>&1 | quiet
     [ -x "$bin/$target" ] || { echo "fuzz: building $target failed" >&2; exit 1; }
     corpus=$out/$target/corpus
