@@ -172,6 +172,14 @@ public final class USBContext: @unchecked Sendable {
     private func hotplug(_ change: HotplugChange) {
         switch change {
         case let .arrived(snapshot):
+            // libusb may report one arrival twice: a device that appears while the callback is
+            // registered with LIBUSB_HOTPLUG_ENUMERATE comes from the enumeration and again from
+            // the hotplug queue (libusb's hotplug documentation). Opening it twice would fail the
+            // second claim with "in use by usbfs" (our own handle): the repeat is dropped.
+            if let previous = known[DeviceKey(bus: snapshot.bus, address: snapshot.address)], previous.0 == snapshot.device {
+                backend.releaseDevice(snapshot.device)
+                return
+            }
             let info = info(snapshot)
             if let previous = known.updateValue((snapshot.device, info), forKey: info.key) { backend.releaseDevice(previous.0) }
             monitor?(.arrived(info))

@@ -144,6 +144,10 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
 
     func stopHotplug() { hotplugHandler = nil }
 
+    /// Reports a present device's arrival again, as libusb may for a device that appeared while
+    /// the hotplug callback was registered.
+    func repeatArrival(_ device: FakeDevice) { hotplugHandler?(.arrived(snapshot(device))) }
+
     /// Plugs a device in (hotplug arrival when hotplug runs).
     func plug(_ device: FakeDevice) {
         state.withLock { $0.devices.append(device) }

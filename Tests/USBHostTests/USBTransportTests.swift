@@ -497,6 +497,28 @@ struct Harness {
         #expect(seen.withLock { $0 } == ["+1-1.2 true", "+1-3 false", "-1-3"])
     }
 
+    /// libusb may report a device that appeared during registration twice (once from the
+    /// enumeration, once from the hotplug queue): the second report must not open it again.
+    @Test func aRepeatedArrivalIsReportedOnce() throws {
+        let queue = DispatchQueue(label: "test.usb.hotplug.repeat")
+        let fake = FakeBackend(queue: queue)
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
+        let seen = Mutex<[String]>([])
+        try queue.sync {
+            try context.startMonitoring { event in
+                switch event {
+                case let .arrived(device): seen.withLock { $0.append("+\(device.address)") }
+                case let .left(device): seen.withLock { $0.append("-\(device.address)") }
+                }
+            }
+            fake.repeatArrival(FakeDevice()) // the present device, reported again
+            fake.unplug(FakeDevice())
+            fake.plug(FakeDevice()) // back at the same address after it left: a new arrival
+        }
+        queue.sync {}
+        #expect(seen.withLock { $0 } == ["+5", "-5", "+5"])
+    }
+
     @Test func withoutHotplugTheListIsPolled() throws {
         let queue = DispatchQueue(label: "test.usb.poll")
         let fake = FakeBackend(queue: queue)
