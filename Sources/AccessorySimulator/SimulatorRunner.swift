@@ -1,6 +1,6 @@
 public import Dispatch
 public import IAPTransport
-internal import IAPLink
+public import IAPLink
 
 extension SimulatedAccessory: DrivenMachine {}
 
@@ -242,6 +242,10 @@ public final class SimulatorRunner: @unchecked Sendable {
         restartsForHost += 1
         driver.replaceMachine(machine)
     }
+
+    /// The accessory's link counters (its bare ACKs, retransmissions…), nil before its link
+    /// exists. For benchmarks: `iapbench` reports the bare ACKs each side sent per data packet.
+    public var linkStatistics: LinkStatistics? { queue.sync { driver?.inspect { $0.endpoint.linkStatistics } } }
 
     /// How many times the accessory started over for a new USB host connection.
     public var hostConnectionRestarts: Int { queue.sync { restartsForHost } }

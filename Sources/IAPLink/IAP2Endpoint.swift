@@ -146,6 +146,9 @@ public struct IAP2Endpoint: Sendable {
     public mutating func takeOutput(into frames: inout [[UInt8]]) { link.takeOutput(into: &frames) }
     /// Appends the packets to transmit to `frames` as they lie (see ``IAP2Link/takeFrames(into:)``).
     public mutating func takeFrames(into frames: inout [LinkFrame]) { link.takeFrames(into: &frames) }
+    /// ``takeFrames(into:)`` before the owner's turn: an acknowledgement the link owes stays
+    /// owed, for the data the turn queues to carry (``IAP2Link/takeFramesLeavingAckOwed(into:)``).
+    public mutating func takeFramesBeforeUpdate(into frames: inout [LinkFrame]) { link.takeFramesLeavingAckOwed(into: &frames) }
     /// Whether packets are waiting.
     public var hasOutput: Bool { link.hasOutput }
     /// Buffers the transport lends for outgoing packets (see ``IAP2Link/transmitBuffers``).

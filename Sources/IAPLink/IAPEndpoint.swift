@@ -210,12 +210,23 @@ public struct IAPEndpoint: Sendable {
     /// Appends the packets to send to `frames` as they lie: iAP2 packets in the transport's
     /// transmit buffers are handed over without a copy (see ``IAP2Link/takeFrames(into:)``).
     public mutating func takeFrames(into frames: inout [LinkFrame]) {
+        takeFrames(into: &frames, leavingAckOwed: false)
+    }
+
+    /// ``takeFrames(into:)`` before the owner's turn: an acknowledgement the iAP2 link owes stays
+    /// owed, for the data the turn queues to carry.
+    public mutating func takeFramesBeforeUpdate(into frames: inout [LinkFrame]) {
+        takeFrames(into: &frames, leavingAckOwed: true)
+    }
+
+    private mutating func takeFrames(into frames: inout [LinkFrame], leavingAckOwed: Bool) {
         if !pendingOutput.isEmpty {
             for frame in pendingOutput { frames.append(.bytes(frame)) }
             pendingOutput.removeAll()
         }
         switch running {
-        case .iap2: two.takeFrames(into: &frames)
+        case .iap2:
+            if leavingAckOwed { two.takeFramesBeforeUpdate(into: &frames) } else { two.takeFrames(into: &frames) }
         case let .iap1(one): for frame in change(one, { $0.takeOutput() }) { frames.append(.bytes(frame)) }
         }
     }

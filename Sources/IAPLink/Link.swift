@@ -111,6 +111,11 @@ public struct IAP2Link: Sendable {
     var held: [UInt8: Held] = [:]
     var pendingAcks = 0
     var ackDeadline: LinkTime?
+    /// An acknowledgement due now that has not gone out yet: sent bare when the output is next
+    /// taken (``takeFrames(into:)``), unless a data packet carried it first. What a duplicate or a
+    /// redelivery owes the peer is thereby left to ride on the data the same turn sends (an
+    /// echo's answer), instead of going out alone just before it.
+    var ackOwed = false
     /// Whether the peer was heard from since the packets in flight were last retransmitted by
     /// timer: any packet from it resets every packet's ``InFlight/silentRetransmissions``. A peer
     /// that answers but cannot take data yet (receiver flow control) is alive, and waiting for it
@@ -210,6 +215,7 @@ public struct IAP2Link: Sendable {
     /// Appends the packets to transmit to `frames`, as arrays (a packet in a transmit buffer is
     /// copied; ``takeFrames(into:)`` hands it over as it is).
     public mutating func takeOutput(into frames: inout [[UInt8]]) {
+        settleOwedAck()
         for frame in outbox { frames.append(frame.copiedBytes()) }
         outbox.removeAll(keepingCapacity: true)
     }
@@ -218,6 +224,13 @@ public struct IAP2Link: Sendable {
     /// send without a copy). Given an empty array, it swaps storage with it: a caller that
     /// empties and passes the same array each time allocates nothing.
     public mutating func takeFrames(into frames: inout [LinkFrame]) {
+        settleOwedAck()
+        Self.move(&outbox, into: &frames)
+    }
+
+    /// ``takeFrames(into:)`` that leaves an owed acknowledgement owed: for a caller about to let
+    /// its owner queue data (which then carries it), and that takes the frames again after.
+    public mutating func takeFramesLeavingAckOwed(into frames: inout [LinkFrame]) {
         Self.move(&outbox, into: &frames)
     }
 
@@ -234,7 +247,7 @@ public struct IAP2Link: Sendable {
     }
 
     /// Whether packets are waiting in ``takeOutput()``.
-    public var hasOutput: Bool { !outbox.isEmpty }
+    public var hasOutput: Bool { !outbox.isEmpty || ackOwed }
 
     /// Events since the last call.
     public mutating func takeEvents() -> [LinkEvent] {
@@ -413,6 +426,7 @@ public struct IAP2Link: Sendable {
         held.removeAll()
         pendingAcks = 0
         ackDeadline = nil
+        ackOwed = false
         synDeadline = nil
         detectDeadline = nil
         negotiated = nil

@@ -54,6 +54,7 @@ extension IAP2Link {
         // The packet carries our acknowledgement.
         pendingAcks = 0
         ackDeadline = nil
+        ackOwed = false
         return true
     }
 
@@ -107,27 +108,31 @@ extension IAP2Link {
             guard sink.accept(sessionID: header.sessionID, payload: payload, retained: retained) else {
                 // Not taken, so not acknowledged: the sender's window stops it. The packet is
                 // parked (at most a window of packets can be) and offered again by
-                // ``redeliver(now:sink:)`` when the reader makes room; a bare ACK of what we did
-                // take tells the peer we are alive.
+                // ``redeliver(now:sink:)`` when the reader makes room. When the peer sends it
+                // again (its retransmission timer ran out), an ACK of what we did take tells it
+                // we are alive; the first refusal needs none (the cumulative ACK of what came
+                // before is on its way, and the redelivery acknowledges the packet).
                 statistics.refusedByReceiver += 1
                 refusing = true
                 if held[header.sequence] == nil {
                     held[header.sequence] = Held(sessionID: header.sessionID, payload: parked())
+                } else {
+                    oweAck()
                 }
-                sendAck()
                 return
             }
             held[header.sequence] = nil
             refusing = false
             lastReceived = header.sequence
             statistics.payloadBytesDelivered += payload.byteCount
+            statistics.dataPacketsDelivered += 1
             pendingAcks += 1
             deliverHeld(sink: &sink)
             scheduleAck(now: now)
         } else if distance >= 128 {
             // Already delivered: acknowledge again, deliver nothing.
             statistics.duplicatesReceived += 1
-            sendAck()
+            oweAck()
         } else if refusing {
             // Behind a refused packet: park it without an EAK (which would only make the peer
             // resend what we cannot take yet).
@@ -157,6 +162,7 @@ extension IAP2Link {
             held[lastReceived &+ 1] = nil
             lastReceived &+= 1
             statistics.payloadBytesDelivered += next.payload.count
+            statistics.dataPacketsDelivered += 1
             pendingAcks += 1
         }
         refusing = false
@@ -168,13 +174,13 @@ extension IAP2Link {
         guard state == .connected, refusing else { return }
         let before = lastReceived
         deliverHeld(sink: &sink)
-        if lastReceived != before { sendAck() }
+        if lastReceived != before { oweAck() }
     }
 
     private mutating func scheduleAck(now: LinkTime) {
         guard let parameters = negotiated else { return }
         if pendingAcks >= max(1, Int(parameters.maxCumulativeAcks)) {
-            sendAck()
+            oweAck()
         } else if ackDeadline == nil {
             ackDeadline = now + .milliseconds(Int(parameters.cumulativeAckTimeout))
         }
@@ -183,6 +189,18 @@ extension IAP2Link {
     mutating func sendAck() {
         transmitControl([.ack], payload: [])
         statistics.acksSent += 1
+    }
+
+    /// An acknowledgement is due: it goes with the next packet out, a data packet if one is sent
+    /// before the output is taken, or bare then.
+    mutating func oweAck() {
+        ackOwed = true
+    }
+
+    /// Sends the owed acknowledgement bare: no data packet carried it.
+    mutating func settleOwedAck() {
+        guard ackOwed else { return }
+        sendAck()
     }
 
     private mutating func sendEAK() {
@@ -212,6 +230,7 @@ extension IAP2Link {
         if control.contains(.ack) {
             pendingAcks = 0
             ackDeadline = nil
+            ackOwed = false
         }
     }
 }

@@ -34,6 +34,9 @@ public struct LinkStatistics: Hashable, Sendable {
     public var payloadBytesSent = 0
     /// Payload bytes delivered in order to the sink (duplicates and refused packets not counted).
     public var payloadBytesDelivered = 0
+    /// Data packets delivered in order to the sink (duplicates and refused packets not counted):
+    /// with ``acksSent``, how many bare ACKs the link sent per data packet it took.
+    public var dataPacketsDelivered = 0
     /// Payload bytes the link copied on the way out: payloads handed to
     /// ``IAP2Link/send(sessionID:payload:now:)`` are framed by one copy; framed packets
     /// (``IAP2Link/send(sessionID:framedPacket:now:)``) and retransmissions are not copied.

@@ -36,6 +36,11 @@ public protocol DrivenMachine: SendableMetatype {
     /// ``DrivenMachine/takeOutput()``'s arrays (an array made per turn); the endpoints and the simulator
     /// append their own.
     mutating func takeFrames(into frames: inout [LinkFrame])
+    /// ``DrivenMachine/takeFrames(into:)`` as the driver calls it before the owner's update:
+    /// an acknowledgement the machine owes and has not sent may stay owed, so that the data the
+    /// update queues carries it (the driver takes the frames again after the update, with
+    /// ``DrivenMachine/takeFrames(into:)``). The default is ``DrivenMachine/takeFrames(into:)``.
+    mutating func takeFramesBeforeUpdate(into frames: inout [LinkFrame])
     /// Told the transport's transmit buffers (``PacketBufferPool``), when it lends any, to lay
     /// outgoing packets out in; the default ignores them.
     mutating func useTransmitBuffers(_ pool: PacketBufferPool)
@@ -50,6 +55,8 @@ extension DrivenMachine {
     public mutating func takeFrames(into frames: inout [LinkFrame]) {
         for frame in takeOutput() { frames.append(.bytes(frame)) }
     }
+
+    public mutating func takeFramesBeforeUpdate(into frames: inout [LinkFrame]) { takeFrames(into: &frames) }
 
     public mutating func useTransmitBuffers(_ pool: PacketBufferPool) {}
 
@@ -229,15 +236,15 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     /// Sends the machine's output, lets the owner react (take events, write, read), sends what
     /// that produced, then moves the timer.
     private func settle() {
-        sendOutput()
+        sendOutput(beforeUpdate: update != nil)
         update?(&machine, now)
         sendOutput()
         reschedule()
     }
 
-    private func sendOutput() {
+    private func sendOutput(beforeUpdate: Bool = false) {
         var frames = frameScratch.take()
-        machine.takeFrames(into: &frames)
+        if beforeUpdate { machine.takeFramesBeforeUpdate(into: &frames) } else { machine.takeFrames(into: &frames) }
         for frame in frames { transport.send(frame: frame) }
         frameScratch.putBack(&frames)
     }

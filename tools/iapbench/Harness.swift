@@ -1,5 +1,6 @@
 import Glibc
 import IAPInspect
+import IAPLink
 
 /// Keeps a value alive so the optimiser cannot drop the work that produced it.
 @inline(never)
@@ -116,5 +117,31 @@ enum Report {
         ]
         if let baseline, baseline > 0 { fields.append(("ratioToBaseline", .string(format(measurement.bytesPerSecond / baseline, digits: 3)))) }
         return .object(fields)
+    }
+}
+
+/// Bare ACKs per data packet, one side of a link: the acknowledgements that went out alone
+/// (``LinkStatistics/acksSent``) against the data packets the side took in order. Where data
+/// flows both ways the cumulative ACK rides on the next data packet, so an echo should need
+/// almost none (goal ≤ 0.1).
+struct BareAcks {
+    var acks = 0
+    var dataPackets = 0
+
+    init(before: LinkStatistics?, after: LinkStatistics?) {
+        guard let before, let after else { return }
+        acks = after.acksSent - before.acksSent
+        dataPackets = after.dataPacketsDelivered - before.dataPacketsDelivered
+    }
+
+    init(acks: Int, dataPackets: Int) {
+        self.acks = acks
+        self.dataPackets = dataPackets
+    }
+
+    var perPacket: Double { dataPackets == 0 ? 0 : Double(acks) / Double(dataPackets) }
+    var text: String { "\(Report.format(perPacket, digits: 3)) (\(acks) for \(dataPackets) data packets)" }
+    var json: JSONValue {
+        .object([("bareAcks", .int(acks)), ("dataPackets", .int(dataPackets)), ("perPacket", .string(Report.format(perPacket, digits: 3)))])
     }
 }

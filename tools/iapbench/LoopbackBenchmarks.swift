@@ -21,7 +21,7 @@ enum LoopbackBenchmarks {
             protocols: (1...count).map { SimulatorProfile.ProtocolSpec(name: "bench.echo.\($0)", behaviour: .echo) }
                 + (native ? [SimulatorProfile.ProtocolSpec(name: "bench.native", behaviour: .echo, native: true)] : []),
             link: .init(maxPacketLength: maxPacketLength, maxOutstandingPackets: 32, retransmissionTimeoutMs: 1_000,
-                        cumulativeAckTimeoutMs: 10),
+                        cumulativeAckTimeoutMs: 10, maxCumulativeAcks: 16),
             // The echo's own CRC-32 is the accessory's cost, not the host's.
             checksumsSessionData: false)
     }
@@ -184,8 +184,11 @@ enum LoopbackBenchmarks {
             let rig = try rig(sessions: sessions, overPty: overPty)
             let bytes = (megabytes << 20) / sessions
             let before = rig.accessory.dataPlaneStatistics
+            let linksBefore = (rig.accessory.linkStatistics, rig.runner.linkStatistics)
             let (rate, seconds, _) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
             let copies = rig.accessory.dataPlaneStatistics - before
+            let hostAcks = BareAcks(before: linksBefore.0, after: rig.accessory.linkStatistics)
+            let accessoryAcks = BareAcks(before: linksBefore.1, after: rig.runner.linkStatistics)
             emit("echo throughput, \(sessions) session(s)",
                  [("sessions", .int(sessions)), ("bytes", .int(bytes * sessions)), ("bytesPerSecond", .int(Int(rate))),
                   ("seconds", .string(Report.format(seconds, digits: 3)))],
@@ -198,6 +201,8 @@ enum LoopbackBenchmarks {
                  text: "  host copies per payload byte: out \(Report.format(copies.copiesPerByteOut, digits: 2)), "
                     + "in \(Report.format(copies.copiesPerByteIn, digits: 2)) (counted by the host's endpoint, read() "
                     + "included; \(overPty ? "plus one copy in by the serial transport, out of its read buffer" : "the in-memory transport copies nothing"))")
+            emit("bare ACKs per data packet, \(sessions) session(s)", [("host", hostAcks.json), ("accessory", accessoryAcks.json)],
+                 text: "  bare ACKs per data packet received: host \(hostAcks.text), accessory \(accessoryAcks.text)")
             if sessions == 1, !overPty {
                 // The same echo on a native transport (raw bytes on a channel of its own, no link).
                 let (native, nativeSeconds, _) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20, native: true)
