@@ -53,6 +53,10 @@ public final class BluetoothTransport: Transport {
     /// Writes `frame` now as far as the socket takes it and queues the rest; never blocks.
     public func send(_ frame: [UInt8]) { base.send(frame) }
 
+    /// Writes `frame` (a bare ACK) ahead of the data waiting for the socket, once the frame being
+    /// written is whole.
+    public func sendAhead(_ frame: [UInt8]) { base.sendAhead(frame) }
+
     /// Closes the connection (the RFCOMM channel goes down); the handler receives `.closed(nil)`.
     public func cancel() { base.cancel() }
 

@@ -1,4 +1,5 @@
 public import ByteRing
+internal import IAPWire
 
 /// One frame for the transport to send, as the link holds it: an array, or a ``PacketBuffer``
 /// the transport lent (memory it can submit as it is: usbfs device memory for USB). A link
@@ -27,6 +28,23 @@ public enum LinkFrame: Sendable {
     }
 
     /// The frame as an array: the array itself, or a copy of the buffer's bytes.
+    /// Whether the frame is a bare acknowledgement (an iAP2 ACK or EAK of the link, no SYN, no
+    /// session data): what a byte-stream transport may send ahead of data already waiting
+    /// (``IAP2Link`` sends these from arrays).
+    public var isBareAcknowledgement: Bool {
+        guard case let .bytes(bytes) = self else { return false }
+        return LinkFrame.isBareAcknowledgement(bytes)
+    }
+
+    /// Whether `bytes` is an iAP2 link packet with ACK (and perhaps EAK) and nothing else: start
+    /// of packet, a header whose length is the bytes', control ACK or ACK|EAK, link session 0.
+    public static func isBareAcknowledgement(_ bytes: [UInt8]) -> Bool {
+        guard bytes.count >= LinkPacketHeader.size, bytes[0] == 0xFF, bytes[1] == 0x5A,
+              Int(bytes[2]) << 8 | Int(bytes[3]) == bytes.count, bytes[7] == 0 else { return false }
+        let control = LinkControl(rawValue: bytes[4])
+        return control == .ack || control == [.ack, .eak]
+    }
+
     public func copiedBytes() -> [UInt8] {
         switch self {
         case let .bytes(bytes): bytes

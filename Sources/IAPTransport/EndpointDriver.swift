@@ -245,7 +245,14 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
     private func sendOutput(beforeUpdate: Bool = false) {
         var frames = frameScratch.take()
         if beforeUpdate { machine.takeFramesBeforeUpdate(into: &frames) } else { machine.takeFrames(into: &frames) }
-        for frame in frames { transport.send(frame: frame) }
+        for frame in frames {
+            // A bare ACK goes ahead of data a byte stream still holds (the others send in order).
+            if case let .bytes(bytes) = frame, LinkFrame.isBareAcknowledgement(bytes) {
+                transport.sendAhead(bytes)
+            } else {
+                transport.send(frame: frame)
+            }
+        }
         frameScratch.putBack(&frames)
     }
 

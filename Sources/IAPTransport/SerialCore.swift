@@ -22,11 +22,11 @@ final class SerialCore: Sendable {
     }
 
     var pendingOutputBytes: Int {
-        state.withLock { $0.output.count - $0.outputStart }
+        state.withLock { $0.waitingBytes }
     }
 
     var outputProgress: TransportOutputProgress {
-        state.withLock { TransportOutputProgress(queuedBytes: $0.output.count - $0.outputStart, writtenBytes: $0.written) }
+        state.withLock { TransportOutputProgress(queuedBytes: $0.waitingBytes, writtenBytes: $0.written) }
     }
 
     func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
@@ -50,7 +50,7 @@ final class SerialCore: Sendable {
             }
             state.readInterest = true
             state.readBuffer = [UInt8](repeating: 0, count: Self.readBufferSize)
-            if state.outputStart < state.output.count {
+            if state.waitingBytes > 0 {
                 state.flushOutput(name: name)
             }
             return .watch
@@ -69,6 +69,12 @@ final class SerialCore: Sendable {
     }
 
     func send(_ frame: [UInt8]) {
+        send(frame, ahead: false)
+    }
+
+    /// Sends `frame`; with `ahead`, before the frames already waiting (after the one being
+    /// written, which is never split): see ``SerialTransport/sendAhead(_:)``.
+    func send(_ frame: [UInt8], ahead: Bool) {
         guard !frame.isEmpty else { return }
         state.withLock { state in
             switch state.phase {
@@ -76,25 +82,31 @@ final class SerialCore: Sendable {
                 return
             case .idle:
                 // Nothing is written before activation; what waits is bounded all the same.
-                let waiting = state.output.count - state.outputStart
+                let waiting = state.waitingBytes
                 guard waiting + frame.count <= SerialTransport.outputLimit else {
                     state.close(reason: SerialTransport.unactivatedError(name: name, waiting: waiting + frame.count), deliver: true)
                     return
                 }
-                state.output.append(contentsOf: frame)
+                state.queue(frame)
                 return
             case .active:
                 break
             }
-            guard state.outputStart == state.output.count else {
-                // Earlier output is still waiting; the watcher writes this after it, unless the
-                // peer has stopped reading for so long that the backlog passed the bound.
-                let waiting = state.output.count - state.outputStart
+            let waiting = state.waitingBytes
+            guard waiting == 0 else {
+                // Earlier output is still waiting; the watcher writes this after it (or, ahead,
+                // at the next frame boundary), unless the peer has stopped reading for so long
+                // that the backlog passed the bound.
                 guard waiting + frame.count <= SerialTransport.outputLimit else {
                     state.close(reason: SerialTransport.stalledError(name: name, waiting: waiting), deliver: true)
                     return
                 }
-                state.output.append(contentsOf: frame)
+                if ahead {
+                    state.urgent.append(contentsOf: frame)
+                    state.flushOutput(name: name) // at a boundary it goes now
+                } else {
+                    state.queue(frame)
+                }
                 return
             }
             let descriptor = state.descriptor, isSocket = state.isSocket
@@ -104,6 +116,8 @@ final class SerialCore: Sendable {
                 state.close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
             } else if result.written < frame.count {
                 state.output.append(contentsOf: frame[result.written...])
+                state.frameEnds.append(state.output.count)
+                state.boundary = -1 // the frame's start went out: not a boundary
                 // The watcher now needs to watch for writability too.
                 state.wake()
             }
@@ -141,7 +155,7 @@ final class SerialCore: Sendable {
             guard state.phase == .active else { return nil }
             var events: Int16 = 0
             if state.readInterest, !state.readingPaused { events |= Int16(POLLIN) }
-            if state.outputStart < state.output.count { events |= Int16(POLLOUT) }
+            if state.waitingBytes > 0 { events |= Int16(POLLOUT) }
             // After a hang-up poll(2) reports POLLHUP whatever was asked: ignore the
             // descriptor until the read pass under way sees the hang-up and closes.
             let watched = events != 0 && !state.hangUpSeen
@@ -278,6 +292,17 @@ private struct State {
     /// Output not yet written: `output[outputStart...]`.
     var output: [UInt8] = []
     var outputStart = 0
+    /// Where each frame waiting in `output` ends (offsets into `output`, ascending, all past
+    /// `outputStart`): the boundaries at which urgent frames may go ahead.
+    var frameEnds: [Int] = []
+    var frameEndsHead = 0
+    /// Where in `output` the frame being written began: `outputStart == boundary` when no frame
+    /// is half written (-1 when one began before the array's start).
+    var boundary = 0
+    /// Frames to write before the rest of `output` at its next frame boundary (bare
+    /// acknowledgements, which must not wait behind a window of data): `urgent[urgentStart...]`.
+    var urgent: [UInt8] = []
+    var urgentStart = 0
     /// Bytes handed to the kernel since the transport opened.
     var written: UInt64 = 0
     /// Reused for every read; allocated on activation.
@@ -298,16 +323,44 @@ private struct State {
         SerialPoller.shared.wake()
     }
 
-    /// Writes pending output until the kernel stops taking it.
+    /// Bytes sent and not yet written, urgent ones included.
+    var waitingBytes: Int { output.count - outputStart + urgent.count - urgentStart }
+
+    /// Appends a whole frame to the output that waits.
+    mutating func queue(_ frame: [UInt8]) {
+        output.append(contentsOf: frame)
+        frameEnds.append(output.count)
+    }
+
+    /// Writes pending output until the kernel stops taking it: urgent frames first whenever no
+    /// frame of `output` is half written.
     mutating func flushOutput(name: String) {
         let descriptor = self.descriptor, isSocket = self.isSocket
-        let start = outputStart
-        let result = output.withUnsafeBytes { writeAvailableBytes(descriptor, UnsafeRawBufferPointer(rebasing: $0[start...]), socket: isSocket) }
-        outputStart += result.written
-        written &+= UInt64(result.written)
-        if let code = result.errorCode {
-            close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true)
-            return
+        while true {
+            if urgentStart < urgent.count, urgentStart > 0 || outputStart == boundary || outputStart == output.count {
+                let start = urgentStart
+                let result = urgent.withUnsafeBytes { writeAvailableBytes(descriptor, UnsafeRawBufferPointer(rebasing: $0[start...]), socket: isSocket) }
+                urgentStart += result.written
+                written &+= UInt64(result.written)
+                if let code = result.errorCode { return close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true) }
+                guard urgentStart == urgent.count else { return } // the kernel is full
+                urgent.removeAll(keepingCapacity: true)
+                urgentStart = 0
+                continue
+            }
+            guard outputStart < output.count else { break }
+            // With urgent frames waiting, only the rest of the frame under way.
+            let limit = urgentStart < urgent.count ? (frameEndsHead < frameEnds.count ? frameEnds[frameEndsHead] : output.count) : output.count
+            let start = outputStart
+            let result = output.withUnsafeBytes { writeAvailableBytes(descriptor, UnsafeRawBufferPointer(rebasing: $0[start..<limit]), socket: isSocket) }
+            outputStart += result.written
+            written &+= UInt64(result.written)
+            while frameEndsHead < frameEnds.count, frameEnds[frameEndsHead] <= outputStart {
+                boundary = frameEnds[frameEndsHead]
+                frameEndsHead += 1
+            }
+            if let code = result.errorCode { return close(reason: SerialTransport.writeError(name: name, errno: code), deliver: true) }
+            guard outputStart == limit else { break } // the kernel is full
         }
         if outputStart == output.count {
             // Keep a modest buffer for the next burst; give back a big one.
@@ -317,8 +370,15 @@ private struct State {
                 output.removeAll(keepingCapacity: true)
             }
             outputStart = 0
+            boundary = 0
+            frameEnds.removeAll(keepingCapacity: true)
+            frameEndsHead = 0
         } else if outputStart >= 64 * 1024, outputStart * 2 >= output.count {
             output.removeSubrange(0..<outputStart)
+            frameEnds.removeSubrange(0..<frameEndsHead)
+            frameEndsHead = 0
+            for index in frameEnds.indices { frameEnds[index] -= outputStart }
+            boundary -= outputStart
             outputStart = 0
         }
     }
@@ -333,6 +393,10 @@ private struct State {
         deliverClose = deliver
         output = []
         outputStart = 0
+        frameEnds = []
+        frameEndsHead = 0
+        urgent = []
+        urgentStart = 0
         readBuffer = []
         if wasActive {
             wake()

@@ -154,6 +154,13 @@ public final class SerialTransport: Transport {
         core.send(frame)
     }
 
+    /// Writes `frame` before the output already waiting, once the frame being written is whole
+    /// (frames are never interleaved): a bare ACK does not wait behind a window of data in
+    /// this transport's queue. Never blocks.
+    public func sendAhead(_ frame: [UInt8]) {
+        core.send(frame, ahead: true)
+    }
+
     /// Closes the transport: the handler receives `.closed(nil)` (after the descriptor is
     /// closed) unless it already received a close; nothing follows. Unsent output is dropped.
     public func cancel() {

@@ -53,6 +53,12 @@ public final class TracingTransport: Transport {
         base.send(frame)
     }
 
+    /// Shows the frame to the observer and hands it to the base to send ahead.
+    public func sendAhead(_ frame: [UInt8]) {
+        observer(.out, frame)
+        base.sendAhead(frame)
+    }
+
     /// Shows the frame to the observer (a copy when it is in a transmit buffer) and hands it to
     /// the base as it is.
     public func send(frame: LinkFrame) {

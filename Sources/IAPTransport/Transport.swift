@@ -129,6 +129,12 @@ public protocol Transport: AnyObject, Sendable {
     /// until it is sent (counting ``PacketBuffer/pendingTransmissions``). The default sends the
     /// array, or a copy of the buffer's bytes; a wrapper forwards the frame to its base as it is.
     func send(frame: LinkFrame)
+    /// Sends one small frame (a bare acknowledgement) ahead of frames already waiting in this
+    /// transport, after the one it is writing: on a byte stream (serial, RFCOMM) an ACK must not
+    /// wait behind a window of data, or the peer retransmits what arrived long ago. The default
+    /// sends it in order, as ``send(_:)``: USB sends each frame in a transfer of its own, and
+    /// the memory transport queues nothing.
+    func sendAhead(_ frame: [UInt8])
     /// Closes the transport; the handler receives `.closed(nil)` unless it already got a close.
     func cancel()
     /// The accessory's native-transport interfaces reachable through this transport (USB, or
@@ -148,6 +154,7 @@ extension Transport {
         case let .buffer(buffer): send(buffer.copiedBytes())
         }
     }
+    public func sendAhead(_ frame: [UInt8]) { send(frame) }
     public var nativeTransports: (any NativeTransportProvider)? { nil }
     public func capability<Value>(_ type: Value.Type) -> Value? { nil }
 }

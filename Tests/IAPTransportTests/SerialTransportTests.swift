@@ -212,6 +212,33 @@ struct SerialTransportTests {
         #expect(reader.recorder.wait { !$0.closes.isEmpty })
     }
 
+    /// A bare ACK sent while a window of data waits goes out right after the frame being
+    /// written, not behind the window (issue 34): the peer hears it long before the data.
+    @Test func aBareAckGoesAheadOfWaitingDataAtTheNextFrameBoundary() throws {
+        let (_, writer, reader) = try makePair()
+        writer.activate()
+        let frameSize = 256 * 1_024
+        let frames = (0..<3).map { number in bytes(frameSize, from: number * frameSize) { patternByte($0, seed: 5) } }
+        let ack: [UInt8] = [0xFF, 0x5A, 0x00, 0x09, 0x40, 0x2B, 0x07, 0x00, 0x00]
+        // The reader is not reading: the first frame is cut short by the kernel, the rest wait.
+        writer.send(frames)
+        #expect(writer.pendingOutputBytes > frameSize, "the pty holds far less than a frame")
+        _ = writer.run { $0.sendAhead(ack) }
+        reader.activate()
+        let total = 3 * frameSize + ack.count
+        #expect(reader.recorder.wait { $0.bytes.count >= total })
+        let expected = frames[0] + ack + frames[1] + frames[2]
+        #expect(difference(reader.recorder.snapshot.bytes, expected) == nil, "the ACK right after the first frame")
+        // With nothing waiting, it goes out in order.
+        _ = writer.run { $0.sendAhead(ack) }
+        #expect(reader.recorder.wait { $0.bytes.count >= total + ack.count })
+        #expect(Array(reader.recorder.snapshot.bytes.suffix(ack.count)) == ack)
+        writer.cancel()
+        reader.cancel()
+        #expect(writer.recorder.wait { !$0.closes.isEmpty })
+        #expect(reader.recorder.wait { !$0.closes.isEmpty })
+    }
+
     @Test(arguments: [false, true])
     func closingTheSlaveSideClosesTheMasterWithAnErrorOnce(keepSlaveOpen: Bool) throws {
         let (pty, master, slave) = try makePair(keepSlaveOpen: keepSlaveOpen)
