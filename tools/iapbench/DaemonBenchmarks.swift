@@ -62,7 +62,7 @@ enum DaemonBenchmarks {
         let rig = try LoopbackBenchmarks.rig(sessions: 2, overPty: false)
         defer {
             rig.manager.stop()
-            rig.runner.stop()
+            rig.runner?.stop()
         }
         let through = try Through(serving: rig.manager)
         defer { through.stop() }
@@ -120,18 +120,23 @@ enum DaemonBenchmarks {
     static func runUSB(_ command: ParsedCommand, profile: SimulatorProfile, udc: String, megabytes: Int, rounds: Int) throws -> ExitCode {
         let json = command.flag("json")
         func megabytesPerSecond(_ rate: Double) -> String { Report.format(rate / 1e6, digits: 1) }
-        return try USBBenchmarks.withAccessory(profile: profile, udc: udc) { rig, _ in
+        return try USBBenchmarks.withAccessory(udc: udc) { rig, _ in
             let through = try Through(serving: rig.manager, sessionBufferLimit: USBBenchmarks.sessionBufferLimit)
             defer { through.stop() }
             let remote = LoopbackBenchmarks.Rig(manager: through.client, runner: rig.runner, accessory: through.accessory)
-            var pairs = Pairs()
+            var pairs = Pairs(), cpu = Pairs()
             for round in 1...rounds {
                 USBBenchmarks.step("round \(round) of \(rounds): direct")
-                let direct = try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: megabytes << 20).bytesPerSecond
+                let directRun = try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: megabytes << 20)
                 USBBenchmarks.step("round \(round) of \(rounds): through iapd")
-                let daemon = try LoopbackBenchmarks.throughput(remote, sessions: 1, bytesPerSession: megabytes << 20, firstProtocol: 2).bytesPerSecond
+                let daemonRun = try LoopbackBenchmarks.throughput(remote, sessions: 1, bytesPerSession: megabytes << 20, firstProtocol: 2)
+                let direct = directRun.bytesPerSecond, daemon = daemonRun.bytesPerSecond
                 pairs.direct.append(direct)
                 pairs.daemon.append(daemon)
+                // This process is the host alone (the gadget runs in its own): the application,
+                // the manager, and through iapd also the daemon's relay and the client's side.
+                cpu.direct.append(directRun.cpuSeconds / Double(megabytes))
+                cpu.daemon.append(daemonRun.cpuSeconds / Double(megabytes))
                 let ratio = direct > 0 ? daemon / direct : 0
                 if json {
                     StandardOutput.write(JSONValue.object([
@@ -162,6 +167,18 @@ enum DaemonBenchmarks {
                 StandardOutput.write("EA echo over iAP2, 1 session, through iapd: \(megabytesPerSecond(daemon)) MB/s each way, "
                     + "\(Report.format(ratio, digits: 2))× direct (median of the rounds' ratios; lowest \(Report.format(lowest, digits: 2)), "
                     + "highest \(Report.format(highest, digits: 2)); goal ≥ 0.90×)\n")
+            }
+            let cpuRatio = Pairs.median(cpu.ratios)
+            if json {
+                StandardOutput.write(JSONValue.object([
+                    ("name", .string("host CPU per MiB each way, EA echo, direct and through iapd")),
+                    ("directMicroseconds", .int(Int(Pairs.median(cpu.direct) * 1e6))),
+                    ("throughIapdMicroseconds", .int(Int(Pairs.median(cpu.daemon) * 1e6))), ("ratio", .string(Report.format(cpuRatio, digits: 3))),
+                ]).serialized() + "\n")
+            } else {
+                StandardOutput.write("  host CPU per MiB each way (the gadget in a process of its own): direct "
+                    + "\(Report.format(Pairs.median(cpu.direct) * 1e3, digits: 2)) ms, through iapd \(Report.format(Pairs.median(cpu.daemon) * 1e3, digits: 2)) ms, "
+                    + "\(Report.format(cpuRatio, digits: 2))× (median of the rounds' ratios)\n")
             }
             return .success
         }

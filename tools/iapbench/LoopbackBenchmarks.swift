@@ -28,7 +28,8 @@ enum LoopbackBenchmarks {
 
     struct Rig {
         let manager: AccessoryManager
-        let runner: SimulatorRunner
+        /// The simulated accessory, when it runs in this process.
+        let runner: SimulatorRunner?
         let accessory: Accessory
         var keepAlive: [any Sendable] = []
     }
@@ -170,7 +171,7 @@ enum LoopbackBenchmarks {
             emit("echo throughput, 1 session(s)", [("bytesPerSecond", .int(Int(rate)))],
                  text: "in-process echo, 1 session: \(Report.format(rate / 1e6, digits: 1)) MB/s each way (\(megabytes) MiB in \(Report.format(seconds, digits: 2)) s)")
             rig.manager.stop()
-            rig.runner.stop()
+            rig.runner?.stop()
             return .success
         }
         // Baseline from the same run: the two link state machines wired directly.
@@ -184,11 +185,11 @@ enum LoopbackBenchmarks {
             let rig = try rig(sessions: sessions, overPty: overPty)
             let bytes = (megabytes << 20) / sessions
             let before = rig.accessory.dataPlaneStatistics
-            let linksBefore = (rig.accessory.linkStatistics, rig.runner.linkStatistics)
+            let linksBefore = (rig.accessory.linkStatistics, rig.runner?.linkStatistics)
             let (rate, seconds, _) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
             let copies = rig.accessory.dataPlaneStatistics - before
             let hostAcks = BareAcks(before: linksBefore.0, after: rig.accessory.linkStatistics)
-            let accessoryAcks = BareAcks(before: linksBefore.1, after: rig.runner.linkStatistics)
+            let accessoryAcks = BareAcks(before: linksBefore.1, after: rig.runner?.linkStatistics)
             emit("echo throughput, \(sessions) session(s)",
                  [("sessions", .int(sessions)), ("bytes", .int(bytes * sessions)), ("bytesPerSecond", .int(Int(rate))),
                   ("seconds", .string(Report.format(seconds, digits: 3)))],
@@ -222,7 +223,7 @@ enum LoopbackBenchmarks {
                         + "p99 \(Report.duration(nanoseconds: fastP99))")
             }
             rig.manager.stop()
-            rig.runner.stop()
+            rig.runner?.stop()
             withExtendedLifetime(rig.keepAlive) {}
         }
         if !overPty {
@@ -237,7 +238,7 @@ enum LoopbackBenchmarks {
                 let rig = try rig(sessions: 1, overPty: false, profile: gogglesProfile(sourceBytes: bytes), link: link)
                 figures[advertises ? "own" : "copy"] = try sourceThroughput(rig, bytes: bytes)
                 rig.manager.stop()
-                rig.runner.stop()
+                rig.runner?.stop()
             }
             let copy = figures["copy", default: 0], own = figures["own", default: 0]
             emit("accessory to host, 1024-byte offer, exact copy (baseline)", [("bytesPerSecond", .int(Int(copy)))],

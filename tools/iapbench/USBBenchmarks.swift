@@ -19,6 +19,8 @@ enum USBBenchmarks {
     static let gadgetName = "iapbench"
 
     nonisolated(unsafe) static var verbose = false
+    /// Whether the FunctionFS gadget offers the native interface too (`--native`).
+    nonisolated(unsafe) static var offersNative = false
     nonisolated(unsafe) static var options = USBOptions()
     /// Each session's write buffer on the host (`--session-buffer`; the library's default).
     nonisolated(unsafe) static var sessionBufferLimit = AccessoryManager.Configuration().sessionBufferLimit
@@ -47,15 +49,28 @@ enum USBBenchmarks {
             let sorted = values.sorted()
             return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
         }
-        func emit(_ name: String, _ rates: [Double], ratios: [Double]?, extra: String = "") {
+        /// One figure over the rounds: its rates, its ratios to the ceiling (each round's own),
+        /// and the host's and the gadget's CPU per MiB, with the host's ratio to the ceiling's.
+        func emit(_ name: String, _ figures: [EchoFigures], ceilings: [EchoFigures]?, extra: String = "", acks: Bool = false) {
+            let rates = figures.map(\.rate)
             let rate = median(rates)
+            let ratios = ceilings.map { zip(figures, $0).map { $1.rate > 0 ? $0.rate / $1.rate : 0 } }
+            let cpuRatios = ceilings.map { zip(figures, $0).map { $1.hostCPUPerMiB > 0 ? $0.hostCPUPerMiB / $1.hostCPUPerMiB : 0 } }
+            let hostCPU = median(figures.map(\.hostCPUPerMiB)), gadgetCPU = median(figures.map(\.gadgetCPUPerMiB))
+            let hostAcks = figures.last?.hostAcks, gadgetAcks = figures.last?.gadgetAcks
             if json {
                 var fields: [(String, JSONValue)] = [("name", .string(name)), ("bytesPerSecond", .int(Int(rate))),
-                                                     ("rounds", .array(rates.map { .int(Int($0)) }))]
+                                                     ("rounds", .array(rates.map { .int(Int($0)) })),
+                                                     ("hostCPUMicrosecondsPerMiB", .int(Int(hostCPU * 1e6))),
+                                                     ("gadgetCPUMicrosecondsPerMiB", .int(Int(gadgetCPU * 1e6)))]
                 if let ratios {
                     fields.append(("ratioToCeiling", .string(Report.format(median(ratios), digits: 3))))
                     fields.append(("ratioRange", .array([.string(Report.format(ratios.min() ?? 0, digits: 3)),
                                                          .string(Report.format(ratios.max() ?? 0, digits: 3))])))
+                }
+                if let cpuRatios { fields.append(("hostCPURatioToCeiling", .string(Report.format(median(cpuRatios), digits: 3)))) }
+                if acks, let hostAcks, let gadgetAcks {
+                    fields.append(("bareAcksPerDataPacket", .object([("host", hostAcks.json), ("accessory", gadgetAcks.json)])))
                 }
                 StandardOutput.write(JSONValue.object(fields).serialized() + "\n")
             } else {
@@ -64,47 +79,54 @@ enum USBBenchmarks {
                         + "\(Report.format((ratios.min() ?? 0) * 100, digits: 1))–\(Report.format((ratios.max() ?? 0) * 100, digits: 1)) %)"
                 } ?? ""
                 StandardOutput.write("\(name): \(Report.format(rate / 1e6, digits: 1)) MB/s each way\(share)\(extra)\n")
+                let cpuShare = cpuRatios.map { ", \(Report.format(median($0), digits: 2))× the ceiling's (median of the rounds' ratios)" } ?? ""
+                StandardOutput.write("  CPU per MiB each way: host \(Report.format(hostCPU * 1e3, digits: 2)) ms\(cpuShare); "
+                    + "the gadget, in a process of its own, \(Report.format(gadgetCPU * 1e3, digits: 2)) ms\n")
+                if acks, let hostAcks, let gadgetAcks {
+                    StandardOutput.write("  bare ACKs per data packet received (last round): host \(hostAcks.text), accessory \(gadgetAcks.text)\n")
+                }
             }
         }
         let native = command.flag("native")
+        offersNative = native
         let profile = LoopbackBenchmarks.echoProfile(sessions: 3, maxPacketLength: 65_535, native: native)
         if command.flag("daemon") {
             return try DaemonBenchmarks.runUSB(command, profile: profile, udc: udc, megabytes: megabytes, rounds: rounds)
         }
-        var ceilings: [Double] = []
-        var sessionRates: [Int: [Double]] = [:]
-        var nativeRates: [Double] = []
-        var gadgetFSCeilings: [Double] = []
+        var ceilings: [EchoFigures] = []
+        var sessionFigures: [Int: [EchoFigures]] = [:]
+        var nativeFigures: [EchoFigures] = []
+        var gadgetFSCeilings: [EchoFigures] = []
         var nativeUnavailable: String?
         var lastCopies: USBCopies?
         for round in 1...rounds {
             step("round \(round) of \(rounds)")
-            ceilings.append(try rawEcho(profile: profile, udc: udc, bytes: megabytes << 20))
+            ceilings.append(try rawEcho(udc: udc, bytes: megabytes << 20))
             for sessions in [1, 3] {
-                let (rate, copies) = try sessionEcho(profile: profile, udc: udc, sessions: sessions, bytes: megabytes << 20)
-                sessionRates[sessions, default: []].append(rate)
+                let (figures, copies) = try sessionEcho(udc: udc, sessions: sessions, bytes: megabytes << 20)
+                sessionFigures[sessions, default: []].append(figures)
                 if sessions == 1 { lastCopies = copies }
             }
             if native, nativeUnavailable == nil {
                 // The native interface needs a GadgetFS gadget; its own ceiling goes beside it.
-                switch try rawEchoGadgetFS(profile: profile, bytes: megabytes << 20) {
-                case let .success(rate): gadgetFSCeilings.append(rate)
+                switch try rawEchoGadgetFS(bytes: megabytes << 20) {
+                case let .success(figures): gadgetFSCeilings.append(figures)
                 case let .failure(reason):
                     nativeUnavailable = reason.description
                     continue
                 }
-                switch try nativeEcho(profile: profile, bytes: megabytes << 20) {
-                case let .success(rate): nativeRates.append(rate)
+                switch try nativeEcho(bytes: megabytes << 20) {
+                case let .success(figures): nativeFigures.append(figures)
                 case let .failure(reason): nativeUnavailable = reason.description
                 }
             }
         }
-        emit("ceiling: raw bulk echo through the same gadget and pipes (baseline, median of \(rounds))", ceilings, ratios: nil)
+        emit("ceiling: raw bulk echo through the same gadget and pipes (baseline, median of \(rounds))", ceilings, ceilings: nil)
         for sessions in [1, 3] {
-            let rates = sessionRates[sessions] ?? []
-            let ratios = zip(rates, ceilings).map { $0 / $1 }
-            emit("EA echo over iAP2, \(sessions) session\(sessions == 1 ? "" : "s") (total)", rates, ratios: ratios,
-                 extra: sessions > 1 ? ", \(Report.format(median(rates) / Double(sessions) / 1e6, digits: 1)) MB/s per session" : "")
+            let figures = sessionFigures[sessions] ?? []
+            emit("EA echo over iAP2, \(sessions) session\(sessions == 1 ? "" : "s") (total)", figures, ceilings: ceilings,
+                 extra: sessions > 1 ? ", \(Report.format(median(figures.map(\.rate)) / Double(sessions) / 1e6, digits: 1)) MB/s per session" : "",
+                 acks: true)
         }
         if let copies = lastCopies {
             let (out, into) = (copies.outPerByte, copies.inPerByte)
@@ -135,8 +157,8 @@ enum USBBenchmarks {
                 return .unavailable
             }
             emit("ceiling on GadgetFS: raw bulk echo through the GadgetFS gadget's iAP2 pipes (median of \(rounds))",
-                 gadgetFSCeilings, ratios: nil)
-            emit(name + ", on GadgetFS", nativeRates, ratios: zip(nativeRates, gadgetFSCeilings).map { $0 / $1 })
+                 gadgetFSCeilings, ceilings: nil)
+            emit(name + ", on GadgetFS", nativeFigures, ceilings: gadgetFSCeilings)
         }
         return .success
     }
@@ -145,48 +167,61 @@ enum USBBenchmarks {
     /// gadget (FunctionFS on kernels before 6.8 cannot accept alternate setting 1, and never says
     /// which setting the host chose; GadgetFS hands SET_INTERFACE to the simulator). A failure says
     /// why it could not be measured.
-    static func nativeEcho(profile: SimulatorProfile, bytes: Int) throws -> Result<Double, ToolFailure> {
-        let device: GadgetFSDevice
-        do {
-            let layout = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BF, manufacturer: "AccessoryHost Simulator",
-                                            product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
-                                            nativeProtocols: profile.nativeProtocolNames)
-            device = try GadgetFSDevice(layout: layout)
-            if verbose { device.onTrace { StandardError.write("iapbench: GadgetFS: \($0)\n") } }
-        } catch {
+    static func nativeEcho(bytes: Int) throws -> Result<EchoFigures, ToolFailure> {
+        let child: GadgetChild
+        do { child = try GadgetChild(mode: .gadgetfsNative, udc: nil) } catch {
             // The one reason the figure is "not measured" (exit 69): no GadgetFS here. Anything
             // that fails once it exists is an error of the run.
-            return .failure(ToolFailure("cannot make a GadgetFS gadget: \(error)"))
+            if error.unavailable { return .failure(ToolFailure(error.reason)) }
+            throw ToolFailure(error.reason)
         }
         defer {
             step("stopping the GadgetFS gadget")
-            device.stop()
-            if verbose { StandardError.write("iapbench: GadgetFS ep0: \(device.log.joined(separator: "; "))\n") }
+            child.stop()
         }
-        let runner = try SimulatorRunner(profile: profile, attachment: .transport(device.transport))
-        // The simulator identifies the accessory on the iAP2 interface; the native session's bytes
-        // are echoed by the gadget itself, as the ceiling's are, so that the ratio measures the
-        // host (AccessorySession over USBNativePipe against USBAccessoryTransport's raw pipes).
-        let echoQueue = DispatchQueue(label: "iapbench.native-echo")
-        device.onNativeOpen { _, channel in
-            echoQueue.async { rawChannelEcho(channel, queue: echoQueue) }
-        }
-        runner.start()
-        defer { runner.stop() }
         let manager = AccessoryManager(configuration: .init(sessionBufferLimit: sessionBufferLimit))
         defer { manager.stop() }
         try manager.startUSB(options: options)
         let found = try blockingAwait {
-            await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == 0x00BF }
+            await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == GadgetProcess.gadgetFSProductID }
         }
-        guard let accessory = found else {
-            throw ToolFailure("the simulated accessory on GadgetFS was not identified within 30 s (ep0: \(device.log.joined(separator: "; ")))")
-        }
+        guard let accessory = found else { throw ToolFailure("the simulated accessory on GadgetFS was not identified within 30 s") }
         do {
-            return .success(try eventDrivenEcho(accessory, protocolName: "bench.native", bytes: bytes))
+            return .success(try measured(child, bytes: bytes) { try eventDrivenEcho(accessory, protocolName: "bench.native", bytes: bytes) })
         } catch {
-            throw ToolFailure("the native echo failed: \(error) (ep0: \(device.log.joined(separator: "; ")))")
+            throw ToolFailure("the native echo failed: \(error)")
         }
+    }
+
+    /// One echo's figures: bytes per second each way, and the CPU time each process spent on it.
+    struct EchoFigures {
+        var rate: Double
+        /// Bytes echoed (each way).
+        var bytes: Int
+        /// This process's CPU seconds (user and system) over the echo: the host's alone.
+        var hostCPU: Double
+        /// The gadget's process over the same time.
+        var gadget = GadgetProcess.Figures()
+        var hostAcks = BareAcks(acks: 0, dataPackets: 0)
+        var hostCPUPerMiB: Double { bytes == 0 ? 0 : hostCPU / (Double(bytes) / 1_048_576) }
+        var gadgetCPUPerMiB: Double { bytes == 0 ? 0 : gadget.cpuSeconds / (Double(bytes) / 1_048_576) }
+        var gadgetAcks: BareAcks { BareAcks(acks: gadget.acks, dataPackets: gadget.packets) }
+    }
+
+    /// Runs `body` (which returns the rate), measuring this process's CPU time and the gadget
+    /// process's over it.
+    static func measured(_ child: GadgetChild, bytes: Int, _ body: () throws -> Double) throws -> EchoFigures {
+        let gadgetBefore = try child.figures()
+        let cpuBefore = ProcessFigures.now().cpuSeconds
+        let rate = try body()
+        let cpu = ProcessFigures.now().cpuSeconds - cpuBefore
+        let gadget = try child.figures() - gadgetBefore
+        return EchoFigures(rate: rate, bytes: bytes, hostCPU: cpu, gadget: gadget)
+    }
+
+    /// The gadget's process in `mode`, ready.
+    static func gadgetChild(_ mode: GadgetProcess.Mode, udc: String?) throws -> GadgetChild {
+        do { return try GadgetChild(mode: mode, udc: udc, native: offersNative) } catch { throw ToolFailure(error.reason) }
     }
 
     /// An echo through one session the way a throughput-minded application drives it: stream
@@ -278,49 +313,34 @@ enum USBBenchmarks {
         return try USBGadget(configuration: configuration)
     }
 
-    /// The ceiling: the gadget echoes raw bytes; the host keeps up to 512 KiB in flight through
-    /// a `USBAccessoryTransport` (64 KiB frames, one per OUT transfer) and counts what returns.
-    static func rawEcho(profile: SimulatorProfile, udc: String, bytes: Int) throws -> Double {
-        let gadget = try makeGadget(profile, udc: udc)
+    /// The ceiling: the gadget (in its own process) echoes raw bytes; the host keeps up to
+    /// 512 KiB in flight through a `USBAccessoryTransport` (64 KiB frames, one per OUT transfer)
+    /// and counts what returns.
+    static func rawEcho(udc: String, bytes: Int) throws -> EchoFigures {
+        let child = try gadgetChild(.raw, udc: udc)
         defer {
             step("removing the gadget")
-            try? gadget.unbind()
-            try? gadget.remove()
+            child.stop()
             step("gadget removed")
         }
-        let device = gadget.transport
-        if verbose { device.onConnectionChange { StandardError.write("iapbench: gadget \($0)\n") } }
-        return try rawEcho(device: device, productID: 0x00BE, bytes: bytes, bind: { try gadget.bind(udc: udc) },
-                           statistics: { "\(device.statistics)" })
+        return try hostRawEcho(productID: GadgetProcess.functionFSProductID, bytes: bytes, child: child)
     }
 
     /// The raw echo through the iAP2 interface of a GadgetFS gadget: the ceiling of the pipes the
     /// native figure runs on.
-    static func rawEchoGadgetFS(profile: SimulatorProfile, bytes: Int) throws -> Result<Double, ToolFailure> {
-        let layout = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00BF, manufacturer: "AccessoryHost Simulator",
-                                        product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
-                                        nativeProtocols: profile.nativeProtocolNames)
-        // Writing the descriptors binds the gadget: the host may configure it before the echo
-        // starts, which the relay transport keeps for its activation.
-        let device: GadgetFSDevice
-        do { device = try GadgetFSDevice(layout: layout) } catch {
-            return .failure(ToolFailure("cannot make a GadgetFS gadget: \(error)"))
+    static func rawEchoGadgetFS(bytes: Int) throws -> Result<EchoFigures, ToolFailure> {
+        let child: GadgetChild
+        do { child = try GadgetChild(mode: .gadgetfsRaw, udc: nil) } catch {
+            if error.unavailable { return .failure(ToolFailure(error.reason)) }
+            throw ToolFailure(error.reason)
         }
-        if verbose { device.onTrace { StandardError.write("iapbench: GadgetFS: \($0)\n") } }
-        defer { device.stop() }
-        return .success(try rawEcho(device: device.transport, productID: 0x00BF, bytes: bytes, bind: {}, statistics: { "GadgetFS" }))
+        defer { child.stop() }
+        return .success(try hostRawEcho(productID: GadgetProcess.gadgetFSProductID, bytes: bytes, child: child))
     }
 
-    /// A raw echo through `device` (the gadget side, echoing what it reads) and the host's
-    /// `USBAccessoryTransport` on the device with `productID`; `bind` makes it appear.
-    static func rawEcho(device: any Transport, productID: UInt16, bytes: Int, bind: () throws -> Void,
-                        statistics: @escaping @Sendable () -> String) throws -> Double {
-        let deviceQueue = DispatchQueue(label: "iapbench.gadget")
-        device.activate(queue: deviceQueue) { event in
-            if case let .received(chunk) = event { device.send(chunk) }
-        }
-        try bind()
-
+    /// The host's half of a raw echo: a `USBAccessoryTransport` on the device with `productID`
+    /// (the child's gadget echoes), up to 512 KiB in flight; the figures of the timed part.
+    static func hostRawEcho(productID: UInt16, bytes: Int, child: GadgetChild) throws -> EchoFigures {
         let queue = DispatchQueue(label: "iapbench.usb")
         let context = try USBContext(queue: queue, function: .iAP2, options: options)
         defer {
@@ -349,7 +369,7 @@ enum USBBenchmarks {
         // (A Dispatch source must be resumed before it is released: only make it when used.)
         let progress = verbose ? DispatchSource.makeTimerSource(queue: DispatchQueue(label: "iapbench.progress")) : nil
         progress?.schedule(deadline: .now() + 1, repeating: 1)
-        progress?.setEventHandler { StandardError.write("iapbench: \(counters.text); gadget \(statistics())\n") }
+        progress?.setEventHandler { StandardError.write("iapbench: \(counters.text)\n") }
         progress?.resume()
         defer { progress?.cancel() }
         let frame = [UInt8](repeating: 0xA5, count: 65_000) // not a multiple of the packet size
@@ -357,6 +377,8 @@ enum USBBenchmarks {
         let done = DispatchSemaphore(value: 0)
         let state = Mutex((sent: 0, received: 0, finished: false))
         let start = Mutex(ContinuousClock.now)
+        let gadgetBefore = try child.figures()
+        let cpuBefore = ProcessFigures.now().cpuSeconds
         @Sendable func pump() {
             while true {
                 let send = state.withLock { state -> Bool in
@@ -394,50 +416,45 @@ enum USBBenchmarks {
         }
         guard done.wait(timeout: .now() + (verbose ? 45 : 120)) == .success else {
             let host = queue.sync { transport.statistics }
-            throw ToolFailure("the raw echo stalled: \(state.withLock { $0 }); host pipes \(host); gadget \(statistics())")
+            throw ToolFailure("the raw echo stalled: \(state.withLock { $0 }); host pipes \(host)")
         }
         let elapsed = ContinuousClock.now - start.withLock { $0 }
+        let cpu = ProcessFigures.now().cpuSeconds - cpuBefore
+        let gadget = try child.figures() - gadgetBefore
         let received = state.withLock { $0.received }
         step("raw echo done; closing the host side")
         transport.cancel()
         _ = done.wait(timeout: .now() + 5)
-        step("closing the gadget side")
-        device.cancel()
-        step("gadget closed")
-        return Double(received) / seconds(elapsed)
+        return EchoFigures(rate: Double(received) / seconds(elapsed), bytes: bytes, hostCPU: cpu, gadget: gadget)
     }
 
-    /// Runs `body` with the simulated accessory behind a gadget, identified by an
-    /// AccessoryManager over USB; everything is taken down afterwards.
-    static func withAccessory<Result>(profile: SimulatorProfile, udc: String,
-                                      _ body: (LoopbackBenchmarks.Rig, USBGadget) throws -> Result) throws -> Result {
-        let gadget = try makeGadget(profile, udc: udc)
-        defer { try? gadget.unbind(); try? gadget.remove() }
-        let runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
-        runner.start()
-        defer { runner.stop() }
-        try gadget.bind(udc: udc)
+    /// Runs `body` with the simulated accessory behind a gadget in a process of its own,
+    /// identified by an AccessoryManager over USB; everything is taken down afterwards.
+    static func withAccessory<Result>(udc: String, _ body: (LoopbackBenchmarks.Rig, GadgetChild) throws -> Result) throws -> Result {
+        let child = try gadgetChild(.simulator, udc: udc)
+        defer { child.stop() }
         let manager = AccessoryManager(configuration: .init(sessionBufferLimit: sessionBufferLimit))
         defer { manager.stop() }
         try manager.startUSB(options: options)
         let found = try blockingAwait { await manager.waitForAccessory(timeout: .seconds(30)) { $0.transportKind == .usb } }
         guard let accessory = found else { throw ToolFailure("the simulated accessory was not identified within 30 s") }
-        return try body(LoopbackBenchmarks.Rig(manager: manager, runner: runner, accessory: accessory), gadget)
+        return try body(LoopbackBenchmarks.Rig(manager: manager, runner: nil, accessory: accessory), child)
     }
 
-    /// EA echo sessions through AccessoryManager over the same gadget running the simulator.
-    static func sessionEcho(profile: SimulatorProfile, udc: String, sessions: Int, bytes: Int) throws -> (rate: Double, copies: USBCopies) {
-        try withAccessory(profile: profile, udc: udc) { rig, gadget in
-            let before = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory))
-            let rate = try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
-            let after = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory))
-            if verbose, let host = after.1 {
-                step("host pipes \(host); gadget \(gadget.transport.statistics)")
+    /// EA echo sessions through AccessoryManager over the gadget running the simulator.
+    static func sessionEcho(udc: String, sessions: Int, bytes: Int) throws -> (figures: EchoFigures, copies: USBCopies) {
+        try withAccessory(udc: udc) { rig, child in
+            let before = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory), rig.accessory.linkStatistics)
+            var figures = try measured(child, bytes: bytes) {
+                try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
             }
+            let after = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory), rig.accessory.linkStatistics)
+            figures.hostAcks = BareAcks(before: before.2, after: after.2)
+            if verbose, let host = after.1 { step("host pipes \(host)") }
             let endpoint = after.0 - before.0
-            return (rate, USBCopies(endpoint: endpoint, slotBytesOut: (after.1?.bytesCopiedOut ?? 0) - (before.1?.bytesCopiedOut ?? 0),
-                                    inPlaceBytesOut: (after.1?.bytesSentInPlace ?? 0) - (before.1?.bytesSentInPlace ?? 0),
-                                    slotBytesEvacuated: (after.1?.bytesEvacuated ?? 0) - (before.1?.bytesEvacuated ?? 0)))
+            return (figures, USBCopies(endpoint: endpoint, slotBytesOut: (after.1?.bytesCopiedOut ?? 0) - (before.1?.bytesCopiedOut ?? 0),
+                                       inPlaceBytesOut: (after.1?.bytesSentInPlace ?? 0) - (before.1?.bytesSentInPlace ?? 0),
+                                       slotBytesEvacuated: (after.1?.bytesEvacuated ?? 0) - (before.1?.bytesEvacuated ?? 0)))
         }
     }
 

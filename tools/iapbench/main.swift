@@ -119,6 +119,14 @@ let ptyAccessoriesCommand = CommandSpec(
     options: [.value("count", valueName: "n", help: "Accessories.", defaultValue: "1000")]
 )
 
+let usbGadgetCommand = CommandSpec(
+    name: "usb-gadget",
+    abstract: "(Used by usb.) Runs the benchmark's USB gadget in a process of its own, answers each input line with its CPU time and link counters, and stops at end of input.",
+    options: [.value("mode", valueName: "mode", help: "What runs behind the gadget.", defaultValue: "simulator",
+                     allowedValues: GadgetProcess.Mode.allCases.map(\.rawValue)),
+              .value("udc", valueName: "name", help: "The device controller to bind a FunctionFS gadget to (default: the first)."),
+              .flag("native", help: "Offer the echo accessory's native-transport interface too (as usb --native does).")]
+)
 let soakCommand = CommandSpec(
     name: "soak",
     abstract: "Connect/disconnect cycles, then a long echo through 4 sessions under loss: is the host's memory and are its descriptors flat?",
@@ -138,7 +146,7 @@ let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
     version: AccessoryHostVersion.string,
-    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, bluetoothCommand, ptysCommand, ptyAccessoriesCommand, soakCommand]
+    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, bluetoothCommand, ptysCommand, ptyAccessoriesCommand, usbGadgetCommand, soakCommand]
 )
 
 CommandLineTool.run(iapbench, manPageDate: AccessoryHostVersion.releaseDate) { command in
@@ -151,6 +159,7 @@ CommandLineTool.run(iapbench, manPageDate: AccessoryHostVersion.releaseDate) { c
     case "ptys": return try ScaleBenchmarks.run(command)
     case "soak": return try SoakBenchmarks.run(command)
     case "pty-accessories": return try ScaleBenchmarks.runAccessories(command)
+    case "usb-gadget": return try GadgetProcess.serve(command)
     case "link": return try CodecCommand.report(command, title: "iapbench link", benchmarks: try LinkBenchmarks.all(),
                                                 baselineMarker: "(baseline)", ratioHeader: "vs base")
     default: throw ExitCode.software

@@ -1,0 +1,182 @@
+import AccessoryGadget
+import AccessorySimulator
+import CLIKit
+import Dispatch
+import Foundation
+import IAPTransport
+
+/// `iapbench usb`'s simulated accessory in a process of its own (`iapbench usb-gadget`), so that
+/// the benchmark process's CPU time (`getrusage`) is the host's alone, and the accessory's is
+/// measured apart, as a real accessory's controller would be.
+///
+/// The child makes the gadget, prints `ready` (or `unavailable: why` and exits 69), and then
+/// answers each line it reads with one line of its figures: `cpu S acks N packets N` (its CPU
+/// seconds so far, and its link's bare ACKs and data packets taken). End of input stops it:
+/// the gadget is unbound and removed before it exits.
+enum GadgetProcess {
+    /// What the child runs behind the gadget.
+    enum Mode: String, CaseIterable {
+        /// FunctionFS gadget echoing raw bytes (the ceiling).
+        case raw
+        /// FunctionFS gadget running the simulated echo accessory (EA over iAP2).
+        case simulator
+        /// GadgetFS gadget echoing raw bytes on its iAP2 interface (the native figure's ceiling).
+        case gadgetfsRaw = "gadgetfs-raw"
+        /// GadgetFS gadget running the simulator, the native interface's bytes echoed raw.
+        case gadgetfsNative = "gadgetfs-native"
+    }
+
+    /// The product IDs of the FunctionFS and GadgetFS gadgets.
+    static let functionFSProductID: UInt16 = 0x00BE
+    static let gadgetFSProductID: UInt16 = 0x00BF
+
+    /// The child's side: runs until its input ends.
+    static func serve(_ command: ParsedCommand) throws -> ExitCode {
+        guard let mode = Mode(rawValue: command.value("mode") ?? "simulator") else { throw ExitCode.usage }
+        let native = command.flag("native") || mode == .gadgetfsNative || mode == .gadgetfsRaw
+        let profile = LoopbackBenchmarks.echoProfile(sessions: 3, maxPacketLength: 65_535, native: native)
+        var runner: SimulatorRunner?
+        var stop: () -> Void = {}
+        let echoQueue = DispatchQueue(label: "iapbench.gadget-echo")
+        switch mode {
+        case .raw, .simulator:
+            let udc = try command.value("udc") ?? USBGadget.defaultUDC()
+            let gadget = try USBBenchmarks.makeGadget(profile, udc: udc)
+            if mode == .raw {
+                let device = gadget.transport
+                device.activate(queue: echoQueue) { event in
+                    if case let .received(chunk) = event { device.send(chunk) }
+                }
+            } else {
+                runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
+                runner?.start()
+            }
+            try gadget.bind(udc: udc)
+            stop = {
+                try? gadget.unbind()
+                try? gadget.remove()
+            }
+        case .gadgetfsRaw, .gadgetfsNative:
+            let device: GadgetFSDevice
+            do {
+                let layout = try GadgetFSLayout(vendorID: 0x1209, productID: gadgetFSProductID, manufacturer: "AccessoryHost Simulator",
+                                                product: profile.accessory.name, serialNumber: profile.accessory.serialNumber,
+                                                nativeProtocols: profile.nativeProtocolNames)
+                device = try GadgetFSDevice(layout: layout)
+            } catch {
+                // The one reason a figure is "not measured": no GadgetFS here.
+                StandardOutput.write("unavailable: cannot make a GadgetFS gadget: \(error)\n")
+                return .unavailable
+            }
+            if mode == .gadgetfsRaw {
+                let transport = device.transport
+                transport.activate(queue: echoQueue) { event in
+                    if case let .received(chunk) = event { transport.send(chunk) }
+                }
+            } else {
+                // The simulator identifies the accessory on the iAP2 interface; the native
+                // session's bytes are echoed raw, as the ceiling's are.
+                device.onNativeOpen { _, channel in
+                    echoQueue.async { USBBenchmarks.rawChannelEcho(channel, queue: echoQueue) }
+                }
+                runner = try SimulatorRunner(profile: profile, attachment: .transport(device.transport))
+                runner?.start()
+            }
+            stop = { device.stop() }
+        }
+        StandardOutput.write("ready\n")
+        while readLine() != nil {
+            let links = runner?.linkStatistics
+            StandardOutput.write("cpu \(ProcessFigures.now().cpuSeconds) acks \(links?.acksSent ?? 0) packets \(links?.dataPacketsDelivered ?? 0)\n")
+        }
+        runner?.stop()
+        stop()
+        return .success
+    }
+
+    /// What the child reports: its CPU seconds, and its link's bare ACKs and data packets taken.
+    struct Figures {
+        var cpuSeconds = 0.0
+        var acks = 0
+        var packets = 0
+
+        static func - (after: Figures, before: Figures) -> Figures {
+            Figures(cpuSeconds: after.cpuSeconds - before.cpuSeconds, acks: after.acks - before.acks, packets: after.packets - before.packets)
+        }
+    }
+}
+
+/// The parent's handle on an `iapbench usb-gadget` child: made when the gadget is ready, asked
+/// for figures, stopped (and waited for: the gadget is gone once ``stop()`` returns).
+final class GadgetChild {
+    private let process = Process()
+    private let toChild = Pipe()
+    private let fromChild = Pipe()
+    private var pending = ""
+    private var stopped = false
+
+    /// Starts the child and waits until its gadget is bound (or fails to be made).
+    /// - Throws: `ToolFailure`; `unavailable` is set when the child said the gadget cannot exist here.
+    init(mode: GadgetProcess.Mode, udc: String?, native: Bool = false) throws(ChildFailure) {
+        do {
+            process.executableURL = URL(fileURLWithPath: try ScaleBenchmarks.executablePath())
+        } catch {
+            throw ChildFailure(reason: "cannot find this executable: \(error)", unavailable: false)
+        }
+        process.arguments = ["usb-gadget", "--mode", mode.rawValue] + (udc.map { ["--udc", $0] } ?? []) + (native ? ["--native"] : [])
+        process.standardInput = toChild
+        process.standardOutput = fromChild
+        do { try process.run() } catch { throw ChildFailure(reason: "cannot start the gadget's process: \(error)", unavailable: false) }
+        guard let first = nextLine() else {
+            stop()
+            throw ChildFailure(reason: "the gadget's process ended before its gadget was ready (exit \(process.terminationStatus))", unavailable: false)
+        }
+        guard first == "ready" else {
+            stop()
+            let reason = first.hasPrefix("unavailable: ") ? String(first.dropFirst("unavailable: ".count)) : first
+            throw ChildFailure(reason: reason, unavailable: first.hasPrefix("unavailable: "))
+        }
+    }
+
+    /// The child's figures now.
+    func figures() throws -> GadgetProcess.Figures {
+        toChild.fileHandleForWriting.write(Data("?\n".utf8))
+        guard let line = nextLine() else { throw ToolFailure("the gadget's process ended") }
+        let words = line.split(separator: " ")
+        guard words.count == 6, let cpu = Double(words[1]), let acks = Int(words[3]), let packets = Int(words[5]) else {
+            throw ToolFailure("the gadget's process answered: \(line)")
+        }
+        return GadgetProcess.Figures(cpuSeconds: cpu, acks: acks, packets: packets)
+    }
+
+    /// Ends the child's input and waits for it to remove its gadget and exit.
+    func stop() {
+        guard !stopped else { return }
+        stopped = true
+        try? toChild.fileHandleForWriting.close()
+        process.waitUntilExit()
+    }
+
+    deinit { stop() }
+
+    private func nextLine() -> String? {
+        while true {
+            if let end = pending.firstIndex(of: "\n") {
+                let line = String(pending[..<end])
+                pending = String(pending[pending.index(after: end)...])
+                return line
+            }
+            let data = fromChild.fileHandleForReading.availableData
+            guard !data.isEmpty else { return nil }
+            pending += String(decoding: data, as: UTF8.self)
+        }
+    }
+}
+
+/// Why the gadget's process could not serve.
+struct ChildFailure: Error, CustomStringConvertible {
+    var reason: String
+    /// The gadget cannot exist on this machine (no GadgetFS): a figure not measured, not an error.
+    var unavailable: Bool
+    var description: String { reason }
+}
