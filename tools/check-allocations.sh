@@ -29,13 +29,14 @@ echo "check-allocations: ok, no allocation per frame"
 # memory → the simulated accessory's echo → back → application read with `read(into:)`, the
 # copying read into a kept buffer) at two sizes. What grows with the data is allocated per packet
 # or per read. What remains, host and simulated accessory together, is under one allocation per
-# data packet, and most of it is the simulated accessory's packets: the host keeps views of what
-# it received until the application reads them (up to the benchmark's 4 MiB session buffer, 64
-# packets), so when the accessory's link wants a packet's storage again it is now and then still
-# shared, and emptying it allocates. The rest: acknowledgement arrays in the same case,
+# data packet, and most of it is packets' storage reused while the other side still holds views
+# of it (an in-process peer keeps views of what it received until they are read): emptying a
+# shared array for the next packet, or appending a packet's checksum to one, allocates. Issue 34
+# measured it with dhat (`valgrind --tool=dhat` at 8 and 24 MiB, compared by call site): about
+# 0.5 per packet of that, the rest acknowledgement arrays while their ring of 64 first fills,
 # Dispatch's timers set again, and a block per `queue.sync` of a session call made off the
-# manager's queue. The figure varies with the threads' timing (medians of five 0.64–0.80
-# unloaded, 0.72 beside two busy loops and 0.88 beside three, on the 2-core machine), so the
+# manager's queue. The echo runs with the library's default session buffer (1 MiB). The figure
+# varies with the threads' timing (medians of five 0.62–0.90 on the 2-core machine), so the
 # median of five rounds is held to a bound of 1. The bound catches a return of what this path had: an array per
 # read, Dispatch blocks per batch, an array per bare ACK, a packet copied whole to append its
 # checksum, arrays per turn of the simulator (about 3 per packet), and before those copy-on-write

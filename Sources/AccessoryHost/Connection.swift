@@ -120,7 +120,7 @@ final class Connection: @unchecked Sendable {
     func stop(reason: String) {
         driver.stop()
         down(reason: reason)
-        driver.perform { machine, _ in self.serviceAll(&machine) }
+        driver.perform { machine, now in self.serviceAll(&machine, now: now) }
     }
 
     /// The endpoint's count of session bytes moved and copied. Off the queue.
@@ -158,13 +158,13 @@ final class Connection: @unchecked Sendable {
             case let .controlFailed(failure):
                 logger.warning("\(failure)")
                 if case .noAnswer = failure, let rejection = lastRejection, accessory == nil {
-                    linkLost("\(rejection); the accessory did not answer with a corrected identification in time", machine: &machine)
+                    linkLost("\(rejection); the accessory did not answer with a corrected identification in time", machine: &machine, now: now)
                 } else {
-                    linkLost("\(failure)", machine: &machine)
+                    linkLost("\(failure)", machine: &machine, now: now)
                 }
             case let .link(.stateChanged(.failed(failure))):
                 logger.warning("link failed: \(failure)")
-                linkLost(failure.description, machine: &machine)
+                linkLost(failure.description, machine: &machine, now: now)
             case .link(.stateChanged(.negotiating)) where accessory != nil:
                 // The accessory started over (a detect or SYN on a live link): this accessory is
                 // gone; the next identification announces a new one.
@@ -227,7 +227,7 @@ final class Connection: @unchecked Sendable {
                 break
             }
         }
-        serviceAll(&machine)
+        serviceAll(&machine, now: now)
     }
 
     /// Hands out a new session over `stream`.
@@ -242,13 +242,14 @@ final class Connection: @unchecked Sendable {
     }
 
     /// Serves every session.
-    private func serviceAll(_ machine: inout IAPEndpoint) {
-        for key in sessionKeys { service(key, &machine) }
+    private func serviceAll(_ machine: inout IAPEndpoint, now: LinkTime) {
+        for key in sessionKeys { service(key, &machine, now: now) }
     }
 
-    /// Serves one session (``SessionState/serve(_:now:)``).
-    func service(_ key: Int, _ machine: inout IAPEndpoint) {
-        sessions[key]?.serve(&machine, now: driver.now)
+    /// Serves one session (``SessionState/serve(_:now:)``) at `now`, the time of the turn (read
+    /// once per turn: on some machines a clock read is a system call, under emulation a slow one).
+    func service(_ key: Int, _ machine: inout IAPEndpoint, now: LinkTime) {
+        sessions[key]?.serve(&machine, now: now)
     }
 
     /// Ends a session's stream (bytes already received stay readable); the next service tells
@@ -265,16 +266,16 @@ final class Connection: @unchecked Sendable {
     }
 
     /// Called from inside the driver's update, which holds the machine: serve it directly.
-    private func linkLost(_ reason: String, machine: inout IAPEndpoint) {
+    private func linkLost(_ reason: String, machine: inout IAPEndpoint, now: LinkTime) {
         driver.stop()
         down(reason: reason)
-        serviceAll(&machine)
+        serviceAll(&machine, now: now)
     }
 
     private func transportClosed(_ error: TransportError?) {
         down(reason: error?.description ?? "the transport was closed")
         // Readers may still drain what was received; writers fail.
-        driver.perform { machine, _ in self.serviceAll(&machine) }
+        driver.perform { machine, now in self.serviceAll(&machine, now: now) }
     }
 
     private func announceGone(_ reason: String) {

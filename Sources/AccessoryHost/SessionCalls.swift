@@ -13,7 +13,7 @@ extension Connection {
     func withSession<Result>(_ key: Int, _ body: (inout IAPEndpoint, LinkTime) throws -> Result) rethrows -> Result {
         try driver.perform { machine, now in
             let result = try body(&machine, now)
-            service(key, &machine)
+            service(key, &machine, now: now)
             return result
         }
     }

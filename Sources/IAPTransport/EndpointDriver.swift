@@ -145,8 +145,9 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         scheduledDeadline = nil
         transport.activate(queue: queue) { [weak self] event in self?.handle(event) }
         if let pool = transport.capability(PacketBufferPool.self) { machine.useTransmitBuffers(pool) }
+        let now = self.now
         machine.start(now: now)
-        settle()
+        settle(now: now)
     }
 
     /// Runs `body` with the machine (to open sessions, write, read…), then flushes output and
@@ -157,8 +158,9 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         precondition(!performing, "a call into the endpoint from inside another (for example, a session call from inside withNextChunk's body): finish the first call, then make the second")
         performing = true
         defer { performing = false }
+        let now = self.now
         let result = try body(&machine, now)
-        if running { settle() }
+        if running { settle(now: now) }
         return result
     }
 
@@ -180,8 +182,9 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         self.machine = machine
         guard running else { return }
         if let pool = transport.capability(PacketBufferPool.self) { self.machine.useTransmitBuffers(pool) }
+        let now = self.now
         self.machine.start(now: now)
-        settle()
+        settle(now: now)
     }
 
     /// Stops: cancels the timer and the transport, and lets go of the owner's closures (neither
@@ -203,17 +206,19 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
 
     private func handle(_ event: TransportEvent) {
         guard running else { return }
+        // The clock is read once per turn (a system call on some machines, a slow one under
+        // emulation): the input and the owner's update share the time.
+        let now = self.now
         switch event {
         case let .received(bytes):
             machine.receive(bytes, now: now)
-            settle()
+            settle(now: now)
         case let .borrowed(bytes):
-            let now = self.now
             bytes.withSpan { machine.receive($0, now: now) }
-            settle()
+            settle(now: now)
         case let .lent(lease):
             machine.receive(lent: lease, now: now)
-            settle()
+            settle(now: now)
         case let .closed(error):
             running = false
             timer?.cancel()
@@ -229,13 +234,14 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         guard running else { return }
         scheduledDeadline = nil // a one-shot timer: whatever comes next must be set again
         if let progress = transport.capability(TransportOutputProgress.self) { machine.noteOutputProgress(progress) }
+        let now = self.now
         machine.advance(to: now)
-        settle()
+        settle(now: now)
     }
 
     /// Sends the machine's output, lets the owner react (take events, write, read), sends what
     /// that produced, then moves the timer.
-    private func settle() {
+    private func settle(now: LinkTime) {
         sendOutput(beforeUpdate: update != nil)
         update?(&machine, now)
         sendOutput()

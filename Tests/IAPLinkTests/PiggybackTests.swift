@@ -67,6 +67,41 @@ struct PiggybackTests {
         #expect(rest.isEmpty)
     }
 
+    /// An echo in virtual time, each side answering in the turn it receives: every ACK rides on
+    /// data but for the last few, on both sides (goal ≤ 0.1 bare ACKs per data packet).
+    @Test func anEchoNeedsAlmostNoBareAcks() throws {
+        var accessory = LinkConfiguration.accessory
+        accessory.parameters.maxPacketLength = 4_096
+        accessory.parameters.maxOutstandingPackets = 16
+        accessory.parameters.maxCumulativeAcks = 4
+        var pair = Pair(accessory: accessory)
+        let id = try #require(try DataTests.openSessions(&pair, ["com.acme.data"]).first)
+        let accessorySide = try #require(pair.accessory.sessions.first?.id)
+        let before = (pair.device.link.statistics, pair.accessory.link.statistics)
+        let total = 2 << 20
+        var written = 0, echoed = 0, received = 0
+        #expect(pair.run { pair in
+            if written < total, let taken = try? pair.device.write(id, pattern(1, written, min(64 * 1_024, total - written)), now: pair.now) {
+                written += taken
+            }
+            // The accessory echoes what it can send back at once.
+            let chunk = pair.accessory.read(accessorySide, maxBytes: pair.accessory.spaceAvailable(accessorySide))
+            if !chunk.isEmpty {
+                _ = try? pair.accessory.write(accessorySide, chunk, now: pair.now)
+                echoed += chunk.count
+            }
+            received += pair.device.read(id).count
+            return received == total
+        })
+        let device = pair.device.link.statistics, accessorySide2 = pair.accessory.link.statistics
+        let deviceAcks = device.acksSent - before.0.acksSent, devicePackets = device.dataPacketsDelivered - before.0.dataPacketsDelivered
+        let accessoryAcks = accessorySide2.acksSent - before.1.acksSent
+        let accessoryPackets = accessorySide2.dataPacketsDelivered - before.1.dataPacketsDelivered
+        #expect(devicePackets > 20 && accessoryPackets > 400, "\(devicePackets) and \(accessoryPackets) data packets")
+        #expect(Double(deviceAcks) <= 0.1 * Double(devicePackets), "device: \(deviceAcks) bare ACKs for \(devicePackets) packets")
+        #expect(Double(accessoryAcks) <= 0.1 * Double(accessoryPackets), "accessory: \(accessoryAcks) bare ACKs for \(accessoryPackets) packets")
+    }
+
     @Test func aRefusedPacketIsAcknowledgedOnlyWhenSentAgain() throws {
         var device = try NoisyLinkTests.connectedDevice()
         var full = FullSink()

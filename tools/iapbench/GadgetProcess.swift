@@ -180,3 +180,54 @@ struct ChildFailure: Error, CustomStringConvertible {
     var unavailable: Bool
     var description: String { reason }
 }
+
+/// `iapbench usb --perf DIR`: a `perf record` of this process alone (the host; the gadget runs in
+/// a process of its own) over each timed echo, into `DIR/LABEL.data`, for `perf report -i`.
+enum HostProfile {
+    nonisolated(unsafe) static var directory: String?
+
+    /// Runs `body` under `perf record -p` of this process when a directory was given. perf
+    /// starts with its events off and is switched on through its control FIFO, whose
+    /// acknowledgement says it is recording: the profile covers `body`, not perf's start.
+    static func recording<Result>(_ label: String, _ body: () throws -> Result) throws -> Result {
+        guard let directory else { return try body() }
+        let base = "\(directory)/\(label)"
+        let (control, acknowledgement) = (base + ".ctl", base + ".ack")
+        for fifo in [control, acknowledgement] {
+            unlink(fifo)
+            guard mkfifo(fifo, 0o600) == 0 else { throw ToolFailure("cannot make the FIFO \(fifo) for perf: \(String(cString: strerror(errno)))") }
+        }
+        defer { for fifo in [control, acknowledgement] { unlink(fifo) } }
+        let perf = Process()
+        perf.executableURL = URL(fileURLWithPath: "/usr/bin/perf")
+        perf.arguments = ["record", "-F", "999", "-g", "-D", "-1", "--control", "fifo:\(control),\(acknowledgement)",
+                          "-p", "\(getpid())", "-o", base + ".data"]
+        perf.standardOutput = FileHandle.nullDevice
+        // What perf says goes beside its data (DIR/LABEL.log).
+        _ = FileManager.default.createFile(atPath: base + ".log", contents: nil)
+        perf.standardError = FileHandle(forWritingAtPath: base + ".log") ?? FileHandle.nullDevice
+        try perf.run()
+        defer {
+            perf.interrupt()
+            perf.waitUntilExit()
+        }
+        // perf opens its FIFOs once it is attached: until then a non-blocking open for writing
+        // finds no reader. Bounded by perf's own life.
+        var writer: Int32 = -1
+        while writer < 0 {
+            writer = open(control, O_WRONLY | O_NONBLOCK)
+            guard writer >= 0 else {
+                guard perf.isRunning else { throw ToolFailure("perf record ended before it recorded (see \(base).log)") }
+                usleep(10_000)
+                continue
+            }
+        }
+        defer { close(writer) }
+        let reader = open(acknowledgement, O_RDONLY)
+        defer { if reader >= 0 { close(reader) } }
+        _ = "enable\n".utf8CString.withUnsafeBytes { write(writer, $0.baseAddress, $0.count - 1) }
+        var answer = [UInt8](repeating: 0, count: 16)
+        _ = answer.withUnsafeMutableBytes { read(reader, $0.baseAddress, $0.count) }
+        return try body()
+    }
+}

@@ -60,8 +60,11 @@ enum LoopbackBenchmarks {
     }
 
     /// A manager and a simulated echo accessory over memory, or over a pseudo-terminal.
-    static func rig(sessions: Int, overPty: Bool, profile custom: SimulatorProfile? = nil, link: LinkConfiguration = .device) throws -> Rig {
-        let manager = AccessoryManager(configuration: .init(link: link, sessionBufferLimit: 4 << 20))
+    /// `sessionBufferLimit`: each session's buffer each way on the host (4 MiB unless given; the
+    /// allocation check runs with the library's default).
+    static func rig(sessions: Int, overPty: Bool, profile custom: SimulatorProfile? = nil, link: LinkConfiguration = .device,
+                    sessionBufferLimit: Int = 4 << 20) throws -> Rig {
+        let manager = AccessoryManager(configuration: .init(link: link, sessionBufferLimit: sessionBufferLimit))
         let profile = custom ?? echoProfile(sessions: sessions, maxPacketLength: overPty ? 4_096 : 65_535, native: !overPty)
         var keep: [any Sendable] = []
         let runner: SimulatorRunner
@@ -80,11 +83,17 @@ enum LoopbackBenchmarks {
     }
 
     /// Echo throughput: every session writes `bytesPerSession` and reads them back, all at once.
-    /// `cpuSeconds`: the whole process's CPU time (user and system) over the timed part.
-    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int, native: Bool = false, firstProtocol: Int = 1) throws
-        -> (bytesPerSecond: Double, seconds: Double, cpuSeconds: Double) {
+    /// `cpuSeconds`: the whole process's CPU time (user and system) over the timed part;
+    /// `systemSeconds` its kernel part.
+    /// `payload`: what each session writes, when the caller made it already (its length is
+    /// `bytesPerSession`).
+    /// `onManagerExecutor`: the writers and readers run on the manager's task executor (no
+    /// thread hop when a call resumes) instead of the default one.
+    static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int, native: Bool = false, firstProtocol: Int = 1,
+                           payload made: [UInt8]? = nil, onManagerExecutor: Bool = false) throws
+        -> (bytesPerSecond: Double, seconds: Double, cpuSeconds: Double, systemSeconds: Double) {
         let accessory = rig.accessory
-        let payload = CodecBenchmarks.pattern(bytesPerSession)
+        let payload = made ?? CodecBenchmarks.pattern(bytesPerSession)
         let streams = try blockingAwait {
             var opened: [AccessorySession] = []
             if native { return [try await accessory.openSession(for: "bench.native")] }
@@ -92,8 +101,9 @@ enum LoopbackBenchmarks {
             return opened
         }
         let start = ContinuousClock.now
-        let cpuBefore = ProcessFigures.now().cpuSeconds
-        try blockingAwait {
+        let cpuBefore = ProcessFigures.now()
+        let executor: (any TaskExecutor)? = onManagerExecutor ? rig.manager.taskExecutor : nil
+        try blockingAwait { try await withTaskExecutorPreference(executor) {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for stream in streams {
                     group.addTask { try await stream.write(payload) }
@@ -113,12 +123,13 @@ enum LoopbackBenchmarks {
                 }
                 try await group.waitForAll()
             }
-        }
+        } }
         let elapsed = ContinuousClock.now - start
-        let cpuSeconds = ProcessFigures.now().cpuSeconds - cpuBefore
+        let cpuAfter = ProcessFigures.now()
         for stream in streams { stream.close() }
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        return (Double(bytesPerSession * sessions) / seconds, seconds, cpuSeconds)
+        return (Double(bytesPerSession * sessions) / seconds, seconds, cpuAfter.cpuSeconds - cpuBefore.cpuSeconds,
+                cpuAfter.systemSeconds - cpuBefore.systemSeconds)
     }
 
     /// Round trips of `size`-byte messages through one echo session: p50 and p99 in nanoseconds.
@@ -166,8 +177,10 @@ enum LoopbackBenchmarks {
             return try DaemonBenchmarks.runLoopback(command) { name, fields, text in emit(name, fields, text: text) }
         }
         if !overPty, command.flag("echo-only") {
-            let rig = try rig(sessions: 1, overPty: false)
-            let (rate, seconds, _) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20)
+            // The library's default session buffer (what an application gets), not the larger
+            // one the throughput figures use.
+            let rig = try rig(sessions: 1, overPty: false, sessionBufferLimit: AccessoryManager.Configuration().sessionBufferLimit)
+            let (rate, seconds, _, _) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20)
             emit("echo throughput, 1 session(s)", [("bytesPerSecond", .int(Int(rate)))],
                  text: "in-process echo, 1 session: \(Report.format(rate / 1e6, digits: 1)) MB/s each way (\(megabytes) MiB in \(Report.format(seconds, digits: 2)) s)")
             rig.manager.stop()
@@ -186,7 +199,7 @@ enum LoopbackBenchmarks {
             let bytes = (megabytes << 20) / sessions
             let before = rig.accessory.dataPlaneStatistics
             let linksBefore = (rig.accessory.linkStatistics, rig.runner?.linkStatistics)
-            let (rate, seconds, _) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
+            let (rate, seconds, _, _) = try throughput(rig, sessions: sessions, bytesPerSession: bytes)
             let copies = rig.accessory.dataPlaneStatistics - before
             let hostAcks = BareAcks(before: linksBefore.0, after: rig.accessory.linkStatistics)
             let accessoryAcks = BareAcks(before: linksBefore.1, after: rig.runner?.linkStatistics)
@@ -206,7 +219,7 @@ enum LoopbackBenchmarks {
                  text: "  bare ACKs per data packet received: host \(hostAcks.text), accessory \(accessoryAcks.text)")
             if sessions == 1, !overPty {
                 // The same echo on a native transport (raw bytes on a channel of its own, no link).
-                let (native, nativeSeconds, _) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20, native: true)
+                let (native, nativeSeconds, _, _) = try throughput(rig, sessions: 1, bytesPerSession: megabytes << 20, native: true)
                 emit("echo throughput, native transport", [("bytes", .int(megabytes << 20)), ("bytesPerSecond", .int(Int(native))),
                                                            ("seconds", .string(Report.format(nativeSeconds, digits: 3)))],
                      text: "in-process echo, native transport: \(Report.format(native / 1e6, digits: 1)) MB/s each way "

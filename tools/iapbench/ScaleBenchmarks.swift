@@ -145,6 +145,8 @@ struct ProcessFigures: Sendable {
     var residentKiB = 0
     var threads = 0
     var cpuSeconds = 0.0
+    /// The system (kernel) part of ``cpuSeconds``.
+    var systemSeconds = 0.0
 
     static func now() -> ProcessFigures {
         var figures = ProcessFigures()
@@ -160,6 +162,7 @@ struct ProcessFigures: Sendable {
         if getrusage(RUSAGE_SELF.rawValue, &usage) == 0 {
             figures.cpuSeconds = Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec)
                 + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+            figures.systemSeconds = Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
         }
         return figures
     }

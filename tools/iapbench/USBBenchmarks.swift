@@ -4,6 +4,7 @@ import AccessoryGadget
 import AccessorySimulator
 import CLIKit
 import Dispatch
+import Glibc
 import IAPInspect
 import IAPLink
 import IAPTransport
@@ -30,6 +31,7 @@ enum USBBenchmarks {
         options.useDeviceMemory = !command.flag("heap")
         if let kibibytes = try command.integer("session-buffer", in: 64...65_536) { sessionBufferLimit = kibibytes << 10 }
         if let count = try command.integer("transmit-buffers", in: 0...1_024) { options.transmitBuffers = count }
+        HostProfile.directory = command.value("perf")
         let megabytes = try command.integer("mib", in: 1...4_096) ?? 64
         let json = command.flag("json")
         if command.flag("daemon"), command.flag("native") {
@@ -45,10 +47,6 @@ enum USBBenchmarks {
             return .unavailable
         }
         let rounds = try command.integer("rounds", in: 1...100) ?? 3
-        func median(_ values: [Double]) -> Double {
-            let sorted = values.sorted()
-            return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
-        }
         /// One figure over the rounds: its rates, its ratios to the ceiling (each round's own),
         /// and the host's and the gadget's CPU per MiB, with the host's ratio to the ceiling's.
         func emit(_ name: String, _ figures: [EchoFigures], ceilings: [EchoFigures]?, extra: String = "", acks: Bool = false) {
@@ -57,12 +55,14 @@ enum USBBenchmarks {
             let ratios = ceilings.map { zip(figures, $0).map { $1.rate > 0 ? $0.rate / $1.rate : 0 } }
             let cpuRatios = ceilings.map { zip(figures, $0).map { $1.hostCPUPerMiB > 0 ? $0.hostCPUPerMiB / $1.hostCPUPerMiB : 0 } }
             let hostCPU = median(figures.map(\.hostCPUPerMiB)), gadgetCPU = median(figures.map(\.gadgetCPUPerMiB))
+            let systemShare = median(figures.map { $0.hostCPU > 0 ? $0.hostSystemCPU / $0.hostCPU : 0 })
             let hostAcks = figures.last?.hostAcks, gadgetAcks = figures.last?.gadgetAcks
             if json {
                 var fields: [(String, JSONValue)] = [("name", .string(name)), ("bytesPerSecond", .int(Int(rate))),
                                                      ("rounds", .array(rates.map { .int(Int($0)) })),
                                                      ("hostCPUMicrosecondsPerMiB", .int(Int(hostCPU * 1e6))),
-                                                     ("gadgetCPUMicrosecondsPerMiB", .int(Int(gadgetCPU * 1e6)))]
+                                                     ("gadgetCPUMicrosecondsPerMiB", .int(Int(gadgetCPU * 1e6))),
+                                                     ("hostSystemShare", .string(Report.format(systemShare, digits: 3)))]
                 if let ratios {
                     fields.append(("ratioToCeiling", .string(Report.format(median(ratios), digits: 3))))
                     fields.append(("ratioRange", .array([.string(Report.format(ratios.min() ?? 0, digits: 3)),
@@ -80,7 +80,8 @@ enum USBBenchmarks {
                 } ?? ""
                 StandardOutput.write("\(name): \(Report.format(rate / 1e6, digits: 1)) MB/s each way\(share)\(extra)\n")
                 let cpuShare = cpuRatios.map { ", \(Report.format(median($0), digits: 2))× the ceiling's (median of the rounds' ratios)" } ?? ""
-                StandardOutput.write("  CPU per MiB each way: host \(Report.format(hostCPU * 1e3, digits: 2)) ms\(cpuShare); "
+                StandardOutput.write("  CPU per MiB each way: host \(Report.format(hostCPU * 1e3, digits: 2)) ms "
+                    + "(\(Report.format(systemShare * 100, digits: 0)) % in the kernel)\(cpuShare); "
                     + "the gadget, in a process of its own, \(Report.format(gadgetCPU * 1e3, digits: 2)) ms\n")
                 if acks, let hostAcks, let gadgetAcks {
                     StandardOutput.write("  bare ACKs per data packet received (last round): host \(hostAcks.text), accessory \(gadgetAcks.text)\n")
@@ -99,14 +100,29 @@ enum USBBenchmarks {
         var gadgetFSCeilings: [EchoFigures] = []
         var nativeUnavailable: String?
         var lastCopies: USBCopies?
+        var rawRoundTrips: [Double] = [], sessionRoundTrips: [Double] = [], managerRoundTrips: [Double] = []
+        var applicationFigures: [Application: [EchoFigures]] = [:]
+        let roundTripCount = 300
         for round in 1...rounds {
             step("round \(round) of \(rounds)")
+            step("raw echo")
             ceilings.append(try rawEcho(udc: udc, bytes: megabytes << 20))
+            step("raw echo done")
             for sessions in [1, 3] {
+                step("EA echo, \(sessions) session(s)")
                 let (figures, copies) = try sessionEcho(udc: udc, sessions: sessions, bytes: megabytes << 20)
+                step("EA echo, \(sessions) session(s) done")
                 sessionFigures[sessions, default: []].append(figures)
                 if sessions == 1 { lastCopies = copies }
             }
+            for application in [Application.tasksOnManagerExecutor, .events] {
+                applicationFigures[application, default: []].append(try sessionEcho(udc: udc, sessions: 1, bytes: megabytes << 20,
+                                                                                    application: application).figures)
+            }
+            rawRoundTrips.append(try rawRoundTrip(udc: udc, count: roundTripCount))
+            let (global, onManager) = try sessionRoundTrip(udc: udc, count: roundTripCount)
+            sessionRoundTrips.append(global)
+            managerRoundTrips.append(onManager)
             if native, nativeUnavailable == nil {
                 // The native interface needs a GadgetFS gadget; its own ceiling goes beside it.
                 switch try rawEchoGadgetFS(bytes: megabytes << 20) {
@@ -127,6 +143,27 @@ enum USBBenchmarks {
             emit("EA echo over iAP2, \(sessions) session\(sessions == 1 ? "" : "s") (total)", figures, ceilings: ceilings,
                  extra: sessions > 1 ? ", \(Report.format(median(figures.map(\.rate)) / Double(sessions) / 1e6, digits: 1)) MB/s per session" : "",
                  acks: true)
+        }
+        // The same session driven otherwise by the application.
+        for application in [Application.tasksOnManagerExecutor, .events] {
+            emit("EA echo over iAP2, 1 session, the application's \(application.rawValue)", applicationFigures[application] ?? [],
+                 ceilings: ceilings, acks: true)
+        }
+        // Each EA round trip beside the raw one of its own round.
+        let ratios = zip(sessionRoundTrips, rawRoundTrips).map { $1 > 0 ? $0 / $1 : 0 }
+        let managerRatios = zip(managerRoundTrips, rawRoundTrips).map { $1 > 0 ? $0 / $1 : 0 }
+        if json {
+            StandardOutput.write(JSONValue.object([
+                ("name", .string("round trip, 64-byte messages, raw bulk echo and EA over iAP2")),
+                ("rawP50Nanoseconds", .int(Int(median(rawRoundTrips)))), ("eaP50Nanoseconds", .int(Int(median(sessionRoundTrips)))),
+                ("eaOnManagerExecutorP50Nanoseconds", .int(Int(median(managerRoundTrips)))),
+                ("ratio", .string(Report.format(median(ratios), digits: 3))), ("ratioOnManagerExecutor", .string(Report.format(median(managerRatios), digits: 3))),
+            ]).serialized() + "\n")
+        } else {
+            StandardOutput.write("round trip of 64-byte messages (p50, median of \(rounds) rounds of \(roundTripCount)): raw bulk echo "
+                + "\(Report.duration(nanoseconds: median(rawRoundTrips))) (baseline); EA over iAP2 \(Report.duration(nanoseconds: median(sessionRoundTrips))), "
+                + "\(Report.format(median(ratios), digits: 2))× raw; on the manager's task executor \(Report.duration(nanoseconds: median(managerRoundTrips))), "
+                + "\(Report.format(median(managerRatios), digits: 2))× raw\n")
         }
         if let copies = lastCopies {
             let (out, into) = (copies.outPerByte, copies.inPerByte)
@@ -187,7 +224,7 @@ enum USBBenchmarks {
         }
         guard let accessory = found else { throw ToolFailure("the simulated accessory on GadgetFS was not identified within 30 s") }
         do {
-            return .success(try measured(child, bytes: bytes) { try eventDrivenEcho(accessory, protocolName: "bench.native", bytes: bytes) })
+            return .success(try measured(child, bytes: bytes, label: "native") { try eventDrivenEcho(accessory, protocolName: "bench.native", bytes: bytes) })
         } catch {
             throw ToolFailure("the native echo failed: \(error)")
         }
@@ -200,9 +237,13 @@ enum USBBenchmarks {
         var bytes: Int
         /// This process's CPU seconds (user and system) over the echo: the host's alone.
         var hostCPU: Double
+        /// The system (kernel) part of ``hostCPU``.
+        var hostSystemCPU = 0.0
         /// The gadget's process over the same time.
         var gadget = GadgetProcess.Figures()
         var hostAcks = BareAcks(acks: 0, dataPackets: 0)
+        /// Round trips of one message at a time, in nanoseconds (a ping-pong run only).
+        var roundTrips: [Double] = []
         var hostCPUPerMiB: Double { bytes == 0 ? 0 : hostCPU / (Double(bytes) / 1_048_576) }
         var gadgetCPUPerMiB: Double { bytes == 0 ? 0 : gadget.cpuSeconds / (Double(bytes) / 1_048_576) }
         var gadgetAcks: BareAcks { BareAcks(acks: gadget.acks, dataPackets: gadget.packets) }
@@ -210,13 +251,14 @@ enum USBBenchmarks {
 
     /// Runs `body` (which returns the rate), measuring this process's CPU time and the gadget
     /// process's over it.
-    static func measured(_ child: GadgetChild, bytes: Int, _ body: () throws -> Double) throws -> EchoFigures {
+    static func measured(_ child: GadgetChild, bytes: Int, label: String, _ body: () throws -> Double) throws -> EchoFigures {
         let gadgetBefore = try child.figures()
-        let cpuBefore = ProcessFigures.now().cpuSeconds
-        let rate = try body()
-        let cpu = ProcessFigures.now().cpuSeconds - cpuBefore
+        let cpuBefore = ProcessFigures.now()
+        let rate = try HostProfile.recording(label, body)
+        let cpuAfter = ProcessFigures.now()
         let gadget = try child.figures() - gadgetBefore
-        return EchoFigures(rate: rate, bytes: bytes, hostCPU: cpu, gadget: gadget)
+        return EchoFigures(rate: rate, bytes: bytes, hostCPU: cpuAfter.cpuSeconds - cpuBefore.cpuSeconds,
+                           hostSystemCPU: cpuAfter.systemSeconds - cpuBefore.systemSeconds, gadget: gadget)
     }
 
     /// The gadget's process in `mode`, ready.
@@ -300,8 +342,15 @@ enum USBBenchmarks {
         }
     }
 
+    /// Says what the run does, on standard error with `--verbose`, stamped with the monotonic
+    /// clock's seconds (what `perf record -k CLOCK_MONOTONIC` stamps its samples with, so that a
+    /// profile can be cut to one phase with `perf report --time`).
     static func step(_ text: String) {
-        if verbose { StandardError.write("iapbench: \(text)\n") }
+        guard verbose else { return }
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        let micro = String(time.tv_nsec / 1_000)
+        StandardError.write("iapbench: [\(time.tv_sec).\(String(repeating: "0", count: 6 - micro.count) + micro)] \(text)\n")
     }
 
     static func makeGadget(_ profile: SimulatorProfile, udc: String) throws -> USBGadget {
@@ -326,6 +375,30 @@ enum USBBenchmarks {
         return try hostRawEcho(productID: GadgetProcess.functionFSProductID, bytes: bytes, child: child)
     }
 
+    /// Round trips of 64-byte messages through the raw echo (the gadget in its own process), one
+    /// at a time: the p50 in nanoseconds.
+    static func rawRoundTrip(udc: String, count: Int) throws -> Double {
+        let child = try gadgetChild(.raw, udc: udc)
+        defer { child.stop() }
+        let figures = try hostRawEcho(productID: GadgetProcess.functionFSProductID, bytes: 64 * count, child: child, pingPong: true)
+        return median(figures.roundTrips)
+    }
+
+    /// Round trips of 64-byte messages through one EA echo session (the gadget in its own
+    /// process): the p50 in nanoseconds on the default executor and on the manager's.
+    static func sessionRoundTrip(udc: String, count: Int) throws -> (global: Double, manager: Double) {
+        try withAccessory(udc: udc) { rig, _ in
+            (try LoopbackBenchmarks.roundTrips(rig, size: 64, count: count).p50,
+             try LoopbackBenchmarks.roundTrips(rig, size: 64, count: count, onManagerExecutor: true).p50)
+        }
+    }
+
+    static func median(_ values: [Double]) -> Double {
+        let sorted = values.sorted()
+        guard !sorted.isEmpty else { return 0 }
+        return sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+    }
+
     /// The raw echo through the iAP2 interface of a GadgetFS gadget: the ceiling of the pipes the
     /// native figure runs on.
     static func rawEchoGadgetFS(bytes: Int) throws -> Result<EchoFigures, ToolFailure> {
@@ -335,12 +408,15 @@ enum USBBenchmarks {
             throw ToolFailure(error.reason)
         }
         defer { child.stop() }
-        return .success(try hostRawEcho(productID: GadgetProcess.gadgetFSProductID, bytes: bytes, child: child))
+        return .success(try hostRawEcho(productID: GadgetProcess.gadgetFSProductID, bytes: bytes, child: child, label: "raw-gadgetfs"))
     }
 
     /// The host's half of a raw echo: a `USBAccessoryTransport` on the device with `productID`
     /// (the child's gadget echoes), up to 512 KiB in flight; the figures of the timed part.
-    static func hostRawEcho(productID: UInt16, bytes: Int, child: GadgetChild) throws -> EchoFigures {
+    ///
+    /// With `pingPong`, one 64-byte frame at a time instead: each sent once the last came back,
+    /// its round trip timed (``EchoFigures/roundTrips``).
+    static func hostRawEcho(productID: UInt16, bytes: Int, child: GadgetChild, pingPong: Bool = false, label: String = "raw") throws -> EchoFigures {
         let queue = DispatchQueue(label: "iapbench.usb")
         let context = try USBContext(queue: queue, function: .iAP2, options: options)
         defer {
@@ -372,60 +448,70 @@ enum USBBenchmarks {
         progress?.setEventHandler { StandardError.write("iapbench: \(counters.text)\n") }
         progress?.resume()
         defer { progress?.cancel() }
-        let frame = [UInt8](repeating: 0xA5, count: 65_000) // not a multiple of the packet size
-        let window = 8 * frame.count
+        let frame = [UInt8](repeating: 0xA5, count: pingPong ? 64 : 65_000) // not a multiple of the packet size
+        let window = (pingPong ? 1 : 8) * frame.count
         let done = DispatchSemaphore(value: 0)
-        let state = Mutex((sent: 0, received: 0, finished: false))
+        let state = Mutex((sent: 0, received: 0, finished: false, sentAt: ContinuousClock.now, roundTrips: [Double]()))
         let start = Mutex(ContinuousClock.now)
         let gadgetBefore = try child.figures()
-        let cpuBefore = ProcessFigures.now().cpuSeconds
+        let cpuBefore = ProcessFigures.now()
         @Sendable func pump() {
             while true {
                 let send = state.withLock { state -> Bool in
                     guard state.sent < bytes, state.sent - state.received < window else { return false }
                     state.sent += frame.count
+                    if pingPong { state.sentAt = .now }
                     return true
                 }
                 guard send else { return }
                 transport.send(frame)
             }
         }
-        queue.sync {
-            transport.activate(queue: queue) { event in
-                switch event {
-                case let .borrowed(chunk):
-                    state.withLock { $0.received += chunk.count }
-                    counters.add(received: chunk.count)
-                case let .lent(lease): // not asked for: the raw echo never keeps the bytes
-                    state.withLock { $0.received += lease.count }
-                    counters.add(received: lease.count)
-                case let .received(chunk):
-                    state.withLock { $0.received += chunk.count }
-                    counters.add(received: chunk.count)
-                case .closed: done.signal()
+        let waited = try HostProfile.recording(pingPong ? "raw-round-trip" : label) { () -> DispatchTimeoutResult in
+            queue.sync {
+                transport.activate(queue: queue) { event in
+                    switch event {
+                    case let .borrowed(chunk):
+                        state.withLock { $0.received += chunk.count }
+                        counters.add(received: chunk.count)
+                    case let .lent(lease): // not asked for: the raw echo never keeps the bytes
+                        state.withLock { $0.received += lease.count }
+                        counters.add(received: lease.count)
+                    case let .received(chunk):
+                        state.withLock { $0.received += chunk.count }
+                        counters.add(received: chunk.count)
+                    case .closed: done.signal()
+                    }
+                    let finished = state.withLock { state -> Bool in
+                        if pingPong, state.received == state.sent, state.received > 0 {
+                            let elapsed = ContinuousClock.now - state.sentAt
+                            state.roundTrips.append(Double(elapsed.components.seconds) * 1e9 + Double(elapsed.components.attoseconds) / 1e9)
+                        }
+                        guard !state.finished, state.received >= bytes else { return false }
+                        state.finished = true
+                        return true
+                    }
+                    if finished { done.signal() } else { pump() }
                 }
-                let finished = state.withLock { state -> Bool in
-                    guard !state.finished, state.received >= bytes else { return false }
-                    state.finished = true
-                    return true
-                }
-                if finished { done.signal() } else { pump() }
+                start.withLock { $0 = .now }
+                pump()
             }
-            start.withLock { $0 = .now }
-            pump()
+            return done.wait(timeout: .now() + (verbose ? 45 : 120))
         }
-        guard done.wait(timeout: .now() + (verbose ? 45 : 120)) == .success else {
+        guard waited == .success else {
             let host = queue.sync { transport.statistics }
             throw ToolFailure("the raw echo stalled: \(state.withLock { $0 }); host pipes \(host)")
         }
         let elapsed = ContinuousClock.now - start.withLock { $0 }
-        let cpu = ProcessFigures.now().cpuSeconds - cpuBefore
+        let cpuAfter = ProcessFigures.now()
         let gadget = try child.figures() - gadgetBefore
         let received = state.withLock { $0.received }
         step("raw echo done; closing the host side")
         transport.cancel()
         _ = done.wait(timeout: .now() + 5)
-        return EchoFigures(rate: Double(received) / seconds(elapsed), bytes: bytes, hostCPU: cpu, gadget: gadget)
+        return EchoFigures(rate: Double(received) / seconds(elapsed), bytes: bytes, hostCPU: cpuAfter.cpuSeconds - cpuBefore.cpuSeconds,
+                           hostSystemCPU: cpuAfter.systemSeconds - cpuBefore.systemSeconds, gadget: gadget,
+                           roundTrips: state.withLock { $0.roundTrips })
     }
 
     /// Runs `body` with the simulated accessory behind a gadget in a process of its own,
@@ -442,12 +528,38 @@ enum USBBenchmarks {
     }
 
     /// EA echo sessions through AccessoryManager over the gadget running the simulator.
-    static func sessionEcho(udc: String, sessions: Int, bytes: Int) throws -> (figures: EchoFigures, copies: USBCopies) {
+    /// How the benchmark's application drives an echo session.
+    enum Application: String {
+        /// A writer task and a reader task (`write`, `read(into:)`) on the default executor.
+        case tasks
+        /// The same tasks on the manager's task executor.
+        case tasksOnManagerExecutor = "tasks on the manager's executor"
+        /// Stream events on a queue, `writeAvailable` and `withNextChunk` (the native figure's way).
+        case events = "stream events"
+    }
+
+    static func sessionEcho(udc: String, sessions: Int, bytes: Int, application: Application = .tasks) throws -> (figures: EchoFigures, copies: USBCopies) {
         try withAccessory(udc: udc) { rig, child in
-            let before = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory), rig.accessory.linkStatistics)
-            var figures = try measured(child, bytes: bytes) {
-                try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions).bytesPerSecond
+            if application == .events {
+                let before = rig.accessory.linkStatistics
+                var figures = try measured(child, bytes: bytes, label: "ea-events") {
+                    try eventDrivenEcho(rig.accessory, protocolName: "bench.echo.1", bytes: bytes)
+                }
+                figures.hostAcks = BareAcks(before: before, after: rig.accessory.linkStatistics)
+                return (figures, USBCopies(endpoint: DataPlaneStatistics(), slotBytesOut: 0, inPlaceBytesOut: 0, slotBytesEvacuated: 0))
             }
+            let before = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory), rig.accessory.linkStatistics)
+            // The host's CPU over the timed echo alone (making the payload and opening the
+            // sessions are not the echo's cost); the gadget's over the same call.
+            var run = (bytesPerSecond: 0.0, seconds: 0.0, cpuSeconds: 0.0, systemSeconds: 0.0)
+            let payload = CodecBenchmarks.pattern(bytes / sessions)
+            var figures = try measured(child, bytes: bytes, label: "ea-\(sessions)") {
+                run = try LoopbackBenchmarks.throughput(rig, sessions: sessions, bytesPerSession: bytes / sessions, payload: payload,
+                                                        onManagerExecutor: application == .tasksOnManagerExecutor)
+                return run.bytesPerSecond
+            }
+            figures.hostCPU = run.cpuSeconds
+            figures.hostSystemCPU = run.systemSeconds
             let after = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory), rig.accessory.linkStatistics)
             figures.hostAcks = BareAcks(before: before.2, after: after.2)
             if verbose, let host = after.1 { step("host pipes \(host)") }

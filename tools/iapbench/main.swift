@@ -74,7 +74,8 @@ let usbCommand = CommandSpec(
               .flag("daemon", help: "Instead: one EA echo session directly and through iapd (a daemon in this process on a Unix socket, serving the same accessory), round by round, with the ratio of each round."),
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "64"),
               .value("rounds", valueName: "n", help: "Rounds of ceiling + EA measurements.", defaultValue: "3"),
-              .value("udc", valueName: "name", help: "The device controller to bind the gadget to (default: the first).")]
+              .value("udc", valueName: "name", help: "The device controller to bind the gadget to (default: the first)."),
+              .value("perf", valueName: "dir", help: "Record each timed echo of this process (the host alone) with perf record -p into dir/LABEL.data.")]
 )
 
 let bluetoothCommand = CommandSpec(

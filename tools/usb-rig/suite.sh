@@ -28,7 +28,7 @@ echo "suite: iapctl report on a gadget (every step, the USB descriptors, serials
 timeout 300 "$here/report.sh"
 echo "suite: iapbench usb (ceiling, EA over iAP2, EA on a native transport)"
 status=0
-timeout 600 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 3 --native || status=$?
+timeout 900 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 5 --native || status=$?
 # 69: the native figure could not be measured (no GadgetFS in this kernel), and the line above
 # says why; the rest stands.
 [ "$status" = 0 ] || [ "$status" = 69 ] || exit "$status"
