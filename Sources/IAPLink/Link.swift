@@ -134,14 +134,20 @@ public struct IAP2Link: Sendable {
     /// The newest acknowledged buffers left to age before reuse: half again the megabyte of full
     /// packets a session buffers by default, which an in-process peer may still hold views of.
     static let spareReserve = 24
-    /// The arrays the last control packets (bare ACKs mostly) went out in, taken again in turn:
-    /// by the time one comes round the transport and the peer have let go of it, and it is
-    /// refilled without allocating.
+    /// The arrays control packets (bare ACKs mostly) go out in, taken in turn: by the time one
+    /// comes round the transport and the peer have let go of it, and it is refilled without
+    /// allocating. All are made with the first control packet (a fixed cost per link, about
+    /// 1 KiB), so the steady state never makes one.
     var controlBuffers: [[UInt8]] = []
-    /// The next of ``controlBuffers`` to refill, once all are made.
+    /// The next of ``controlBuffers`` to refill.
     var nextControlBuffer = 0
-    /// How many arrays control packets go round in.
-    static let controlBufferCount = 64
+    /// How many arrays control packets go round in: bare ACKs are one per maximum of cumulative
+    /// ACKs at most, and rarer where they ride on data, so 16 come round long after the peer
+    /// let go.
+    static let controlBufferCount = 16
+    /// The room each is made with: a bare ACK, or an EAK listing a few packets (a longer one
+    /// grows its array once).
+    static let controlBufferCapacity = 32
     /// Buffers the transport lends for outgoing packets (``LinkFrame/buffer(_:)``): memory it
     /// sends from as it is (usbfs device memory), so a packet laid out there is never copied
     /// again. Used for payloads of at least ``transmitBufferThreshold`` bytes while one is free;
@@ -374,7 +380,10 @@ public struct IAP2Link: Sendable {
     mutating func send(sessionID: UInt8, storage: consuming LinkFrame, now: LinkTime) -> Bool {
         let payloadLength = storage.count - LinkPacketHeader.size
         guard canSend, payloadLength > 0, payloadLength <= maxPayloadLength else { return false }
-        sendQueue.append((sessionID, storage))
+        // Moved into the queue, so that no second reference lives while `pump` appends the
+        // checksum (an array shared then is copied whole, about half the packets of an
+        // in-process echo before the `consume`, as dhat showed).
+        sendQueue.append((sessionID, consume storage))
         pump(now: now)
         return true
     }

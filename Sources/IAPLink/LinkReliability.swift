@@ -211,22 +211,24 @@ extension IAP2Link {
     }
 
     mutating func transmitControl(_ control: LinkControl, payload: [UInt8]) {
-        // The oldest of the control arrays is refilled (a new one while there are fewer than
-        // the count); the link keeps a reference to reuse it in its turn.
+        // The oldest of the control arrays is refilled; the link keeps a reference to reuse it
+        // in its turn.
+        if controlBuffers.isEmpty {
+            controlBuffers = (0..<Self.controlBufferCount).map { _ in
+                var array: [UInt8] = []
+                array.reserveCapacity(Self.controlBufferCapacity)
+                return array
+            }
+        }
         var packet: [UInt8] = []
-        let reusing = controlBuffers.count == Self.controlBufferCount
-        if reusing { swap(&packet, &controlBuffers[nextControlBuffer]) }
+        swap(&packet, &controlBuffers[nextControlBuffer])
         packet.removeAll(keepingCapacity: true)
         if (try? LinkPacket.encode(control: control, sequence: lastSentSequence, acknowledgement: lastReceived,
                                    sessionID: 0, payload: payload.span.bytes, into: &packet)) != nil {
             outbox.append(.bytes(packet))
         }
-        if reusing {
-            controlBuffers[nextControlBuffer] = packet
-            nextControlBuffer = (nextControlBuffer + 1) % Self.controlBufferCount
-        } else {
-            controlBuffers.append(packet)
-        }
+        controlBuffers[nextControlBuffer] = packet
+        nextControlBuffer = (nextControlBuffer + 1) % Self.controlBufferCount
         if control.contains(.ack) {
             pendingAcks = 0
             ackDeadline = nil
