@@ -27,7 +27,6 @@ public enum LinkFrame: Sendable {
         }
     }
 
-    /// The frame as an array: the array itself, or a copy of the buffer's bytes.
     /// Whether the frame is a bare acknowledgement (an iAP2 ACK or EAK of the link, no SYN, no
     /// session data): what a byte-stream transport may send ahead of data already waiting
     /// (``IAP2Link`` sends these from arrays).
@@ -45,6 +44,16 @@ public enum LinkFrame: Sendable {
         return control == .ack || control == [.ack, .eak]
     }
 
+    /// Whether `bytes` is an iAP2 data packet (ACK set, a link session other than 0, no SYN, RST
+    /// or SLP): what a bare acknowledgement may overtake in a byte-stream transport's queue.
+    /// Anything else (a SYN, the detect, an iAP1 frame) keeps its place before later frames.
+    public static func isDataPacket(_ bytes: [UInt8]) -> Bool {
+        guard bytes.count > LinkPacketHeader.size, bytes[0] == 0xFF, bytes[1] == 0x5A,
+              Int(bytes[2]) << 8 | Int(bytes[3]) == bytes.count, bytes[7] != 0 else { return false }
+        return LinkControl(rawValue: bytes[4]) == .ack
+    }
+
+    /// The frame as an array: the array itself, or a copy of the buffer's bytes.
     public func copiedBytes() -> [UInt8] {
         switch self {
         case let .bytes(bytes): bytes

@@ -101,7 +101,7 @@ final class SerialCore: Sendable {
                     state.close(reason: SerialTransport.stalledError(name: name, waiting: waiting), deliver: true)
                     return
                 }
-                if ahead {
+                if ahead, !state.barrierQueued {
                     state.urgent.append(contentsOf: frame)
                     state.flushOutput(name: name) // at a boundary it goes now
                 } else {
@@ -117,7 +117,9 @@ final class SerialCore: Sendable {
             } else if result.written < frame.count {
                 state.output.append(contentsOf: frame[result.written...])
                 state.frameEnds.append(state.output.count)
-                state.boundary = -1 // the frame's start went out: not a boundary
+                // Once the frame's start went out, its rest is no boundary to go ahead of.
+                state.boundary = result.written > 0 ? -1 : 0
+                if !LinkFrame.isDataPacket(frame) { state.barrierEnd = state.output.count }
                 // The watcher now needs to watch for writability too.
                 state.wake()
             }
@@ -303,6 +305,13 @@ private struct State {
     /// acknowledgements, which must not wait behind a window of data): `urgent[urgentStart...]`.
     var urgent: [UInt8] = []
     var urgentStart = 0
+    /// The end of the last frame in `output` that urgent frames must not overtake (anything but
+    /// a data packet: a SYN going ahead of its ACK would make the peer renegotiate), or 0.
+    var barrierEnd = 0
+    /// Whether such a frame waits beyond the one being written: urgent frames then queue in order.
+    var barrierQueued: Bool {
+        barrierEnd > (frameEndsHead < frameEnds.count ? frameEnds[frameEndsHead] : output.count)
+    }
     /// Bytes handed to the kernel since the transport opened.
     var written: UInt64 = 0
     /// Reused for every read; allocated on activation.
@@ -330,6 +339,7 @@ private struct State {
     mutating func queue(_ frame: [UInt8]) {
         output.append(contentsOf: frame)
         frameEnds.append(output.count)
+        if !LinkFrame.isDataPacket(frame) { barrierEnd = output.count }
     }
 
     /// Writes pending output until the kernel stops taking it: urgent frames first whenever no
@@ -371,6 +381,7 @@ private struct State {
             }
             outputStart = 0
             boundary = 0
+            barrierEnd = 0
             frameEnds.removeAll(keepingCapacity: true)
             frameEndsHead = 0
         } else if outputStart >= 64 * 1024, outputStart * 2 >= output.count {
@@ -379,6 +390,7 @@ private struct State {
             frameEndsHead = 0
             for index in frameEnds.indices { frameEnds[index] -= outputStart }
             boundary -= outputStart
+            barrierEnd = max(0, barrierEnd - outputStart)
             outputStart = 0
         }
     }
@@ -395,6 +407,7 @@ private struct State {
         outputStart = 0
         frameEnds = []
         frameEndsHead = 0
+        barrierEnd = 0
         urgent = []
         urgentStart = 0
         readBuffer = []

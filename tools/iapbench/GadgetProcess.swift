@@ -42,19 +42,27 @@ enum GadgetProcess {
         case .raw, .simulator:
             let udc = try command.value("udc") ?? USBGadget.defaultUDC()
             let gadget = try USBBenchmarks.makeGadget(profile, udc: udc)
-            if mode == .raw {
-                let device = gadget.transport
-                device.activate(queue: echoQueue) { event in
-                    if case let .received(chunk) = event { device.send(chunk) }
-                }
-            } else {
-                runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
-                runner?.start()
-            }
-            try gadget.bind(udc: udc)
+            // Removed whatever fails after this: a gadget left in configfs would make every
+            // later run fail ("a gadget named iapbench exists already").
             stop = {
                 try? gadget.unbind()
                 try? gadget.remove()
+            }
+            do {
+                if mode == .raw {
+                    let device = gadget.transport
+                    device.activate(queue: echoQueue) { event in
+                        if case let .received(chunk) = event { device.send(chunk) }
+                    }
+                } else {
+                    runner = try SimulatorRunner(profile: profile, attachment: .transport(gadget.transport))
+                    runner?.start()
+                }
+                try gadget.bind(udc: udc)
+            } catch {
+                runner?.stop()
+                stop()
+                throw error
             }
         case .gadgetfsRaw, .gadgetfsNative:
             let device: GadgetFSDevice
@@ -126,6 +134,8 @@ final class GadgetChild {
         process.arguments = ["usb-gadget", "--mode", mode.rawValue] + (udc.map { ["--udc", $0] } ?? []) + (native ? ["--native"] : [])
         process.standardInput = toChild
         process.standardOutput = fromChild
+        // A child that died must make `figures()` fail, not kill this process with SIGPIPE.
+        signal(SIGPIPE, SIG_IGN)
         do { try process.run() } catch { throw ChildFailure(reason: "cannot start the gadget's process: \(error)", unavailable: false) }
         guard let first = nextLine() else {
             stop()
@@ -140,7 +150,9 @@ final class GadgetChild {
 
     /// The child's figures now.
     func figures() throws -> GadgetProcess.Figures {
-        toChild.fileHandleForWriting.write(Data("?\n".utf8))
+        do { try toChild.fileHandleForWriting.write(contentsOf: Data("?\n".utf8)) } catch {
+            throw ToolFailure("the gadget's process does not read its input any more: \(error)")
+        }
         guard let line = nextLine() else { throw ToolFailure("the gadget's process ended") }
         let words = line.split(separator: " ")
         guard words.count == 6, let cpu = Double(words[1]), let acks = Int(words[3]), let packets = Int(words[5]) else {
