@@ -8,6 +8,8 @@ iapctl=${1:-$here/../.build/debug/iapctl}
 [ -x "$iapctl" ] || { echo "cli-checks: $iapctl is missing (swift build)" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# A command that fails outside a check (or runs out of its time) says which it was.
+trap 'echo "cli-checks: FAILED at line $LINENO (exit $?): $BASH_COMMAND" >&2' ERR
 failures=0
 check() { # check NAME EXPECTED-STATUS COMMAND...
     local name=$1 expected=$2 status=0
@@ -539,15 +541,16 @@ printf '{ "identity": ' > "$work/broken.json"
 check "a malformed profile is 65" 65 "$iapctl" --no-usb "--simulate=$work/broken.json" list
 
 # 9. JSON: every command's output validates against docs/json-schema.json; numbers are numbers.
-"$iapctl" "${sim[@]}" list --json > "$work/list.json"
-"$iapctl" "${sim[@]}" info --json > "$work/info.json"
-"$iapctl" "${sim[@]}" wait --json --protocol com.example.echo > "$work/wait.json"
-"$iapctl" "${sim[@]}" wait --gone --json --serial-number NOPE > "$work/gone.json"
-"$iapctl" "${sim[@]}" watch --json --count 1 > "$work/watch.json"
+# Each bounded, so that a hang names its command (the ERR trap) instead of using up the script's time.
+timeout 60 "$iapctl" "${sim[@]}" list --json > "$work/list.json"
+timeout 60 "$iapctl" "${sim[@]}" info --json > "$work/info.json"
+timeout 60 "$iapctl" "${sim[@]}" wait --json --protocol com.example.echo > "$work/wait.json"
+timeout 60 "$iapctl" "${sim[@]}" wait --gone --json --serial-number NOPE > "$work/gone.json"
+timeout 60 "$iapctl" "${sim[@]}" watch --json --count 1 > "$work/watch.json"
 # An accessory that asks for an app after identification (issue 31): the second event.
-"$iapctl" --no-usb --simulate=thermal-camera watch --json --count 2 > "$work/applaunch.json"
-"$iapctl" "${sim[@]}" send com.example.echo "$work/native.bin" --verify-echo --json > "$work/send.json"
-"$iapctl" --no-usb "--simulate=$work/vanish.json" send com.example.sink "$work/image.bin" --json > "$work/sendfail.json" 2> /dev/null || true
+timeout 60 "$iapctl" --no-usb --simulate=thermal-camera watch --json --count 2 > "$work/applaunch.json"
+timeout 60 "$iapctl" "${sim[@]}" send com.example.echo "$work/native.bin" --verify-echo --json > "$work/send.json"
+timeout 60 "$iapctl" --no-usb "--simulate=$work/vanish.json" send com.example.sink "$work/image.bin" --json > "$work/sendfail.json" 2> /dev/null || true
 "$iapctl" decode --json "$here/samples/dji-syn.hex" > "$work/decode.json"
 "$iapctl" decode --json "$here/samples/iap1-idps.hex" >> "$work/decode.json" || true
 for pair in list:list info:info wait:wait wait:gone watch:watch watch:applaunch send:send send:sendfail decode:decode; do
