@@ -54,11 +54,13 @@ public final class SerialPortKeeper: Sendable {
             let key = spec.path
             do {
                 let transport = try SerialTransport(spec: spec)
-                manager.attach(transport)
+                // Counted before the manager has it: an accessory identified on this transport
+                // is never seen with the open not yet counted.
                 state.withLock {
                     $0.opened[key, default: 0] += 1
                     $0.lastFailure[key] = nil
                 }
+                manager.attach(transport)
                 logger.info("opened \(spec)")
             } catch where error.kind == .busy {
                 // Still ours (quiet), or another program's (said once).
