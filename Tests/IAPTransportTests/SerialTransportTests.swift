@@ -10,7 +10,7 @@ import TestThreads
 private let timeout: DispatchTimeInterval = .seconds(30)
 
 /// Collects what a transport's handler receives, and lets a test wait for a condition on it.
-private final class Recorder: Sendable {
+final class Recorder: Sendable {
     struct Log {
         var bytes: [UInt8] = []
         var reads = 0
@@ -62,7 +62,7 @@ private final class Recorder: Sendable {
 ///
 /// Every call goes through the queue, as ``Transport`` asks, and is waited for with ``timeout``
 /// so that a transport that blocks fails the test instead of hanging it.
-private struct Endpoint {
+struct Endpoint {
     let transport: SerialTransport
     let queue: DispatchQueue
     let recorder = Recorder()
@@ -118,7 +118,7 @@ private struct Endpoint {
 }
 
 /// Byte `index` of a recognisable stream (period 251, a prime, so shifted copies differ).
-private func patternByte(_ index: Int, seed: Int) -> UInt8 {
+func patternByte(_ index: Int, seed: Int) -> UInt8 {
     UInt8((index &* 7 &+ seed) % 251)
 }
 
@@ -135,18 +135,26 @@ private func patternFrames(count: Int, seed: Int) -> [[UInt8]] {
 }
 
 /// Where two byte streams first differ, in words (`nil` when equal); keeps failure output short.
-private func difference(_ actual: [UInt8], _ expected: [UInt8]) -> String? {
+func difference(_ actual: [UInt8], _ expected: [UInt8]) -> String? {
     guard actual != expected else { return nil }
     let index = zip(actual.indices, zip(actual, expected)).first { $0.1.0 != $0.1.1 }?.0 ?? min(actual.count, expected.count)
     return "got \(actual.count) bytes, expected \(expected.count); first difference at byte \(index)"
 }
 
 /// A pty with a transport on each side: the master wrapped, the slave opened by path.
-private func makePair(keepSlaveOpen: Bool = true) throws -> (PseudoTerminal, master: Endpoint, slave: Endpoint) {
+func makePair(keepSlaveOpen: Bool = true) throws -> (PseudoTerminal, master: Endpoint, slave: Endpoint) {
     let pty = try PseudoTerminal(keepSlaveOpen: keepSlaveOpen)
     let slave = Endpoint(try SerialTransport(spec: SerialPortSpec(parsing: pty.slavePath)), label: "slave")
     let master = Endpoint(try pty.makeMasterTransport(), label: "master")
     return (pty, master, slave)
+}
+
+/// Cancels `first` and then `second`, and expects each to deliver `.closed` in time.
+func cancelBoth(_ first: Endpoint, _ second: Endpoint, sourceLocation: SourceLocation = #_sourceLocation) {
+    first.cancel()
+    second.cancel()
+    #expect(first.recorder.wait { !$0.closes.isEmpty }, sourceLocation: sourceLocation)
+    #expect(second.recorder.wait { !$0.closes.isEmpty }, sourceLocation: sourceLocation)
 }
 
 /// The tests wait for transports on their queues, and for bytes through the pty: each on a thread
@@ -177,10 +185,7 @@ struct SerialTransportTests {
         #expect(difference(atMaster.bytes, expectedAtMaster) == nil)
         #expect(atMaster.reads > 1)
 
-        master.cancel()
-        slave.cancel()
-        #expect(master.recorder.wait { !$0.closes.isEmpty })
-        #expect(slave.recorder.wait { !$0.closes.isEmpty })
+        cancelBoth(master, slave)
     }
 
     @Test func fourMebibytesQueueWithoutBlockingAndAllArrive() throws {
@@ -206,83 +211,7 @@ struct SerialTransportTests {
         #expect(writer.pendingOutputBytes == 0)
         #expect(writer.recorder.snapshot.closes.isEmpty)
 
-        writer.cancel()
-        reader.cancel()
-        #expect(writer.recorder.wait { !$0.closes.isEmpty })
-        #expect(reader.recorder.wait { !$0.closes.isEmpty })
-    }
-
-    /// An iAP2-shaped packet of `payload` bytes on link session `session` (0 with `syn`: a
-    /// control packet); checksums are not looked at by the transport.
-    private static func packet(_ number: Int, payload: Int, session: UInt8 = 10, syn: Bool = false) -> [UInt8] {
-        let length = 9 + payload + (payload > 0 ? 1 : 0)
-        return [0xFF, 0x5A, UInt8(length >> 8), UInt8(length & 0xFF), syn ? 0x80 : 0x40, UInt8(number), 0, syn ? 0 : session, 0]
-            + bytes(length - 9, from: number * 65_536) { patternByte($0, seed: 5) }
-    }
-
-    static let bareAck: [UInt8] = [0xFF, 0x5A, 0x00, 0x09, 0x40, 0x2B, 0x07, 0x00, 0x00]
-
-    /// Where `ack` must land: right after the frame the kernel cut short (`written` bytes of
-    /// `frames` went out at once), or right there when it stopped at a boundary.
-    private static func expected(_ frames: [[UInt8]], written: Int, ack: [UInt8]) -> [UInt8] {
-        var result: [UInt8] = []
-        var inserted = false
-        for frame in frames {
-            if !inserted, result.count >= written {
-                result += ack
-                inserted = true
-            }
-            result += frame
-        }
-        return inserted ? result : result + ack
-    }
-
-    /// A bare ACK sent while a window of data waits goes out right after the frame being
-    /// written, not behind the window (issue 34): the peer hears it long before the data.
-    @Test func aBareAckGoesAheadOfWaitingDataAtTheNextFrameBoundary() throws {
-        let (_, writer, reader) = try makePair()
-        writer.activate()
-        let frames = (0..<8).map { Self.packet($0, payload: 60_000) }
-        let total = frames.reduce(0) { $0 + $1.count }
-        // The reader is not reading: the kernel takes a little, the rest waits.
-        writer.send(frames)
-        let written = total - writer.pendingOutputBytes
-        try #require(written < total - 2 * frames[0].count, "the pty holds far less than 8 packets")
-        _ = writer.run { $0.sendAhead(Self.bareAck) }
-        reader.activate()
-        #expect(reader.recorder.wait { $0.bytes.count >= total + Self.bareAck.count })
-        let expected = Self.expected(frames, written: written, ack: Self.bareAck)
-        #expect(difference(reader.recorder.snapshot.bytes, expected) == nil, "the ACK right after the frame under way (\(written) bytes went at once)")
-        // With nothing waiting, it goes out in order.
-        _ = writer.run { $0.sendAhead(Self.bareAck) }
-        #expect(reader.recorder.wait { $0.bytes.count >= total + 2 * Self.bareAck.count })
-        #expect(Array(reader.recorder.snapshot.bytes.suffix(Self.bareAck.count)) == Self.bareAck)
-        writer.cancel()
-        reader.cancel()
-        #expect(writer.recorder.wait { !$0.closes.isEmpty })
-        #expect(reader.recorder.wait { !$0.closes.isEmpty })
-    }
-
-    /// A bare ACK never overtakes anything but data: with a SYN (or any frame that is not a data
-    /// packet) waiting, it keeps its place, or the peer would see the ACK before the SYN it
-    /// answers and start the link over.
-    @Test func aBareAckDoesNotOvertakeAWaitingSYN() throws {
-        let (_, writer, reader) = try makePair()
-        writer.activate()
-        var frames = (0..<6).map { Self.packet($0, payload: 60_000) }
-        frames.insert(Self.packet(99, payload: 10, syn: true), at: 3)
-        let total = frames.reduce(0) { $0 + $1.count }
-        writer.send(frames)
-        let written = total - writer.pendingOutputBytes
-        try #require(written < frames[0].count + frames[1].count + frames[2].count, "the SYN must still be waiting")
-        _ = writer.run { $0.sendAhead(Self.bareAck) }
-        reader.activate()
-        #expect(reader.recorder.wait { $0.bytes.count >= total + Self.bareAck.count })
-        #expect(difference(reader.recorder.snapshot.bytes, Array(frames.joined()) + Self.bareAck) == nil, "in order, behind the SYN")
-        writer.cancel()
-        reader.cancel()
-        #expect(writer.recorder.wait { !$0.closes.isEmpty })
-        #expect(reader.recorder.wait { !$0.closes.isEmpty })
+        cancelBoth(writer, reader)
     }
 
     @Test(arguments: [false, true])
@@ -643,11 +572,8 @@ struct SerialTransportTests {
         let (_, master, slave) = try makePair()
         master.activate()
         slave.activate()
-        master.cancel()
-        slave.cancel()
         // `.closed` is delivered after the descriptor is closed.
-        #expect(master.recorder.wait { !$0.closes.isEmpty })
-        #expect(slave.recorder.wait { !$0.closes.isEmpty })
+        cancelBoth(master, slave)
     }
 }
 
