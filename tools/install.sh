@@ -3,14 +3,20 @@
 # shell completions (generated from the same command specs as their help), and the udev rules;
 # or removes exactly what it installed.
 #
-# Usage: tools/install.sh [--prefix DIR] [--uninstall] [--no-build] [--no-udev]
+# Usage: tools/install.sh [--prefix DIR] [--uninstall] [--no-build] [--no-udev] [--system-files]
 #   --prefix DIR  where to install (default /usr/local): DIR/bin, DIR/share/man/man1,
 #                 DIR/share/bash-completion/completions, DIR/share/zsh/site-functions,
 #                 DIR/share/fish/vendor_completions.d
+#   --system-files  also the files that belong to the whole system, outside the prefix: the
+#                 udev rules, iapd's systemd units, sysusers and tmpfiles entries and
+#                 /etc/iapd.conf. The default with a system prefix (/usr, /usr/local); any
+#                 other prefix (e.g. ~/.local) gets nothing outside it unless asked for
+#   --no-system-files  none of them, whatever the prefix
 #   --uninstall   remove what an install with the same prefix (and DESTDIR) put there
 #   --no-build    install what .build/release holds (built before)
 #   --bin DIR     with --no-build: take the executables from DIR instead of .build/release
 #   --no-udev     leave the udev rules out (they go to /etc/udev/rules.d, outside the prefix)
+#                 while installing the other system files
 #   --plugdev     also install the plugdev rule (machines without a seat: servers, SSH)
 # DESTDIR (environment) is prepended to every path, for packaging: DESTDIR=/tmp/stage.
 # Exit status: 0 done, 64 usage error, 1 the build or a copy failed.
@@ -35,6 +41,7 @@ uninstall=0
 build=1
 udev=1
 plugdev=0
+system_files=auto
 while [ $# -gt 0 ]; do
     case "$1" in
         --prefix) [ $# -ge 2 ] || { echo "install: --prefix needs a directory" >&2; exit 64; }; prefix=$2; shift 2 ;;
@@ -44,11 +51,19 @@ while [ $# -gt 0 ]; do
         --no-udev) udev=0; shift ;;
         --plugdev) plugdev=1; shift ;;
         --bin) [ $# -ge 2 ] || { echo "install: --bin needs a directory" >&2; exit 64; }; bin=$2; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --system-files) system_files=1; shift ;;
+        --no-system-files) system_files=0; shift ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "install: unknown argument '$1'; see tools/install.sh --help" >&2; exit 64 ;;
     esac
 done
 case "$prefix" in /*) ;; *) echo "install: --prefix must be an absolute path (got '$prefix')" >&2; exit 64 ;; esac
+# Files outside the prefix only for a system prefix, or when asked: a user's prefix
+# (~/.local) must not write to /etc or /usr/lib.
+if [ "$system_files" = auto ]; then
+    case "${prefix%/}" in /usr|/usr/local) system_files=1 ;; *) system_files=0 ;; esac
+fi
+[ "$system_files" -eq 1 ] || udev=0
 root=${DESTDIR:-}
 bindir=$root$prefix/bin
 mandir=$root$prefix/share/man/man1
@@ -97,6 +112,7 @@ if [ "$uninstall" -eq 1 ]; then
             if [ -e "$target" ]; then rm -f "$target"; echo "removed $target"; fi
         done
     fi
+    [ "$system_files" -eq 1 ] || exit 0
     while read -r source target; do
         [ -e "$target" ] || continue
         # A configuration someone changed stays.
@@ -151,7 +167,7 @@ if [ "$udev" -eq 1 ] && [ -d "$UDEV_RULES_DIR" ]; then
         udevadm control --reload-rules && udevadm trigger --subsystem-match=usb || true
     fi
 fi
-if [ "$with_iapd" -eq 1 ]; then
+if [ "$with_iapd" -eq 1 ] && [ "$system_files" -eq 1 ]; then
     while read -r source target; do
         install -d "$(dirname "$target")"
         if [[ $source == *.conf.example ]] && [ -e "$target" ]; then echo "kept $target (already there)"; continue; fi
@@ -165,6 +181,12 @@ if [ "$with_iapd" -eq 1 ]; then
         systemd-tmpfiles --create iapd.conf 2> /dev/null || true
         echo "install: start iapd with: sudo systemctl enable --now iapd.socket (docs/DAEMON.md)"
     fi
+fi
+if [ "$system_files" -eq 0 ]; then
+    echo "install: $prefix is not a system prefix: nothing was written outside it. Left out: the udev rules (without" \
+         "them only root opens the accessories) and iapd's systemd units, sysusers and tmpfiles entries and" \
+         "/etc/iapd.conf. Install those too with --system-files (as root), or run the daemon by hand:" \
+         "sudo groupadd --system iapd; sudo $prefix/bin/iapd --group iapd (docs/DAEMON.md, 'Without systemd')." >&2
 fi
 case ":$PATH:" in
     *":$prefix/bin:"*) ;;
