@@ -101,7 +101,10 @@ let package = Package(
         .target(name: "AccessorySimulator", dependencies: ["IAPTransport", "IAPLink", "IAPWire", "IAPAuthentication"], swiftSettings: strict),
         // The simulator as a USB device: configfs gadgets, FunctionFS and GadgetFS, their
         // endpoint threads and signal handling.
-        .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "IAPTransport", "SystemCalls"], swiftSettings: strict),
+        .target(name: "AccessoryGadget", dependencies: ["AccessorySimulator", "CKernelAIO", "IAPTransport", "SystemCalls"], swiftSettings: strict),
+        // Linux's native AIO calls (io_setup, io_submit…), which glibc does not declare: static
+        // inline C in a header, as CSharedMemory. How the gadget keeps several transfers queued.
+        .systemLibrary(name: "CKernelAIO"),
         // The public API's core: AccessoryManager, Accessory, AccessorySession, the sources of
         // accessories as plug-ins (AccessorySource), the accessory daemon's client. No transport
         // of its own beyond IAPTransport's: links no libusb, libdbus or libcrypto.

@@ -83,6 +83,10 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     /// EA protocol names that get a native-transport interface each (offered, not served: see
     /// ``init(profile:)``; ``GadgetFSDevice`` serves them).
     public var nativeTransportProtocols: [String] = []
+    /// Transfers kept queued on each bulk endpoint, as a device's controller keeps several (4 by
+    /// default; 1 moves one transfer at a time with blocking calls, as before this existed).
+    /// More than 1 needs the kernel's AIO; without it the gadget falls back to 1.
+    public var queuedRequests = GadgetTransport.defaultQueuedRequests
 
     /// A configuration with these strings and defaults for the rest.
     public init(manufacturer: String, product: String, serialNumber: String) {
@@ -206,7 +210,8 @@ public final class USBGadget: Sendable {
         let transport: GadgetTransport
         do {
             transport = try GadgetTransport(functionDirectory: mountDirectory,
-                                            nativeTransportProtocols: configuration.nativeTransportProtocols)
+                                            nativeTransportProtocols: configuration.nativeTransportProtocols,
+                                            queuedRequests: configuration.queuedRequests)
         } catch {
             Self.undo(&record, transport: nil)
             throw USBGadgetError(error.message, path: mountDirectory, errno: error.errno, advice: error.advice,

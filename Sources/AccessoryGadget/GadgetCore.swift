@@ -32,6 +32,12 @@ final class GadgetCore: Sendable {
     /// for), and more than any link packet, so one read returns one whole OUT transfer (the host
     /// sends one link packet per transfer) and the accessory's frame scanner never reassembles.
     static let readSize = 64 * 1024
+    /// Requests kept queued on each FunctionFS endpoint (reads on OUT, writes on IN), as a
+    /// device's controller keeps several transfers queued (``EndpointRequests``); 1: one
+    /// blocking call at a time.
+    let queuedRequests: Int
+    /// The longest frame written through a queued request (longer ones are written directly).
+    static let writeSlotSize = 64 * 1024
     /// Reads shorter than this are copied into an array of their size; longer ones are handed
     /// on in the array they were read into (no copy), and the next read gets a new one.
     static let compactBelow = 8 * 1024
@@ -101,8 +107,9 @@ final class GadgetCore: Sendable {
     }
 
     init(ep0: Int32?, inEndpoint: Int32, outEndpoint: Int32, maxPacket: Int?, isFunctionFS: Bool, name: String,
-         retryInterval: Duration) throws(TransportError) {
+         retryInterval: Duration, queuedRequests: Int = 1) throws(TransportError) {
         self.name = name
+        self.queuedRequests = isFunctionFS ? max(1, queuedRequests) : 1
         threadPrefix = "gadget\(transportSerial.add(1, ordering: .relaxed).newValue % 100_000)"
         self.ep0 = ep0 ?? -1
         self.inEndpoint = inEndpoint

@@ -122,6 +122,10 @@ extension GadgetCore {
     }
 
     func readLoop() {
+        // FunctionFS: several reads queued at once (a controller's receive queue); elsewhere, or
+        // without AIO, one blocking read at a time.
+        let requests = queuedRequests > 1 ? EndpointRequests(descriptor: outEndpoint, writes: false, depth: queuedRequests,
+                                                              slotSize: Self.readSize) : nil
         while true {
             let step = state.withLock { state -> ReadStep in
                 guard state.phase == .active else { return .stop }
@@ -145,6 +149,10 @@ extension GadgetCore {
                 }
                 continue
             case let .read(generation):
+                if let requests {
+                    if !readQueued(requests, generation: generation) { return }
+                    continue
+                }
                 var result: Result<Int, SystemError> = .success(0)
                 var bytes = [UInt8](unsafeUninitializedCapacity: Self.readSize) { buffer, initialized in
                     result = SystemCall.read(outEndpoint, into: UnsafeMutableRawBufferPointer(buffer), retry: { !isClosing })
@@ -155,16 +163,7 @@ extension GadgetCore {
                     // (Through a buffer pointer: an Array made from a whole-array slice would
                     // keep the 64 KiB storage.)
                     if count < Self.compactBelow { bytes = bytes.withUnsafeBufferPointer { Array($0) } }
-                    let delivery = state.withLock { state -> (DispatchQueue, @Sendable (TransportEvent) -> Void)? in
-                        guard state.phase == .active, let queue = state.queue, let handler = state.handler else { return nil }
-                        state.statistics.reads += 1
-                        state.statistics.bytesReceived += count
-                        return (queue, handler)
-                    }
-                    if let (queue, handler) = delivery {
-                        let received = bytes
-                        queue.async { handler(.received(received)) }
-                    }
+                    deliver(bytes)
                     continue
                 }
                 if count == 0 {
@@ -177,12 +176,66 @@ extension GadgetCore {
                     return
                 }
                 guard case .failure(let error) = result, error.kind != .interrupted else { continue }
-                if !endpointFailed(error.code, generation: generation, direction: "reading the OUT endpoint") { return }
-                state.withLock { state in
-                    if state.readerFailedGeneration == nil { state.readerFailedGeneration = generation }
-                }
+                if !readFailed(error.code, generation: generation) { return }
             }
         }
+    }
+
+    /// Hands bytes read from the OUT endpoint to the handler on its queue.
+    private func deliver(_ bytes: [UInt8]) {
+        let delivery = state.withLock { state -> (DispatchQueue, @Sendable (TransportEvent) -> Void)? in
+            guard state.phase == .active, let queue = state.queue, let handler = state.handler else { return nil }
+            state.statistics.reads += 1
+            state.statistics.bytesReceived += bytes.count
+            return (queue, handler)
+        }
+        if let (queue, handler) = delivery {
+            queue.async { handler(.received(bytes)) }
+        }
+    }
+
+    /// Counts a failed read; the reader then waits for the next ENABLE. `false` when it must stop.
+    private func readFailed(_ code: Int32, generation: UInt64) -> Bool {
+        if !endpointFailed(code, generation: generation, direction: "reading the OUT endpoint") { return false }
+        state.withLock { state in
+            if state.readerFailedGeneration == nil { state.readerFailedGeneration = generation }
+        }
+        return true
+    }
+
+    /// One turn of the reader with reads queued (FunctionFS): fills the queue, waits for at least
+    /// one read to complete and delivers what completed, in order, each read's bytes copied into
+    /// an array of their size. The first failure of a turn counts as a failed read (when the host
+    /// disables the function, every queued read fails at once). `false` when the reader must stop.
+    private func readQueued(_ requests: EndpointRequests, generation: UInt64) -> Bool {
+        var refused: Int32?
+        while requests.hasRoom, refused == nil {
+            refused = requests.queueRead()
+        }
+        if requests.inFlight == 0 {
+            let code = refused ?? EAGAIN
+            return code == EINTR || readFailed(code, generation: generation)
+        }
+        if let code = requests.collect(wait: true) {
+            if code == EINTR { return true } // a signal: closing, or nothing
+            if !isClosing {
+                fail(TransportError("waiting for reads of the OUT endpoint of \(name) failed: \(SystemError(code).description)",
+                                    errno: code, advice: "start the gadget again"))
+            }
+            return false
+        }
+        var failed: Int32?
+        requests.takeCompleted { completion in
+            switch completion {
+            case let .moved(bytes, _):
+                // A zero-length packet ended a transfer that filled the last read: nothing.
+                if !bytes.isEmpty { deliver(Array(bytes)) }
+            case let .failed(code):
+                if failed == nil { failed = code }
+            }
+        }
+        guard let failed, failed != EINTR else { return true }
+        return readFailed(failed, generation: generation)
     }
 
     /// Counts an endpoint error; `false` (after closing the transport) when it cannot be waited
@@ -213,6 +266,10 @@ extension GadgetCore {
     }
 
     func writeLoop() {
+        // FunctionFS: several writes queued at once; elsewhere, or without AIO, one blocking
+        // write at a time (which returns when the host took the frame).
+        let requests = queuedRequests > 1 ? EndpointRequests(descriptor: inEndpoint, writes: true, depth: queuedRequests,
+                                                              slotSize: Self.writeSlotSize) : nil
         while true {
             let step = state.withLock { state -> WriteStep in
                 guard state.phase == .active else { return .stop }
@@ -233,10 +290,13 @@ extension GadgetCore {
             case .stop:
                 return
             case .wait:
+                if let requests, !finishWrites(requests, wait: false) { return }
                 writerWake.wait()
             case .again:
                 continue
             case .stall:
+                // Most controllers refuse to halt an IN endpoint with a transfer queued.
+                if let requests, !finishWrites(requests, wait: true) { return }
                 halt()
             case .frame(let frame, let generation, var maxPacket, let knownSize):
                 if !knownSize {
@@ -247,9 +307,68 @@ extension GadgetCore {
                         state.maxPacketGeneration = generation
                     }
                 }
+                if let requests {
+                    if frame.count <= requests.slotSize {
+                        if !writeQueued(frame, requests, maxPacket: maxPacket, generation: generation) { return }
+                        continue
+                    }
+                    // Too long for a slot: written directly, after what is queued.
+                    if !finishWrites(requests, wait: true) { return }
+                }
                 if !writeFrame(frame, maxPacket: maxPacket, generation: generation) { return }
             }
         }
+    }
+
+    /// Queues one frame written with the short-packet rule (FunctionFS), first waiting for a
+    /// free request when all are queued; `false` when the writer must stop.
+    private func writeQueued(_ frame: [UInt8], _ requests: EndpointRequests, maxPacket: Int, generation: UInt64) -> Bool {
+        guard !frame.isEmpty else { return true }
+        while !requests.hasRoom {
+            if !finishWrites(requests, wait: true, untilRoom: true) { return false }
+        }
+        let split = frame.count % maxPacket == 0
+        guard let code = frame.withUnsafeBytes({ requests.queueWrite($0, splitBeforeLast: split) }) else { return true }
+        if code == EINTR { return !isClosing }
+        if !endpointFailed(code, generation: generation, direction: "writing the IN endpoint") { return false }
+        state.withLock { $0.statistics.framesDropped += 1 }
+        return true
+    }
+
+    /// Counts the queued writes that completed: with `wait`, waits until none is left queued (or,
+    /// with `untilRoom`, until one request is free). `false` when the writer must stop.
+    private func finishWrites(_ requests: EndpointRequests, wait: Bool, untilRoom: Bool = false) -> Bool {
+        repeat {
+            if let code = requests.collect(wait: wait) {
+                if code == EINTR, !isClosing { continue }
+                if !isClosing {
+                    fail(TransportError("waiting for writes of the IN endpoint of \(name) failed: \(SystemError(code).description)",
+                                        errno: code, advice: "start the gadget again"))
+                }
+                return false
+            }
+            var failures: [Int32] = []
+            requests.takeCompleted { completion in
+                switch completion {
+                case let .moved(bytes, writes):
+                    state.withLock { state in
+                        state.statistics.framesSent += 1
+                        state.statistics.bytesSent += bytes.count
+                        if writes > 1 { state.statistics.shortPacketSplits += 1 }
+                    }
+                case let .failed(code):
+                    failures.append(code)
+                }
+            }
+            for code in failures {
+                let generation = state.withLock { state in
+                    state.statistics.framesDropped += 1
+                    return state.enableGeneration
+                }
+                if !endpointFailed(code, generation: generation, direction: "writing the IN endpoint") { return false }
+            }
+        } while wait && requests.inFlight > 0 && !(untilRoom && requests.hasRoom)
+        return true
     }
 
     /// Writes one frame with the short-packet rule; `false` when the writer must stop.

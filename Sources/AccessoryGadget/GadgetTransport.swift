@@ -60,12 +60,18 @@ public struct GadgetTransportStatistics: Sendable, Hashable {
 /// be bound from then on (``USBGadget`` does that).
 ///
 /// ``activate(queue:handler:)`` starts two more threads:
-/// - the **reader** blocks in `read()` on the OUT endpoint (64 KiB at a time: a multiple of
-///   every speed's packet size, so the kernel never receives more than was asked for, and more
-///   than a link packet, which the host sends one per transfer) and delivers each read as
-///   `.received` on the queue, in the array it was read into;
-/// - the **writer** takes the frames given to ``send(_:)`` in order and `write()`s each to the
+/// - the **reader** reads the OUT endpoint 64 KiB at a time (a multiple of every speed's
+///   packet size, so the kernel never receives more than was asked for, and more than a link
+///   packet, which the host sends one per transfer) and delivers each read as `.received` on
+///   the queue;
+/// - the **writer** takes the frames given to ``send(_:)`` in order and writes each to the
 ///   IN endpoint, ending every transfer with a short packet (see ``send(_:)``).
+///
+/// Both keep several requests queued in the kernel (`queuedRequests`, 4 by default, with
+/// Linux's AIO), as a device's controller does, so that the host's next transfer finds a
+/// request waiting; a read is then copied out of its request's buffer into an array of its
+/// size, and a frame into its request's buffer. With one request (or without AIO) they block in
+/// `read()` and `write()` instead, the read going straight into the array delivered.
 ///
 /// While the function is not enabled (no host, unbound, reset), endpoint I/O fails (`EAGAIN`,
 /// `ESHUTDOWN`…): the reader then waits for the next ENABLE the ep0 thread sees instead of
@@ -90,6 +96,9 @@ public final class GadgetTransport: Transport {
     /// The descriptors written to `ep0`, or `nil` for descriptors handed in directly.
     public let descriptors: FunctionFSDescriptors?
 
+    /// Transfers a FunctionFS transport keeps queued on each bulk endpoint unless told otherwise.
+    public static let defaultQueuedRequests = 4
+
     /// The signal that wakes the transport's threads from blocking calls when it closes.
     public static var interruptSignal: Int32 { SIGURG }
 
@@ -103,11 +112,14 @@ public final class GadgetTransport: Transport {
     ///   - nativeTransportProtocols: EA protocol names that get a native-transport interface
     ///     each (see ``FunctionFSDescriptors``).
     ///   - superSpeedMaxBurst: `bMaxBurst` of the SuperSpeed companion descriptors.
+    ///   - queuedRequests: transfers kept queued on each bulk endpoint with the kernel's AIO
+    ///     (1: one blocking `read()` or `write()` at a time; also what is done without AIO).
     /// - Throws: ``TransportError`` naming the file that failed and what to do: mount FunctionFS
     ///   first (`ENOENT`), run as root (`EACCES`), stop the other program that configured the
     ///   function (`EBUSY`), or read the kernel log when the kernel refuses the descriptors.
     public convenience init(functionDirectory: String, nativeTransportProtocols: [String] = [],
-                            superSpeedMaxBurst: UInt8 = 0) throws(TransportError) {
+                            superSpeedMaxBurst: UInt8 = 0,
+                            queuedRequests: Int = GadgetTransport.defaultQueuedRequests) throws(TransportError) {
         let layout: FunctionFSDescriptors
         do {
             layout = try FunctionFSDescriptors(nativeTransportProtocols: nativeTransportProtocols,
@@ -128,7 +140,7 @@ public final class GadgetTransport: Transport {
             let core = try GadgetCore(
                 ep0: ep0, inEndpoint: inEndpoint, outEndpoint: outEndpoint,
                 maxPacket: nil, isFunctionFS: true, name: "usb gadget \(directory)",
-                retryInterval: .milliseconds(500))
+                retryInterval: .milliseconds(500), queuedRequests: queuedRequests)
             self.init(core: core, description: "usb gadget \(directory)", functionDirectory: directory, descriptors: layout)
         } catch {
             for descriptor in opened { _ = Glibc.close(descriptor) }
