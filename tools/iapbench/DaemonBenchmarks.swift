@@ -117,7 +117,7 @@ enum DaemonBenchmarks {
     /// manager (the path through iapd). Each round echoes the same bytes through one session
     /// directly, then through the daemon (on the accessory's second echo protocol), and reports
     /// both and their ratio; the summary is the median of the rounds and of their ratios.
-    static func runUSB(_ command: ParsedCommand, profile: SimulatorProfile, udc: String, megabytes: Int, rounds: Int) throws -> ExitCode {
+    static func runUSB(_ command: ParsedCommand, udc: String, megabytes: Int, rounds: Int) throws -> ExitCode {
         let json = command.flag("json")
         func megabytesPerSecond(_ rate: Double) -> String { Report.format(rate / 1e6, digits: 1) }
         return try USBBenchmarks.withAccessory(udc: udc) { rig, _ in

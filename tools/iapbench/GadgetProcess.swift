@@ -4,6 +4,8 @@ import CLIKit
 import Dispatch
 import Foundation
 import IAPTransport
+import Synchronization
+import SystemCalls
 
 /// `iapbench usb`'s simulated accessory in a process of its own (`iapbench usb-gadget`), so that
 /// the benchmark process's CPU time (`getrusage`) is the host's alone, and the accessory's is
@@ -41,7 +43,7 @@ enum GadgetProcess {
         switch mode {
         case .raw, .simulator:
             let udc = try command.value("udc") ?? USBGadget.defaultUDC()
-            let gadget = try USBBenchmarks.makeGadget(profile, udc: udc)
+            let gadget = try USBBenchmarks.makeGadget(profile, udc: udc, requests: command.value("requests").flatMap { Int($0) })
             // Removed whatever fails after this: a gadget left in configfs would make every
             // later run fail ("a gadget named iapbench exists already").
             stop = {
@@ -114,32 +116,42 @@ enum GadgetProcess {
     }
 }
 
-/// The parent's handle on an `iapbench usb-gadget` child: made when the gadget is ready, asked
-/// for figures, stopped (and waited for: the gadget is gone once ``stop()`` returns).
-final class GadgetChild {
+/// The parent's handle on the accessory's process (an `iapbench usb-gadget` or
+/// `bluetooth-accessory` child): made when it is ready, asked for figures, stopped (and waited
+/// for: the gadget is gone once ``stop()`` returns).
+final class AccessoryChild {
     private let process = Process()
     private let toChild = Pipe()
     private let fromChild = Pipe()
     private var pending = ""
     private var stopped = false
 
-    /// Starts the child and waits until its gadget is bound (or fails to be made).
-    /// - Throws: `ToolFailure`; `unavailable` is set when the child said the gadget cannot exist here.
-    init(mode: GadgetProcess.Mode, udc: String?, native: Bool = false) throws(ChildFailure) {
+    /// Starts an `iapbench usb-gadget` child and waits until its gadget is bound (or fails to be made).
+    /// - Throws: `ChildFailure`; `unavailable` is set when the child said the gadget cannot exist here.
+    convenience init(mode: GadgetProcess.Mode, udc: String?, native: Bool = false, requests: Int? = nil) throws(ChildFailure) {
+        try self.init(arguments: ["usb-gadget", "--mode", mode.rawValue] + (udc.map { ["--udc", $0] } ?? []) + (native ? ["--native"] : [])
+            + (requests.map { ["--requests", String($0)] } ?? []))
+    }
+
+    /// Starts this executable with `arguments` (a command that says `ready`, then answers each
+    /// input line with its figures, as `usb-gadget` and `bluetooth-accessory` do) and waits
+    /// until it is ready.
+    init(arguments: [String]) throws(ChildFailure) {
         do {
             process.executableURL = URL(fileURLWithPath: try ScaleBenchmarks.executablePath())
         } catch {
             throw ChildFailure(reason: "cannot find this executable: \(error)", unavailable: false)
         }
-        process.arguments = ["usb-gadget", "--mode", mode.rawValue] + (udc.map { ["--udc", $0] } ?? []) + (native ? ["--native"] : [])
+        process.arguments = arguments
         process.standardInput = toChild
         process.standardOutput = fromChild
         // A child that died must make `figures()` fail, not kill this process with SIGPIPE.
         signal(SIGPIPE, SIG_IGN)
-        do { try process.run() } catch { throw ChildFailure(reason: "cannot start the gadget's process: \(error)", unavailable: false) }
+        do { try process.run() } catch { throw ChildFailure(reason: "cannot start the accessory's process: \(error)", unavailable: false) }
         guard let first = nextLine() else {
             stop()
-            throw ChildFailure(reason: "the gadget's process ended before its gadget was ready (exit \(process.terminationStatus))", unavailable: false)
+            throw ChildFailure(reason: "the accessory's process (iapbench \(arguments.first ?? "")) ended before it was ready (exit \(process.terminationStatus))",
+                               unavailable: false)
         }
         guard first == "ready" else {
             stop()
@@ -151,12 +163,12 @@ final class GadgetChild {
     /// The child's figures now.
     func figures() throws -> GadgetProcess.Figures {
         do { try toChild.fileHandleForWriting.write(contentsOf: Data("?\n".utf8)) } catch {
-            throw ToolFailure("the gadget's process does not read its input any more: \(error)")
+            throw ToolFailure("the accessory's process does not read its input any more: \(error)")
         }
-        guard let line = nextLine() else { throw ToolFailure("the gadget's process ended") }
+        guard let line = nextLine() else { throw ToolFailure("the accessory's process ended") }
         let words = line.split(separator: " ")
         guard words.count == 6, let cpu = Double(words[1]), let acks = Int(words[3]), let packets = Int(words[5]) else {
-            throw ToolFailure("the gadget's process answered: \(line)")
+            throw ToolFailure("the accessory's process answered: \(line)")
         }
         return GadgetProcess.Figures(cpuSeconds: cpu, acks: acks, packets: packets)
     }
@@ -185,7 +197,7 @@ final class GadgetChild {
     }
 }
 
-/// Why the gadget's process could not serve.
+/// Why the accessory's process could not serve.
 struct ChildFailure: Error, CustomStringConvertible {
     var reason: String
     /// The gadget cannot exist on this machine (no GadgetFS): a figure not measured, not an error.
@@ -193,8 +205,9 @@ struct ChildFailure: Error, CustomStringConvertible {
     var description: String { reason }
 }
 
-/// `iapbench usb --perf DIR`: a `perf record` of this process alone (the host; the gadget runs in
-/// a process of its own) over each timed echo, into `DIR/LABEL.data`, for `perf report -i`.
+/// `iapbench usb --perf DIR` and `iapbench bluetooth --perf DIR`: a `perf record` of this process
+/// alone (the host; the accessory runs in a process of its own) over each timed echo, into
+/// `DIR/LABEL.data`, for `perf report -i`.
 enum HostProfile {
     nonisolated(unsafe) static var directory: String?
 
@@ -210,6 +223,30 @@ enum HostProfile {
             guard mkfifo(fifo, 0o600) == 0 else { throw ToolFailure("cannot make the FIFO \(fifo) for perf: \(String(cString: strerror(errno)))") }
         }
         defer { for fifo in [control, acknowledgement] { unlink(fifo) } }
+        // Both FIFOs are opened here first, read-write: on Linux such an open never waits for the
+        // other end (perf opens them the same way, O_RDWR | O_NONBLOCK), and each FIFO lives while
+        // a descriptor holds it. So "enable" waits in the control FIFO until perf reads it, nothing
+        // here blocks in open(2) whether perf is there or not, and the wait for perf's answer is
+        // one blocking read(2) on a thread of its own, raced against perf's end: whichever comes
+        // first decides and signals `decided`. The reader is then woken with a byte written into
+        // the acknowledgement FIFO through its own read-write descriptor (no wake pipe needed),
+        // and waited for before the descriptors close. (Close-on-exec: perf inherits neither.)
+        let writer = open(control, O_RDWR | O_NONBLOCK | O_CLOEXEC)
+        guard writer >= 0 else { throw ToolFailure("cannot open the FIFO \(control) for perf: \(String(cString: strerror(errno)))") }
+        defer { close(writer) }
+        let reader = open(acknowledgement, O_RDWR | O_CLOEXEC)
+        guard reader >= 0 else { throw ToolFailure("cannot open the FIFO \(acknowledgement) for perf: \(String(cString: strerror(errno)))") }
+        defer { close(reader) }
+        let outcome = Mutex<Start?>(nil)
+        let decided = DispatchSemaphore(value: 0)
+        @Sendable func decide(_ start: Start) {
+            let first = outcome.withLock { outcome -> Bool in
+                guard outcome == nil else { return false }
+                outcome = start
+                return true
+            }
+            if first { decided.signal() }
+        }
         let perf = Process()
         perf.executableURL = URL(fileURLWithPath: "/usr/bin/perf")
         perf.arguments = ["record", "-F", "999", "-g", "-D", "-1", "--control", "fifo:\(control),\(acknowledgement)",
@@ -218,28 +255,31 @@ enum HostProfile {
         // What perf says goes beside its data (DIR/LABEL.log).
         _ = FileManager.default.createFile(atPath: base + ".log", contents: nil)
         perf.standardError = FileHandle(forWritingAtPath: base + ".log") ?? FileHandle.nullDevice
+        perf.terminationHandler = { _ in decide(.ended) }
         try perf.run()
         defer {
             perf.interrupt()
             perf.waitUntilExit()
         }
-        // perf opens its FIFOs once it is attached: until then a non-blocking open for writing
-        // finds no reader. Bounded by perf's own life.
-        var writer: Int32 = -1
-        while writer < 0 {
-            writer = open(control, O_WRONLY | O_NONBLOCK)
-            guard writer >= 0 else {
-                guard perf.isRunning else { throw ToolFailure("perf record ended before it recorded (see \(base).log)") }
-                usleep(10_000)
-                continue
-            }
-        }
-        defer { close(writer) }
-        let reader = open(acknowledgement, O_RDONLY)
-        defer { if reader >= 0 { close(reader) } }
+        let finished = DispatchSemaphore(value: 0)
+        Thread {
+            var answer = [UInt8](repeating: 0, count: 16)
+            _ = answer.withUnsafeMutableBytes { SystemCall.read(reader, into: $0) }
+            decide(.acknowledged)
+            finished.signal()
+        }.start()
         _ = "enable\n".utf8CString.withUnsafeBytes { write(writer, $0.baseAddress, $0.count - 1) }
-        var answer = [UInt8](repeating: 0, count: 16)
-        _ = answer.withUnsafeMutableBytes { read(reader, $0.baseAddress, $0.count) }
+        // No time limit, as before (the polling loop this replaces had none): perf's end bounds it.
+        decided.wait()
+        _ = [UInt8(ascii: "\n")].withUnsafeBytes { write(reader, $0.baseAddress, $0.count) }
+        finished.wait()
+        guard outcome.withLock({ $0 }) == .acknowledged else { throw ToolFailure("perf record ended before it recorded (see \(base).log)") }
         return try body()
+    }
+
+    /// What came first while perf started: its acknowledgement of "enable", or its end.
+    private enum Start {
+        case acknowledged
+        case ended
     }
 }

@@ -22,6 +22,9 @@ enum USBBenchmarks {
     nonisolated(unsafe) static var verbose = false
     /// Whether the FunctionFS gadget offers the native interface too (`--native`).
     nonisolated(unsafe) static var offersNative = false
+    /// Transfers the FunctionFS gadget keeps queued per endpoint (`--gadget-requests`; nil: the
+    /// gadget's default).
+    nonisolated(unsafe) static var gadgetRequests: Int?
     nonisolated(unsafe) static var options = USBOptions()
     /// Each session's write buffer on the host (`--session-buffer`; the library's default).
     nonisolated(unsafe) static var sessionBufferLimit = AccessoryManager.Configuration().sessionBufferLimit
@@ -90,9 +93,12 @@ enum USBBenchmarks {
         }
         let native = command.flag("native")
         offersNative = native
-        let profile = LoopbackBenchmarks.echoProfile(sessions: 3, maxPacketLength: 65_535, native: native)
+        if let text = command.value("gadget-requests") {
+            guard let count = Int(text), count >= 1 else { throw ToolFailure("--gadget-requests takes a number of 1 or more, not '\(text)'") }
+            gadgetRequests = count
+        }
         if command.flag("daemon") {
-            return try DaemonBenchmarks.runUSB(command, profile: profile, udc: udc, megabytes: megabytes, rounds: rounds)
+            return try DaemonBenchmarks.runUSB(command, udc: udc, megabytes: megabytes, rounds: rounds)
         }
         var ceilings: [EchoFigures] = []
         var sessionFigures: [Int: [EchoFigures]] = [:]
@@ -205,8 +211,8 @@ enum USBBenchmarks {
     /// which setting the host chose; GadgetFS hands SET_INTERFACE to the simulator). A failure says
     /// why it could not be measured.
     static func nativeEcho(bytes: Int) throws -> Result<EchoFigures, ToolFailure> {
-        let child: GadgetChild
-        do { child = try GadgetChild(mode: .gadgetfsNative, udc: nil) } catch {
+        let child: AccessoryChild
+        do { child = try AccessoryChild(mode: .gadgetfsNative, udc: nil) } catch {
             // The one reason the figure is "not measured" (exit 69): no GadgetFS here. Anything
             // that fails once it exists is an error of the run.
             if error.unavailable { return .failure(ToolFailure(error.reason)) }
@@ -251,7 +257,7 @@ enum USBBenchmarks {
 
     /// Runs `body` (which returns the rate), measuring this process's CPU time and the gadget
     /// process's over it.
-    static func measured(_ child: GadgetChild, bytes: Int, label: String, _ body: () throws -> Double) throws -> EchoFigures {
+    static func measured(_ child: AccessoryChild, bytes: Int, label: String, _ body: () throws -> Double) throws -> EchoFigures {
         let gadgetBefore = try child.figures()
         let cpuBefore = ProcessFigures.now()
         let rate = try HostProfile.recording(label, body)
@@ -262,8 +268,8 @@ enum USBBenchmarks {
     }
 
     /// The gadget's process in `mode`, ready.
-    static func gadgetChild(_ mode: GadgetProcess.Mode, udc: String?) throws -> GadgetChild {
-        do { return try GadgetChild(mode: mode, udc: udc, native: offersNative) } catch { throw ToolFailure(error.reason) }
+    static func gadgetChild(_ mode: GadgetProcess.Mode, udc: String?) throws -> AccessoryChild {
+        do { return try AccessoryChild(mode: mode, udc: udc, native: offersNative, requests: gadgetRequests) } catch { throw ToolFailure(error.reason) }
     }
 
     /// An echo through one session the way a throughput-minded application drives it: stream
@@ -353,35 +359,14 @@ enum USBBenchmarks {
         StandardError.write("iapbench: [\(time.tv_sec).\(String(repeating: "0", count: 6 - micro.count) + micro)] \(text)\n")
     }
 
-    static func makeGadget(_ profile: SimulatorProfile, udc: String) throws -> USBGadget {
+    static func makeGadget(_ profile: SimulatorProfile, udc: String, requests: Int? = nil) throws -> USBGadget {
         var configuration = USBGadgetConfiguration(profile: profile)
+        if let requests { configuration.queuedRequests = requests }
         configuration.nativeTransportProtocols = profile.nativeProtocolNames // offered, to measure the host's half
         configuration.name = gadgetName
         configuration.functionInstance = gadgetName
         configuration.productID = 0x00BE
         return try USBGadget(configuration: configuration)
-    }
-
-    /// The ceiling: the gadget (in its own process) echoes raw bytes; the host keeps up to
-    /// 512 KiB in flight through a `USBAccessoryTransport` (64 KiB frames, one per OUT transfer)
-    /// and counts what returns.
-    static func rawEcho(udc: String, bytes: Int) throws -> EchoFigures {
-        let child = try gadgetChild(.raw, udc: udc)
-        defer {
-            step("removing the gadget")
-            child.stop()
-            step("gadget removed")
-        }
-        return try hostRawEcho(productID: GadgetProcess.functionFSProductID, bytes: bytes, child: child)
-    }
-
-    /// Round trips of 64-byte messages through the raw echo (the gadget in its own process), one
-    /// at a time: the p50 in nanoseconds.
-    static func rawRoundTrip(udc: String, count: Int) throws -> Double {
-        let child = try gadgetChild(.raw, udc: udc)
-        defer { child.stop() }
-        let figures = try hostRawEcho(productID: GadgetProcess.functionFSProductID, bytes: 64 * count, child: child, pingPong: true)
-        return median(figures.roundTrips)
     }
 
     /// Round trips of 64-byte messages through one EA echo session (the gadget in its own
@@ -402,8 +387,8 @@ enum USBBenchmarks {
     /// The raw echo through the iAP2 interface of a GadgetFS gadget: the ceiling of the pipes the
     /// native figure runs on.
     static func rawEchoGadgetFS(bytes: Int) throws -> Result<EchoFigures, ToolFailure> {
-        let child: GadgetChild
-        do { child = try GadgetChild(mode: .gadgetfsRaw, udc: nil) } catch {
+        let child: AccessoryChild
+        do { child = try AccessoryChild(mode: .gadgetfsRaw, udc: nil) } catch {
             if error.unavailable { return .failure(ToolFailure(error.reason)) }
             throw ToolFailure(error.reason)
         }
@@ -411,112 +396,9 @@ enum USBBenchmarks {
         return .success(try hostRawEcho(productID: GadgetProcess.gadgetFSProductID, bytes: bytes, child: child, label: "raw-gadgetfs"))
     }
 
-    /// The host's half of a raw echo: a `USBAccessoryTransport` on the device with `productID`
-    /// (the child's gadget echoes), up to 512 KiB in flight; the figures of the timed part.
-    ///
-    /// With `pingPong`, one 64-byte frame at a time instead: each sent once the last came back,
-    /// its round trip timed (``EchoFigures/roundTrips``).
-    static func hostRawEcho(productID: UInt16, bytes: Int, child: GadgetChild, pingPong: Bool = false, label: String = "raw") throws -> EchoFigures {
-        let queue = DispatchQueue(label: "iapbench.usb")
-        let context = try USBContext(queue: queue, function: .iAP2, options: options)
-        defer {
-            step("shutting the USB context down")
-            queue.sync { context.shutdown() }
-            _ = context.waitUntilExited(timeout: .now() + 5)
-            step("USB context shut down")
-        }
-        let opened = DispatchSemaphore(value: 0)
-        let found = Mutex<Result<USBAccessoryTransport, USBError>?>(nil)
-        try queue.sync {
-            try context.startMonitoring { event in
-                guard case let .arrived(info) = event, info.descriptor.productID == productID, found.withLock({ $0 == nil }) else { return }
-                found.withLock { $0 = .failure(USBError(.io, "opening")) }
-                context.open(info) { result in
-                    found.withLock { $0 = result }
-                    opened.signal()
-                }
-            }
-        }
-        guard opened.wait(timeout: .now() + 30) == .success, let result = found.withLock({ $0 }) else {
-            throw ToolFailure("the gadget did not appear on the host within 30 s")
-        }
-        let transport = try result.get()
-        let counters = Counters()
-        // (A Dispatch source must be resumed before it is released: only make it when used.)
-        let progress = verbose ? DispatchSource.makeTimerSource(queue: DispatchQueue(label: "iapbench.progress")) : nil
-        progress?.schedule(deadline: .now() + 1, repeating: 1)
-        progress?.setEventHandler { StandardError.write("iapbench: \(counters.text)\n") }
-        progress?.resume()
-        defer { progress?.cancel() }
-        let frame = [UInt8](repeating: 0xA5, count: pingPong ? 64 : 65_000) // not a multiple of the packet size
-        let window = (pingPong ? 1 : 8) * frame.count
-        let done = DispatchSemaphore(value: 0)
-        let state = Mutex((sent: 0, received: 0, finished: false, sentAt: ContinuousClock.now, roundTrips: [Double]()))
-        let start = Mutex(ContinuousClock.now)
-        let gadgetBefore = try child.figures()
-        let cpuBefore = ProcessFigures.now()
-        @Sendable func pump() {
-            while true {
-                let send = state.withLock { state -> Bool in
-                    guard state.sent < bytes, state.sent - state.received < window else { return false }
-                    state.sent += frame.count
-                    if pingPong { state.sentAt = .now }
-                    return true
-                }
-                guard send else { return }
-                transport.send(frame)
-            }
-        }
-        let waited = try HostProfile.recording(pingPong ? "raw-round-trip" : label) { () -> DispatchTimeoutResult in
-            queue.sync {
-                transport.activate(queue: queue) { event in
-                    switch event {
-                    case let .borrowed(chunk):
-                        state.withLock { $0.received += chunk.count }
-                        counters.add(received: chunk.count)
-                    case let .lent(lease): // not asked for: the raw echo never keeps the bytes
-                        state.withLock { $0.received += lease.count }
-                        counters.add(received: lease.count)
-                    case let .received(chunk):
-                        state.withLock { $0.received += chunk.count }
-                        counters.add(received: chunk.count)
-                    case .closed: done.signal()
-                    }
-                    let finished = state.withLock { state -> Bool in
-                        if pingPong, state.received == state.sent, state.received > 0 {
-                            let elapsed = ContinuousClock.now - state.sentAt
-                            state.roundTrips.append(Double(elapsed.components.seconds) * 1e9 + Double(elapsed.components.attoseconds) / 1e9)
-                        }
-                        guard !state.finished, state.received >= bytes else { return false }
-                        state.finished = true
-                        return true
-                    }
-                    if finished { done.signal() } else { pump() }
-                }
-                start.withLock { $0 = .now }
-                pump()
-            }
-            return done.wait(timeout: .now() + (verbose ? 45 : 120))
-        }
-        guard waited == .success else {
-            let host = queue.sync { transport.statistics }
-            throw ToolFailure("the raw echo stalled: \(state.withLock { $0 }); host pipes \(host)")
-        }
-        let elapsed = ContinuousClock.now - start.withLock { $0 }
-        let cpuAfter = ProcessFigures.now()
-        let gadget = try child.figures() - gadgetBefore
-        let received = state.withLock { $0.received }
-        step("raw echo done; closing the host side")
-        transport.cancel()
-        _ = done.wait(timeout: .now() + 5)
-        return EchoFigures(rate: Double(received) / seconds(elapsed), bytes: bytes, hostCPU: cpuAfter.cpuSeconds - cpuBefore.cpuSeconds,
-                           hostSystemCPU: cpuAfter.systemSeconds - cpuBefore.systemSeconds, gadget: gadget,
-                           roundTrips: state.withLock { $0.roundTrips })
-    }
-
     /// Runs `body` with the simulated accessory behind a gadget in a process of its own,
     /// identified by an AccessoryManager over USB; everything is taken down afterwards.
-    static func withAccessory<Result>(udc: String, _ body: (LoopbackBenchmarks.Rig, GadgetChild) throws -> Result) throws -> Result {
+    static func withAccessory<Result>(udc: String, _ body: (LoopbackBenchmarks.Rig, AccessoryChild) throws -> Result) throws -> Result {
         let child = try gadgetChild(.simulator, udc: udc)
         defer { child.stop() }
         let manager = AccessoryManager(configuration: .init(sessionBufferLimit: sessionBufferLimit))
@@ -563,6 +445,11 @@ enum USBBenchmarks {
             let after = (rig.accessory.dataPlaneStatistics, rig.manager.usbStatistics(of: rig.accessory), rig.accessory.linkStatistics)
             figures.hostAcks = BareAcks(before: before.2, after: after.2)
             if verbose, let host = after.1 { step("host pipes \(host)") }
+            if verbose, let link = after.2, let earlier = before.2 {
+                step("EA \(sessions) session(s): \(Report.format(run.bytesPerSecond / 1e6, digits: 1)) MB/s; host link "
+                    + "\(link.retransmissions - earlier.retransmissions) retransmitted, \(link.duplicatesReceived - earlier.duplicatesReceived) duplicates, "
+                    + "\(link.eaksSent - earlier.eaksSent) EAKs sent")
+            }
             let endpoint = after.0 - before.0
             return (figures, USBCopies(endpoint: endpoint, slotBytesOut: (after.1?.bytesCopiedOut ?? 0) - (before.1?.bytesCopiedOut ?? 0),
                                        inPlaceBytesOut: (after.1?.bytesSentInPlace ?? 0) - (before.1?.bytesSentInPlace ?? 0),
@@ -593,17 +480,6 @@ struct USBCopies {
     }
     var inPlacePerByte: Double { endpoint.bytesWritten == 0 ? 0 : Double(inPlaceBytesOut) / Double(endpoint.bytesWritten) }
     var evacuatedPerByte: Double { endpoint.bytesRead == 0 ? 0 : Double(slotBytesEvacuated) / Double(endpoint.bytesRead) }
-}
-
-/// What the raw echo has moved, for the progress lines.
-final class Counters: Sendable {
-    private let received = Atomic<Int>(0)
-    private let chunks = Atomic<Int>(0)
-    func add(received count: Int) {
-        received.add(count, ordering: .relaxed)
-        chunks.add(1, ordering: .relaxed)
-    }
-    var text: String { "received \(received.load(ordering: .relaxed)) bytes in \(chunks.load(ordering: .relaxed)) completions" }
 }
 
 /// A benchmark that could not run, with the reason.

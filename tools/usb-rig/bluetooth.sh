@@ -15,6 +15,7 @@
 #      connection id), echoing; iapd stops cleanly on SIGTERM.
 # With BLUETOOTH_BENCH_MIB set, then `iapbench bluetooth` (EA echo beside a raw RFCOMM echo;
 # BLUETOOTH_BENCH_ROUNDS rounds, default 3); BLUETOOTH_SKIP_ROUNDS=1 skips rounds 1-4.
+# BLUETOOTH_BENCH_PERF=DIR records the host process over each timed echo with perf (--perf DIR).
 # BLUETOOTH_BENCH_IAPBENCH names the iapbench binaries to run (default the release build); with
 # several (space-separated paths without spaces, e.g. a build before a change and one after) each
 # runs in turn, twice, on the same pairing: an A/B on one guest.
@@ -310,7 +311,8 @@ if [ -n "${BLUETOOTH_BENCH_MIB:-}" ]; then
     for bench in "${turns[@]}"; do
         [ "${#benches[@]}" -eq 1 ] || say "iapbench: $bench"
         timeout 500 "$bench" bluetooth --host "$host" --accessory "$accessory" --mib "$BLUETOOTH_BENCH_MIB" \
-            --rounds "${BLUETOOTH_BENCH_ROUNDS:-3}" ${BLUETOOTH_BENCH_VERBOSE:+--verbose} 2>&1 | tee -a "$log" || fail "iapbench bluetooth failed"
+            --rounds "${BLUETOOTH_BENCH_ROUNDS:-3}" ${BLUETOOTH_BENCH_VERBOSE:+--verbose} \
+            ${BLUETOOTH_BENCH_PERF:+--perf "$BLUETOOTH_BENCH_PERF"} 2>&1 | tee -a "$log" || fail "iapbench bluetooth failed"
     done
 fi
 say "done"
