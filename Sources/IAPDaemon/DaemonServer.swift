@@ -253,7 +253,7 @@ final class Core: @unchecked Sendable {
     // MARK: Sessions
 
     func open(_ client: Client, request id: UInt32, accessoryID: Int, protocolString: String) {
-        guard client.bridges.count + client.opening < options.maximumSessionsPerClient else {
+        guard client.bridges.count + client.opening + client.waitingOpens < options.maximumSessionsPerClient else {
             return client.reply(id, .failure(DaemonFailure(.tooManySessions,
                 "this client holds \(options.maximumSessionsPerClient) sessions, the most iapd allows one client; close one first")))
         }
@@ -269,8 +269,12 @@ final class Core: @unchecked Sendable {
         if let holderID = holders[key], holderID == client.id || bridgesByKey[key]?.isReleasing == true {
             // Closed by its client (or about to be: the library opens a protocol again only
             // after closing it) and still delivering its last bytes: this open goes next.
+            // Counted against the client's sessions: a client cannot queue opens without bound.
+            client.waitingOpens += 1
             waitingOpens[key, default: []].append { [weak self, weak client] in
-                guard let self, let client, !client.dropped else { return }
+                guard let self, let client else { return }
+                client.waitingOpens -= 1
+                guard !client.dropped else { return }
                 self.open(client, request: id, accessoryID: accessoryID, protocolString: protocolString)
             }
             return
@@ -376,6 +380,8 @@ final class Client: @unchecked Sendable {
     var version = 0
     var dropped = false
     var opening = 0
+    /// Opens waiting for a protocol this client (or its closing session) still holds.
+    var waitingOpens = 0
     var bridges: [Int: SessionBridge] = [:]
 
     init(id: Int, descriptor: Int32, holder: SessionHolder, core: Core) {

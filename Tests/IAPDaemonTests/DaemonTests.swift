@@ -243,6 +243,36 @@ struct DaemonTests {
         #expect(daemon.current.clientCount == 1)
     }
 
+    @Test("opens queued behind a session the client holds count against its sessions: the 64th is refused")
+    func queuedOpensAreBounded() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (client, accessory) = try await daemon.client()
+        defer { client.stop() }
+        let accessoryID = accessory.connectionID
+        let path = daemon.socketPath
+        try await runBlocking {
+            var raw = try RawClient(path: path)
+            raw.send(.hello(version: DaemonProtocol.version, client: "queued-opens"), id: 1)
+            raw.send(.open(accessory: accessoryID, protocolString: "com.example.echo"), id: 2)
+            var held: [Int32] = []
+            while held.isEmpty, let (message, passed) = try raw.next() {
+                if case .opened = message.reply { held = passed }
+                if case let .failure(failure) = message.reply { Issue.record("the first open failed: \(failure)") }
+            }
+            defer { for descriptor in held { _ = close(descriptor) } }
+            try #require(held.count == 2)
+            // The protocol is this client's: each open waits for it, until the client's 64 are used.
+            for id in 3...66 { raw.send(.open(accessory: accessoryID, protocolString: "com.example.echo"), id: UInt32(id)) }
+            var refused: (UInt32?, DaemonFailure.Code)?
+            while refused == nil, let (message, _) = try raw.next() {
+                if case let .failure(failure) = message.reply { refused = (message.id, failure.code) }
+            }
+            #expect(refused?.0 == 66, "refused: \(String(describing: refused))")
+            #expect(refused?.1 == .tooManySessions)
+        }
+    }
+
     @Test("a slow reader holds the accessory off instead of filling the daemon's memory")
     func aSlowReaderIsHeldOff() async throws {
         let daemon = try await DaemonHarness.start()
