@@ -617,13 +617,13 @@ fi
 userstage=$work/userstage
 bindir_built=$(cd "$(dirname "$iapctl")" && pwd)
 if DESTDIR=$userstage "$here/install.sh" --no-build --bin "$bindir_built" --prefix /home/someone/.local > "$work/userinstall.out" 2>&1; then
-    outside=$(find "$userstage" -type f -not -path "$userstage/home/someone/.local/*" | head -5)
+    outside=$(find "$userstage" -type f -not -path "$userstage/home/someone/.local/*" | head -5 || true)
     [ -z "$outside" ] || fail "install.sh --prefix ~/.local wrote outside its prefix: $outside"
     [ -f "$userstage/home/someone/.local/bin/iapctl" ] || fail "install.sh --prefix ~/.local did not install iapctl: $(cat "$work/userinstall.out")"
     contains "a user prefix says what it left out" userinstall.out "--system-files"
     DESTDIR=$userstage "$here/install.sh" --uninstall --prefix /home/someone/.local > "$work/useruninstall.out" 2>&1 \
         || fail "uninstall of a user prefix failed: $(cat "$work/useruninstall.out")"
-    left=$(find "$userstage" -type f | head -5)
+    left=$(find "$userstage" -type f | head -5 || true)
     [ -z "$left" ] || fail "uninstall of a user prefix left files behind: $left"
 else
     fail "install.sh --prefix ~/.local: $(cat "$work/userinstall.out")"
@@ -633,7 +633,7 @@ if DESTDIR=$userstage "$here/install.sh" --no-build --bin "$bindir_built" --pref
     [ -f "$userstage/etc/systemd/system/iapd.service" ] || fail "install.sh --system-files did not put iapd.service in place"
     grep -q "/opt/accessoryhost/bin/iapd" "$userstage/etc/systemd/system/iapd.service" || fail "iapd.service does not run the prefix's iapd"
     DESTDIR=$userstage "$here/install.sh" --uninstall --system-files --prefix /opt/accessoryhost > /dev/null 2>&1 || fail "uninstall --system-files failed"
-    left=$(find "$userstage" -type f | head -5)
+    left=$(find "$userstage" -type f | head -5 || true)
     [ -z "$left" ] || fail "uninstall --system-files left files behind: $left"
 else
     fail "install.sh --system-files: $(cat "$work/sysinstall.out")"

@@ -183,7 +183,7 @@ if [ "$with_iapd" -eq 1 ] && [ "$system_files" -eq 1 ]; then
     fi
 fi
 if [ "$system_files" -eq 0 ]; then
-    echo "install: $prefix is not a system prefix: nothing was written outside it. Left out: the udev rules (without" \
+    echo "install: nothing was written outside $prefix (not a system prefix, or --no-system-files). Left out: the udev rules (without" \
          "them only root opens the accessories) and iapd's systemd units, sysusers and tmpfiles entries and" \
          "/etc/iapd.conf. Install those too with --system-files (as root), or run the daemon by hand:" \
          "sudo groupadd --system iapd; sudo $prefix/bin/iapd --group iapd (docs/DAEMON.md, 'Without systemd')." >&2

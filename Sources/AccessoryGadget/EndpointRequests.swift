@@ -22,8 +22,9 @@ final class EndpointRequests {
     enum Completion {
         /// It moved these bytes: what a read received, what a write sent (valid during the call).
         case moved(UnsafeRawBufferPointer, writes: Int)
-        /// It failed with this `errno` value (`ESHUTDOWN` when the host disabled the function).
-        case failed(Int32)
+        /// It failed with this `errno` value (`ESHUTDOWN` when the host disabled the function);
+        /// `tag` is what it was queued with (the gadget's enable generation).
+        case failed(Int32, tag: UInt64)
     }
 
     /// Requests kept queued at most.
@@ -48,6 +49,7 @@ final class EndpointRequests {
     private var moved: [Int]
     private var failure: [Int32]
     private var pieces: [Int]
+    private var tags: [UInt64]
 
     /// Queues on `descriptor` (reads, or `writes`) up to `depth` requests of `slotSize` bytes;
     /// `nil` when the kernel offers no AIO context (built without AIO, or the system's limit of
@@ -73,6 +75,7 @@ final class EndpointRequests {
         moved = Array(repeating: 0, count: depth)
         failure = Array(repeating: 0, count: depth)
         pieces = Array(repeating: 0, count: depth)
+        tags = Array(repeating: 0, count: depth)
     }
 
     deinit {
@@ -90,27 +93,27 @@ final class EndpointRequests {
     /// Whether another request may be queued.
     var hasRoom: Bool { !free.isEmpty }
 
-    /// Queues a read of a whole slot. `nil`, or the `errno` value that refused it (`EAGAIN` or
-    /// `ESHUTDOWN` while the function is not enabled).
-    func queueRead() -> Int32? {
+    /// Queues a read of a whole slot, tagged with `tag` (handed back if it fails). `nil`, or the
+    /// `errno` value that refused it (`EAGAIN` or `ESHUTDOWN` while the function is not enabled).
+    func queueRead(tag: UInt64 = 0) -> Int32? {
         precondition(!writes, "a read queued on a writer's requests")
         guard let slot = free.last else { return EAGAIN }
-        return queue(slot: slot, ranges: [0..<slotSize])
+        return queue(slot: slot, ranges: [0..<slotSize], tag: tag)
     }
 
     /// Copies `bytes` (at most ``slotSize``) into a free slot and queues it written: as two writes
     /// when `splitBeforeLast` is set (all but the last byte, then the last byte alone). `nil`, or
     /// the `errno` value that refused it.
-    func queueWrite(_ bytes: UnsafeRawBufferPointer, splitBeforeLast: Bool) -> Int32? {
+    func queueWrite(_ bytes: UnsafeRawBufferPointer, splitBeforeLast: Bool, tag: UInt64 = 0) -> Int32? {
         precondition(writes, "a write queued on a reader's requests")
         precondition(bytes.count <= slotSize && (!splitBeforeLast || bytes.count >= 2), "a write that does not fit a slot")
         guard let slot = free.last else { return EAGAIN }
         if let base = bytes.baseAddress { (memory + slot * slotSize).copyMemory(from: base, byteCount: bytes.count) }
         let ranges = splitBeforeLast ? [0..<(bytes.count - 1), (bytes.count - 1)..<bytes.count] : [0..<bytes.count]
-        return queue(slot: slot, ranges: ranges)
+        return queue(slot: slot, ranges: ranges, tag: tag)
     }
 
-    private func queue(slot: Int, ranges: [Range<Int>]) -> Int32? {
+    private func queue(slot: Int, ranges: [Range<Int>], tag: UInt64) -> Int32? {
         let start = memory + slot * slotSize
         for (index, range) in ranges.enumerated() {
             let block = blocks + 2 * slot + index
@@ -122,6 +125,7 @@ final class EndpointRequests {
         free.removeLast()
         piecesLeft[slot] = taken
         pieces[slot] = taken
+        tags[slot] = tag
         moved[slot] = 0
         // The piece the kernel did not take (of a split write) counts as failed.
         failure[slot] = taken < ranges.count ? EAGAIN : 0
@@ -157,7 +161,7 @@ final class EndpointRequests {
             let slot = order[orderHead]
             guard piecesLeft[slot] == 0 else { return }
             if failure[slot] != 0 {
-                body(.failed(failure[slot]))
+                body(.failed(failure[slot], tag: tags[slot]))
             } else {
                 body(.moved(UnsafeRawBufferPointer(start: memory + slot * slotSize, count: moved[slot]), writes: pieces[slot]))
             }

@@ -210,7 +210,7 @@ extension GadgetCore {
     private func readQueued(_ requests: EndpointRequests, generation: UInt64) -> Bool {
         var refused: Int32?
         while requests.hasRoom, refused == nil {
-            refused = requests.queueRead()
+            refused = requests.queueRead(tag: generation)
         }
         if requests.inFlight == 0 {
             let code = refused ?? EAGAIN
@@ -230,8 +230,10 @@ extension GadgetCore {
             case let .moved(bytes, _):
                 // A zero-length packet ended a transfer that filled the last read: nothing.
                 if !bytes.isEmpty { deliver(Array(bytes)) }
-            case let .failed(code):
-                if failed == nil { failed = code }
+            case let .failed(code, tag):
+                // A read queued before the last ENABLE failed with its generation (the kernel
+                // dequeued it at DISABLE): nothing to wait for, the endpoint works again.
+                if failed == nil, tag == generation { failed = code }
             }
         }
         guard let failed, failed != EINTR else { return true }
@@ -288,6 +290,12 @@ extension GadgetCore {
             }
             switch step {
             case .stop:
+                if let requests {
+                    // Counted before io_destroy cancels what is still queued: those are dropped.
+                    _ = finishWrites(requests, wait: false)
+                    let cancelled = requests.inFlight
+                    state.withLock { $0.statistics.framesDropped += cancelled }
+                }
                 return
             case .wait:
                 if let requests, !finishWrites(requests, wait: false) { return }
@@ -329,7 +337,10 @@ extension GadgetCore {
         }
         let split = frame.count % maxPacket == 0
         guard let code = frame.withUnsafeBytes({ requests.queueWrite($0, splitBeforeLast: split) }) else { return true }
-        if code == EINTR { return !isClosing }
+        if code == EINTR {
+            state.withLock { $0.statistics.framesDropped += 1 }
+            return !isClosing
+        }
         if !endpointFailed(code, generation: generation, direction: "writing the IN endpoint") { return false }
         state.withLock { $0.statistics.framesDropped += 1 }
         return true
@@ -356,7 +367,7 @@ extension GadgetCore {
                         state.statistics.bytesSent += bytes.count
                         if writes > 1 { state.statistics.shortPacketSplits += 1 }
                     }
-                case let .failed(code):
+                case let .failed(code, _):
                     failures.append(code)
                 }
             }

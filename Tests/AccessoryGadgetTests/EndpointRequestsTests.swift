@@ -24,7 +24,7 @@ struct EndpointRequestsTests {
             requests.takeCompleted { completion in
                 switch completion {
                 case let .moved(bytes, writes): seen.append("\(Array(bytes)) in \(writes)")
-                case let .failed(code): seen.append("errno \(code)")
+                case let .failed(code, _): seen.append("errno \(code)")
                 }
             }
         }

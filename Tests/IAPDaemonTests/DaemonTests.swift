@@ -243,7 +243,7 @@ struct DaemonTests {
         #expect(daemon.current.clientCount == 1)
     }
 
-    @Test("opens queued behind a session the client holds count against its sessions: the 64th is refused")
+    @Test("opens queued behind a session the client holds count against its 64 sessions: one held and 63 waiting, the next is refused")
     func queuedOpensAreBounded() async throws {
         let daemon = try await DaemonHarness.start()
         defer { daemon.stop() }

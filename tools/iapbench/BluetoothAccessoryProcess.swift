@@ -33,7 +33,6 @@ enum BluetoothAccessoryProcess {
         case .raw:
             DispatchQueue(label: "iapbench.rfcomm-echo").async {
                 BluetoothBenchmarks.echoLoop(connected.descriptor)
-                _ = close(connected.descriptor)
                 echoed.signal()
             }
         case .simulator:
@@ -57,6 +56,7 @@ enum BluetoothAccessoryProcess {
             // The host's side shut down first; the echo then ends (bounded by its 60 s poll).
             _ = shutdown(connected.descriptor, Int32(SHUT_RDWR))
             echoed.wait()
+            _ = close(connected.descriptor) // only once the echo is done with it
         }
         return .success
     }

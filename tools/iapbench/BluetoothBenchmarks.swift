@@ -157,6 +157,7 @@ enum BluetoothBenchmarks {
             throw ToolFailure("the raw RFCOMM connection was not accepted within 60 s")
         }
         let hostSide = try acceptedSocket.withLock { $0! }.get()
+        defer { _ = close(hostSide) }
         step("accepted")
         // Each side is one thread polling its non-blocking socket for both directions: a
         // blocking read in one thread beside a blocking write in another on the same RFCOMM
@@ -206,7 +207,6 @@ enum BluetoothBenchmarks {
         let accessoryCPU = try child.figures() - childBefore
         step("received \(received) bytes back")
         _ = shutdown(hostSide, Int32(SHUT_RDWR))
-        _ = close(hostSide)
         guard received == bytes else {
             throw ToolFailure("the raw RFCOMM echo ended after \(received) of \(bytes) bytes: \(failure ?? "?")")
         }
