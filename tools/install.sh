@@ -125,11 +125,10 @@ fi
 
 if [ "$build" -eq 1 ]; then
     tools/ensure-deps.sh
-    echo "install: building (swift build -c release; the first build takes a few minutes)" >&2
-    log=$(mktemp)
-    trap 'rm -f "$log"' EXIT
-    if ! swift build -c release > "$log" 2>&1; then
-        cat "$log" >&2
+    # The Swift runtime linked in statically: what is installed keeps working without the
+    # toolchain (or with another version of it) on PATH.
+    echo "install: building (tools/package/release-build.sh, a release build; the first takes a few minutes)" >&2
+    if ! tools/package/release-build.sh "${EXECUTABLES[@]}" > /dev/null; then
         echo "install: the release build failed (above)" >&2
         exit 1
     fi

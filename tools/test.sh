@@ -2,11 +2,12 @@
 # Every test of the project, on a fresh machine: installs what is missing, builds with warnings
 # treated as failures, runs the unit and integration tests (twice: the second time with Swift's
 # cooperative pool narrowed to one thread, tools/narrow-pool), checks that the codec allocates
-# nothing per frame, runs the in-guest tests on a real kernel USB stack (tools/usb-rig),
-# fuzzes each parser for FUZZ_SECONDS (default 60) seconds, and checks the documentation.
+# nothing per frame, builds the Debian package and installs, runs and purges it (tools/package),
+# runs the in-guest tests on a real kernel USB stack (tools/usb-rig), fuzzes each parser for
+# FUZZ_SECONDS (default 60) seconds, and checks the documentation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon
+tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon dpkg-dev lintian
 fuzz_seconds=${FUZZ_SECONDS:-60}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -67,10 +68,10 @@ fi
 step "Wireshark: tshark with tools/wireshark/iap.lua against iapctl decode --pcap (a simulated trace, usbmon, malformed frames)"
 timeout 300 tools/wireshark/check.sh --iapctl .build/debug/iapctl
 
-step "release build and allocation check"
-# The shipping build: the allocation check, the examples and every benchmark number use it.
-swift build -c release 2>&1 | tee "$log" | grep -E "error|warning:" && exit 1 || true
-grep -q "Build complete" "$log" || { echo "test: the release build failed" >&2; cat "$log" >&2; exit 1; }
+step "release build (the Swift runtime linked statically, as the Debian package ships it) and allocation check"
+# The shipping build: the package, the allocation check, the examples and every benchmark
+# number use it. Warnings fail it as in the debug build.
+tools/package/release-build.sh
 tools/check-allocations.sh .build/release/iapbench
 
 step "scale: 1,000 accessories on pseudo-terminals in one host process (issue 16's goal: all identified within 10 s)"
@@ -94,6 +95,12 @@ tools/examples/ea-echo-demo.sh --bin .build/release
 
 step "the core alone (tools/examples/SerialOnly): links no libusb, libdbus or libcrypto, and echoes over a pseudo-terminal"
 tools/examples/serial-only-demo.sh --bin .build/release
+
+step "Debian package: dpkg-deb and lintian, apt-get install, run with the toolchain out of reach, systemd-analyze verify, purge"
+# tools/package/deb.sh packages the release build above (no second build); check-deb.sh installs
+# it on this machine and purges it again (it refuses where the package is installed already).
+tools/package/deb.sh --no-build | tee "$log"
+tools/package/check-deb.sh "$(tail -n 1 "$log")"
 
 step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
 # tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it
