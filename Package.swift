@@ -141,7 +141,7 @@ let package = Package(
         .executableTarget(
             name: "iapctl",
             dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "IAPTransport", "IAPLink", "IAPWire",
-                           "IAPInspect", "CLIKit", "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication", "ProjectVersion"],
+                           "IAPInspect", "CLIKit", "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication", "ProjectVersion", "IAPDaemonProtocol"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),

@@ -2,7 +2,7 @@
 """Validates iapctl --json output against docs/json-schema.json.
 
 Usage: tools/check-json.py DEF FILE...
-  DEF   the schema's $defs entry for the command (list, info, wait, watch, send, decode)
+  DEF   the schema's $defs entry for the command (list, info, wait, watch, send, decode, stats)
   FILE  iapctl's standard output: one JSON object per line, at least one line
 Exit status: 0 every line of every file is valid, 1 one is not (each problem printed), 64 usage.
 Needs the jsonschema module (Debian: python3-jsonschema).

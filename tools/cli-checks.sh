@@ -655,6 +655,9 @@ if [ -x "$iapd" ]; then
     check "iapctl goes through iapd" 0 env IAPD_SOCKET="$work/iapd.sock" "$iapctl" -v list
     contains "iapctl -v says iapd" err "going through iapd at $work/iapd.sock"
     contains "the accessory iapd serves" out "Multi Sensor"
+    # iapd's counters, as iapctl stats --json gives them, against the schema.
+    timeout 60 env IAPD_SOCKET="$work/iapd.sock" "$iapctl" stats --json > "$work/stats.json"
+    python3 "$here/check-json.py" stats "$work/stats.json" 2> "$work/schema.err" || fail "stats --json against the schema: $(cat "$work/schema.err")"
     # report never goes through iapd: it says iapd holds the accessories and how to stop it.
     check "report while iapd runs" 0 env IAPD_SOCKET="$work/iapd.sock" "$iapctl" --no-usb report -o "$work/report-iapd.txt"
     contains "report names iapd" err "stopped at open: no accessory found"

@@ -90,6 +90,16 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     /// acknowledges. Do not call it from the manager's queue.
     public var linkStatistics: LinkStatistics? { connection.linkStatistics() }
 
+    /// The id of the transport connection the accessory was identified on (iapd's metrics). An
+    /// accessory identified again on the same connection (its link restarted) has a new
+    /// ``connectionID`` but the same transport connection, whose counters (``linkStatistics``)
+    /// go on from where they were.
+    package var transportConnectionID: Int { connection.connectionID }
+
+    /// ``linkStatistics`` read on the manager's queue, where the caller already is: no hop, and
+    /// nothing sent or rescheduled (iapd's metrics). nil for iAP1 and remote accessories.
+    package func linkStatisticsOnQueue() -> LinkStatistics? { connection.linkStatisticsOnQueue() }
+
     /// The accessory in one line: id, name, maker, model, serial, firmware and where it is. The
     /// accessory's strings are quoted exactly: escape the line (`escapedForTerminal` of
     /// AccessoryLogging) before showing it on a terminal.

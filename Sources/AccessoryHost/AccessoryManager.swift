@@ -160,6 +160,14 @@ public final class AccessoryManager: Sendable {
     /// The accessories connected now.
     public var connectedAccessories: [Accessory] { state.withLock { $0.accessories } }
 
+    /// The kinds of the transports still working towards their first identified accessory: the
+    /// accessories connecting (iapd's metrics). On ``queue``.
+    package func connectingTransportKinds() -> [TransportKind] {
+        dispatchPrecondition(condition: .onQueue(queue))
+        let connections = state.withLock { Array($0.connections.values) }
+        return connections.filter(\.isPending).map(\.transport.kind)
+    }
+
     /// Event callbacks registered now (tests: a finished wait must not leave one behind).
     var callbackCount: Int { state.withLock { $0.callbacks.count } }
 

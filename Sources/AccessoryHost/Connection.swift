@@ -134,6 +134,14 @@ final class Connection: @unchecked Sendable {
         return onQueue { driver.perform { machine, _ in machine.linkStatistics } }
     }
 
+    /// The iAP2 link's counters, nil on iAP1, read without sending or rescheduling anything. On
+    /// the queue.
+    func linkStatisticsOnQueue() -> LinkStatistics? {
+        dispatchPrecondition(condition: .onQueue(queue))
+        guard remote == nil else { return nil }
+        return driver.inspect { machine in machine.linkStatistics }
+    }
+
     /// Whether this connection is still working towards its first identified accessory.
     var isPending: Bool { !everIdentified && downReason == nil }
 

@@ -32,8 +32,9 @@ public struct DaemonConnectionError: Error, Sendable, Hashable, CustomStringConv
         self.description = description
     }
 
-    /// Connects to the daemon's socket at `path`: the descriptor, or why not.
-    static func connect(path: String) throws(DaemonConnectionError) -> Int32 {
+    /// Connects to the daemon's socket at `path`: the descriptor (non-blocking), or why not
+    /// (`iapctl stats` connects with it too).
+    package static func connect(path: String) throws(DaemonConnectionError) -> Int32 {
         switch UnixSocket.connect(path: path) {
         case .success(let descriptor):
             return descriptor

@@ -3,7 +3,7 @@ public import AccessoryLogging
 internal import ByteRing
 internal import Dispatch
 internal import Glibc
-internal import IAPDaemonProtocol
+public import IAPDaemonProtocol
 internal import IAPLink
 internal import IAPTransport
 internal import Synchronization
@@ -22,6 +22,10 @@ internal import SystemCalls
 /// - A client that goes away releases its sessions at once.
 /// - A request that is malformed or breaks a limit gets an error and the client is dropped;
 ///   others are not affected. Memory per client is bounded (requests, queued replies, sessions).
+///
+/// It counts what it does (clients, sessions, bytes each way, failures) and reads the
+/// accessories' link counters for ``statistics(_:)``: what `iapctl stats` asks for and
+/// ``MetricsExporter`` writes for Prometheus.
 ///
 /// Everything runs on the manager's queue. Thread safety: the methods may be called from any
 /// thread; they hop to that queue.
@@ -68,8 +72,12 @@ public final class DaemonServer: Sendable {
         self.logger = logger
         self.core = Core(manager: manager, options: options, logger: logger)
         let core = self.core
-        let subscription = manager.onEvent(queue: manager.queue) { event in core.accessoryEvent(event) }
-        manager.queue.async { core.subscription = subscription }
+        // On the queue, where accessories come and go: those identified before are counted
+        // once, and every later one is heard of.
+        manager.queue.async {
+            for accessory in manager.connectedAccessories { core.book.accessoryIdentified(accessory) }
+            core.subscription = manager.onEvent(queue: manager.queue) { event in core.accessoryEvent(event) }
+        }
     }
 
     /// Accepts clients on `descriptor`, a listening Unix stream socket (the server owns it).
@@ -89,6 +97,22 @@ public final class DaemonServer: Sendable {
 
     /// How many sessions clients hold now.
     public var sessionCount: Int { QueueRun.sync(manager.queue) { core.clients.values.reduce(0) { $0 + $1.bridges.count } } }
+
+    /// The daemon's counters and gauges now. Waits for the manager's queue: from a Swift task,
+    /// use ``currentStatistics()``, which suspends instead.
+    public var statistics: DaemonStatistics { QueueRun.sync(manager.queue) { core.statistics() } }
+
+    /// Reads the counters and gauges on the manager's queue and hands them to `deliver` there
+    /// (keep it short: every accessory waits for it). Accessories' link counters are read then.
+    public func statistics(_ deliver: @escaping @Sendable (DaemonStatistics) -> Void) {
+        let core = self.core
+        manager.queue.async { deliver(core.statistics()) }
+    }
+
+    /// The daemon's counters and gauges now, read on the manager's queue without blocking a thread.
+    public func currentStatistics() async -> DaemonStatistics {
+        await withCheckedContinuation { continuation in statistics { continuation.resume(returning: $0) } }
+    }
 
     /// Stops accepting and drops every client (their sessions close); the manager runs on.
     public func stop() {
@@ -129,6 +153,8 @@ final class Core: @unchecked Sendable {
     /// Opens waiting for a session their client closed to finish closing, by protocol.
     var waitingOpens: [HolderKey: [() -> Void]] = [:]
     var stopped = false
+    /// What is counted for the statistics.
+    var book: StatisticsBook
 
     struct HolderKey: Hashable {
         var accessory: Int
@@ -139,7 +165,16 @@ final class Core: @unchecked Sendable {
         self.manager = manager
         self.options = options
         self.logger = logger
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        book = StatisticsBook(daemon: options.name, startTime: Double(now.tv_sec) + Double(now.tv_nsec) / 1e9)
         QueueRun.mark(manager.queue)
+    }
+
+    /// The statistics now. On the queue.
+    func statistics() -> DaemonStatistics {
+        book.reading(accessories: manager.connectedAccessories, connecting: manager.connectingTransportKinds(),
+                     sessions: clients.values.flatMap { $0.bridges.values }, clients: clients.count)
     }
 
     var queue: DispatchQueue { manager.queue }
@@ -164,6 +199,7 @@ final class Core: @unchecked Sendable {
                 return
             case .failure(let error):
                 // EMFILE and the like: logged; the next client wakes the source again.
+                book.failure(.accept)
                 logger.error("cannot accept a client: \(error)")
                 return
             }
@@ -178,16 +214,19 @@ final class Core: @unchecked Sendable {
         nextClientID += 1
         let client = Client(id: id, descriptor: descriptor, holder: holder, core: self)
         guard clients.count < options.maximumClients else {
+            book.clientRefused(.tooManyClients)
             logger.warning("refused \(holder): already \(options.maximumClients) clients")
             client.refuse(DaemonFailure(.failed, "iapd serves at most \(options.maximumClients) clients at once; close some and try again"))
             return
         }
         if let failure = permission(credentials) {
+            book.clientRefused(.permission)
             logger.notice("refused \(holder): \(failure.message)")
             client.refuse(failure)
             return
         }
         clients[id] = client
+        book.clientAccepted()
         client.start()
         logger.debug("client \(id): \(holder) connected")
     }
@@ -223,13 +262,16 @@ final class Core: @unchecked Sendable {
         var minimumVersion = DaemonProtocol.oldestVersion
         switch event {
         case let .connected(accessory):
+            book.accessoryIdentified(accessory)
             message = .connected(Self.record(accessory))
         case let .disconnected(accessory, reason):
+            book.accessoryDisconnected(accessory, live: manager.connectedAccessories)
             message = .disconnected(accessory: accessory.connectionID, reason: reason)
         case let .appLaunchRequested(accessory, request):
             message = .appLaunchRequested(accessory: accessory.connectionID, bundleIdentifier: request.bundleIdentifier)
             minimumVersion = 2
         case let .failed(location, reason):
+            book.failure(.transport)
             message = .transportFailed(location: location, reason: reason)
             minimumVersion = 2
         }
@@ -254,16 +296,16 @@ final class Core: @unchecked Sendable {
 
     func open(_ client: Client, request id: UInt32, accessoryID: Int, protocolString: String) {
         guard client.bridges.count + client.opening + client.waitingOpens < options.maximumSessionsPerClient else {
-            return client.reply(id, .failure(DaemonFailure(.tooManySessions,
-                "this client holds \(options.maximumSessionsPerClient) sessions, the most iapd allows one client; close one first")))
+            return refuseOpen(client, id, DaemonFailure(.tooManySessions,
+                "this client holds \(options.maximumSessionsPerClient) sessions, the most iapd allows one client; close one first"))
         }
         guard let accessory = manager.connectedAccessories.first(where: { $0.connectionID == accessoryID }) else {
-            return client.reply(id, .failure(DaemonFailure(.noSuchAccessory,
-                "no accessory \(accessoryID) is connected (it went away); list the accessories again")))
+            return refuseOpen(client, id, DaemonFailure(.noSuchAccessory,
+                "no accessory \(accessoryID) is connected (it went away); list the accessories again"))
         }
         guard accessory.protocolStrings.contains(protocolString) else {
-            return client.reply(id, .failure(DaemonFailure(.unsupportedProtocol,
-                "the accessory does not declare '\(protocolString)'; it declares: \(accessory.protocolStrings.joined(separator: ", "))")))
+            return refuseOpen(client, id, DaemonFailure(.unsupportedProtocol,
+                "the accessory does not declare '\(protocolString)'; it declares: \(accessory.protocolStrings.joined(separator: ", "))"))
         }
         let key = HolderKey(accessory: accessoryID, protocolString: protocolString)
         if let holderID = holders[key], holderID == client.id || bridgesByKey[key]?.isReleasing == true {
@@ -281,9 +323,9 @@ final class Core: @unchecked Sendable {
         }
         if let holderID = holders[key] {
             let holder = clients[holderID]?.holder
-            return client.reply(id, .failure(DaemonFailure(.protocolInUse,
+            return refuseOpen(client, id, DaemonFailure(.protocolInUse,
                 "a session for '\(protocolString)' is already open on this accessory in \(holder?.description ?? "another client") (one per protocol); close it there first",
-                holder: holder)))
+                holder: holder))
         }
         holders[key] = client.id
         client.opening += 1
@@ -300,39 +342,50 @@ final class Core: @unchecked Sendable {
             switch result {
             case let .failure(error):
                 release()
-                client.reply(id, .failure(Self.failure(error)))
+                self.refuseOpen(client, id, Self.failure(error))
             case let .success(session):
                 switch (UnixSocket.pair(), SharedRingMemory.create(capacity: options.sessionRingCapacity, name: "iapd-session")) {
                 case let (.failure(error), memory):
                     if case let .success((_, passed)) = memory { _ = close(passed) }
                     session.close()
                     release()
-                    client.reply(id, .failure(DaemonFailure(.failed, "iapd cannot make the session's socket: \(error)")))
+                    self.refuseOpen(client, id, DaemonFailure(.failed, "iapd cannot make the session's socket: \(error)"))
                 case let (.success((mine, theirs)), .failure(failure)):
                     _ = close(mine)
                     _ = close(theirs)
                     session.close()
                     release()
-                    client.reply(id, .failure(DaemonFailure(.failed, "iapd cannot make the session's shared memory: \(failure); check the memory limits of iapd's unit (MemoryMax)")))
+                    self.refuseOpen(client, id, DaemonFailure(.failed, "iapd cannot make the session's shared memory: \(failure); check the memory limits of iapd's unit (MemoryMax)"))
                 case let (.success((mine, theirs)), .success((memory, passed))):
                     let sessionID = nextSessionID
                     nextSessionID += 1
                     let logger = self.logger
                     let holder = client.holder
                     let bridge = SessionBridge(id: sessionID, session: session, memory: memory, socket: mine, queue: queue,
-                                               log: { logger.notice("\(holder): \($0)") }) { [weak self, weak client] in
+                                               log: { [weak self] in
+                                                   self?.book.failure(.brokenRing)
+                                                   logger.notice("\(holder): \($0)")
+                                               }) { [weak self, weak client] bridge in
+                        self?.book.sessionEnded(toAccessory: bridge.bytesToAccessory, toClient: bridge.bytesToClient)
                         client?.bridges[sessionID] = nil
                         self?.release(key)
                         logger.debug("session \(sessionID) '\(protocolString)' ended")
                     }
                     client.bridges[sessionID] = bridge
                     bridgesByKey[key] = bridge
+                    book.sessionOpened()
                     bridge.start()
                     client.reply(id, .opened(accessory: accessoryID, protocolString: protocolString, session: sessionID), passing: [theirs, passed])
                     logger.info("\(client.holder) opened '\(protocolString)' on \(accessory.name)")
                 }
             }
         }
+    }
+
+    /// An open failed: counted, and the client told.
+    private func refuseOpen(_ client: Client, _ id: UInt32, _ failure: DaemonFailure) {
+        book.openFailed(failure.code)
+        client.reply(id, .failure(failure))
     }
 
     /// The protocol is free again: the next waiting open (if any) takes it.
@@ -358,164 +411,5 @@ final class Core: @unchecked Sendable {
         case .sessionClosed, .sessionRefused, .timedOut:
             return DaemonFailure(.refused, error.description)
         }
-    }
-}
-
-/// One connected client: its control socket, what it asked for, its sessions.
-final class Client: @unchecked Sendable {
-    // Confinement: the manager's queue.
-    let id: Int
-    let holder: SessionHolder
-    private let descriptor: Int32
-    private unowned let core: Core
-    private var watch: DescriptorWatch?
-    /// Queued output: bytes, and the descriptor that goes with their first byte.
-    private var output: [(bytes: [UInt8], descriptors: [Int32])] = []
-    private var outputOffset = 0
-    private var queuedBytes = 0
-    private var framer = MessageFramer(limit: DaemonProtocol.maximumRequestLength)
-    private var scratch = [UInt8](repeating: 0, count: 16 * 1024)
-    var welcomed = false
-    /// The protocol version the client said in its hello.
-    var version = 0
-    var dropped = false
-    var opening = 0
-    /// Opens waiting for a protocol this client (or its closing session) still holds.
-    var waitingOpens = 0
-    var bridges: [Int: SessionBridge] = [:]
-
-    init(id: Int, descriptor: Int32, holder: SessionHolder, core: Core) {
-        self.id = id
-        self.descriptor = descriptor
-        self.holder = holder
-        self.core = core
-    }
-
-    func start() {
-        watch = DescriptorWatch(descriptor: descriptor, queue: core.queue,
-                                readable: { [weak self] in self?.receive() }, writable: { [weak self] in self?.flush() })
-    }
-
-    /// Tells a client it is not served, then closes its socket.
-    func refuse(_ failure: DaemonFailure) {
-        let bytes = MessageFramer.encode(DaemonMessage(id: nil, reply: .failure(failure)))
-        _ = bytes.withUnsafeBytes { UnixSocket.send(descriptor, $0) }
-        _ = close(descriptor)
-    }
-
-    private func receive() {
-        while !dropped {
-            let result = scratch.withUnsafeMutableBytes { SystemCall.read(descriptor, into: $0) }
-            switch result {
-            case .success(0):
-                return drop(reason: nil)
-            case .success(let count):
-                framer.append(scratch.prefix(count))
-                do {
-                    while !dropped, let message = try framer.next(ClientMessage.self) { handle(message) }
-                } catch {
-                    return refuseRequest(id: nil, "\(error)")
-                }
-            case .failure(let error) where error.kind == .wouldBlock:
-                return
-            case .failure(let error):
-                return drop(reason: "\(error)")
-            }
-        }
-    }
-
-    private func handle(_ message: ClientMessage) {
-        if let invalid = message.request.invalidity { return refuseRequest(id: message.id, invalid) }
-        switch message.request {
-        case let .hello(version, _):
-            guard (DaemonProtocol.oldestVersion...DaemonProtocol.version).contains(version) else {
-                reply(message.id, .failure(DaemonFailure(.version, DaemonProtocol.versionMismatch(daemon: DaemonProtocol.oldestVersion...DaemonProtocol.version, client: version))))
-                return drop(reason: "protocol version \(version)")
-            }
-            self.version = version
-            welcomed = true
-            reply(message.id, .welcome(version: DaemonProtocol.version, daemon: core.options.name, accessories: core.records))
-        case .list:
-            guard welcomed else { return refuseRequest(id: message.id, "list before hello") }
-            reply(message.id, .accessories(core.records))
-        case let .open(accessory, protocolString):
-            guard welcomed else { return refuseRequest(id: message.id, "open before hello") }
-            core.open(self, request: message.id, accessoryID: accessory, protocolString: protocolString)
-        case .ping:
-            reply(message.id, .pong)
-        }
-    }
-
-    /// A request that breaks the protocol: the client is told why and dropped.
-    private func refuseRequest(id: UInt32?, _ reason: String) {
-        core.logger.notice("dropping client \(self.id) (\(holder)): \(reason)")
-        reply(id, .failure(DaemonFailure(.badRequest, "iapd dropped this client: \(reason)")))
-        flush()
-        drop(reason: reason)
-    }
-
-    func reply(_ id: UInt32?, _ reply: DaemonReply, passing descriptors: [Int32] = []) {
-        let bytes = MessageFramer.encode(DaemonMessage(id: id, reply: reply))
-        guard !dropped else {
-            for descriptor in descriptors { _ = close(descriptor) }
-            return
-        }
-        output.append((bytes, descriptors))
-        queuedBytes += bytes.count
-        flush()
-    }
-
-    func send(_ bytes: [UInt8]) {
-        guard !dropped else { return }
-        output.append((bytes, []))
-        queuedBytes += bytes.count
-        guard queuedBytes <= core.options.maximumQueuedOutput else {
-            core.logger.notice("dropping client \(id) (\(holder)): it left \(queuedBytes) bytes of events unread")
-            return drop(reason: "too slow")
-        }
-        flush()
-    }
-
-    private func flush() {
-        while !dropped, let first = output.first {
-            let result = first.bytes.withUnsafeBytes { raw -> Result<Int, SystemError> in
-                let rest = UnsafeRawBufferPointer(rebasing: raw[outputOffset...])
-                if outputOffset == 0, !first.descriptors.isEmpty { return UnixSocket.send(descriptor, rest, passing: first.descriptors) }
-                return UnixSocket.send(descriptor, rest)
-            }
-            switch result {
-            case .success(let count):
-                if outputOffset == 0, count > 0, !first.descriptors.isEmpty {
-                    for passed in first.descriptors { _ = close(passed) } // they went with the first byte
-                    output[0].descriptors = []
-                }
-                outputOffset += count
-                queuedBytes -= count
-                if outputOffset == first.bytes.count {
-                    output.removeFirst()
-                    outputOffset = 0
-                }
-            case .failure(let error) where error.kind == .wouldBlock:
-                watch?.watchWritable()
-                return
-            case .failure(let error):
-                return drop(reason: "\(error)")
-            }
-        }
-        watch?.stopWatchingWritable()
-    }
-
-    /// Closes the client's socket and ends its sessions at once.
-    func drop(reason: String?) {
-        guard !dropped else { return }
-        dropped = true
-        for pending in output { for passed in pending.descriptors { _ = close(passed) } }
-        output.removeAll()
-        if let watch { watch.cancel() } else { _ = close(descriptor) }
-        watch = nil
-        for bridge in Array(bridges.values) { bridge.abort() }
-        bridges.removeAll()
-        core.removed(self)
-        core.logger.debug("client \(id): \(holder) went away\(reason.map { " (\($0))" } ?? "")")
     }
 }

@@ -29,14 +29,21 @@ final class SessionBridge: SessionRelay, @unchecked Sendable {
     private let channel: SharedRingChannel
     private let queue: DispatchQueue
     private let log: (String) -> Void
-    /// Called once, on the queue, when the bridge is done (the protocol is free again).
-    private var onEnd: (() -> Void)?
+    /// Called once, on the queue, when the bridge is done (the protocol is free again), with the
+    /// bridge (its byte counts are final then).
+    private var onEnd: ((SessionBridge) -> Void)?
     private var clientClosed = false
     private var accessoryEnded = false
     private var closing = false
+    /// Session bytes the accessory's link took from the client's ring (iapd's metrics).
+    private(set) var bytesToAccessory = 0
+    /// Session bytes the accessory sent that went into the client's ring (iapd's metrics).
+    private(set) var bytesToClient = 0
 
+    /// A bridge for `session` over the rings in `memory` and the wake-up `socket`. `log` is told
+    /// when the client broke its ring (the session is closed then); `onEnd` when the bridge is done.
     init(id: Int, session: AccessorySession, memory: SharedRingMemory, socket: Int32, queue: DispatchQueue, log: @escaping (String) -> Void,
-         onEnd: @escaping () -> Void) {
+         onEnd: @escaping (SessionBridge) -> Void) {
         self.id = id
         self.session = session
         self.channel = SharedRingChannel(memory: memory, socket: socket, role: .daemon, description: "session \(id) '\(session.protocolString)'")
@@ -80,7 +87,10 @@ final class SessionBridge: SessionRelay, @unchecked Sendable {
 
     func deliver(_ bytes: RawSpan) -> Int {
         // A client that closed its end reads nothing more: its bytes are dropped.
-        clientClosed ? bytes.byteCount : channel.write(span: bytes)
+        guard !clientClosed else { return bytes.byteCount }
+        let written = channel.write(span: bytes)
+        bytesToClient += written
+        return written
     }
 
     func withOutgoing(_ body: (RawSpan) -> Int) {
@@ -88,7 +98,9 @@ final class SessionBridge: SessionRelay, @unchecked Sendable {
         while let taken = channel.withReadableBytes({ span -> (consumed: Int, result: Int) in
             let taken = body(span)
             return (taken, taken)
-        }), taken > 0 {}
+        }), taken > 0 {
+            bytesToAccessory += taken
+        }
         // The client's last bytes went to the link: the close can go on (from the queue).
         if clientClosed, !closing, channel.readableByteCount == 0 { queue.async { [weak self] in self?.afterService() } }
     }
@@ -146,6 +158,6 @@ final class SessionBridge: SessionRelay, @unchecked Sendable {
         // Closed here too (a no-op when the graceful close did it): the connection holds the
         // bridge as the session's relay until the session is closed.
         session.close()
-        onEnd()
+        onEnd(self)
     }
 }

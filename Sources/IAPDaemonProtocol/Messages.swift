@@ -32,7 +32,7 @@ public enum DaemonProtocol {
     public static let defaultSocketPath = "/run/iapd/iapd.sock"
     /// The environment variable that names another socket (for clients and the daemon).
     public static let socketEnvironmentVariable = "IAPD_SOCKET"
-    /// The longest request the daemon reads (a request is small: hello, list, open).
+    /// The longest request the daemon reads (a request is small: hello, list, open, stats).
     public static let maximumRequestLength = 16 * 1024
     /// The longest message a client reads (a list of many accessories).
     public static let maximumReplyLength = 8 * 1024 * 1024
@@ -67,6 +67,10 @@ public enum ClientRequest: Codable, Sendable, Hashable {
     case open(accessory: Int, protocolString: String)
     /// Answered at once with ``DaemonReply/pong``: a round trip through the daemon.
     case ping
+    /// The daemon's counters and gauges (``DaemonReply/statistics(_:)``), after hello. Added
+    /// within protocol 3: an iapd older than it cannot decode it and answers ``DaemonFailure/Code/badRequest``
+    /// (without the request's id) and drops the client, which then says that iapd is too old.
+    case stats
 
     /// Checks the request's fields against the protocol's limits; nil when they hold, else why not.
     public var invalidity: String? {
@@ -83,7 +87,7 @@ public enum ClientRequest: Codable, Sendable, Hashable {
             if protocolString.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
                 return "open: the protocol string holds control characters"
             }
-        case .list, .ping:
+        case .list, .ping, .stats:
             break
         }
         return nil
@@ -114,6 +118,8 @@ public enum DaemonReply: Codable, Sendable, Hashable {
     case opened(accessory: Int, protocolString: String, session: Int)
     /// Answers ping.
     case pong
+    /// Answers stats: the daemon's counters and gauges now.
+    case statistics(DaemonStatistics)
     /// A request failed (or, with id nil, the daemon is dropping the client and says why).
     case failure(DaemonFailure)
     /// Event: an accessory was identified.

@@ -399,6 +399,7 @@ public struct IAP2Link: Sendable {
     /// Device role: a new negotiation begins; nothing of the last one's offers carries over (an
     /// exact-copy fallback then applies to that negotiation alone).
     mutating func startNegotiating() {
+        if state == .connected { statistics.linkResets += 1 }
         rounds = 0
         lastOffer = nil
         lastPeerOffer = nil

@@ -56,6 +56,10 @@ public struct LinkStatistics: Hashable, Sendable {
     /// Device role: negotiations given up on because the accessory never acknowledged our
     /// SYN|ACK (sent its negotiated number of times); the device then waits for a new SYN.
     public var unansweredNegotiations = 0
+    /// Device role: times the link started over after it was up: the host reset it (RST), or the
+    /// accessory sent a detect or a SYN on the live link (it restarted). Each ends the sessions,
+    /// and the accessory is identified again.
+    public var linkResets = 0
     /// Counters at zero, as a new link starts.
     public init() {}
 }

@@ -167,6 +167,7 @@ struct DataTests {
         })
         pair.deviceEvents.removeAll()
         pair.accessoryEvents.removeAll()
+        #expect(pair.device.link.statistics.linkResets == 0)
         pair.device.resetLink(now: pair.now)
         #expect(pair.run(until: pair.now + .seconds(10)) { pair in
             pair.device.identity != nil && pair.deviceEvents.contains { if case .identified = $0 { return true } else { return false } }
@@ -174,6 +175,8 @@ struct DataTests {
         #expect(pair.device.link.state == .connected)
         #expect(pair.deviceEvents.contains { if case .sessionClosed(_, "the link went down") = $0 { return true } else { return false } })
         #expect(pair.device.sessions.isEmpty)
+        // Counted once (iapd's iapd_link_resets_total), the negotiation that follows not again.
+        #expect(pair.device.link.statistics.linkResets == 1)
     }
 
     @Test func sleepAndWake() throws {
@@ -189,6 +192,7 @@ struct DataTests {
             pair.deviceEvents.contains { if case .identified = $0 { return true } else { return false } }
         })
         #expect(pair.device.link.state == .connected)
+        #expect(pair.device.link.statistics.linkResets == 0, "a wake after sleep is not a reset")
     }
 
     /// A reader that stops reading: the accessory-side buffer fills to its limit and no further,

@@ -28,7 +28,10 @@ let iapd = CommandSpec(
         `name = value` (or bare `name` for a flag) per line, # for comments, the names of the \
         long options (serial may repeat); the command line wins. Under systemd the socket comes \
         from iapd.socket (socket activation). Logs go to standard error, in the journal's form \
-        when that is not a terminal. SIGTERM or SIGINT stop it cleanly.
+        when that is not a terminal. SIGTERM or SIGINT stop it cleanly. With --metrics-dir it \
+        exports its counters and gauges (accessories, sessions, bytes each way, retransmissions, \
+        failures, clients) in Prometheus's text format for node_exporter's textfile collector; \
+        `iapctl stats` prints the same figures.
         """,
     version: AccessoryHostVersion.string,
     options: [
@@ -45,6 +48,11 @@ let iapd = CommandSpec(
         .value("bluetooth-adapter", valueName: "name", help: "Only take Bluetooth connections through this adapter (e.g. hci0)."),
         .flag("bluetooth-agent", help: "Also be BlueZ's pairing agent, accepting Just Works pairing (for a machine without a desktop's agent)."),
         .optionalValue("simulate", valueName: "profile", help: "Serve a built-in simulated accessory too (for trying things out; default multi-sensor)."),
+        .value("simulate-count", valueName: "n",
+               help: "With --simulate: serve this many copies of the simulated accessory (1-256, default 1), e.g. to measure iapd with many accessories."),
+        .value("metrics-dir", valueName: "dir",
+               help: "Write metrics for Prometheus to dir/iapd.prom (node_exporter's textfile collector; Debian's prometheus-node-exporter reads /var/lib/prometheus/node-exporter), replaced atomically every --metrics-interval seconds."),
+        .value("metrics-interval", valueName: "seconds", help: "How often --metrics-dir's file is replaced (0.1-3600, default 5)."),
         .value("auth", valueName: "policy", help: "Authentication: accept, record (the default) or require.",
                allowedValues: AuthenticationMode.allCases.map(\.rawValue)),
         .value("trust", valueName: "file|dir", help: "CA certificates accessories' certificates must chain to."),
@@ -69,7 +77,8 @@ struct Settings {
         let explicit = command.value("config")
         let path = explicit ?? "/etc/iapd.conf"
         if explicit != nil || access(path, R_OK) == 0 { try read(path) }
-        for name in ["socket", "group", "auth", "trust", "max-clients", "bluetooth-channel", "bluetooth-adapter"] {
+        for name in ["socket", "group", "auth", "trust", "max-clients", "bluetooth-channel", "bluetooth-adapter", "simulate-count", "metrics-dir",
+                     "metrics-interval"] {
             if let value = command.value(name) { values[name] = [value] }
         }
         for name in ["serial", "bluetooth-connect"] {
@@ -93,7 +102,8 @@ struct Settings {
             bytes += chunk.prefix(count)
         }
         let known: Set<String> = ["socket", "group", "auth", "trust", "max-clients", "serial", "no-usb", "check-validity", "simulate",
-                                  "bluetooth", "bluetooth-connect", "bluetooth-channel", "bluetooth-adapter", "bluetooth-agent"]
+                                  "simulate-count", "bluetooth", "bluetooth-connect", "bluetooth-channel", "bluetooth-adapter", "bluetooth-agent",
+                                  "metrics-dir", "metrics-interval"]
         for (number, raw) in String(decoding: bytes, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
             let line = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first.map(String.init)?.trimmed ?? ""
             if line.isEmpty { continue }
@@ -193,6 +203,17 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
     guard (1...65_536).contains(maxClients) else {
         throw DaemonError(description: "max-clients must be a number from 1 to 65536", exitCode: .usage)
     }
+    let simulateCount = Int(settings.value("simulate-count") ?? "1") ?? -1
+    guard (1...256).contains(simulateCount) else {
+        throw DaemonError(description: "simulate-count must be a number from 1 to 256", exitCode: .usage)
+    }
+    guard simulateCount == 1 || settings.value("simulate") != nil else {
+        throw DaemonError(description: "simulate-count copies the simulated accessory of --simulate: give --simulate too", exitCode: .usage)
+    }
+    let metricsInterval = Double(settings.value("metrics-interval") ?? "5") ?? -1
+    guard (0.1...3_600).contains(metricsInterval) else {
+        throw DaemonError(description: "metrics-interval must be a number of seconds from 0.1 to 3600", exitCode: .usage)
+    }
 
     var configuration = AccessoryManager.Configuration(logger: logger)
     configuration.daemon = .never
@@ -246,11 +267,24 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
                 throw DaemonError(description: "\(error) (built-in profiles: \(SimulatorProfile.builtInNames.joined(separator: ", ")))", exitCode: .noInput)
             }
         }
-        let runner = try SimulatorRunner(profile: profile, attachment: .memory { host in manager.attach(host) })
-        runner.start()
-        simulators.append(runner)
-        logger.info("serving the simulated accessory '\(profile.identity().name)'")
+        for _ in 0..<simulateCount {
+            let runner = try SimulatorRunner(profile: profile, attachment: .memory { host in manager.attach(host) })
+            runner.start()
+            simulators.append(runner)
+        }
+        logger.info("serving the simulated accessory '\(profile.identity().name)'" + (simulateCount > 1 ? " \(simulateCount) times" : ""))
     }
+    // Metrics for Prometheus (node_exporter's textfile collector): written off the manager's
+    // queue; a directory that is missing or not writable is said once and tried again.
+    var metrics: MetricsExporter?
+    if let directory = settings.value("metrics-dir") {
+        let exporter = MetricsExporter(server: server, options: MetricsExporter.Options(directory: directory, interval: .seconds(metricsInterval)),
+                                       logger: logger)
+        exporter.start()
+        metrics = exporter
+        logger.info("writing metrics to \(exporter.path) every \(metricsInterval) s")
+    }
+    let exporter = metrics
 
     // Stop cleanly on SIGTERM and SIGINT: clients hear the accessories go, USB is released.
     // The handler runs on its own queue: @Sendable, so that it is not taken for main-actor
@@ -265,6 +299,7 @@ CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { comma
             logger.notice("stopping (signal \(number))")
             serialPorts.stop()
             bluetoothKeeper?.stop()
+            exporter?.stop()
             server.stop()
             manager.stop()
             for runner in runners { runner.stop() }
