@@ -4,11 +4,11 @@
 # cooperative pool narrowed to one thread, tools/narrow-pool), checks that the codec allocates
 # nothing per frame, builds the Debian package and installs, runs and purges it (tools/package),
 # runs the in-guest tests on a real kernel USB stack (tools/usb-rig), fuzzes each parser for
-# FUZZ_SECONDS (default 60) seconds, and checks the documentation.
+# FUZZ_SECONDS (default 30) seconds, and checks the documentation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon dpkg-dev lintian
-fuzz_seconds=${FUZZ_SECONDS:-60}
+tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon dpkg-dev lintian prometheus-node-exporter curl
+fuzz_seconds=${FUZZ_SECONDS:-30}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
@@ -90,11 +90,18 @@ timeout 300 tools/cli-checks.sh .build/release/iapctl
 step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"
 timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapctl --mib 4
 
+step "firmware upgrades of a fleet at once through iapd (pseudo-terminals): rounds of 1, 2, 4 and 8, then 4 with one unplugged mid-transfer"
+timeout 300 tools/examples/firmware-fleet-demo.sh --bin .build/release --counts "1 2 4 8" --mib 4
+timeout 300 tools/examples/firmware-fleet-demo.sh --bin .build/release --counts 4 --mib 4 --unplug
+
 step "the ExternalAccessory example ported from iOS (tools/examples/EAEcho): in process and over a pseudo-terminal"
 tools/examples/ea-echo-demo.sh --bin .build/release
 
 step "the core alone (tools/examples/SerialOnly): links no libusb, libdbus or libcrypto, and echoes over a pseudo-terminal"
 tools/examples/serial-only-demo.sh --bin .build/release
+
+step "iapd's metrics: the textfile for Prometheus scraped by Debian's node_exporter after a known transfer, iapctl stats, the export's cost with 64 accessories"
+timeout 600 tools/metrics/check.sh --bin .build/release
 
 step "Debian package: dpkg-deb and lintian, apt-get install, run with the toolchain out of reach, systemd-analyze verify, purge"
 # tools/package/deb.sh packages the release build above (no second build); check-deb.sh installs

@@ -107,8 +107,19 @@ class Reader:
         return kind, body
 
 
-def transfer(path, image, version, window, timeout):
-    """Sends the image through the session offered at path; returns the accessory's CRC-32."""
+def print_progress(acknowledged, total, rate, done):
+    """The single upgrade's progress on standard error: a line redrawn on a terminal, a line
+    every 2 s otherwise."""
+    line = f"{acknowledged * 100 // total:3d}%  {acknowledged} of {total} bytes  {rate / 1e6:.2f} MB/s"
+    interactive = sys.stderr.isatty()
+    print(("\r" if interactive else "") + "firmware-upgrade: " + line, end="" if interactive and not done else "\n",
+          file=sys.stderr, flush=True)
+
+
+def transfer(path, image, version, window, timeout, progress=print_progress, interval=None):
+    """Sends the image through the session offered at path; returns the accessory's CRC-32 and
+    the seconds the transfer took. progress(acknowledged, total, rate, done) is called at most
+    every interval seconds (0.1 on a terminal, else 2) and at the end."""
     crc = zlib.crc32(image) & 0xFFFFFFFF
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.settimeout(timeout)  # an accessory that stops answering fails the upgrade, it does not hang it
@@ -125,7 +136,8 @@ def transfer(path, image, version, window, timeout):
     sent = acknowledged = 0
     in_flight = []  # offsets after each CHUNK sent and not yet acknowledged
     start = last = time.monotonic()
-    interactive = sys.stderr.isatty()
+    if interval is None:
+        interval = 0.1 if sys.stderr.isatty() else 2.0
     while acknowledged < len(image):
         while sent < len(image) and len(in_flight) < window:
             end = min(len(image), sent + chunk)
@@ -142,14 +154,9 @@ def transfer(path, image, version, window, timeout):
                           f"{acknowledged} bytes were acknowledged in order before that", EX_DATAERR)
         acknowledged = offset
         now = time.monotonic()
-        if now - last >= (0.1 if interactive else 2.0) or acknowledged == len(image):
+        if now - last >= interval or acknowledged == len(image):
             last = now
-            rate = acknowledged / max(now - start, 1e-9) / 1e6
-            line = f"{acknowledged * 100 // len(image):3d}%  {acknowledged} of {len(image)} bytes  {rate:.2f} MB/s"
-            print(("\r" if interactive else "") + "firmware-upgrade: " + line, end="" if interactive else "\n",
-                  file=sys.stderr, flush=True)
-    if interactive:
-        print(file=sys.stderr)
+            progress(acknowledged, len(image), acknowledged / max(now - start, 1e-9), acknowledged == len(image))
     seconds = time.monotonic() - start
     send_message(connection, END, b"")
     kind, body = reader.message()
@@ -165,7 +172,238 @@ def transfer(path, image, version, window, timeout):
     return computed, seconds
 
 
-def main():
+def upgrade(args, base, before, image, progress=print_progress, interval=None, say=log):
+    """Upgrades the accessory whose record (iapctl's JSON) is before: opens the session with
+    `iapctl open … --socket`, sends the image, waits for the accessory to come back with the
+    new version. Returns (its record afterwards, transfer seconds); raises Failure."""
+    serial = before["serialNumber"]
+    timeout = ["--timeout", str(args.timeout)]
+    with tempfile.TemporaryDirectory(prefix="firmware-upgrade-") as directory:
+        path = os.path.join(directory, "session.sock")
+        # iapctl's messages go to a file: a pipe nobody reads during the transfer could fill.
+        errors = open(os.path.join(directory, "open.err"), "w+")
+        opener = subprocess.Popen(base + ["open", args.protocol, "--accessory", serial, "--socket", path] + timeout,
+                                  stdout=subprocess.PIPE, stderr=errors, text=True)
+
+        def opener_errors():
+            errors.seek(0)
+            return errors.read().strip()
+
+        try:
+            # "listening on PATH" once the session is open (bounded: iapctl may hang on a
+            # silent accessory).
+            if not select.select([opener.stdout], [], [], args.timeout + 30)[0]:
+                raise Failure(f"iapctl open did not open the session within {args.timeout + 30:.0f} s", EX_TEMPFAIL)
+            line = opener.stdout.readline()
+            if not line.startswith("listening on "):
+                opener.wait(timeout=30)
+                raise Failure(f"iapctl open exited with {opener.returncode}: {opener_errors()}", opener.returncode or EX_IOERR)
+            say(f"session {args.protocol} open; sending {len(image)} bytes as version {args.version}")
+            try:
+                crc, seconds = transfer(path, image, args.version, args.window, args.timeout, progress, interval)
+            except Failure as failure:
+                # The session's end is iapctl's to explain (the accessory went away, and how).
+                if opener.poll() is None:
+                    try:
+                        opener.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                reason = opener_errors()
+                if reason:
+                    raise Failure(f"{failure} (iapctl open: {reason.splitlines()[-1]})", failure.status)
+                raise
+            say(f"the accessory verified the image (CRC-32 0x{crc:08x}) after {seconds:.2f} s, "
+                f"{len(image) / max(seconds, 1e-9) / 1e6:.2f} MB/s; it reboots now")
+            # The accessory reboots right after DONE: iapctl open may see it go (exit 74).
+            try:
+                status = opener.wait(timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                raise Failure(f"iapctl open did not end within {args.timeout:.0f} s after the transfer", EX_TEMPFAIL)
+            if status not in (0, 74):
+                raise Failure(f"iapctl open exited with {status}: {opener_errors()}", status)
+        finally:
+            if opener.poll() is None:
+                opener.kill()
+                opener.wait()
+            errors.close()
+    after = json.loads(run_iapctl(base + ["wait", "--json", "--serial-number", serial, "--firmware", args.version] + timeout
+                                  + ["--protocol", args.protocol], args.timeout + 30).splitlines()[0])["accessory"]
+    say(f"{after['name']} (serial {serial}) is back with firmware {after['firmwareRevision']} "
+        f"(was {before['firmwareRevision']})")
+    return after, seconds
+
+
+# ---- the fleet: every accessory that speaks the protocol, at once ----------------------------
+
+class Row:
+    """One accessory of the fleet: what the table shows and its JSON line says."""
+
+    def __init__(self, record):
+        self.record = record
+        self.serial = record["serialNumber"]
+        self.state = "waiting"
+        self.acknowledged = self.total = 0
+        self.rate = 0.0
+        self.error = None
+        self.status = None
+        self.after = None
+        self.seconds = None
+        self.transfer_started = None
+
+
+def discover(args, base):
+    """The accessories that speak the protocol: those there now (at least one), or with
+    --count N, once N are; iapctl list is asked every half second until --timeout."""
+    deadline = time.monotonic() + args.timeout
+    wanted = args.count or 1
+    while True:
+        records = [json.loads(line)["accessory"]
+                   for line in run_iapctl(base + ["list", "--json", "--timeout", "5"], 60).splitlines() if line.strip()]
+        records = [record for record in records if args.protocol in record.get("protocolStrings", [])
+                   and (not args.serial_number or record["serialNumber"] == args.serial_number)]
+        if len(records) >= wanted:
+            return records
+        if time.monotonic() > deadline:
+            raise Failure(f"{len(records)} accessories speak {args.protocol} after {args.timeout:.0f} s; "
+                          f"{wanted} wanted (plugged in? iapctl list shows what is there)", EX_TEMPFAIL)
+        time.sleep(0.5)
+
+
+def fleet_line(row):
+    """The accessory's JSON line (standard output, once it is done)."""
+    line = {"serialNumber": row.serial, "name": row.record["name"], "location": row.record["location"],
+            "firmwareBefore": row.record["firmwareRevision"], "result": row.state, "exitStatus": row.status}
+    if row.after is not None:
+        line["firmwareAfter"] = row.after
+    if row.seconds is not None:
+        line.update(bytes=row.total, seconds=round(row.seconds, 3), megabytesPerSecond=round(row.total / max(row.seconds, 1e-9) / 1e6, 3))
+    if row.error is not None:
+        line["error"] = row.error
+    return json.dumps(line)
+
+
+def draw(rows, first):
+    """The live table on standard error (a terminal): redrawn in place."""
+    lines = [f"{'serial':<16} {'firmware':<10} {'state':<10} {'progress':>24} {'MB/s':>7}"]
+    for row in rows:
+        progress = ""
+        if row.total:
+            progress = f"{row.acknowledged * 100 // row.total:3d}% {row.acknowledged / 1048576:.1f}/{row.total / 1048576:.1f} MiB"
+        detail = row.error if row.state == "failed" else ""
+        lines.append(f"{row.serial[:16]:<16} {row.record['firmwareRevision'][:10]:<10} {row.state:<10} {progress:>24} "
+                     f"{row.rate / 1e6:7.2f}  {detail}")
+    up = "" if first else f"\x1b[{len(lines)}A"
+    sys.stderr.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
+    sys.stderr.flush()
+
+
+def run_fleet(args, base, image):
+    """--fleet: upgrades every accessory that speaks the protocol at once, each through its own
+    `iapctl open` (iapd shares the accessories between them). Exit status 0 when every one was
+    upgraded (or ran the version already), otherwise the first failure's."""
+    import threading
+    try:
+        rows = [Row(record) for record in discover(args, base)]
+    except Failure as error:
+        log(f"FAILED: {error}")
+        return error.status
+    serials = [row.serial for row in rows]
+    duplicated = sorted({serial for serial in serials if serials.count(serial) > 1})
+    if duplicated:
+        log(f"FAILED: several accessories report the serial number {', '.join(duplicated)}; the fleet tells "
+            "accessories apart by serial number (upgrade them one at a time with --serial-number and --serial)")
+        return EX_USAGE
+    changed = threading.Condition()
+    output = threading.Lock()
+    interactive = sys.stderr.isatty()
+
+    def note(row, state=None, text=None):
+        with changed:
+            if state is not None:
+                row.state = state
+            changed.notify()
+        if text is not None and not interactive:
+            log(f"{row.serial}: {text}")
+
+    def work(row):
+        def progress(acknowledged, total, rate, done):
+            row.acknowledged, row.total, row.rate = acknowledged, total, rate
+            note(row, "verifying" if done else "sending",
+                 f"{acknowledged * 100 // total:3d}%  {acknowledged} of {total} bytes  {rate / 1e6:.2f} MB/s")
+
+        def say(text):
+            if text.startswith("session "):
+                row.transfer_started = time.monotonic()
+                note(row, "sending", text)
+            elif text.startswith("the accessory verified"):
+                note(row, "rebooting", text)
+            else:
+                note(row, None, text)
+
+        try:
+            note(row, "opening")
+            after, row.seconds = upgrade(args, base, row.record, image, progress, 2.0 if not interactive else 0.2, say)
+            row.after, row.status = after["firmwareRevision"], 0
+            note(row, "upgraded")
+        except Failure as error:
+            row.error, row.status = str(error), error.status
+            note(row, "failed", f"FAILED: {error}")
+        except OSError as error:
+            row.error, row.status = str(error), EX_IOERR
+            note(row, "failed", f"FAILED: {error}")
+        with output:
+            print(fleet_line(row), flush=True)
+
+    workers = []
+    for row in rows:
+        if row.record["firmwareRevision"] == args.version and not args.force:
+            row.state, row.status = "current", 0
+            with output:
+                print(fleet_line(row), flush=True)
+            continue
+        worker = threading.Thread(target=work, args=(row,), name=row.serial, daemon=True)
+        workers.append(worker)
+    log(f"upgrading {len(workers)} of {len(rows)} accessories speaking {args.protocol} to {args.version} at once")
+    begun = time.monotonic()
+    for worker in workers:
+        worker.start()
+    first = True
+    with changed:
+        while any(worker.is_alive() for worker in workers):
+            if interactive:
+                draw(rows, first)
+                first = False
+            changed.wait(0.2 if interactive else 1.0)
+    if interactive:
+        draw(rows, first)
+    for worker in workers:
+        worker.join()
+    upgraded = [row for row in rows if row.state == "upgraded"]
+    failed = [row for row in rows if row.state == "failed"]
+    moved = sum(row.total for row in upgraded)
+    summary = {"accessories": len(rows), "upgraded": len(upgraded), "failed": len(failed),
+               "current": len(rows) - len(workers), "bytes": moved, "seconds": round(time.monotonic() - begun, 3)}
+    if upgraded:
+        # Aggregate: the bytes of every upgraded accessory over the time from the first transfer's
+        # start to the last one's end (the reboots after are left out, as in each accessory's rate).
+        start = min(row.transfer_started for row in upgraded)
+        end = max(row.transfer_started + row.seconds for row in upgraded)
+        times = os.times()
+        script, children = times.user + times.system, times.children_user + times.children_system
+        summary.update(transferSeconds=round(end - start, 3), megabytesPerSecond=round(moved / max(end - start, 1e-9) / 1e6, 3),
+                       clientCPUMillisecondsPerMiB=round((script + children) * 1000 / (moved / 1048576), 2),
+                       scriptCPUMillisecondsPerMiB=round(script * 1000 / (moved / 1048576), 2))
+        log(f"{len(upgraded)} upgraded, {len(failed)} failed: {moved} bytes in {end - start:.2f} s, "
+            f"{summary['megabytesPerSecond']:.2f} MB/s in all; this script and its iapctl processes used "
+            f"{summary['clientCPUMillisecondsPerMiB']:.1f} ms of CPU per MiB")
+    for row in failed:
+        log(f"FAILED: {row.serial}: {row.error}")
+    with output:
+        print(json.dumps({"summary": summary}), flush=True)
+    return failed[0].status if failed else 0
+
+
+def parse_arguments():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
@@ -178,12 +416,21 @@ def main():
     parser.add_argument("--window", type=int, default=8, help="CHUNKs in flight (default 8)")
     parser.add_argument("--timeout", type=float, default=60, help="seconds for each wait (default 60)")
     parser.add_argument("--force", action="store_true", help="upgrade even when the accessory already reports the version")
+    parser.add_argument("--fleet", action="store_true",
+                        help="upgrade every accessory that speaks the protocol at once (through iapd): a live table "
+                             "on a terminal, one JSON line per accessory on standard output")
+    parser.add_argument("--count", type=int, default=0, metavar="N",
+                        help="with --fleet: wait until N accessories speak the protocol (default: those there once one is)")
+    return parser.parse_args()
+
+
+def main():
     try:
-        args = parser.parse_args()
+        args = parse_arguments()
     except SystemExit as exit:
         return EX_USAGE if exit.code else 0  # argparse exits 2 on a usage error, 0 after --help
-    if args.window < 1:
-        log("usage error: --window must be at least 1")
+    if args.window < 1 or args.count < 0 or (args.count and not args.fleet):
+        log("usage error: --window must be at least 1, and --count (with --fleet only) at least 1")
         return EX_USAGE
     try:
         with open(args.image, "rb") as file:
@@ -196,58 +443,19 @@ def main():
         return EX_NOINPUT
 
     base = [args.iapctl] + (["--no-usb", "--serial", args.serial] if args.serial else [])
+    if args.fleet:
+        return run_fleet(args, base, image)
     match = ["--protocol", args.protocol] + (["--serial-number", args.serial_number] if args.serial_number else [])
     timeout = ["--timeout", str(args.timeout)]
     try:
         # iapctl's JSON (docs/JSON.md): the accessory is under "accessory" on every line.
         before = json.loads(run_iapctl(base + ["wait", "--json"] + timeout + match, args.timeout + 30).splitlines()[0])["accessory"]
-        serial = before["serialNumber"]
-        log(f"found {before['name']} (serial {serial}) with firmware {before['firmwareRevision']} on {before['location']}")
+        log(f"found {before['name']} (serial {before['serialNumber']}) with firmware {before['firmwareRevision']} "
+            f"on {before['location']}")
         if before["firmwareRevision"] == args.version and not args.force:
             log(f"it already runs {args.version}; nothing to do (--force upgrades anyway)")
             return 0
-
-        with tempfile.TemporaryDirectory(prefix="firmware-upgrade-") as directory:
-            path = os.path.join(directory, "session.sock")
-            # iapctl's messages go to a file: a pipe nobody reads during the transfer could fill.
-            errors = open(os.path.join(directory, "open.err"), "w+")
-            opener = subprocess.Popen(base + ["open", args.protocol, "--accessory", serial, "--socket", path] + timeout,
-                                      stdout=subprocess.PIPE, stderr=errors, text=True)
-
-            def opener_errors():
-                errors.seek(0)
-                return errors.read().strip()
-
-            try:
-                # "listening on PATH" once the session is open (bounded: iapctl may hang on a
-                # silent accessory).
-                if not select.select([opener.stdout], [], [], args.timeout + 30)[0]:
-                    raise Failure(f"iapctl open did not open the session within {args.timeout + 30:.0f} s", EX_TEMPFAIL)
-                line = opener.stdout.readline()
-                if not line.startswith("listening on "):
-                    opener.wait(timeout=30)
-                    raise Failure(f"iapctl open exited with {opener.returncode}: {opener_errors()}", opener.returncode or EX_IOERR)
-                log(f"session {args.protocol} open; sending {len(image)} bytes as version {args.version}")
-                crc, seconds = transfer(path, image, args.version, args.window, args.timeout)
-                log(f"the accessory verified the image (CRC-32 0x{crc:08x}) after {seconds:.2f} s, "
-                    f"{len(image) / max(seconds, 1e-9) / 1e6:.2f} MB/s; it reboots now")
-                # The accessory reboots right after DONE: iapctl open may see it go (exit 74).
-                try:
-                    status = opener.wait(timeout=args.timeout)
-                except subprocess.TimeoutExpired:
-                    raise Failure(f"iapctl open did not end within {args.timeout:.0f} s after the transfer", EX_TEMPFAIL)
-                if status not in (0, 74):
-                    raise Failure(f"iapctl open exited with {status}: {opener_errors()}", status)
-            finally:
-                if opener.poll() is None:
-                    opener.kill()
-                    opener.wait()
-                errors.close()
-
-        after = json.loads(run_iapctl(base + ["wait", "--json", "--serial-number", serial, "--firmware", args.version] + timeout
-                                      + ["--protocol", args.protocol], args.timeout + 30).splitlines()[0])["accessory"]
-        log(f"{after['name']} (serial {serial}) is back with firmware {after['firmwareRevision']} "
-            f"(was {before['firmwareRevision']})")
+        upgrade(args, base, before, image)
         return 0
     except Failure as error:
         log(f"FAILED: {error}")

@@ -783,6 +783,11 @@ enum SimulateCommand {
                                 exitCode: .unavailable)
             }
             udc = name
+            // One gadget per controller: several simulators at once (a fleet on dummy_hcd num=8)
+            // each get a configfs directory and a FunctionFS instance of their own (instance
+            // names are global to the kernel): iapsim-UDC and iap2-UDC.
+            configuration.name = "iapsim-\(name)"
+            configuration.functionInstance = "iap2-\(name)"
         } else {
             do { udc = try USBGadget.defaultUDC() } catch { throw gadgetFailure(error) }
         }

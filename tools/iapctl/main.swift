@@ -167,7 +167,7 @@ let simulateCommand = CommandSpec(
               .value("bluetooth", valueName: "address:channel", help: "Be a Bluetooth accessory: connect over RFCOMM to the host at this "
                      + "address, on its iAP2 channel (sdptool browse or bluetoothctl on the host shows it)."),
               .value("bluetooth-from", valueName: "address", help: "With --bluetooth: the local adapter to connect from (default: any)."),
-              .value("udc", valueName: "name", help: "With --gadget: the USB device controller to bind (default: the first in /sys/class/udc)."),
+              .value("udc", valueName: "name", help: "With --gadget: the USB device controller to bind (default: the first in /sys/class/udc); the gadget is then iapsim-NAME in configfs with the FunctionFS instance iap2-NAME, so that one simulator can run per controller."),
               .value("usb-id", valueName: "vid:pid", help: "With --gadget: the USB vendor and product ids in hex.", defaultValue: "1209:0001"),
               .value("usb-layout", valueName: "name", help: "With --gadget: present the USB descriptor layout of a real accessory "
                      + "(\(USBDescriptorLayout.names.joined(separator: ", ")); the device class and configuration value, the endpoint numbers "
@@ -192,13 +192,14 @@ let iapctl = CommandSpec(
     version: toolVersion(),
     options: [verboseOption] + hostOptions + AuthenticationOptions.options,
     subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, ReportCommand.spec, simulateCommand,
-                  decodeCommand],
+                  decodeCommand, statsCommand],
     examples: [
         CommandExample("iapctl --simulate list", "The built-in simulated accessory."),
         CommandExample("iapctl --serial /dev/ttyUSB0:115200 info --json", "An accessory on a UART, as JSON."),
         CommandExample("iapctl --simulate send com.example.echo image.bin --verify-echo", "A file through a session, the echo checked."),
         CommandExample("iapctl wait --protocol com.example.firmware --timeout 30", "Wait for an accessory (scripts)."),
         CommandExample("iapctl report", "A file to attach to a bug report: every step, where it stopped, the trace."),
+        CommandExample("iapctl stats", "The running iapd's counters: accessories, sessions, bytes, failures."),
         CommandExample("iapctl help send", "The help of one subcommand."),
     ],
     exitStatuses: [
@@ -229,6 +230,7 @@ CommandLineTool.run(iapctl, manPageDate: AccessoryHostVersion.releaseDate) { com
     case "send": return try SendCommand.run(command)
     case "simulate": return try SimulateCommand.run(command)
     case "report": return try ReportCommand.run(command)
+    case "stats": return try StatsCommand.run(command)
     default: throw ExitCode.software
     }
 }

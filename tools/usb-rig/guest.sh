@@ -6,7 +6,7 @@
 # Usage: guest.sh [command [args...]]
 #   With no command: tools/usb-rig/suite.sh (the in-guest Swift tests from the release test
 #   bundle, the udev rules check, iapbench usb)
-# Env: USB_RIG_UDCS     number of dummy UDC/HCD pairs (default 4): one gadget per UDC, so tests
+# Env: USB_RIG_UDCS     number of dummy UDC/HCD pairs (default 8): one gadget per UDC, so tests
 #                       can run several devices at once
 #      USB_RIG_RESULTS  writable directory shared with the host (run.sh passes its --rwdir)
 # The command gets ACCESSORYHOST_USB_RIG=1, ACCESSORYHOST_REPO, USB_RIG_RESULTS and
@@ -20,7 +20,7 @@ start_uptime=$(cut -d' ' -f1 /proc/uptime)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$here/../.." && pwd)
 results=${USB_RIG_RESULTS:-$REPO/.build/usb-rig/results}
-udcs=${USB_RIG_UDCS:-4}
+udcs=${USB_RIG_UDCS:-8}
 export PATH=$PATH:/usr/sbin:/sbin
 
 say() { printf 'guest: %s\n' "$*" >&2; }

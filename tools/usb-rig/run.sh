@@ -9,7 +9,7 @@
 #   Relative guest commands are resolved from the repository root.
 # Env: USB_RIG_CACHE    cache dir (default ${XDG_CACHE_HOME:-$HOME/.cache}/accessoryhost-usb-rig)
 #      USB_RIG_TIMEOUT  seconds for the whole VM run (default 900)
-#      USB_RIG_UDCS     number of dummy UDCs in the guest (default 4, passed through)
+#      USB_RIG_UDCS     number of dummy UDCs in the guest (default 8: the fleet; passed through)
 #      CI               when set, always refresh the apt package lists
 # Exit status: the guest command's status; 124 if the VM timed out; 2 for usage errors; other
 # non-zero statuses with a "usb-rig:" message for setup failures.
@@ -19,7 +19,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${USB_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/accessoryhost-usb-rig}
 vm_timeout=${USB_RIG_TIMEOUT:-900}
-udcs=${USB_RIG_UDCS:-4}
+udcs=${USB_RIG_UDCS:-8}
 # virtme-ng 1.42 is the version the rig was proven with (see README.md); newer ones may change flags.
 vng_version=1.42
 rig_dir=$repo/.build/usb-rig
