@@ -24,9 +24,16 @@ or come back in time; any other status of an iapctl it ran, passed on.
 iapctl is looked for on PATH (tools/install.sh puts it there), or given with --iapctl or the
 IAPCTL environment variable.
 
+With --fleet, every accessory that speaks the protocol is upgraded at the same time, each through
+its own `iapctl open` (through iapd, which shares the accessories): a live table on a terminal,
+one JSON line per accessory on standard output as it finishes (result upgraded, failed with its
+error, or current), then a summary line. One that fails does so alone; the exit status is then
+the first failure's. Accessories are told apart by serial number.
+
 Examples:
   firmware-upgrade.py --serial /dev/pts/5 image.bin 2.0.0   # a serial accessory (or iapctl simulate's pty)
   firmware-upgrade.py image.bin 2.0.0                       # a USB accessory
+  firmware-upgrade.py --fleet --count 8 image.bin 2.0.0     # eight at once, through iapd
 """
 import argparse
 import json

@@ -22,9 +22,9 @@ echo "suite: an accessory as in the field (supercamera layout, sticks until rese
 timeout 120 "$here/field.sh"
 echo "suite: firmware-upgrade example over USB (16 MiB)"
 timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
-echo "suite: firmware upgrades of a fleet at once through iapd: 8 USB gadgets, one per controller; rounds of 1, 2, 4 and 8, then 8 with one unplugged mid-transfer"
+echo "suite: firmware upgrades of a fleet at once through iapd: 8 USB gadgets, one per controller; rounds of 1, 2, 4 and 8, then 4 with one unplugged mid-transfer"
 timeout 900 "$REPO/tools/examples/firmware-fleet-demo.sh" --usb --counts "1 2 4 8" --mib 8
-timeout 600 "$REPO/tools/examples/firmware-fleet-demo.sh" --usb --counts 8 --mib 8 --unplug
+timeout 600 "$REPO/tools/examples/firmware-fleet-demo.sh" --usb --counts 4 --mib 4 --unplug
 echo "suite: a usbmon capture of the host and the gadget, decoded by iapctl decode --pcap and by tshark"
 timeout 300 "$here/usbmon.sh"
 echo "suite: iapctl report on a gadget (every step, the USB descriptors, serials left out, the trace extracted and decoded)"
