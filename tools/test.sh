@@ -7,7 +7,7 @@
 # FUZZ_SECONDS (default 30) seconds, and checks the documentation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon dpkg-dev lintian prometheus-node-exporter curl
+tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon dpkg-dev lintian prometheus-node-exporter curl systemd
 fuzz_seconds=${FUZZ_SECONDS:-30}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

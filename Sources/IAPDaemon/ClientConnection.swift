@@ -111,6 +111,14 @@ final class Client: @unchecked Sendable {
         output.append((bytes, descriptors))
         queuedBytes += bytes.count
         flush()
+        // A client that sends requests (stats, list, ping) and never reads the answers must not
+        // grow the daemon's memory: past the bound, with more than this one reply waiting (one
+        // large welcome or list alone may exceed it), it is dropped as a slow client.
+        if !dropped, queuedBytes > core.options.maximumQueuedOutput, output.count > 1 {
+            core.book.failure(.slowClient)
+            core.logger.notice("dropping client \(self.id) (\(holder)): it left \(queuedBytes) bytes of replies unread")
+            drop(reason: "too slow")
+        }
     }
 
     func send(_ bytes: [UInt8]) {

@@ -207,8 +207,9 @@ public struct MetricsWriteError: Error, Sendable, Hashable, CustomStringConverti
                 + "reads \(MetricsExporter.debianTextfileDirectory)) or give --metrics-dir another"
         case EROFS:
             kind = .permission
-            detail = "cannot write \(path): \(error): under systemd, iapd.service's ProtectSystem=strict makes the file system read-only for iapd; "
-                + "allow the directory with `sudo systemctl edit iapd` ([Service] ReadWritePaths=\(directory)), then restart iapd"
+            detail = "cannot write \(path): \(error): under systemd, iapd.service's ProtectSystem=strict makes the file system read-only for iapd "
+                + "but for /var/lib/prometheus/node-exporter (when it was there as iapd started); allow this directory with "
+                + "`sudo systemctl edit iapd` ([Service] ReadWritePaths=\(directory)), then restart iapd"
         case EACCES, EPERM:
             kind = .permission
             detail = "cannot write \(path): \(error): let iapd's user write in \(directory) (iapd runs as root under systemd), or give --metrics-dir another directory"

@@ -243,6 +243,45 @@ struct DaemonTests {
         #expect(daemon.current.clientCount == 1)
     }
 
+    @Test("a client that sends requests and never reads the replies is dropped once they pass the bound; others go on")
+    func unreadRepliesAreBounded() async throws {
+        let daemon = try await DaemonHarness.start()
+        defer { daemon.stop() }
+        let (client, accessory) = try await daemon.client()
+        defer { client.stop() }
+        let session = try await accessory.openSession(for: "com.example.echo")
+        let path = daemon.socketPath
+        try await runBlocking {
+            var raw = try RawClient(path: path)
+            // 20,000 stats requests (about 1.5 KB of reply each, 30 MB in all against the 4 MiB
+            // bound), written whole while nothing is read; the daemon must drop the client
+            // rather than queue them.
+            var requests = MessageFramer.encode(ClientMessage(id: 1, request: .hello(version: DaemonProtocol.version, client: "greedy")))
+            for id in 2...20_001 { requests += MessageFramer.encode(ClientMessage(id: UInt32(id), request: .stats)) }
+            var offset = 0
+            while offset < requests.count {
+                var ready = [pollfd(fd: raw.descriptor, events: Int16(POLLOUT), revents: 0)]
+                guard case .success(let count) = SystemCall.poll(&ready, timeout: 20_000), count > 0 else {
+                    Issue.record("the daemon took no request for 20 s")
+                    return
+                }
+                let sent = requests[offset...].withUnsafeBytes { UnixSocket.send(raw.descriptor, $0) }
+                guard case .success(let written) = sent else { break } // dropped: EPIPE or ECONNRESET
+                offset += written
+            }
+            var replies = 0
+            while true {
+                do { guard try raw.next() != nil else { break } } catch { break } // dropped: the end, or a reset
+                replies += 1
+            }
+            #expect(replies < 10_000, "the daemon answered \(replies) of 20,000 requests nobody read instead of dropping the client")
+        }
+        // The well-behaved client was not affected.
+        let payload = pattern(64 * 1024, seed: 9)
+        #expect(try await echo(payload, over: session) == payload)
+        #expect(daemon.current.clientCount == 1)
+    }
+
     @Test("opens queued behind a session the client holds count against its 64 sessions: one held and 63 waiting, the next is refused")
     func queuedOpensAreBounded() async throws {
         let daemon = try await DaemonHarness.start()

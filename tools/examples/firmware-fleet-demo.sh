@@ -128,8 +128,12 @@ for count in $counts; do
         "$work/image.bin" 2.0.0 > "$work/fleet.jsonl" \
         2> >(tee "$work/fleet.err" | while IFS= read -r line; do
                  printf '%s\n' "$line" >&2
-                 if [ -n "$victim" ] && [[ $line == *"$victim: session "* ]]; then unplug_victim; victim=""; fi
+                 if [ -n "$victim" ] && [[ $line == *"$victim: session "* ]]; then
+                     unplug_victim || say "could not unplug $victim (the round's check will say what followed)"
+                     victim=""
+                 fi
              done) || status=$?
+    [ -r "/proc/$daemon/stat" ] || fail "iapd exited during the round of $count"
     iapd_ms=$(( ($(cpu_ticks "$daemon") - start_ticks) * 1000 / ticks_per_second ))
     # The accessories' side (the simulators), for the breakdown: they share the machine's cores.
     # An unplugged simulator that was killed counts for nothing.

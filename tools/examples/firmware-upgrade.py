@@ -17,7 +17,8 @@ the accessory acknowledged and exits non-zero.
 
 Exit status, as iapctl's (sysexits.h): 0 upgraded (or already at that version), 64 usage
 error, 65 the accessory refused the image or computed another CRC, 66 the image cannot be read,
-69 no accessory speaks the protocol (or iapctl cannot be run), 74 the transfer broke (the
+69 no accessory speaks the protocol (or iapctl cannot be run), 70 (--fleet) an unexpected error in
+one accessory's upgrade, 74 the transfer broke (the
 message says how many bytes the accessory acknowledged), 75 the accessory did not appear, answer
 or come back in time; any other status of an iapctl it ran, passed on.
 
@@ -27,8 +28,8 @@ IAPCTL environment variable.
 With --fleet, every accessory that speaks the protocol is upgraded at the same time, each through
 its own `iapctl open` (through iapd, which shares the accessories): a live table on a terminal,
 one JSON line per accessory on standard output as it finishes (result upgraded, failed with its
-error, or current), then a summary line. One that fails does so alone; the exit status is then
-the first failure's. Accessories are told apart by serial number.
+error, or current), then a summary line. One that fails does so alone; the exit status is then that
+of the failure that came first. Accessories are told apart by serial number.
 
 Examples:
   firmware-upgrade.py --serial /dev/pts/5 image.bin 2.0.0   # a serial accessory (or iapctl simulate's pty)
@@ -52,7 +53,7 @@ READY, ACK, DONE, ERROR = 0x81, 0x82, 0x83, 0x8F
 STATUS = {0: "ok", 1: "CRC mismatch", 2: "size mismatch", 3: "chunk out of order"}
 
 
-EX_USAGE, EX_DATAERR, EX_NOINPUT, EX_UNAVAILABLE, EX_IOERR, EX_TEMPFAIL = 64, 65, 66, 69, 74, 75
+EX_USAGE, EX_DATAERR, EX_NOINPUT, EX_UNAVAILABLE, EX_SOFTWARE, EX_IOERR, EX_TEMPFAIL = 64, 65, 66, 69, 70, 74, 75
 
 
 class Failure(Exception):
@@ -264,8 +265,15 @@ def discover(args, base):
     deadline = time.monotonic() + args.timeout
     wanted = args.count or 1
     while True:
-        records = [json.loads(line)["accessory"]
-                   for line in run_iapctl(base + ["list", "--json", "--timeout", "5"], 60).splitlines() if line.strip()]
+        try:
+            records = [json.loads(line)["accessory"]
+                       for line in run_iapctl(base + ["list", "--json", "--timeout", "5"], 60).splitlines() if line.strip()]
+        except Failure as failure:
+            # One list that fails (a device that could not be opened yet) is asked again.
+            if time.monotonic() > deadline:
+                raise
+            log(f"iapctl list failed; asking again: {failure}")
+            records = []
         records = [record for record in records if args.protocol in record.get("protocolStrings", [])
                    and (not args.serial_number or record["serialNumber"] == args.serial_number)]
         if len(records) >= wanted:
@@ -307,7 +315,7 @@ def draw(rows, first):
 def run_fleet(args, base, image):
     """--fleet: upgrades every accessory that speaks the protocol at once, each through its own
     `iapctl open` (iapd shares the accessories between them). Exit status 0 when every one was
-    upgraded (or ran the version already), otherwise the first failure's."""
+    upgraded (or ran the version already), otherwise that of the failure that came first."""
     import threading
     try:
         rows = [Row(record) for record in discover(args, base)]
@@ -322,6 +330,7 @@ def run_fleet(args, base, image):
         return EX_USAGE
     changed = threading.Condition()
     output = threading.Lock()
+    failures = []  # in the order they happened
     interactive = sys.stderr.isatty()
 
     def note(row, state=None, text=None):
@@ -352,14 +361,21 @@ def run_fleet(args, base, image):
             after, row.seconds = upgrade(args, base, row.record, image, progress, 2.0 if not interactive else 0.2, say)
             row.after, row.status = after["firmwareRevision"], 0
             note(row, "upgraded")
-        except Failure as error:
-            row.error, row.status = str(error), error.status
+        except Exception as error:  # every failure is this accessory's alone, and reported
+            if isinstance(error, Failure):
+                status = error.status
+            elif isinstance(error, OSError):
+                status = EX_IOERR
+            else:
+                status, error = EX_SOFTWARE, f"{type(error).__name__}: {error}"
+            # An iapctl killed by a signal has a negative status: keep it an exit status.
+            row.error, row.status = str(error), status if 0 < status < 256 else EX_SOFTWARE
+            with output:
+                failures.append(row)
             note(row, "failed", f"FAILED: {error}")
-        except OSError as error:
-            row.error, row.status = str(error), EX_IOERR
-            note(row, "failed", f"FAILED: {error}")
-        with output:
-            print(fleet_line(row), flush=True)
+        finally:
+            with output:
+                print(fleet_line(row), flush=True)
 
     workers = []
     for row in rows:
@@ -407,7 +423,7 @@ def run_fleet(args, base, image):
         log(f"FAILED: {row.serial}: {row.error}")
     with output:
         print(json.dumps({"summary": summary}), flush=True)
-    return failed[0].status if failed else 0
+    return failures[0].status if failures else 0
 
 
 def parse_arguments():

@@ -8,14 +8,14 @@
 # Usage: tools/package/check-deb.sh PACKAGE.deb
 # Exit status: 0 passed, 1 a check failed (what and why on stderr), 64 usage error, 77 not root.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 PACKAGE=accessoryhost
 
 [ $# -eq 1 ] || { echo "usage: tools/package/check-deb.sh PACKAGE.deb" >&2; exit 64; }
-deb=$(readlink -f "$1")
+deb=$(readlink -f "$1")   # before the cd below: a path relative to where it was run
 [ -f "$deb" ] || { echo "check-deb: no such file: $1 (build it with tools/package/deb.sh)" >&2; exit 64; }
+cd "$(dirname "$0")/../.."
 [ "$(id -u)" -eq 0 ] || { echo "check-deb: installing a package needs root; run it as root" >&2; exit 77; }
-if dpkg-query -W -f='${Status}' "$PACKAGE" 2> /dev/null | grep -q "installed"; then
+if dpkg-query -W -f='${Status}' "$PACKAGE" 2> /dev/null | grep -qv "not-installed"; then
     echo "check-deb: $PACKAGE is installed on this machine; this check would remove it (apt-get purge $PACKAGE first)" >&2
     exit 1
 fi
@@ -30,15 +30,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Where the toolchain lives (the directory holding usr/bin/swift), to put it out of reach below.
-toolchain=""
+# The toolchain's runtime libraries (libswiftCore, Foundation, Dispatch: usr/lib/swift beside
+# its bin), to put out of reach below.
+runtime=""
 if swift_path=$(command -v swift 2> /dev/null); then
-    toolchain=$(dirname "$(dirname "$(dirname "$(readlink -f "$swift_path")")")")
+    runtime=$(readlink -f "$(dirname "$(readlink -f "$swift_path")")/../lib/swift")
+    [ -d "$runtime" ] && [ "$runtime" != / ] || runtime=""
 fi
+# Names that would be the package's anywhere, before it is installed: what the purge must not
+# leave beyond these.
+leftovers() { find /etc /usr /var/lib -xdev \( -name "*$PACKAGE*" -o -name "iapd*" -o -name "*iapctl*" -o -name "*iapbench*" \) 2> /dev/null | sort; }
+leftovers > "$work/before"
 
 export DEBIAN_FRONTEND=noninteractive
+installed=1   # from here on, a failure purges whatever got installed
 apt-get install -y -qq "$deb" > "$work/install.log" 2>&1 || { cat "$work/install.log" >&2; fail "apt-get install $deb failed (above)"; }
-installed=1
 ok "apt-get install $(basename "$deb")"
 
 # Every file in its place; the conffile and the group.
@@ -67,18 +73,25 @@ done
 ok "ldd /usr/bin/iapctl: $(ldd /usr/bin/iapctl | awk '{ print $1 }' | tr '\n' ' ')"
 
 # Run with the toolchain out of PATH and LD_LIBRARY_PATH, and (where a private mount namespace
-# can be made) its directory hidden under an empty tmpfs, so that nothing can load from it.
+# can be made) its runtime libraries hidden under an empty tmpfs, so that nothing can load them.
 clean=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$work" LANG=C.UTF-8)
+hide=0
+[ -n "$runtime" ] && unshare -m true 2> /dev/null && hide=1
 run_without_toolchain() { # run_without_toolchain COMMAND…: standard output kept in $work/out
-    if [ -n "$toolchain" ] && unshare -m true 2> /dev/null; then
-        unshare -m sh -c 'mount -t tmpfs none "$0" && exec "$@"' "$toolchain" "${clean[@]}" "$@" > "$work/out"
+    if [ "$hide" -eq 1 ]; then
+        unshare -m sh -c 'mount -t tmpfs none "$0" && exec "$@"' "$runtime" "${clean[@]}" "$@" > "$work/out"
     else
         "${clean[@]}" "$@" > "$work/out"
     fi
 }
-hidden="out of PATH and LD_LIBRARY_PATH"
-[ -n "$toolchain" ] && unshare -m true 2> /dev/null && hidden="$hidden, $toolchain hidden"
-! "${clean[@]}" sh -c 'command -v swift' > /dev/null || fail "swift is on the clean PATH; the check would prove nothing"
+hidden="out of LD_LIBRARY_PATH"
+if "${clean[@]}" sh -c 'command -v swift' > /dev/null; then
+    hidden="$hidden (swift itself is in /usr/bin)"
+else
+    hidden="$hidden and PATH"
+fi
+[ "$hide" -eq 1 ] && hidden="$hidden, its runtime $runtime hidden"
+[ "$hide" -eq 1 ] || [ -z "$runtime" ] || echo "check-deb: cannot make a private mount namespace here; the runtime in $runtime stays visible (ldd above shows it is not used)" >&2
 run_without_toolchain /usr/bin/iapd --version || fail "/usr/bin/iapd --version failed without the toolchain"
 grep -qE '^[0-9]+\.[0-9]+\.[0-9]+' "$work/out" || fail "/usr/bin/iapd --version printed '$(cat "$work/out")'"
 ok "/usr/bin/iapd --version: $(cat "$work/out") (toolchain $hidden)"
@@ -116,7 +129,7 @@ for path in /etc/iapd.conf /etc/systemd/system/sockets.target.wants/iapd.socket 
     /var/lib/systemd/deb-systemd-helper-enabled/iapd.socket.dsh-also /run/iapd; do
     [ -e "$path" ] || [ -L "$path" ] && left+=("$path")
 done
-while read -r path; do left+=("$path"); done < <(find /etc /usr /var/lib -xdev \( -name "*$PACKAGE*" -o -name "iapd*" -o -name "*iapctl*" -o -name "*iapbench*" \) 2> /dev/null)
+while read -r path; do left+=("$path"); done < <(leftovers | comm -13 "$work/before" -)
 [ ${#left[@]} -eq 0 ] || fail "apt-get purge left: ${left[*]}"
 ! dpkg-query -W -f='${Status}' "$PACKAGE" 2> /dev/null | grep -q "config-files\|installed" || fail "dpkg still knows $PACKAGE after purge"
 ok "apt-get purge: nothing of the package left (the group iapd stays, as Debian leaves system groups)"

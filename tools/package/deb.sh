@@ -11,6 +11,7 @@
 #   --no-lintian  skip lintian (it is installed when missing otherwise)
 # Exit status: 0 built (and lintian clean), 64 usage error, 1 the build, packaging or lintian failed.
 set -euo pipefail
+called_from=$PWD
 cd "$(dirname "$0")/../.."
 
 PACKAGE=accessoryhost
@@ -27,7 +28,8 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --no-build) build=0; shift ;;
         --no-lintian) lint=0; shift ;;
-        --output) [ $# -ge 2 ] || { echo "deb: --output needs a directory" >&2; exit 64; }; output=$2; shift 2 ;;
+        --output) [ $# -ge 2 ] || { echo "deb: --output needs a directory" >&2; exit 64; }
+                  case "$2" in /*) output=$2 ;; *) output=$called_from/$2 ;; esac; shift 2 ;;
         -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "deb: unknown argument '$1'; see tools/package/deb.sh --help" >&2; exit 64 ;;
     esac

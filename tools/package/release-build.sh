@@ -17,7 +17,7 @@ cd "$(dirname "$0")/../.."
 products=("$@")
 [ ${#products[@]} -gt 0 ] || products=(iapctl iapd iapbench ea-echo serial-echo)
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log.warnings"' EXIT
 # Hardened as Debian builds its packages: relocations read-only and bound at start (-z relro,
 # -z now).
 flags=(-c release --static-swift-stdlib -Xlinker -z -Xlinker relro -Xlinker -z -Xlinker now)
@@ -30,8 +30,10 @@ for product in "${products[@]}"; do
     # The one warning allowed is the linker's note on the toolchain's own static Foundation
     # (FoundationEssentials calls mktemp(3) for a unique name, not to open the file); every
     # other warning fails the build as in the debug build.
-    if grep "warning:" "$log" | grep -v "libFoundationEssentials.a(.*the use of \`mktemp' is dangerous" | grep -q .; then
-        grep "warning:" "$log" >&2
+    grep "warning:" "$log" | grep -v "libFoundationEssentials.a(.*the use of \`mktemp' is dangerous" > "$log.warnings" || true
+    if [ -s "$log.warnings" ]; then
+        cat "$log.warnings" >&2
+        rm -f "$log.warnings"
         echo "release-build: $product built with warnings (above)" >&2
         exit 1
     fi

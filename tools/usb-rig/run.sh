@@ -8,7 +8,7 @@
 #   With no guest command, guest.sh runs the in-guest Swift test suite (filter USBRig).
 #   Relative guest commands are resolved from the repository root.
 # Env: USB_RIG_CACHE    cache dir (default ${XDG_CACHE_HOME:-$HOME/.cache}/accessoryhost-usb-rig)
-#      USB_RIG_TIMEOUT  seconds for the whole VM run (default 900)
+#      USB_RIG_TIMEOUT  seconds for the whole VM run (default 1800)
 #      USB_RIG_UDCS     number of dummy UDCs in the guest (default 8: the fleet; passed through)
 #      CI               when set, always refresh the apt package lists
 # Exit status: the guest command's status; 124 if the VM timed out; 2 for usage errors; other
@@ -18,7 +18,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${USB_RIG_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/accessoryhost-usb-rig}
-vm_timeout=${USB_RIG_TIMEOUT:-900}
+vm_timeout=${USB_RIG_TIMEOUT:-1800}
 udcs=${USB_RIG_UDCS:-8}
 # virtme-ng 1.42 is the version the rig was proven with (see README.md); newer ones may change flags.
 vng_version=1.42
