@@ -381,8 +381,15 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         }
     }
 
+    /// A transfer failed. The transfers in flight when one fails fail together (an accessory
+    /// that left the bus fails every one with an error before the kernel reports it gone): they
+    /// count as one error in a row, and the next round goes after the back-off. The limit thus
+    /// spans rounds, about 2.3 s with the default 8: long enough for the kernel to report a
+    /// device that left, whose next submit then says so (found in the USB rig, where a gadget
+    /// that unbinds fails four IN transfers at once with EPROTO).
     private func transferError() {
         pipe.statistics.errors += 1
+        guard !retryScheduled else { return } // this round's error is counted already
         consecutiveErrors += 1
         if consecutiveErrors >= options.maxConsecutiveErrors {
             fail(usbFailure("\(description): \(consecutiveErrors) transfer errors in a row",

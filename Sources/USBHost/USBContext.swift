@@ -42,7 +42,9 @@ public struct USBOptions: Sendable, Hashable {
     public var outTimeoutMilliseconds: UInt32 = 2_000
     /// The longest the OUT transfer timeout grows to by doubling, in milliseconds.
     public var maxOutTimeoutMilliseconds: UInt32 = 30_000
-    /// Transfer errors in a row after which the transport gives up.
+    /// Transfer errors in a row after which the transport gives up. The transfers in flight when
+    /// one fails count as one; each round is retried after a back-off of 20 ms doubling to 1 s,
+    /// so the default 8 spans about 2.3 s.
     public var maxConsecutiveErrors = 8
     /// Frames allowed to wait for a free OUT slot (the link window keeps it far below this).
     public var maxQueuedFrames = 1_024

@@ -374,8 +374,22 @@ struct Harness {
         var options = USBOptions()
         options.maxConsecutiveErrors = 3
         let harness = try Harness(options: options)
-        harness.onQueue { for _ in 0..<4 { harness.fake.completeIn([], status: LIBUSB_TRANSFER_ERROR) } }
+        // Every transfer in flight fails at once (as when the accessory leaves the bus): one error
+        // in a row, not four; the round after the back-off fails again, and so on.
+        for round in 1...3 {
+            harness.onQueue {
+                #expect(harness.fake.pendingTransfers(in: true).count == 4, "round \(round) resubmitted every IN transfer")
+                for _ in 0..<4 { harness.fake.completeIn([], status: LIBUSB_TRANSFER_ERROR) }
+            }
+            guard round < 3 else { break }
+            try #require(harness.onQueue { harness.transport.pipe.lifecycle.isRunning }, "\(round) round(s) of errors are not yet 3 in a row")
+            // Wait for the retry's submits (events), not for a time.
+            while harness.onQueue({ harness.fake.pendingTransfers(in: true).count }) < 4 {
+                try #require(harness.fake.submitted.wait(timeout: .now() + 30) == .success, "the round is retried")
+            }
+        }
         #expect(harness.events.waitForClose())
+        #expect(harness.transport.pipe.statistics.errors == 12)
         #expect(harness.events.closes.first??.message == "usb 1-1.2 2ca3:1002 Goggles 3 (serial GG3-0042): 3 transfer errors in a row")
     }
 
