@@ -399,7 +399,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         }
     }
 
-    /// Waits (10 ms doubling to 1 s with each error in a row) before submitting again.
+    /// Waits (20 ms after the first error in a row, doubling with each to 1 s) before submitting again.
     private func scheduleRetry() {
         guard case .running = state, !retryScheduled else { return }
         retryScheduled = true
