@@ -1,0 +1,180 @@
+"""Fixtures: a real iapd (the project's build) serving simulated accessories.
+
+ACCESSORYHOST_BIN names the directory of iapd and iapctl (default: the repository's
+.build/release, else .build/debug). ACCESSORYHOST_PY_TRANSPORT picks how the accessories are
+attached: ``memory`` (default: iapd's in-process simulator, ``--simulate``; pseudo-terminals for
+the unplug tests) or ``usb`` (``iapctl simulate --gadget`` on a USB device controller, iapd
+finding it by hotplug: the USB rig, tools/usb-rig/python.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parents[3]
+TRANSPORT = os.environ.get("ACCESSORYHOST_PY_TRANSPORT", "memory")
+ECHO = "com.example.echo"
+
+
+def binaries() -> Path:
+    named = os.environ.get("ACCESSORYHOST_BIN")
+    if named:
+        return Path(named)
+    for kind in ("release", "debug"):
+        if (REPOSITORY / ".build" / kind / "iapd").exists():
+            return REPOSITORY / ".build" / kind
+    pytest.exit("no iapd built: run `swift build` (or set ACCESSORYHOST_BIN)", returncode=4)
+
+
+def wait_until(condition, seconds: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Polls a condition another process makes true (bounded; a generous limit, not a timing)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {seconds} s")
+        time.sleep(0.02)
+
+
+class Daemon:
+    """iapd on a socket of its own, started and stopped by the tests."""
+
+    def __init__(self, directory: Path, arguments: List[str]) -> None:
+        self.socket = str(directory / "iapd.sock")
+        self.log = directory / "iapd.log"
+        self.arguments = arguments
+        self.process: Optional[subprocess.Popen[bytes]] = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen([str(binaries() / "iapd"), "--socket", self.socket] + self.arguments,
+                                            stdout=subprocess.DEVNULL, stderr=log)
+
+        def accepting() -> bool:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"iapd exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.socket)
+                return True
+            except OSError:
+                return False
+            finally:
+                probe.close()
+        wait_until(accepting, 60, "iapd did not listen")
+
+    def stop(self) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        status = self.process.wait(timeout=60)
+        self.process = None
+        return status
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+
+class Gadget:
+    """A simulated accessory as a USB device (configfs gadget on a UDC), for the rig."""
+
+    def __init__(self, directory: Path, profile: str, udc: str) -> None:
+        self.udc = udc
+        self.bind_file = Path(f"/sys/kernel/config/usb_gadget/iapsim-{udc}/UDC")
+        self.out = open(directory / f"gadget-{udc}.out", "w+b")
+        self.process = subprocess.Popen([str(binaries() / "iapctl"), "simulate", "--gadget", "--udc", udc, "--profile", profile],
+                                        stdout=self.out, stderr=subprocess.STDOUT)
+        wait_until(lambda: self.bind_file.exists() and self.bind_file.read_text().strip() == udc, 60,
+                   "the gadget was not bound")
+
+    def unplug(self) -> None:
+        self.bind_file.write_text("\n")
+
+    def replug(self) -> None:
+        self.bind_file.write_text(self.udc + "\n")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
+        self.out.close()
+
+
+class PtyAccessory:
+    """A simulated accessory on a pseudo-terminal, reached by iapd through a symlink: killing
+    the simulator unplugs it; a new simulator behind the same link plugs it in again."""
+
+    def __init__(self, directory: Path, profile: str) -> None:
+        self.directory = directory
+        self.profile = profile
+        self.link = directory / "accessory-port"
+        self.process: Optional[subprocess.Popen[bytes]] = None
+        self.replug()
+
+    def replug(self) -> None:
+        out = self.directory / "simulator.out"
+        out.write_bytes(b"")
+        with open(out, "wb") as stdout, open(self.directory / "simulator.log", "ab") as stderr:
+            self.process = subprocess.Popen([str(binaries() / "iapctl"), "simulate", "--profile", self.profile],
+                                            stdout=stdout, stderr=stderr)
+        wait_until(lambda: out.read_text().strip() != "", 60, "the simulator did not print its pseudo-terminal")
+        target = out.read_text().splitlines()[0].strip()
+        temporary = self.directory / "accessory-port.new"
+        if temporary.is_symlink():
+            temporary.unlink()
+        temporary.symlink_to(target)
+        temporary.rename(self.link)
+
+    def unplug(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.unplug()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """iapd serving the multi-sensor simulated accessory (its echo, sink, source and telemetry
+    protocols): in process, or as a USB gadget in the rig."""
+    gadget = None
+    if TRANSPORT == "usb":
+        udcs = sorted(os.listdir("/sys/class/udc"))
+        gadget = Gadget(tmp_path, "multi-sensor", udcs[0])
+        server = Daemon(tmp_path, [])
+    else:
+        server = Daemon(tmp_path, ["--no-usb", "--simulate"])
+    server.start()
+    yield server
+    if server.process is not None:
+        server.stop()
+    if gadget is not None:
+        gadget.stop()
+
+
+@pytest.fixture
+def pluggable(tmp_path: Path) -> Iterator[tuple]:  # type: ignore[type-arg]
+    """(iapd, accessory) where the accessory can be unplugged and plugged in again: a
+    pseudo-terminal behind a symlink iapd keeps trying, or in the rig a USB gadget."""
+    if TRANSPORT == "usb":
+        udcs = sorted(os.listdir("/sys/class/udc"))
+        accessory: object = Gadget(tmp_path, "multi-sensor", udcs[0])
+        server = Daemon(tmp_path, [])
+    else:
+        accessory = PtyAccessory(tmp_path, "multi-sensor")
+        server = Daemon(tmp_path, ["--no-usb", "--serial", str(tmp_path / "accessory-port")])
+    server.start()
+    yield server, accessory
+    if server.process is not None:
+        server.stop()
+    accessory.stop()  # type: ignore[attr-defined]
