@@ -10,11 +10,14 @@
 # gadgets by hotplug). tools/test.sh runs it on pseudo-terminals, the rig's suite on USB.
 #
 # Usage: tools/examples/firmware-fleet-demo.sh [--usb] [--counts "1 2 4 8"] [--mib N] [--unplug]
-#                                              [--bin DIR]
+#                                              [--bin DIR] [--via library|iapctl]
 #   --counts LIST  one round per count, that many accessories at once (default "3")
 #   --mib N        image size in MiB, the same image for every accessory (default 4)
 #   --unplug       in every round of 2 or more, unplug the second accessory mid-transfer
 #   --bin DIR      where iapctl and iapd are (default .build/release)
+#   --via WAY      the script's way to iapd: library (the Python client, tools/python, in
+#                  $PYTHON, default python3) or iapctl (one `iapctl open` per accessory);
+#                  default: library when $PYTHON imports accessoryhost
 # Prints per round the aggregate and per-accessory throughput and the host's CPU per MiB (iapd,
 # and the script with its iapctl processes); the fleet's JSON lines are in the log.
 # Exit status: 0 every round as expected, 1 otherwise (what and why on stderr).
@@ -26,6 +29,8 @@ counts="3"
 mib=4
 unplug=0
 bin=$repo/.build/release
+via=""
+python=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
     case "$1" in
         --usb) usb=1; shift ;;
@@ -33,9 +38,14 @@ while [ $# -gt 0 ]; do
         --mib) mib=$2; shift 2 ;;
         --unplug) unplug=1; shift ;;
         --bin) bin=$2; shift 2 ;;
-        *) echo "usage: $0 [--usb] [--counts LIST] [--mib N] [--unplug] [--bin DIR]" >&2; exit 64 ;;
+        --via) via=$2; shift 2 ;;
+        *) echo "usage: $0 [--usb] [--counts LIST] [--mib N] [--unplug] [--bin DIR] [--via library|iapctl]" >&2; exit 64 ;;
     esac
 done
+if [ -z "$via" ]; then
+    if "$python" -c 'import accessoryhost' 2> /dev/null; then via=library; else via=iapctl; fi
+fi
+case "$via" in library|iapctl) ;; *) echo "fleet: --via is library or iapctl" >&2; exit 64 ;; esac
 iapctl=$bin/iapctl
 iapd=$bin/iapd
 for binary in "$iapctl" "$iapd"; do
@@ -124,7 +134,7 @@ for count in $counts; do
     accessory_start=0
     for pid in "${simulators[@]}"; do accessory_start=$((accessory_start + $(cpu_ticks "$pid"))); done
     status=0
-    IAPD_SOCKET=$socket IAPCTL=$iapctl python3 "$here/firmware-upgrade.py" --fleet --count "$count" --timeout 120 \
+    IAPD_SOCKET=$socket IAPCTL=$iapctl "$python" "$here/firmware-upgrade.py" --fleet --via "$via" --count "$count" --timeout 120 \
         "$work/image.bin" 2.0.0 > "$work/fleet.jsonl" \
         2> >(tee "$work/fleet.err" | while IFS= read -r line; do
                  printf '%s\n' "$line" >&2
@@ -167,7 +177,7 @@ upgraded = [row for row in rows if row["result"] == "upgraded"]
 mib = summary["bytes"] / 1048576
 print(f"OK {len(upgraded)} of {count} upgraded: {summary['megabytesPerSecond']:.2f} MB/s in all, "
       f"per accessory median {statistics.median(row['megabytesPerSecond'] for row in upgraded):.2f} MB/s; "
-      f"host CPU per MiB: iapd {iapd_ms / mib:.1f} ms (whole round), script and iapctl {summary['clientCPUMillisecondsPerMiB']:.1f} ms "
+      f"host CPU per MiB: iapd {iapd_ms / mib:.1f} ms (whole round), script (via {summary.get('via', '?')}) and any iapctl {summary['clientCPUMillisecondsPerMiB']:.1f} ms "
       f"(script alone {summary['scriptCPUMillisecondsPerMiB']:.1f}); the accessories' {accessory_ms / mib:.1f} ms (whole round)"
       + ("; the unplugged one failed: " + next(row['error'] for row in rows if row['result'] == 'failed') if expect_failure else ""))
 EOF
@@ -185,5 +195,5 @@ EOF
     results+=("$count accessories: ${verdict#OK }")
     say "round of $count: ${verdict#OK }"
 done
-say "results ($mib MiB per accessory$([ "$usb" -eq 1 ] && echo ', USB gadgets' || echo ', pseudo-terminals')):"
+say "results ($mib MiB per accessory$([ "$usb" -eq 1 ] && echo ', USB gadgets' || echo ', pseudo-terminals'), the script via $via):"
 for line in "${results[@]}"; do say "  $line"; done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Upgrade an accessory's firmware with nothing but iapctl (and the Python standard library).
+"""Upgrade an accessory's firmware through iapd with the Python client, or with nothing but iapctl.
 
 The accessory speaks the firmware-update protocol of AccessoryHost's simulator (its
 `firmware-update` behaviour; the framing is documented in
@@ -11,6 +11,12 @@ reboots with the new version. The steps:
      connects and sends the image, several chunks in flight, printing progress, and checks the
      accessory's verdict (status and the CRC-32 it computed);
   3. `iapctl wait --firmware VERSION` waits for the accessory to come back with the new version.
+
+Through iapd, with the Python client installed (`pip install tools/python`, the package
+`accessoryhost`), the script does the same without a subprocess: `client.wait_for`, then
+`client.open` maps the session's rings in this process, then `client.wait_for(firmware=…)`.
+`--via library` (the default when the package imports, iapd's socket exists and no --serial is
+given) or `--via iapctl` (the steps above) chooses.
 
 Nothing is resumed or retried silently: when a transfer breaks, the script says how many bytes
 the accessory acknowledged and exits non-zero.
@@ -47,6 +53,11 @@ import sys
 import tempfile
 import time
 import zlib
+
+try:
+    import accessoryhost  # the Python client (tools/python); optional: --via iapctl needs none
+except ImportError:
+    accessoryhost = None
 
 BEGIN, CHUNK, END = 0x01, 0x02, 0x03
 READY, ACK, DONE, ERROR = 0x81, 0x82, 0x83, 0x8F
@@ -124,14 +135,12 @@ def print_progress(acknowledged, total, rate, done):
           file=sys.stderr, flush=True)
 
 
-def transfer(path, image, version, window, timeout, progress=print_progress, interval=None):
-    """Sends the image through the session offered at path; returns the accessory's CRC-32 and
-    the seconds the transfer took. progress(acknowledged, total, rate, done) is called at most
-    every interval seconds (0.1 on a terminal, else 2) and at the end."""
+def transfer(connection, image, version, window, progress=print_progress, interval=None):
+    """Sends the image through the session (a socket, or a SessionStream), whose reads time out;
+    returns the accessory's CRC-32 and the seconds the transfer took. progress(acknowledged,
+    total, rate, done) is called at most every interval seconds (0.1 on a terminal, else 2) and
+    at the end."""
     crc = zlib.crc32(image) & 0xFFFFFFFF
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.settimeout(timeout)  # an accessory that stops answering fails the upgrade, it does not hang it
-    connection.connect(path)
     reader = Reader(connection)
     send_message(connection, BEGIN, struct.pack(">II", len(image), crc) + version.encode())
     kind, body = reader.message()
@@ -208,7 +217,10 @@ def upgrade(args, base, before, image, progress=print_progress, interval=None, s
                 raise Failure(f"iapctl open exited with {opener.returncode}: {opener_errors()}", opener.returncode or EX_IOERR)
             say(f"session {args.protocol} open; sending {len(image)} bytes as version {args.version}")
             try:
-                crc, seconds = transfer(path, image, args.version, args.window, args.timeout, progress, interval)
+                connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                connection.settimeout(args.timeout)  # an accessory that stops answering fails the upgrade, it does not hang it
+                connection.connect(path)
+                crc, seconds = transfer(connection, image, args.version, args.window, progress, interval)
             except Failure as failure:
                 # The session's end is iapctl's to explain (the accessory went away, and how).
                 if opener.poll() is None:
@@ -239,6 +251,150 @@ def upgrade(args, base, before, image, progress=print_progress, interval=None, s
     say(f"{after['name']} (serial {serial}) is back with firmware {after['firmwareRevision']} "
         f"(was {before['firmwareRevision']})")
     return after, seconds
+
+
+class IapctlWay:
+    """The accessories through iapctl processes (`iapctl list`, `wait`, `open --socket`)."""
+
+    def __init__(self, args, base):
+        self.args, self.base = args, base
+
+    def find(self):
+        match = ["--protocol", self.args.protocol] + (["--serial-number", self.args.serial_number] if self.args.serial_number else [])
+        # iapctl's JSON (docs/JSON.md): the accessory is under "accessory" on every line.
+        return json.loads(run_iapctl(self.base + ["wait", "--json", "--timeout", str(self.args.timeout)] + match,
+                                     self.args.timeout + 30).splitlines()[0])["accessory"]
+
+    def discover(self):
+        return discover(self.args, self.base)
+
+    def upgrade(self, before, image, progress=print_progress, interval=None, say=log):
+        return upgrade(self.args, self.base, before, image, progress, interval, say)
+
+    def close(self):
+        pass
+
+
+def record_of(accessory):
+    """The Python client's Accessory as the fields of iapctl's JSON this script reads."""
+    return {"serialNumber": accessory.serial_number, "name": accessory.name, "firmwareRevision": accessory.firmware_revision,
+            "location": accessory.location, "protocolStrings": list(accessory.protocol_strings)}
+
+
+class SessionStream:
+    """A session of the Python client with the socket methods transfer() uses: reads wait at
+    most the timeout (then socket.timeout, as a socket's), an ended session reads b""."""
+
+    def __init__(self, session, timeout):
+        self.session, self.timeout = session, timeout
+
+    def sendall(self, data):
+        try:
+            self.session.write(data, timeout=self.timeout)
+        except accessoryhost.Timeout as error:
+            raise Failure(f"the accessory took nothing for {self.timeout:.0f} s: {error}", EX_TEMPFAIL)
+        except accessoryhost.SessionClosed as error:
+            raise Failure(str(error))
+
+    def recv(self, size):
+        try:
+            data = self.session.read(size, timeout=self.timeout)
+        except accessoryhost.Timeout:
+            raise socket.timeout() from None
+        except accessoryhost.SessionClosed:
+            return b""
+        if not data:
+            reason = self.session._client.disconnect_reason(self.session.accessory.id) if self.session._client else None
+            raise Failure(f"the session ended ({f'the accessory disconnected: {reason}' if reason else 'the accessory closed it or went away'}) "
+                          f"after {self.session.bytes_acknowledged if not self.session.closed else 0} bytes acknowledged")
+        return data
+
+    def close(self):
+        self.session.close()
+
+
+class LibraryWay:
+    """The accessories through iapd with the Python client: no subprocess, the session's
+    rings mapped in this process. One connection serves every accessory of a fleet."""
+
+    def __init__(self, args):
+        self.args = args
+        try:
+            self.client = accessoryhost.connect(name="firmware-upgrade.py")
+        except accessoryhost.IapdError as error:
+            raise Failure(str(error), EX_UNAVAILABLE)
+
+    def find(self):
+        try:
+            accessory = self.client.wait_for(protocol=self.args.protocol, serial=self.args.serial_number, timeout=self.args.timeout)
+        except accessoryhost.Timeout as error:
+            raise Failure(str(error), EX_TEMPFAIL)
+        return record_of(accessory)
+
+    def discover(self):
+        """As discover(): those there now (at least one), or with --count N once N are."""
+        deadline = time.monotonic() + self.args.timeout
+        wanted = self.args.count or 1
+        while True:
+            records = [record_of(accessory) for accessory in self.client.accessories()
+                       if accessory.speaks(self.args.protocol)
+                       and (not self.args.serial_number or accessory.serial_number == self.args.serial_number)]
+            if len(records) >= wanted:
+                return records
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Failure(f"{len(records)} accessories speak {self.args.protocol} after {self.args.timeout:.0f} s; "
+                              f"{wanted} wanted (plugged in? iapctl list shows what is there)", EX_TEMPFAIL)
+            try:
+                self.client.next_event(timeout=min(left, 1.0))  # an accessory came or went: look again
+            except accessoryhost.Timeout:
+                pass
+
+    def upgrade(self, before, image, progress=print_progress, interval=None, say=log):
+        """Opens the session, sends the image, waits for the accessory to come back with the new
+        version. Returns (its record afterwards, transfer seconds); raises Failure."""
+        args, serial = self.args, before["serialNumber"]
+        try:
+            accessory = self.client.wait_for(protocol=args.protocol, serial=serial, timeout=args.timeout)
+            session = self.client.open(accessory, args.protocol, timeout=args.timeout)
+        except accessoryhost.Timeout as error:
+            raise Failure(str(error), EX_TEMPFAIL)
+        except accessoryhost.IapdError as error:
+            raise Failure(str(error), EX_UNAVAILABLE)
+        say(f"session {args.protocol} open; sending {len(image)} bytes as version {args.version}")
+        stream = SessionStream(session, args.timeout)
+        try:
+            crc, seconds = transfer(stream, image, args.version, args.window, progress, interval)
+        except accessoryhost.IapdError as error:
+            raise Failure(str(error))
+        finally:
+            session.close()
+        say(f"the accessory verified the image (CRC-32 0x{crc:08x}) after {seconds:.2f} s, "
+            f"{len(image) / max(seconds, 1e-9) / 1e6:.2f} MB/s; it reboots now")
+        try:
+            after = self.client.wait_for(protocol=args.protocol, serial=serial, firmware=args.version, timeout=args.timeout)
+        except accessoryhost.Timeout as error:
+            raise Failure(str(error), EX_TEMPFAIL)
+        say(f"{after.name} (serial {serial}) is back with firmware {after.firmware_revision} (was {before['firmwareRevision']})")
+        return record_of(after), seconds
+
+    def close(self):
+        self.client.close()
+
+
+def choose_way(args, base):
+    """--via: the Python client through iapd, or iapctl processes."""
+    via = args.via
+    if via is None:
+        socket_path = os.environ.get("IAPD_SOCKET") or "/run/iapd/iapd.sock"
+        via = "library" if accessoryhost is not None and not args.serial and os.path.exists(socket_path) else "iapctl"
+    if via == "library":
+        if accessoryhost is None:
+            raise Failure("--via library needs the Python client: pip install tools/python (the package accessoryhost)", EX_UNAVAILABLE)
+        if args.serial:
+            raise Failure("--via library goes through iapd; give iapd the port (iapd --serial) instead of --serial", EX_USAGE)
+        return LibraryWay(args)
+    return IapctlWay(args, base)
 
 
 # ---- the fleet: every accessory that speaks the protocol, at once ----------------------------
@@ -312,13 +468,14 @@ def draw(rows, first):
     sys.stderr.flush()
 
 
-def run_fleet(args, base, image):
-    """--fleet: upgrades every accessory that speaks the protocol at once, each through its own
-    `iapctl open` (iapd shares the accessories between them). Exit status 0 when every one was
-    upgraded (or ran the version already), otherwise that of the failure that came first."""
+def run_fleet(args, way, image):
+    """--fleet: upgrades every accessory that speaks the protocol at once, each in a thread of
+    its own (with the Python client, one connection to iapd; otherwise one `iapctl open` each).
+    Exit status 0 when every one was upgraded (or ran the version already), otherwise that of
+    the failure that came first."""
     import threading
     try:
-        rows = [Row(record) for record in discover(args, base)]
+        rows = [Row(record) for record in way.discover()]
     except Failure as error:
         log(f"FAILED: {error}")
         return error.status
@@ -358,7 +515,7 @@ def run_fleet(args, base, image):
 
         try:
             note(row, "opening")
-            after, row.seconds = upgrade(args, base, row.record, image, progress, 2.0 if not interactive else 0.2, say)
+            after, row.seconds = way.upgrade(row.record, image, progress, 2.0 if not interactive else 0.2, say)
             row.after, row.status = after["firmwareRevision"], 0
             note(row, "upgraded")
         except Exception as error:  # every failure is this accessory's alone, and reported
@@ -416,8 +573,9 @@ def run_fleet(args, base, image):
         summary.update(transferSeconds=round(end - start, 3), megabytesPerSecond=round(moved / max(end - start, 1e-9) / 1e6, 3),
                        clientCPUMillisecondsPerMiB=round((script + children) * 1000 / (moved / 1048576), 2),
                        scriptCPUMillisecondsPerMiB=round(script * 1000 / (moved / 1048576), 2))
+        summary["via"] = "library" if isinstance(way, LibraryWay) else "iapctl"
         log(f"{len(upgraded)} upgraded, {len(failed)} failed: {moved} bytes in {end - start:.2f} s, "
-            f"{summary['megabytesPerSecond']:.2f} MB/s in all; this script and its iapctl processes used "
+            f"{summary['megabytesPerSecond']:.2f} MB/s in all; this script and its iapctl processes (if any) used "
             f"{summary['clientCPUMillisecondsPerMiB']:.1f} ms of CPU per MiB")
     for row in failed:
         log(f"FAILED: {row.serial}: {row.error}")
@@ -442,6 +600,9 @@ def parse_arguments():
     parser.add_argument("--fleet", action="store_true",
                         help="upgrade every accessory that speaks the protocol at once (through iapd): a live table "
                              "on a terminal, one JSON line per accessory on standard output")
+    parser.add_argument("--via", choices=("library", "iapctl"),
+                        help="the Python client through iapd, or iapctl processes (default: library when the package "
+                             "accessoryhost imports, iapd's socket exists and --serial is not given)")
     parser.add_argument("--count", type=int, default=0, metavar="N",
                         help="with --fleet: wait until N accessories speak the protocol (default: those there once one is)")
     return parser.parse_args()
@@ -466,19 +627,21 @@ def main():
         return EX_NOINPUT
 
     base = [args.iapctl] + (["--no-usb", "--serial", args.serial] if args.serial else [])
-    if args.fleet:
-        return run_fleet(args, base, image)
-    match = ["--protocol", args.protocol] + (["--serial-number", args.serial_number] if args.serial_number else [])
-    timeout = ["--timeout", str(args.timeout)]
     try:
-        # iapctl's JSON (docs/JSON.md): the accessory is under "accessory" on every line.
-        before = json.loads(run_iapctl(base + ["wait", "--json"] + timeout + match, args.timeout + 30).splitlines()[0])["accessory"]
+        way = choose_way(args, base)
+    except Failure as error:
+        log(f"FAILED: {error}")
+        return error.status
+    try:
+        if args.fleet:
+            return run_fleet(args, way, image)
+        before = way.find()
         log(f"found {before['name']} (serial {before['serialNumber']}) with firmware {before['firmwareRevision']} "
             f"on {before['location']}")
         if before["firmwareRevision"] == args.version and not args.force:
             log(f"it already runs {args.version}; nothing to do (--force upgrades anyway)")
             return 0
-        upgrade(args, base, before, image)
+        way.upgrade(before, image)
         return 0
     except Failure as error:
         log(f"FAILED: {error}")
@@ -486,6 +649,8 @@ def main():
     except OSError as error:
         log(f"FAILED: {error}")
         return EX_IOERR
+    finally:
+        way.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""A 16 MiB echo from Python through iapd against `iapctl send --verify-echo` through the same
+iapd, in turns (issue 36's goal: Python at least 0.8x iapctl).
+
+Starts iapd (--bin DIR, default the repository's .build/release) on a socket of its own serving
+its built-in simulated accessory, then runs ROUNDS pairs: iapctl's transfer (its own "seconds",
+the open excluded) and this library's (a writer thread and the reader here, the echo compared
+byte for byte at the end, then drain: every byte acknowledged by the accessory). Prints each
+pair, the median of each and the median of the ratios; one JSON line with --json. Exit status
+0, or 1 when a transfer failed (the goal is reported, not enforced: machines are noisy).
+
+Usage: echo_bench.py [--bin DIR] [--mib N] [--rounds N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import accessoryhost
+
+PROTOCOL = "com.example.echo"
+
+
+def python_echo(client: accessoryhost.Client, accessory: accessoryhost.Accessory, data: bytes) -> float:
+    """Seconds from the first byte written to the last echoed, compared and acknowledged."""
+    with client.open(accessory, PROTOCOL) as session:
+        received = bytearray(len(data))
+        view = memoryview(received)
+        failure: List[BaseException] = []
+
+        def write() -> None:
+            try:
+                session.write(data, timeout=60)
+            except BaseException as error:
+                failure.append(error)
+        start = time.monotonic()
+        writer = threading.Thread(target=write)
+        writer.start()
+        done = 0
+        while done < len(data):
+            count = session.readinto(view[done:], timeout=60)
+            if count == 0:
+                raise SystemExit(f"the session ended after {done} bytes")
+            done += count
+        writer.join()
+        if failure:
+            raise failure[0]
+        session.drain(timeout=60)
+        if received != data:
+            raise SystemExit("the echo differs from what was sent")
+        seconds = time.monotonic() - start
+        view.release()
+        return seconds
+
+
+def iapctl_echo(iapctl: Path, socket_path: str, file: str) -> float:
+    result = subprocess.run([str(iapctl), "send", "--json", "--verify-echo", PROTOCOL, file], capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, IAPD_SOCKET=socket_path))
+    if result.returncode != 0:
+        raise SystemExit(f"iapctl send exited with {result.returncode}: {result.stderr.strip()}")
+    report = json.loads(result.stdout.splitlines()[-1])
+    if not report.get("verified"):
+        raise SystemExit(f"iapctl send did not verify the echo: {report}")
+    return float(report["seconds"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    repository = Path(__file__).resolve().parents[3]
+    parser.add_argument("--bin", default=str(repository / ".build" / "release"))
+    parser.add_argument("--mib", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    options = parser.parse_args()
+    binaries = Path(options.bin)
+    data = os.urandom(options.mib << 20)
+    with tempfile.TemporaryDirectory(prefix="echo-bench-") as work:
+        file = os.path.join(work, "data.bin")
+        with open(file, "wb") as out:
+            out.write(data)
+        socket_path = os.path.join(work, "iapd.sock")
+        daemon = subprocess.Popen([str(binaries / "iapd"), "--socket", socket_path, "--no-usb", "--simulate"],
+                                  stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "iapd.log"), "wb"))
+        try:
+            deadline = time.monotonic() + 60
+            client: Optional[accessoryhost.Client] = None
+            while client is None:
+                try:
+                    client = accessoryhost.connect(socket_path, name="echo_bench")
+                except accessoryhost.DaemonNotRunning:
+                    if time.monotonic() > deadline or daemon.poll() is not None:
+                        raise SystemExit("iapd did not start")
+                    time.sleep(0.05)
+            with client:
+                accessory = client.wait_for(protocol=PROTOCOL, timeout=60)
+                python_echo(client, accessory, data[:1 << 20])  # warm-up
+                pairs = []
+                for index in range(options.rounds):
+                    theirs = iapctl_echo(binaries / "iapctl", socket_path, file)
+                    ours = python_echo(client, accessory, data)
+                    pairs.append((theirs, ours))
+                    if not options.json:
+                        print(f"round {index + 1}: iapctl {len(data) / theirs / 1e6:7.1f} MB/s   "
+                              f"python {len(data) / ours / 1e6:7.1f} MB/s   ratio {theirs / ours:.2f}", flush=True)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=30)
+    iapctl_rate = statistics.median(len(data) / theirs / 1e6 for theirs, _ in pairs)
+    python_rate = statistics.median(len(data) / ours / 1e6 for _, ours in pairs)
+    ratio = statistics.median(theirs / ours for theirs, ours in pairs)
+    summary = {"mib": options.mib, "rounds": options.rounds, "iapctlMegabytesPerSecond": round(iapctl_rate, 2),
+               "pythonMegabytesPerSecond": round(python_rate, 2), "ratio": round(ratio, 3), "goal": 0.8, "met": ratio >= 0.8}
+    if options.json:
+        print(json.dumps(summary))
+    else:
+        print(f"median of {options.rounds} rounds, {options.mib} MiB echoed through iapd: iapctl send --verify-echo "
+              f"{iapctl_rate:.1f} MB/s, python {python_rate:.1f} MB/s; python/iapctl {ratio:.2f} "
+              f"(goal 0.8: {'met' if ratio >= 0.8 else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
