@@ -7,7 +7,8 @@
 # FUZZ_SECONDS (default 30) seconds, and checks the documentation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon dpkg-dev lintian prometheus-node-exporter curl systemd
+tools/ensure-deps.sh valgrind xxd python3 tshark openssl python3-jsonschema man-db dbus-daemon dpkg-dev lintian prometheus-node-exporter curl systemd \
+    python3-venv python3-wheel python3-pytest mypy
 fuzz_seconds=${FUZZ_SECONDS:-30}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -87,12 +88,17 @@ MALLOC_ARENA_MAX=1 timeout 600 .build/release/iapbench soak --cycles 1000 --mib 
 step "iapctl as scripts and people see it (exit codes, JSON against its schema, the socket, help, install, man page, completion)"
 timeout 300 tools/cli-checks.sh .build/release/iapctl
 
+step "the Python client (tools/python): installed into a virtual environment, mypy --strict, pytest against a real iapd, the 16 MiB echo against iapctl send"
+tools/python/check.sh --bin .build/release
+
 step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"
 timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapctl --mib 4
 
-step "firmware upgrades of a fleet at once through iapd (pseudo-terminals): rounds of 1, 2, 4 and 8, then 4 with one unplugged mid-transfer"
-timeout 300 tools/examples/firmware-fleet-demo.sh --bin .build/release --counts "1 2 4 8" --mib 4
-timeout 300 tools/examples/firmware-fleet-demo.sh --bin .build/release --counts 4 --mib 4 --unplug
+step "firmware upgrades of a fleet at once through iapd (pseudo-terminals, the Python client): rounds of 1, 2, 4 and 8, then 4 with one unplugged mid-transfer, then 2 through iapctl processes"
+export PYTHON=$PWD/.build/python-venv/bin/python
+timeout 300 tools/examples/firmware-fleet-demo.sh --bin .build/release --counts "1 2 4 8" --mib 4 --via library
+timeout 300 tools/examples/firmware-fleet-demo.sh --bin .build/release --counts 4 --mib 4 --unplug --via library
+timeout 300 tools/examples/firmware-fleet-demo.sh --bin .build/release --counts 2 --mib 4 --via iapctl
 
 step "the ExternalAccessory example ported from iOS (tools/examples/EAEcho): in process and over a pseudo-terminal"
 tools/examples/ea-echo-demo.sh --bin .build/release

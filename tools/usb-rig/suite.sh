@@ -2,7 +2,8 @@
 # The rig's CI suite, run in the guest by guest.sh (root): the in-guest Swift tests (release
 # build of the test bundle: debug Swift is too slow under TCG to move 64 MiB), the udev rules
 # applied by the real udevd, the firmware-upgrade example over USB (16 MiB through separate
-# iapctl processes) and its fleet mode (8 gadgets at once through iapd), `iapctl report` on a gadget (report.sh), `iapbench usb` for the numbers (direct and through iapd), Bluetooth on
+# iapctl processes) and its fleet mode (8 gadgets at once through iapd, with the Python client),
+# the Python client's tests on a gadget (python.sh), `iapctl report` on a gadget (report.sh), `iapbench usb` for the numbers (direct and through iapd), Bluetooth on
 # virtual controllers (bluetooth.sh, with `iapbench bluetooth`), and iapd itself on the real
 # USB stack (iapd.sh).
 set -euo pipefail
@@ -22,6 +23,11 @@ echo "suite: an accessory as in the field (supercamera layout, sticks until rese
 timeout 120 "$here/field.sh"
 echo "suite: firmware-upgrade example over USB (16 MiB)"
 timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
+echo "suite: the Python client's tests (tools/python) against iapd with the accessory a USB gadget"
+timeout 900 "$here/python.sh"
+# The fleet's script uses the Python client from the environment tools/python/check.sh made on
+# the host (--via library); without it, iapctl processes.
+[ -x "$REPO/.build/python-venv/bin/python" ] && export PYTHON=$REPO/.build/python-venv/bin/python
 echo "suite: firmware upgrades of a fleet at once through iapd: 8 USB gadgets, one per controller; rounds of 1, 2, 4 and 8, then 4 with one unplugged mid-transfer"
 timeout 900 "$REPO/tools/examples/firmware-fleet-demo.sh" --usb --counts "1 2 4 8" --mib 8
 timeout 600 "$REPO/tools/examples/firmware-fleet-demo.sh" --usb --counts 4 --mib 4 --unplug

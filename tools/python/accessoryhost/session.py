@@ -86,8 +86,9 @@ class Session:
     @property
     def bytes_acknowledged(self) -> int:
         """Bytes the accessory's link acknowledged: it has them (not merely iapd)."""
-        self._check_open()
-        return self._rings.acknowledged
+        with self._writing:
+            self._check_open()
+            return self._rings.acknowledged
 
     def fileno(self) -> int:
         """The session's wake socket, for ``selectors``/``select``: it turns readable when
@@ -192,20 +193,22 @@ class Session:
         return count
 
     def drain(self, timeout: Optional[float] = None) -> None:
-        """Waits until the accessory acknowledged every byte written (its link has them).
-        Raises :class:`SessionClosed` when the session ends first, with the count acknowledged."""
-        target = self._rings.written
+        """Waits until the accessory acknowledged every byte written (its link has them); other
+        writers wait meanwhile. Raises :class:`SessionClosed` when the session ends first, with
+        the count acknowledged."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._check_open()
-            acknowledged = self._rings.acknowledged
-            if acknowledged >= target:
-                return
-            if self._rings.peer_closed:
-                raise SessionClosed(self._ended_message(f"with {acknowledged} of {target} bytes acknowledged"))
-            self._block(lambda: self._rings.arm_acknowledged(target), deadline,
-                        f"the accessory acknowledged {self._rings.acknowledged} of {target} bytes on {self.protocol} "
-                        f"within {timeout} s")
+        with self._writing:  # the bytes written before this call; close() waits for it
+            target = self._rings.written
+            while True:
+                self._check_open()
+                acknowledged = self._rings.acknowledged
+                if acknowledged >= target:
+                    return
+                if self._rings.peer_closed:
+                    raise SessionClosed(self._ended_message(f"with {acknowledged} of {target} bytes acknowledged"))
+                self._block(lambda: self._rings.arm_acknowledged(target), deadline,
+                            f"the accessory acknowledged {self._rings.acknowledged} of {target} bytes on {self.protocol} "
+                            f"within {timeout} s")
 
     # ---- ending -----------------------------------------------------------------------------
 

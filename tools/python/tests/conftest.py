@@ -90,7 +90,7 @@ class Gadget:
     def __init__(self, directory: Path, profile: str, udc: str) -> None:
         self.udc = udc
         self.bind_file = Path(f"/sys/kernel/config/usb_gadget/iapsim-{udc}/UDC")
-        self.out = open(directory / f"gadget-{udc}.out", "w+b")
+        self.out = open(directory / f"gadget-{udc}.log", "w+b")
         self.process = subprocess.Popen([str(binaries() / "iapctl"), "simulate", "--gadget", "--udc", udc, "--profile", profile],
                                         stdout=self.out, stderr=subprocess.STDOUT)
         wait_until(lambda: self.bind_file.exists() and self.bind_file.read_text().strip() == udc, 60,
@@ -143,8 +143,18 @@ class PtyAccessory:
             self.unplug()
 
 
+def keep_logs(directory: Path, test: str) -> None:
+    """In the rig, the test's logs go where the host can read them afterwards."""
+    results = os.environ.get("USB_RIG_RESULTS")
+    if not results:
+        return
+    for log in directory.glob("*.log"):
+        target = Path(results) / f"python-{test}-{log.name}"
+        target.write_bytes(log.read_bytes())
+
+
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
     """iapd serving the multi-sensor simulated accessory (its echo, sink, source and telemetry
     protocols): in process, or as a USB gadget in the rig."""
     gadget = None
@@ -160,10 +170,11 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         server.stop()
     if gadget is not None:
         gadget.stop()
+    keep_logs(tmp_path, request.node.name)
 
 
 @pytest.fixture
-def pluggable(tmp_path: Path) -> Iterator[tuple]:  # type: ignore[type-arg]
+def pluggable(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple]:  # type: ignore[type-arg]
     """(iapd, accessory) where the accessory can be unplugged and plugged in again: a
     pseudo-terminal behind a symlink iapd keeps trying, or in the rig a USB gadget."""
     if TRANSPORT == "usb":
@@ -178,3 +189,4 @@ def pluggable(tmp_path: Path) -> Iterator[tuple]:  # type: ignore[type-arg]
     if server.process is not None:
         server.stop()
     accessory.stop()  # type: ignore[attr-defined]
+    keep_logs(tmp_path, request.node.name)

@@ -127,6 +127,28 @@ def test_a_closed_session_refuses_use_and_its_protocol_opens_again(daemon: Daemo
             assert again.read_exactly(5, timeout=LONG) == b"after"
 
 
+def test_closing_a_session_wakes_a_reader_blocked_on_it(daemon: Daemon) -> None:
+    with accessoryhost.connect(daemon.socket) as client:
+        accessory = client.wait_for(protocol=ECHO, timeout=LONG)
+        session = client.open(accessory, ECHO)
+        outcome = []
+        started = threading.Event()
+
+        def reader() -> None:
+            started.set()
+            try:
+                session.read(16, timeout=LONG)
+                outcome.append("read")
+            except accessoryhost.SessionClosed:
+                outcome.append("closed")
+        thread = threading.Thread(target=reader)
+        thread.start()
+        started.wait(LONG)
+        session.close()
+        thread.join(LONG)
+        assert not thread.is_alive() and outcome == ["closed"]
+
+
 def test_failures_are_typed_and_say_what_to_do(daemon: Daemon, tmp_path: Path) -> None:
     with pytest.raises(accessoryhost.DaemonNotRunning, match="iapd is not running .*systemctl start iapd"):
         accessoryhost.connect(str(tmp_path / "nothing.sock"))
