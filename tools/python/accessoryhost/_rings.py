@@ -27,13 +27,14 @@ import mmap
 import os
 import socket
 import threading
-from typing import Optional
 
 from .errors import ProtocolError
 
 MAGIC = 0x31474E4952504149  # "IAPRING1"
 LAYOUT_VERSION = 1
 HEADER = 4096
+#: The largest ring the layout allows (docs/DAEMON.md).
+MAXIMUM_CAPACITY = 64 * 1024 * 1024
 #: A blocked wait looks at the rings at least this often (a lost wake-up costs at most this).
 HEAL_SECONDS = 0.1
 
@@ -74,7 +75,7 @@ class Rings:
             self._map.close()
             raise ProtocolError(f"the session's shared memory has layout {version} (magic {magic:#x}); this library reads "
                                 f"layout {LAYOUT_VERSION}: update it to iapd's release")
-        if capacity < 4096 or capacity & (capacity - 1) or size < HEADER + 2 * capacity:
+        if capacity < 4096 or capacity > MAXIMUM_CAPACITY or capacity & (capacity - 1) or size < HEADER + 2 * capacity:
             words.release()
             view.release()
             self._map.close()

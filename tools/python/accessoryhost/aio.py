@@ -16,19 +16,19 @@ memory copies).
 from __future__ import annotations
 
 import asyncio
-import collections
 import os
 import socket
 import sys
 import time
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _protocol
-from ._rings import HEAL_SECONDS, Rings
-from .client import MAXIMUM_QUEUED_EVENTS, describe_criteria, matches
-from .errors import (BadRequest, DaemonGone, IapdError, ProtocolError, SessionClosed, Timeout, failure_from_reply)
-from .records import Accessory, Connected, Disconnected, Event, event_from_reply
-from .session import Buffer, _bytes_view
+from ._rings import HEAL_SECONDS
+from ._book import Book
+from .client import describe_criteria, matches
+from .errors import BadRequest, DaemonGone, IapdError, ProtocolError, SessionClosed, Timeout
+from .records import Accessory, Event
+from .session import Buffer, SessionBase, _bytes_view, session_from_reply
 
 __all__ = ["AsyncClient", "AsyncSession", "connect"]
 
@@ -83,53 +83,20 @@ class _Readable:
         self._fire()
 
 
-class AsyncSession:
+class AsyncSession(SessionBase):
     """:class:`accessoryhost.Session`'s asyncio form; its methods await where those block."""
 
     def __init__(self, client: Optional["AsyncClient"], accessory: Accessory, protocol: str, session_id: int,
                  wake: socket.socket, memfd: int) -> None:
-        #: The accessory the session is with.
-        self.accessory = accessory
-        #: The protocol string.
-        self.protocol = protocol
-        #: iapd's number for the session.
-        self.id = session_id
-        self._client = client
         wake.setblocking(False)
-        self._wake = wake
-        self._rings = Rings(memfd, wake)
+        super().__init__(client, accessory, protocol, session_id, wake, memfd)
         self._readable = _Readable(asyncio.get_running_loop(), wake.fileno())
-        self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    @property
-    def ended(self) -> bool:
-        """Whether the accessory's side ended."""
-        return self._rings.peer_closed
-
-    @property
-    def bytes_written(self) -> int:
-        """Bytes written so far."""
-        return self._rings.written
-
-    @property
-    def bytes_read(self) -> int:
-        """Bytes read so far."""
-        return self._rings.taken
 
     @property
     def bytes_acknowledged(self) -> int:
-        """Bytes the accessory's link acknowledged."""
+        """Bytes the accessory's link acknowledged: it has them (not merely iapd)."""
         self._check_open()
         return self._rings.acknowledged
-
-    def fileno(self) -> int:
-        """The session's wake socket (see :meth:`accessoryhost.Session.fileno`)."""
-        return self._wake.fileno()
 
     async def readinto(self, buffer: Union[bytearray, memoryview], timeout: Optional[float] = None) -> int:
         """Reads at least one byte into ``buffer``; 0 at the end of the stream."""
@@ -161,7 +128,7 @@ class AsyncSession:
             left = _left(deadline)
             count = await self.readinto(view[done:], None if left is None else max(0.0, left))
             if count == 0:
-                raise SessionClosed(f"the session for '{self.protocol}' ended after {done} of the {size} bytes awaited")
+                raise SessionClosed(self._ended_message(f"after {done} of the {size} bytes awaited"))
             done += count
         view.release()
         return bytes(buffer)
@@ -172,10 +139,7 @@ class AsyncSession:
         deadline = _deadline(timeout)
         done = 0
         while done < len(view):
-            self._check_open()
-            if self._rings.peer_closed:
-                raise SessionClosed(f"the session for '{self.protocol}' ended (the accessory closed it or went away), "
-                                    f"{done} of {len(view)} bytes written")
+            self._check_writable(done, len(view))
             count = self._rings.put(view[done:])
             done += count
             if done < len(view) and count == 0:
@@ -197,7 +161,7 @@ class AsyncSession:
             if acknowledged >= target:
                 return
             if self._rings.peer_closed:
-                raise SessionClosed(f"the session for '{self.protocol}' ended with {acknowledged} of {target} bytes acknowledged")
+                raise SessionClosed(self._ended_message(f"with {acknowledged} of {target} bytes acknowledged"))
             await self._block(lambda: self._rings.arm_acknowledged(target), deadline,
                               f"the accessory acknowledged {acknowledged} of {target} bytes within {timeout} s")
 
@@ -215,10 +179,6 @@ class AsyncSession:
 
     async def __aexit__(self, *exception: object) -> None:
         self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SessionClosed(f"the session for '{self.protocol}' is closed (by this program); open it again")
 
     async def _block(self, arm: Callable[[], bool], deadline: Optional[float], what: str) -> None:
         if arm() or self._rings.peer_closed:
@@ -244,15 +204,11 @@ class AsyncClient:
         self._loop = asyncio.get_running_loop()
         self._decoder = _protocol.Decoder()
         self._replies: Dict[int, "asyncio.Future[Tuple[Dict[str, Any], List[int]]]"] = {}
-        self._events: Deque[Event] = collections.deque()
         self._changed = asyncio.Condition()
-        self._accessories: Dict[int, Accessory] = {}
-        self._reasons: Dict[int, str] = {}
+        self._book = Book()
         self._gone: Optional[IapdError] = None
         self._next_id = 1
         self._closed = False
-        #: Events dropped because more than MAXIMUM_QUEUED_EVENTS waited unread.
-        self.dropped_events = 0
         self._loop.add_reader(sock.fileno(), self._on_readable)
 
     # ---- receiving (on the loop, from add_reader) ----------------------------------------------
@@ -296,38 +252,14 @@ class AsyncClient:
         self._loop.create_task(self._notify())
 
     def _dispatch(self, message: Dict[str, Any], descriptors: List[int]) -> None:
-        reply = message["reply"]
-        message_id = message.get("id")
-        if message_id is not None and not isinstance(message_id, int):
-            _protocol.close_all(descriptors)
-            raise ProtocolError(f"iapd sent a reply with the id {message_id!r}; update the library to iapd's release")
-        if message_id is not None:
-            future = self._replies.pop(int(message_id), None)
-            if future is None or future.done():
-                _protocol.close_all(descriptors)
-            else:
-                future.set_result((reply, descriptors))
+        reply = self._book.receive(message, descriptors)
+        if reply is None:
             return
-        _protocol.close_all(descriptors)
-        if "failure" in reply:
-            failure = failure_from_reply(_protocol.field(reply, "failure"))
-            self._lose(DaemonGone(f"iapd dropped this client: {failure} (an iapd older than this library answers so "
-                                  "a request it cannot read: update iapd)", code=failure.code))
-            return
-        event = event_from_reply(reply)
-        if event is None:
-            return
-        if isinstance(event, Connected):
-            self._accessories[event.accessory.id] = event.accessory
-        elif isinstance(event, Disconnected):
-            self._accessories.pop(event.accessory_id, None)
-            self._reasons[event.accessory_id] = event.reason
-            if len(self._reasons) > MAXIMUM_QUEUED_EVENTS:
-                self._reasons.pop(next(iter(self._reasons)))
-        if len(self._events) >= MAXIMUM_QUEUED_EVENTS:
-            self._events.popleft()
-            self.dropped_events += 1
-        self._events.append(event)
+        future = self._replies.pop(reply[0], None)
+        if future is None or future.done():
+            _protocol.close_all(reply[2])
+        else:
+            future.set_result((reply[1], reply[2]))
 
     def _raise_if_unusable(self) -> None:
         if self._closed:
@@ -357,9 +289,7 @@ class AsyncClient:
         reply, descriptors = await self._request(_protocol.hello(name), timeout, "iapd did not answer hello")
         _protocol.close_all(descriptors)
         self.daemon, records = _protocol.check_welcome(reply)
-        for record in records:
-            accessory = Accessory.from_record(record)
-            self._accessories[accessory.id] = accessory
+        self._book.reset(Accessory.from_record(record) for record in records)
 
     # ---- the API -------------------------------------------------------------------------------
 
@@ -374,14 +304,14 @@ class AsyncClient:
     @property
     def known_accessories(self) -> List[Accessory]:
         """The accessories connected as of the last message from iapd."""
-        return sorted(self._accessories.values(), key=lambda record: record.id)
+        return self._book.sorted()
 
     async def wait_for(self, protocol: Optional[str] = None, serial: Optional[str] = None, usb_id: Optional[str] = None,
                        firmware: Optional[str] = None, timeout: Optional[float] = None) -> Accessory:
         """As :meth:`accessoryhost.Client.wait_for`."""
         deadline = _deadline(timeout)
         # What iapd knows now (the events not read yet may be behind it).
-        self._accessories = {accessory.id: accessory for accessory in await self.accessories(timeout)}
+        self._book.reset(await self.accessories(timeout))
         async with self._changed:
             while True:
                 for accessory in self.known_accessories:
@@ -401,7 +331,7 @@ class AsyncClient:
         """The next event, awaiting it; raises :class:`Timeout`."""
         deadline = _deadline(timeout)
         async with self._changed:
-            while not self._events:
+            while not self._book.events:
                 self._raise_if_unusable()
                 left = _left(deadline)
                 if left is not None and left <= 0:
@@ -410,7 +340,7 @@ class AsyncClient:
                     await asyncio.wait_for(self._changed.wait(), left)
                 except asyncio.TimeoutError:
                     pass
-            return self._events.popleft()
+            return self._book.events.popleft()
 
     async def events(self, timeout: Optional[float] = None) -> AsyncIterator[Event]:
         """Every event as it comes; ends after ``timeout`` seconds in all (never, with None)."""
@@ -426,7 +356,7 @@ class AsyncClient:
 
     def disconnect_reason(self, accessory_id: int) -> Optional[str]:
         """Why the accessory with that id went away, once iapd said so."""
-        return self._reasons.get(accessory_id)
+        return self._book.reasons.get(accessory_id)
 
     async def ping(self, timeout: Optional[float] = 30.0) -> float:
         """A round trip through iapd; returns its seconds."""
@@ -448,25 +378,15 @@ class AsyncClient:
     async def open(self, accessory: Union[Accessory, int], protocol: str, timeout: Optional[float] = 60.0) -> AsyncSession:
         """As :meth:`accessoryhost.Client.open`."""
         accessory_id = accessory.id if isinstance(accessory, Accessory) else int(accessory)
-        record = accessory if isinstance(accessory, Accessory) else self._accessories.get(accessory_id)
+        record = accessory if isinstance(accessory, Accessory) else self._book.accessories.get(accessory_id)
         reply, descriptors = await self._request({"open": {"accessory": accessory_id, "protocolString": protocol}}, timeout,
                                                  f"iapd did not answer the open of {protocol}")
-        if "failure" in reply:
-            _protocol.close_all(descriptors)
-            available = list(record.protocol_strings) if record is not None else None
-            raise failure_from_reply(_protocol.field(reply, "failure"), protocol, available)
-        if "opened" not in reply or len(descriptors) != 2 or record is None:
-            _protocol.close_all(descriptors)
-            raise ProtocolError(f"iapd answered the open with {sorted(reply)} and {len(descriptors)} descriptors "
-                                "(an opened reply and 2 expected); update the library to iapd's release")
-        wake = socket.socket(fileno=descriptors[0])
-        try:
-            return AsyncSession(self, record, protocol, int(_protocol.field(reply, "opened", None).get("session", 0)), wake, descriptors[1])
-        except BaseException:
-            wake.close()
-            raise
-        finally:
-            os.close(descriptors[1])
+        return session_from_reply(AsyncSession, self, record, protocol, reply, descriptors)
+
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped because more than MAXIMUM_QUEUED_EVENTS waited unread."""
+        return self._book.dropped_events
 
     def fileno(self) -> int:
         """The connection's socket."""

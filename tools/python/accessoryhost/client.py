@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import collections
 import os
 import select
 import socket
 import sys
 import threading
 import time
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _protocol
-from .errors import (BadRequest, DaemonGone, IapdError, ProtocolError, Timeout, failure_from_reply)
-from .records import Accessory, Connected, Disconnected, Event, event_from_reply
-from .session import Session
+from .errors import BadRequest, DaemonGone, IapdError, ProtocolError, Timeout
+from ._book import MAXIMUM_QUEUED_EVENTS, Book
+from .records import Accessory, Event
+from .session import Session, session_from_reply
 
 __all__ = ["Client", "connect", "matches", "MAXIMUM_QUEUED_EVENTS"]
 
-#: Events kept for :meth:`Client.events` when nobody reads them; the oldest go first
-#: (:attr:`Client.dropped_events` counts them), so a client that never asks costs bounded memory.
-MAXIMUM_QUEUED_EVENTS = 10000
 
 
 def matches(accessory: Accessory, protocol: Optional[str], serial: Optional[str], usb_id: Optional[str],
@@ -73,14 +70,10 @@ class Client:
         self._sending = threading.Lock()
         self._polling = False
         self._replies: Dict[int, Tuple[Dict[str, Any], List[int]]] = {}
-        self._events: Deque[Event] = collections.deque()
-        self._accessories: Dict[int, Accessory] = {}
-        self._reasons: Dict[int, str] = {}
+        self._book = Book()
         self._gone: Optional[IapdError] = None
         self._next_id = 1
         self._closed = False
-        #: Events dropped because more than :data:`MAXIMUM_QUEUED_EVENTS` waited unread.
-        self.dropped_events = 0
         client_name = name if name is not None else f"python {os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ''}".strip()
         try:
             reply, descriptors = self._request(_protocol.hello(client_name), timeout, "iapd did not answer hello")
@@ -89,9 +82,7 @@ class Client:
             self.daemon: str
             self.daemon, records = _protocol.check_welcome(reply)
             with self._state:
-                for record in records:
-                    accessory = Accessory.from_record(record)
-                    self._accessories[accessory.id] = accessory
+                self._book.reset(Accessory.from_record(record) for record in records)
         except BaseException:
             self.close()
             raise
@@ -117,13 +108,13 @@ class Client:
         self._refresh(timeout)
         with self._state:
             while True:
-                for accessory in sorted(self._accessories.values(), key=lambda record: record.id):
+                for accessory in self._book.sorted():
                     if matches(accessory, protocol, serial, usb_id, firmware):
                         return accessory
                 if deadline is not None and time.monotonic() >= deadline:
                     seen = ", ".join(f"{record.name} ({record.serial_number}, firmware {record.firmware_revision}, "
                                      f"protocols {', '.join(record.protocol_strings) or 'none'})"
-                                     for record in self._accessories.values()) or "none"
+                                     for record in self._book.sorted()) or "none"
                     raise Timeout(f"no {describe_criteria(protocol, serial, usb_id, firmware)[3:]} connected within "
                                   f"{timeout} s (connected: {seen}); is it plugged in and identified (iapctl list)?")
                 self._pump(deadline)
@@ -132,33 +123,33 @@ class Client:
         """Replaces the accessories known with iapd's list (ordered after every event before it)."""
         current = self.accessories(timeout)
         with self._state:
-            self._accessories = {accessory.id: accessory for accessory in current}
+            self._book.reset(current)
 
     @property
     def known_accessories(self) -> List[Accessory]:
         """The accessories connected as of the last message from iapd (no request)."""
         with self._state:
-            return sorted(self._accessories.values(), key=lambda record: record.id)
+            return self._book.sorted()
 
     def disconnect_reason(self, accessory_id: int) -> Optional[str]:
         """Why the accessory with that id went away, once iapd said so (None before)."""
         with self._state:
-            if accessory_id not in self._reasons and not self._closed and self._gone is None and not self._polling:
+            if accessory_id not in self._book.reasons and not self._closed and self._gone is None and not self._polling:
                 try:
                     self._pump(time.monotonic())
                 except IapdError:
                     pass
-            return self._reasons.get(accessory_id)
+            return self._book.reasons.get(accessory_id)
 
     def next_event(self, timeout: Optional[float] = None) -> Event:
         """The next event (connected, disconnected, …), waiting for it; raises :class:`Timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._state:
-            while not self._events:
+            while not self._book.events:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise Timeout(f"no accessory connected or disconnected within {timeout} s")
                 self._pump(deadline)
-            return self._events.popleft()
+            return self._book.events.popleft()
 
     def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
         """Every event from now (and those not yet read), as they come: :class:`Connected`,
@@ -204,32 +195,20 @@ class Client:
         accessory_id = accessory.id if isinstance(accessory, Accessory) else int(accessory)
         reply, descriptors = self._request({"open": {"accessory": accessory_id, "protocolString": protocol}}, timeout,
                                            f"iapd did not answer the open of {protocol}")
-        if "failure" in reply:
-            _protocol.close_all(descriptors)
-            available = list(record.protocol_strings) if record is not None else None
-            raise failure_from_reply(_protocol.field(reply, "failure"), protocol, available)
-        if "opened" not in reply or len(descriptors) != 2:
-            _protocol.close_all(descriptors)
-            raise ProtocolError(f"iapd answered the open with {sorted(reply)} and {len(descriptors)} descriptors "
-                                "(an opened reply and 2 expected); update the library to iapd's release")
-        wake = socket.socket(fileno=descriptors[0])
-        try:
-            if record is None:
-                record = self._known(accessory_id)
-            if record is None:
-                raise ProtocolError(f"iapd opened a session on accessory {accessory_id}, which it never announced")
-            return Session(self, record, protocol, int(_protocol.field(reply, "opened", None).get("session", 0)), wake, descriptors[1])
-        except BaseException:
-            wake.close()
-            raise
-        finally:
-            os.close(descriptors[1])
+        if record is None:
+            record = self._known(accessory_id)
+        return session_from_reply(Session, self, record, protocol, reply, descriptors)
 
     def _known(self, accessory_id: int) -> Optional[Accessory]:
         with self._state:
-            return self._accessories.get(accessory_id)
+            return self._book.accessories.get(accessory_id)
 
     # ---- the connection ---------------------------------------------------------------------
+
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped because more than :data:`MAXIMUM_QUEUED_EVENTS` waited unread."""
+        return self._book.dropped_events
 
     def fileno(self) -> int:
         """The connection's socket (readable when iapd sent something)."""
@@ -333,35 +312,9 @@ class Client:
             raise self._gone_error()
 
     def _dispatch(self, message: Dict[str, Any], descriptors: List[int]) -> None:
-        reply = message["reply"]
-        message_id = message.get("id")
-        if message_id is not None and not isinstance(message_id, int):
-            _protocol.close_all(descriptors)
-            raise ProtocolError(f"iapd sent a reply with the id {message_id!r}; update the library to iapd's release")
-        if message_id is not None:
-            self._replies[int(message_id)] = (reply, descriptors)
-            return
-        _protocol.close_all(descriptors)
-        if "failure" in reply:
-            failure = failure_from_reply(_protocol.field(reply, "failure"))
-            self._gone = DaemonGone(f"iapd dropped this client: {failure} (an iapd older than this library answers so "
-                                    "a request it cannot read: update iapd)", code=failure.code)
-            return
-        event = event_from_reply(reply)
-        if event is None:
-            return
-        if isinstance(event, Connected):
-            self._accessories[event.accessory.id] = event.accessory
-        elif isinstance(event, Disconnected):
-            self._accessories.pop(event.accessory_id, None)
-            self._reasons[event.accessory_id] = event.reason
-            if len(self._reasons) > MAXIMUM_QUEUED_EVENTS:
-                self._reasons.pop(next(iter(self._reasons)))
-        if len(self._events) >= MAXIMUM_QUEUED_EVENTS:
-            self._events.popleft()
-            self.dropped_events += 1
-        self._events.append(event)
-
+        reply = self._book.receive(message, descriptors)
+        if reply is not None:
+            self._replies[reply[0]] = (reply[1], reply[2])
 
 def connect(path: Optional[str] = None, *, name: Optional[str] = None, timeout: Optional[float] = 30.0) -> Client:
     """Connects to iapd (``path``, else ``$IAPD_SOCKET``, else /run/iapd/iapd.sock) and says

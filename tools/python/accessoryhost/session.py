@@ -5,20 +5,27 @@ rings (docs/DAEMON.md). :class:`Session` blocks (with timeouts); its ``*_nowait`
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Type, TypeVar, Union
 
 from ._rings import HEAL_SECONDS, Rings
-from .errors import SessionClosed, Timeout
+from . import _protocol
+from .errors import ProtocolError, SessionClosed, Timeout, failure_from_reply
 from .records import Accessory
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from .client import Client
 
-__all__ = ["Session", "Buffer"]
+    class _Reasons(Protocol):
+        def disconnect_reason(self, accessory_id: int) -> Optional[str]: ...
+
+__all__ = ["Session", "SessionBase", "Buffer", "session_from_reply"]
 
 #: What write accepts: anything with the buffer protocol, of bytes (bytes, bytearray, memoryview, mmap…).
 Buffer = Union[bytes, bytearray, memoryview]
@@ -31,17 +38,11 @@ def _bytes_view(data: object) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-class Session:
-    """An open session (an EASession): bytes to the accessory with :meth:`write`, from it with
-    :meth:`read`; :meth:`drain` waits until the accessory acknowledged every byte written.
+class SessionBase:
+    """What the blocking and the asyncio session share: the accessory, the protocol, the
+    session's rings and wake socket, its state and counters."""
 
-    Closing it (or leaving its ``with`` block, or the process ending) ends the session; what was
-    written before is still delivered. One thread may read while another writes; two readers
-    (or two writers) take turns. Timeouts are in seconds (None waits for ever, 0 not at all)
-    and raise :class:`~accessoryhost.errors.Timeout`.
-    """
-
-    def __init__(self, client: Optional["Client"], accessory: Accessory, protocol: str, session_id: int,
+    def __init__(self, client: Optional["_Reasons"], accessory: Accessory, protocol: str, session_id: int,
                  wake: socket.socket, memfd: int) -> None:
         #: The accessory the session is with.
         self.accessory = accessory
@@ -53,14 +54,6 @@ class Session:
         self._wake = wake
         self._rings = Rings(memfd, wake)
         self._closed = False
-        self._reading = threading.Lock()
-        self._writing = threading.Lock()
-        self._wait = threading.Condition()
-        self._polling = False
-        self._poll = select.poll()
-        self._poll.register(wake.fileno(), select.POLLIN)
-
-    # ---- state ------------------------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
@@ -83,19 +76,81 @@ class Session:
         """Bytes read so far."""
         return self._rings.taken
 
-    @property
-    def bytes_acknowledged(self) -> int:
-        """Bytes the accessory's link acknowledged: it has them (not merely iapd)."""
-        with self._writing:
-            self._check_open()
-            return self._rings.acknowledged
-
     def fileno(self) -> int:
         """The session's wake socket, for ``selectors``/``select``: it turns readable when
         bytes came, room freed, acknowledgements came or the session ended, after a
         ``read_nowait`` that found nothing or a ``write_nowait`` that did not fit everything
         (those ask iapd for the wake-up). Call them again when it is readable."""
         return self._wake.fileno()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosed(f"the session for '{self.protocol}' is closed (by this program); open it again")
+
+    def _check_writable(self, done: int, total: int) -> None:
+        self._check_open()
+        if self._rings.peer_closed:
+            raise SessionClosed(self._ended_message(f"{done} of {total} bytes written by this write, "
+                                                    f"{self._rings.acknowledged} acknowledged in all"))
+
+    def _ended_message(self, detail: str) -> str:
+        reason = self._client.disconnect_reason(self.accessory.id) if self._client is not None else None
+        why = f"the accessory disconnected: {reason}" if reason else "the accessory closed it or went away"
+        return f"the session for '{self.protocol}' ended ({why}), {detail}"
+
+
+_S = TypeVar("_S", bound=SessionBase)
+
+
+def session_from_reply(kind: Type[_S], client: Any, record: Optional[Accessory], protocol: str,
+                       reply: Dict[str, Any], descriptors: List[int]) -> _S:
+    """The session iapd's reply to an open made (of ``kind``), or the error it reported; the
+    descriptors are closed or owned by the session whatever happens."""
+    if "failure" in reply:
+        _protocol.close_all(descriptors)
+        available = list(record.protocol_strings) if record is not None else None
+        raise failure_from_reply(_protocol.field(reply, "failure"), protocol, available)
+    if "opened" not in reply or len(descriptors) != 2 or record is None:
+        _protocol.close_all(descriptors)
+        raise ProtocolError(f"iapd answered the open with {sorted(reply)} and {len(descriptors)} descriptors "
+                            "(an opened reply, 2 descriptors and an accessory it announced expected); "
+                            "update the library to iapd's release")
+    wake = socket.socket(fileno=descriptors[0])
+    try:
+        return kind(client, record, protocol, int(_protocol.field(reply, "opened", None).get("session", 0)), wake, descriptors[1])
+    except BaseException:
+        wake.close()
+        raise
+    finally:
+        os.close(descriptors[1])
+
+
+class Session(SessionBase):
+    """An open session (an EASession): bytes to the accessory with :meth:`write`, from it with
+    :meth:`read`; :meth:`drain` waits until the accessory acknowledged every byte written.
+
+    Closing it (or leaving its ``with`` block, or the process ending) ends the session; what was
+    written before is still delivered. One thread may read while another writes; two readers
+    (or two writers) take turns. Timeouts are in seconds (None waits for ever, 0 not at all)
+    and raise :class:`~accessoryhost.errors.Timeout`.
+    """
+
+    def __init__(self, client: Optional["Client"], accessory: Accessory, protocol: str, session_id: int,
+                 wake: socket.socket, memfd: int) -> None:
+        super().__init__(client, accessory, protocol, session_id, wake, memfd)
+        self._reading = threading.Lock()
+        self._writing = threading.Lock()
+        self._wait = threading.Condition()
+        self._polling = False
+        self._poll = select.poll()
+        self._poll.register(wake.fileno(), select.POLLIN)
+
+    @property
+    def bytes_acknowledged(self) -> int:
+        """Bytes the accessory's link acknowledged: it has them (not merely iapd)."""
+        with self._writing:
+            self._check_open()
+            return self._rings.acknowledged
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -245,21 +300,6 @@ class Session:
         return f"<Session {self.protocol!r} on {self.accessory.name!r} ({self.accessory.serial_number}) {state}>"
 
     # ---- waiting ----------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SessionClosed(f"the session for '{self.protocol}' is closed (by this program); open it again")
-
-    def _check_writable(self, done: int, total: int) -> None:
-        self._check_open()
-        if self._rings.peer_closed:
-            raise SessionClosed(self._ended_message(f"{done} of {total} bytes written by this write, "
-                                                    f"{self._rings.acknowledged} acknowledged in all"))
-
-    def _ended_message(self, detail: str) -> str:
-        reason = self._client.disconnect_reason(self.accessory.id) if self._client is not None else None
-        why = f"the accessory disconnected: {reason}" if reason else "the accessory closed it or went away"
-        return f"the session for '{self.protocol}' ended ({why}), {detail}"
 
     def _block(self, arm: Callable[[], bool], deadline: Optional[float], what: str) -> None:
         """Returns once the condition ``arm`` asks iapd to wake for may hold (the caller looks

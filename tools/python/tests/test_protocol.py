@@ -160,6 +160,7 @@ def memfd(words: dict, capacity: int = 4096, size: int = 0) -> int:
     ({0: MAGIC, 1: 2, 2: 4096}, "layout 2"),
     ({0: MAGIC, 1: 1, 2: 3000}, "claim 3000 bytes"),
     ({0: MAGIC, 1: 1, 2: 1 << 20}, "claim 1048576 bytes"),
+    ({0: MAGIC, 1: 1, 2: 1 << 27}, "claim 134217728 bytes"),
 ])
 def test_shared_memory_that_is_not_rings_is_refused(fake, words: dict, message: str) -> None:  # type: ignore[no-untyped-def]
     def opens(connection: socket.socket, requests: Iterator[dict]) -> None:
