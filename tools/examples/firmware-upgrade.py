@@ -285,8 +285,8 @@ class SessionStream:
     """A session of the Python client with the socket methods transfer() uses: reads wait at
     most the timeout (then socket.timeout, as a socket's), an ended session reads b""."""
 
-    def __init__(self, session, timeout):
-        self.session, self.timeout = session, timeout
+    def __init__(self, client, session, timeout):
+        self.client, self.session, self.timeout = client, session, timeout
 
     def sendall(self, data):
         try:
@@ -304,9 +304,9 @@ class SessionStream:
         except accessoryhost.SessionClosed:
             return b""
         if not data:
-            reason = self.session._client.disconnect_reason(self.session.accessory.id) if self.session._client else None
-            raise Failure(f"the session ended ({f'the accessory disconnected: {reason}' if reason else 'the accessory closed it or went away'}) "
-                          f"after {self.session.bytes_acknowledged if not self.session.closed else 0} bytes acknowledged")
+            reason = self.client.disconnect_reason(self.session.accessory.id)
+            why = f"the accessory disconnected: {reason}" if reason else "the accessory closed it or went away"
+            raise Failure(f"the session ended ({why}) after {self.session.bytes_acknowledged} bytes acknowledged")
         return data
 
     def close(self):
@@ -362,7 +362,7 @@ class LibraryWay:
         except accessoryhost.IapdError as error:
             raise Failure(str(error), EX_UNAVAILABLE)
         say(f"session {args.protocol} open; sending {len(image)} bytes as version {args.version}")
-        stream = SessionStream(session, args.timeout)
+        stream = SessionStream(self.client, session, args.timeout)
         try:
             crc, seconds = transfer(stream, image, args.version, args.window, progress, interval)
         except accessoryhost.IapdError as error:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -31,8 +32,14 @@ import accessoryhost
 PROTOCOL = "com.example.echo"
 
 
-def python_echo(client: accessoryhost.Client, accessory: accessoryhost.Accessory, data: bytes) -> float:
-    """Seconds from the first byte written to the last echoed, compared and acknowledged."""
+def cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def python_echo(client: accessoryhost.Client, accessory: accessoryhost.Accessory, data: bytes) -> "tuple[float, float]":
+    """Seconds from the first byte written to the last echoed, compared and acknowledged, and
+    this process's CPU seconds meanwhile (both threads)."""
     with client.open(accessory, PROTOCOL) as session:
         received = bytearray(len(data))
         view = memoryview(received)
@@ -43,7 +50,7 @@ def python_echo(client: accessoryhost.Client, accessory: accessoryhost.Accessory
                 session.write(data, timeout=60)
             except BaseException as error:
                 failure.append(error)
-        start = time.monotonic()
+        start, used = time.monotonic(), cpu(resource.RUSAGE_SELF)
         writer = threading.Thread(target=write)
         writer.start()
         done = 0
@@ -58,12 +65,14 @@ def python_echo(client: accessoryhost.Client, accessory: accessoryhost.Accessory
         session.drain(timeout=60)
         if received != data:
             raise SystemExit("the echo differs from what was sent")
-        seconds = time.monotonic() - start
+        seconds, used = time.monotonic() - start, cpu(resource.RUSAGE_SELF) - used
         view.release()
-        return seconds
+        return seconds, used
 
 
-def iapctl_echo(iapctl: Path, socket_path: str, file: str) -> float:
+def iapctl_echo(iapctl: Path, socket_path: str, file: str) -> "tuple[float, float]":
+    """iapctl's own transfer seconds, and its CPU seconds (the whole process: start and open too)."""
+    used = cpu(resource.RUSAGE_CHILDREN)
     result = subprocess.run([str(iapctl), "send", "--json", "--verify-echo", PROTOCOL, file], capture_output=True, text=True,
                             timeout=300, env=dict(os.environ, IAPD_SOCKET=socket_path))
     if result.returncode != 0:
@@ -71,7 +80,7 @@ def iapctl_echo(iapctl: Path, socket_path: str, file: str) -> float:
     report = json.loads(result.stdout.splitlines()[-1])
     if not report.get("verified"):
         raise SystemExit(f"iapctl send did not verify the echo: {report}")
-    return float(report["seconds"])
+    return float(report["seconds"]), cpu(resource.RUSAGE_CHILDREN) - used
 
 
 def main() -> int:
@@ -105,27 +114,35 @@ def main() -> int:
                 accessory = client.wait_for(protocol=PROTOCOL, timeout=60)
                 python_echo(client, accessory, data[:1 << 20])  # warm-up
                 pairs = []
+                cpus = []
                 for index in range(options.rounds):
-                    theirs = iapctl_echo(binaries / "iapctl", socket_path, file)
-                    ours = python_echo(client, accessory, data)
+                    theirs, their_cpu = iapctl_echo(binaries / "iapctl", socket_path, file)
+                    ours, our_cpu = python_echo(client, accessory, data)
                     pairs.append((theirs, ours))
+                    cpus.append((their_cpu, our_cpu))
                     if not options.json:
                         print(f"round {index + 1}: iapctl {len(data) / theirs / 1e6:7.1f} MB/s   "
-                              f"python {len(data) / ours / 1e6:7.1f} MB/s   ratio {theirs / ours:.2f}", flush=True)
+                              f"python {len(data) / ours / 1e6:7.1f} MB/s   ratio {theirs / ours:.2f}   "
+                              f"CPU per MiB: iapctl {their_cpu * 1000 / options.mib:.1f} ms (whole process), "
+                              f"python {our_cpu * 1000 / options.mib:.1f} ms", flush=True)
         finally:
             daemon.terminate()
             daemon.wait(timeout=30)
     iapctl_rate = statistics.median(len(data) / theirs / 1e6 for theirs, _ in pairs)
     python_rate = statistics.median(len(data) / ours / 1e6 for _, ours in pairs)
     ratio = statistics.median(theirs / ours for theirs, ours in pairs)
+    iapctl_cpu = statistics.median(theirs for theirs, _ in cpus) * 1000 / options.mib
+    python_cpu = statistics.median(ours for _, ours in cpus) * 1000 / options.mib
     summary = {"mib": options.mib, "rounds": options.rounds, "iapctlMegabytesPerSecond": round(iapctl_rate, 2),
-               "pythonMegabytesPerSecond": round(python_rate, 2), "ratio": round(ratio, 3), "goal": 0.8, "met": ratio >= 0.8}
+               "pythonMegabytesPerSecond": round(python_rate, 2), "ratio": round(ratio, 3), "goal": 0.8, "met": ratio >= 0.8,
+               "iapctlCPUMillisecondsPerMiB": round(iapctl_cpu, 2), "pythonCPUMillisecondsPerMiB": round(python_cpu, 2)}
     if options.json:
         print(json.dumps(summary))
     else:
         print(f"median of {options.rounds} rounds, {options.mib} MiB echoed through iapd: iapctl send --verify-echo "
               f"{iapctl_rate:.1f} MB/s, python {python_rate:.1f} MB/s; python/iapctl {ratio:.2f} "
-              f"(goal 0.8: {'met' if ratio >= 0.8 else 'MISSED'})")
+              f"(goal 0.8: {'met' if ratio >= 0.8 else 'MISSED'}); CPU per MiB: iapctl {iapctl_cpu:.1f} ms (whole process), "
+              f"python {python_cpu:.1f} ms")
     return 0
 
 
