@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import IO, List
 
 import accessoryhost
 
@@ -83,6 +83,12 @@ def iapctl_echo(iapctl: Path, socket_path: str, file: str) -> "tuple[float, floa
     return float(report["seconds"]), cpu(resource.RUSAGE_CHILDREN) - used
 
 
+def copy(source: "IO[bytes]", target: "IO[bytes]") -> None:
+    """Copies the rest of a child's output (a thread of its own)."""
+    for line in source:
+        target.write(line)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     repository = Path(__file__).resolve().parents[3]
@@ -99,17 +105,20 @@ def main() -> int:
             out.write(data)
         socket_path = os.path.join(work, "iapd.sock")
         daemon = subprocess.Popen([str(binaries / "iapd"), "--socket", socket_path, "--no-usb", "--simulate"],
-                                  stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "iapd.log"), "wb"))
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            deadline = time.monotonic() + 60
-            client: Optional[accessoryhost.Client] = None
-            while client is None:
-                try:
-                    client = accessoryhost.connect(socket_path, name="echo_bench")
-                except accessoryhost.DaemonNotRunning:
-                    if time.monotonic() > deadline or daemon.poll() is not None:
-                        raise SystemExit("iapd did not start")
-                    time.sleep(0.05)
+            # iapd logs "listening on PATH" once its socket accepts; the rest of its log goes to a
+            # file (a thread copies it, so a full pipe never holds iapd up).
+            assert daemon.stderr is not None
+            log = open(os.path.join(work, "iapd.log"), "wb")
+            for line in daemon.stderr:
+                log.write(line)
+                if b"listening on " in line:
+                    break
+            else:
+                raise SystemExit("iapd exited before it listened")
+            threading.Thread(target=copy, args=(daemon.stderr, log), daemon=True).start()
+            client = accessoryhost.connect(socket_path, name="echo_bench")
             with client:
                 accessory = client.wait_for(protocol=PROTOCOL, timeout=60)
                 python_echo(client, accessory, data[:1 << 20])  # warm-up

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import time
+import threading
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import IO, Iterator, List, Optional
 
 import pytest
 
@@ -34,13 +33,38 @@ def binaries() -> Path:
     pytest.exit("no iapd built: run `swift build` (or set ACCESSORYHOST_BIN)", returncode=4)
 
 
-def wait_until(condition, seconds: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    """Polls a condition another process makes true (bounded; a generous limit, not a timing)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {seconds} s")
-        time.sleep(0.02)
+class Lines:
+    """Copies a child's output to a log file line by line (a thread of its own) and lets a test
+    wait for the line that says the child is ready: an event, not a poll."""
+
+    def __init__(self, stream: IO[bytes], log: Path) -> None:
+        self.lines: List[str] = []
+        self._changed = threading.Condition()
+        self._ended = False
+        self._thread = threading.Thread(target=self._copy, args=(stream, log), daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream: IO[bytes], log: Path) -> None:
+        with open(log, "ab") as out:
+            for raw in stream:
+                out.write(raw)
+                out.flush()
+                with self._changed:
+                    self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                    self._changed.notify_all()
+        stream.close()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, text: str, seconds: float, what: str) -> str:
+        """The first line containing ``text``, waiting for it (bounded: a generous limit)."""
+        with self._changed:
+            found = self._changed.wait_for(lambda: self._ended or any(text in line for line in self.lines), seconds)
+            for line in self.lines:
+                if text in line:
+                    return line
+        raise AssertionError(f"{what} within {seconds} s" + (" (it exited)" if found else "") + f": {self.lines[-5:]}")
 
 
 class Daemon:
@@ -53,23 +77,11 @@ class Daemon:
         self.process: Optional[subprocess.Popen[bytes]] = None
 
     def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen([str(binaries() / "iapd"), "--socket", self.socket] + self.arguments,
-                                            stdout=subprocess.DEVNULL, stderr=log)
-
-        def accepting() -> bool:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise AssertionError(f"iapd exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(self.socket)
-                return True
-            except OSError:
-                return False
-            finally:
-                probe.close()
-        wait_until(accepting, 60, "iapd did not listen")
+        self.process = subprocess.Popen([str(binaries() / "iapd"), "--socket", self.socket] + self.arguments,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert self.process.stderr is not None
+        # iapd logs "listening on PATH" once its socket accepts.
+        Lines(self.process.stderr, self.log).wait_for(f"listening on {self.socket}", 60, "iapd did not listen")
 
     def stop(self) -> int:
         assert self.process is not None
@@ -90,11 +102,11 @@ class Gadget:
     def __init__(self, directory: Path, profile: str, udc: str) -> None:
         self.udc = udc
         self.bind_file = Path(f"/sys/kernel/config/usb_gadget/iapsim-{udc}/UDC")
-        self.out = open(directory / f"gadget-{udc}.log", "w+b")
         self.process = subprocess.Popen([str(binaries() / "iapctl"), "simulate", "--gadget", "--udc", udc, "--profile", profile],
-                                        stdout=self.out, stderr=subprocess.STDOUT)
-        wait_until(lambda: self.bind_file.exists() and self.bind_file.read_text().strip() == udc, 60,
-                   "the gadget was not bound")
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert self.process.stderr is not None
+        # It says "simulating … on UDC; connect with: iapctl list" once the gadget is bound.
+        Lines(self.process.stderr, directory / f"gadget-{udc}.log").wait_for("connect with", 60, "the gadget was not bound")
 
     def unplug(self) -> None:
         self.bind_file.write_text("\n")
@@ -105,7 +117,6 @@ class Gadget:
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(timeout=60)
-        self.out.close()
 
 
 class PtyAccessory:
@@ -120,13 +131,13 @@ class PtyAccessory:
         self.replug()
 
     def replug(self) -> None:
-        out = self.directory / "simulator.out"
-        out.write_bytes(b"")
-        with open(out, "wb") as stdout, open(self.directory / "simulator.log", "ab") as stderr:
+        with open(self.directory / "simulator.log", "ab") as stderr:
             self.process = subprocess.Popen([str(binaries() / "iapctl"), "simulate", "--profile", self.profile],
-                                            stdout=stdout, stderr=stderr)
-        wait_until(lambda: out.read_text().strip() != "", 60, "the simulator did not print its pseudo-terminal")
-        target = out.read_text().splitlines()[0].strip()
+                                            stdout=subprocess.PIPE, stderr=stderr)
+        assert self.process.stdout is not None
+        # Its first line is the pseudo-terminal's path.
+        target = Lines(self.process.stdout, self.directory / "simulator.out").wait_for(
+            "/dev/", 60, "the simulator did not print its pseudo-terminal").strip()
         temporary = self.directory / "accessory-port.new"
         if temporary.is_symlink():
             temporary.unlink()
