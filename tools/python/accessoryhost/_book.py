@@ -28,6 +28,21 @@ class Book:
         """The accessories as a list from iapd has them (newer than every event before it)."""
         self.accessories = {accessory.id: accessory for accessory in accessories}
 
+    def _book_list(self, reply: Dict[str, Any]) -> None:
+        """A welcome or a list replaces the accessories known here as it comes in the stream:
+        it is newer than every event before it and older than every event after it (the
+        caller reads the same reply again and raises if it cannot)."""
+        records: Any = None
+        if isinstance(reply.get("welcome"), dict):
+            records = reply["welcome"].get("accessories")
+        elif isinstance(reply.get("accessories"), dict):
+            records = reply["accessories"].get("_0")
+        if isinstance(records, list):
+            try:
+                self.reset(Accessory.from_record(record) for record in records)
+            except ProtocolError:
+                pass
+
     def sorted(self) -> List[Accessory]:
         """The accessories connected now, oldest first."""
         return sorted(self.accessories.values(), key=lambda record: record.id)
@@ -43,6 +58,7 @@ class Book:
             if not isinstance(message_id, int):
                 _protocol.close_all(descriptors)
                 raise ProtocolError(f"iapd sent a reply with the id {message_id!r}; update the library to iapd's release")
+            self._book_list(reply)
             return message_id, reply, descriptors
         _protocol.close_all(descriptors)
         if "failure" in reply:

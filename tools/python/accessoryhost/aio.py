@@ -289,7 +289,8 @@ class AsyncClient:
         reply, descriptors = await self._request(_protocol.hello(name), timeout, "iapd did not answer hello")
         _protocol.close_all(descriptors)
         self.daemon, records = _protocol.check_welcome(reply)
-        self._book.reset(Accessory.from_record(record) for record in records)
+        for record in records:
+            Accessory.from_record(record)  # raises ProtocolError for one it cannot read
 
     # ---- the API -------------------------------------------------------------------------------
 
@@ -310,8 +311,9 @@ class AsyncClient:
                        firmware: Optional[str] = None, timeout: Optional[float] = None) -> Accessory:
         """As :meth:`accessoryhost.Client.wait_for`."""
         deadline = _deadline(timeout)
-        # What iapd knows now (the events not read yet may be behind it).
-        self._book.reset(await self.accessories(timeout))
+        # What iapd knows now (the events not read yet may be behind it): the list's reply
+        # replaces the accessories known where it comes in the stream.
+        await self.accessories(timeout)
         async with self._changed:
             while True:
                 for accessory in self.known_accessories:

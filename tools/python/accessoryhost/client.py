@@ -81,8 +81,8 @@ class Client:
             #: iapd's name and version (``"iapd 0.2.0"``).
             self.daemon: str
             self.daemon, records = _protocol.check_welcome(reply)
-            with self._state:
-                self._book.reset(Accessory.from_record(record) for record in records)
+            for record in records:
+                Accessory.from_record(record)  # raises ProtocolError for one it cannot read
         except BaseException:
             self.close()
             raise
@@ -104,8 +104,9 @@ class Client:
         ``usb_id`` (``"vvvv:pppp"``), runs ``firmware``. Raises :class:`Timeout` after ``timeout``
         seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        # What iapd knows now (the events this client has not read yet may be behind it).
-        self._refresh(timeout)
+        # What iapd knows now (the events this client has not read yet may be behind it): the
+        # list's reply replaces the accessories known where it comes in the stream.
+        self.accessories(timeout)
         with self._state:
             while True:
                 for accessory in self._book.sorted():
@@ -118,12 +119,6 @@ class Client:
                     raise Timeout(f"no {describe_criteria(protocol, serial, usb_id, firmware)[3:]} connected within "
                                   f"{timeout} s (connected: {seen}); is it plugged in and identified (iapctl list)?")
                 self._pump(deadline)
-
-    def _refresh(self, timeout: Optional[float]) -> None:
-        """Replaces the accessories known with iapd's list (ordered after every event before it)."""
-        current = self.accessories(timeout)
-        with self._state:
-            self._book.reset(current)
 
     @property
     def known_accessories(self) -> List[Accessory]:

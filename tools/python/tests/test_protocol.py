@@ -127,6 +127,19 @@ def test_a_daemon_that_vanishes_mid_message(fake) -> None:  # type: ignore[no-un
             client.accessories()
 
 
+def test_an_event_that_comes_with_a_list_reply_is_not_lost(fake) -> None:  # type: ignore[no-untyped-def]
+    """The list's reply and a connection right after it, in one read: the connection stands."""
+    def racing(connection: socket.socket, requests: Iterator[dict]) -> None:
+        hello = next(requests)
+        connection.sendall(frame({"id": hello["id"], "reply": {"welcome": {"version": 3, "daemon": "fake 1", "accessories": []}}}))
+        listing = next(requests)
+        connection.sendall(frame({"id": listing["id"], "reply": {"accessories": {"_0": []}}})
+                           + frame({"reply": {"connected": {"_0": RECORD}}}))
+        next(requests, None)
+    with accessoryhost.connect(fake(racing).path) as client:
+        assert client.wait_for(protocol="com.example.echo", timeout=30).id == 7
+
+
 def test_an_old_daemon_that_drops_the_client_for_stats(fake) -> None:  # type: ignore[no-untyped-def]
     def old(connection: socket.socket, requests: Iterator[dict]) -> None:
         welcome(connection, requests)
