@@ -8,7 +8,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Set, Iterator, List, Optional, Tuple, Union
 
 from . import _protocol
 from .errors import BadRequest, DaemonGone, IapdError, ProtocolError, Timeout
@@ -70,6 +70,7 @@ class Client:
         self._sending = threading.Lock()
         self._polling = False
         self._replies: Dict[int, Tuple[Dict[str, Any], List[int]]] = {}
+        self._abandoned: Set[int] = set()
         self._book = Book()
         self._gone: Optional[IapdError] = None
         self._next_id = 1
@@ -247,6 +248,9 @@ class Client:
         with self._state:
             while message_id not in self._replies:
                 if deadline is not None and time.monotonic() >= deadline:
+                    # A reply that comes later is dropped, its descriptors closed (a session
+                    # opened after all is closed at once).
+                    self._abandoned.add(message_id)
                     raise Timeout(f"{what} within {timeout} s; is it stuck? (journalctl -u iapd)")
                 self._pump(deadline)
             return self._replies.pop(message_id)
@@ -308,7 +312,12 @@ class Client:
 
     def _dispatch(self, message: Dict[str, Any], descriptors: List[int]) -> None:
         reply = self._book.receive(message, descriptors)
-        if reply is not None:
+        if reply is None:
+            return
+        if reply[0] in self._abandoned:
+            self._abandoned.discard(reply[0])
+            _protocol.close_all(reply[2])
+        else:
             self._replies[reply[0]] = (reply[1], reply[2])
 
 def connect(path: Optional[str] = None, *, name: Optional[str] = None, timeout: Optional[float] = 30.0) -> Client:

@@ -140,6 +140,35 @@ def test_an_event_that_comes_with_a_list_reply_is_not_lost(fake) -> None:  # typ
         assert client.wait_for(protocol="com.example.echo", timeout=30).id == 7
 
 
+def test_a_session_opened_after_its_open_timed_out_is_closed_at_once(fake) -> None:  # type: ignore[no-untyped-def]
+    closed: List[bytes] = []
+
+    def late(connection: socket.socket, requests: Iterator[dict]) -> None:
+        welcome(connection, requests)
+        opening = next(requests)
+        ping = next(requests)  # sent after the open timed out
+        ours, theirs = socket.socketpair()
+        descriptor = memfd({0: MAGIC, 1: 1, 2: 4096})
+        body = frame({"id": opening["id"], "reply": {"opened": {"accessory": 7, "protocolString": "com.example.echo", "session": 1}}})
+        connection.sendmsg([body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno(), descriptor]).tobytes())])
+        theirs.close()
+        os.close(descriptor)
+        connection.sendall(frame({"id": ping["id"], "reply": {"pong": {}}}))
+        ours.settimeout(30)
+        try:
+            closed.append(ours.recv(1))  # b"": the client closed the session's socket
+        except socket.timeout:
+            pass
+        ours.close()
+    daemon = fake(late)
+    with accessoryhost.connect(daemon.path) as client:
+        with pytest.raises(accessoryhost.Timeout, match="did not answer the open"):
+            client.open(7, "com.example.echo", timeout=0.2)
+        client.ping(timeout=30)
+        daemon.thread.join(30)  # while the client is still open
+        assert closed == [b""]
+
+
 def test_an_old_daemon_that_drops_the_client_for_stats(fake) -> None:  # type: ignore[no-untyped-def]
     def old(connection: socket.socket, requests: Iterator[dict]) -> None:
         welcome(connection, requests)
