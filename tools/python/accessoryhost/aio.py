@@ -119,14 +119,19 @@ class AsyncSession(SessionBase):
         return bytes(buffer)
 
     async def read_exactly(self, size: int, timeout: Optional[float] = None) -> bytes:
-        """Reads exactly ``size`` bytes; :class:`SessionClosed` when the stream ends first."""
+        """Reads exactly ``size`` bytes; :class:`SessionClosed` when the stream ends first,
+        :class:`Timeout` (with ``partial``, the bytes read) when ``timeout`` passes first."""
         buffer = bytearray(size)
         view = memoryview(buffer)
         deadline = _deadline(timeout)
         done = 0
         while done < size:
             left = _left(deadline)
-            count = await self.readinto(view[done:], None if left is None else max(0.0, left))
+            try:
+                count = await self.readinto(view[done:], None if left is None else max(0.0, left))
+            except Timeout as error:
+                error.partial = bytes(buffer[:done])
+                raise
             if count == 0:
                 raise SessionClosed(self._ended_message(f"after {done} of the {size} bytes awaited"))
             done += count
@@ -147,7 +152,7 @@ class AsyncSession(SessionBase):
                     await self._block(self._rings.arm_writable, deadline, f"the accessory took no bytes on {self.protocol} "
                                       f"for {timeout} s ({done} of {len(view)} written)")
                 except Timeout as error:
-                    error.written = done  # type: ignore[attr-defined]
+                    error.written = done
                     raise
         return done
 

@@ -124,9 +124,17 @@ class SessionClosed(IapdError):
 
 
 class Timeout(IapdError, TimeoutError):
-    """A wait did not end in the time allowed; the message names the wait."""
+    """A wait did not end in the time allowed; the message names the wait.
+
+    A session's ``write`` that times out sets ``written`` (the bytes of that call that went);
+    ``read_exactly`` sets ``partial`` (the bytes it had read): nothing is lost.
+    """
 
     code = "timeout"
+    #: For a ``write``: how many bytes of the call were written before the time ran out.
+    written: int = 0
+    #: For a ``read_exactly``: the bytes read before the time ran out.
+    partial: bytes = b""
 
 
 _BY_CODE: Dict[str, Type[IapdError]] = {

@@ -179,15 +179,19 @@ class Session(SessionBase):
         return bytes(buffer)
 
     def read_exactly(self, size: int, timeout: Optional[float] = None) -> bytes:
-        """Reads exactly ``size`` bytes; raises :class:`SessionClosed` when the stream ends first
-        (and :class:`Timeout` when ``timeout`` passes first: the bytes read are then lost)."""
+        """Reads exactly ``size`` bytes; raises :class:`SessionClosed` when the stream ends first,
+        :class:`Timeout` when ``timeout`` passes first (its ``partial`` holds the bytes read)."""
         buffer = bytearray(size)
         view = memoryview(buffer)
         deadline = None if timeout is None else time.monotonic() + timeout
         done = 0
         while done < size:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            count = self.readinto(view[done:], left)
+            try:
+                count = self.readinto(view[done:], left)
+            except Timeout as error:
+                error.partial = bytes(buffer[:done])
+                raise
             if count == 0:
                 raise SessionClosed(self._ended_message(f"after {done} of the {size} bytes awaited"))
             done += count
@@ -231,7 +235,7 @@ class Session(SessionBase):
                                     f"the accessory took no bytes on {self.protocol} for {timeout} s "
                                     f"({done} of {len(view)} written)")
                     except Timeout as error:
-                        error.written = done  # type: ignore[attr-defined]
+                        error.written = done
                         raise
         return done
 

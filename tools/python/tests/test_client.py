@@ -101,13 +101,20 @@ def test_back_pressure_holds_a_writer_whose_reader_stopped_and_loses_nothing(dae
             # Nobody reads the echo: the rings and the link fill, and the write waits (then times out).
             with pytest.raises(accessoryhost.Timeout) as raised:
                 session.write(data, timeout=3)
-            written = raised.value.written  # type: ignore[attr-defined]
+            written = raised.value.written
             assert 0 < written < len(data)
             assert "took no bytes" in str(raised.value)
             # Reading again releases the accessory: every byte written comes back, in order.
             assert session.read_exactly(written, timeout=LONG) == data[:written]
             session.write(data[written:written + 1000], timeout=LONG)
             assert session.read_exactly(1000, timeout=LONG) == data[written:written + 1000]
+            # A read_exactly that times out keeps what it read (the echo of one small write comes
+            # back in one packet: once its first byte is here, all are).
+            session.write(b"0123456789", timeout=LONG)
+            assert session.read_exactly(1, timeout=LONG) == b"0"
+            with pytest.raises(accessoryhost.Timeout) as short:
+                session.read_exactly(20, timeout=0.5)
+            assert short.value.partial == b"123456789"
 
 
 def test_a_closed_session_refuses_use_and_its_protocol_opens_again(daemon: Daemon) -> None:
