@@ -106,18 +106,23 @@ def _summary(reply: Any) -> str:
 
 
 class Decoder:
-    """Cuts the byte stream from iapd into messages and gives each the descriptors that came
-    with its first byte. Descriptors nothing claims are closed."""
+    """Cuts the byte stream from iapd into messages and gives each ``opened`` reply its two
+    descriptors. Descriptors nothing claims are closed.
+
+    Only an ``opened`` reply carries descriptors, attached to its first byte, so they are here by
+    the time its last byte is, and they come in the order of the replies: each ``opened`` reply
+    takes the next two. (A receive may bring the bytes of messages before the reply with them,
+    since the kernel joins data without descriptors ahead of data with them: the position of a
+    receive says nothing about which message its descriptors belong to.)
+    """
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._consumed = 0  # stream position of _buffer[0]
-        self._descriptors: List[Tuple[int, List[int]]] = []  # (stream position, descriptors)
+        self._descriptors: List[int] = []
 
     def feed(self, data: bytes, descriptors: List[int]) -> None:
         """Adds what one receive brought."""
-        if descriptors:
-            self._descriptors.append((self._consumed + len(self._buffer), descriptors))
+        self._descriptors += descriptors
         self._buffer += data
 
     def next(self) -> Optional[Tuple[Message, List[int]]]:
@@ -131,26 +136,21 @@ class Decoder:
                                 "is something else listening on the socket?")
         if len(self._buffer) < 4 + length:
             return None
-        start = self._consumed
-        end = start + 4 + length
         try:
             message = json.loads(bytes(self._buffer[4:4 + length]))
         except (ValueError, UnicodeDecodeError) as error:
             raise ProtocolError(f"iapd sent a message that is not JSON ({error}); is something else listening on the socket?") from None
         del self._buffer[:4 + length]
-        self._consumed = end
-        mine: List[int] = []
-        while self._descriptors and self._descriptors[0][0] < end:
-            mine += self._descriptors.pop(0)[1]
         if not isinstance(message, dict) or not isinstance(message.get("reply"), dict):
-            close_all(mine)
             raise ProtocolError(f"iapd sent {_summary(message)}, which is not a reply; update the library to iapd's release")
+        mine: List[int] = []
+        if "opened" in message["reply"]:
+            mine, self._descriptors = self._descriptors[:2], self._descriptors[2:]
         return message, mine
 
     def close(self) -> None:
         """Closes the descriptors no message claimed."""
-        for _, descriptors in self._descriptors:
-            close_all(descriptors)
+        close_all(self._descriptors)
         self._descriptors.clear()
 
 

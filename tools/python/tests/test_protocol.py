@@ -237,6 +237,23 @@ def test_counters_that_lie_break_the_session_not_the_client(fake) -> None:  # ty
     os.close(memory[0])
 
 
+def test_descriptors_go_to_the_opened_reply_whatever_came_before_in_the_same_receive() -> None:
+    """The kernel joins bytes without descriptors ahead of the reply that carries them, so one
+    receive brings an event and the opened reply, with the reply's descriptors."""
+    first, second = os.memfd_create("a"), os.memfd_create("b")
+    decoder = _protocol.Decoder()
+    event = frame({"reply": {"connected": {"_0": RECORD}}})
+    opened = frame({"id": 3, "reply": {"opened": {"accessory": 7, "protocolString": "com.example.echo", "session": 1}}})
+    decoder.feed(event + opened[:10], [first, second])
+    decoded = decoder.next()
+    assert decoded is not None and "connected" in decoded[0]["reply"] and decoded[1] == []
+    assert decoder.next() is None
+    decoder.feed(opened[10:], [])
+    decoded = decoder.next()
+    assert decoded is not None and decoded[0]["id"] == 3 and decoded[1] == [first, second]
+    _protocol.close_all(decoded[1])
+
+
 def test_the_decoder_and_records_survive_random_input() -> None:
     """A bounded fuzz run (seeded, so a failure repeats): random and mutated messages give
     messages or ProtocolError, nothing else, and never hold more than they were given."""
