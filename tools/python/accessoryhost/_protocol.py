@@ -30,6 +30,10 @@ RECEIVE_SIZE = 256 * 1024
 #: Descriptors one receive may carry (an ``opened`` reply carries 2).
 MAXIMUM_DESCRIPTORS = 8
 
+#: Descriptors that may wait for their opened replies: two for each of the 64 sessions iapd
+#: lets a client hold.
+MAXIMUM_WAITING_DESCRIPTORS = 128
+
 Message = Dict[str, Any]
 
 
@@ -121,9 +125,15 @@ class Decoder:
         self._descriptors: List[int] = []
 
     def feed(self, data: bytes, descriptors: List[int]) -> None:
-        """Adds what one receive brought."""
+        """Adds what one receive brought; raises :class:`ProtocolError` when more descriptors
+        wait than the sessions a client may hold could claim (they are closed)."""
         self._descriptors += descriptors
         self._buffer += data
+        if len(self._descriptors) > MAXIMUM_WAITING_DESCRIPTORS:
+            close_all(self._descriptors)
+            self._descriptors.clear()
+            raise ProtocolError(f"iapd sent more than {MAXIMUM_WAITING_DESCRIPTORS} descriptors that no opened reply claims; "
+                                "is something else listening on the socket?")
 
     def next(self) -> Optional[Tuple[Message, List[int]]]:
         """The next whole message and its descriptors, or None until more bytes come; raises

@@ -254,6 +254,16 @@ def test_descriptors_go_to_the_opened_reply_whatever_came_before_in_the_same_rec
     _protocol.close_all(decoded[1])
 
 
+def test_descriptors_nobody_claims_are_bounded() -> None:
+    decoder = _protocol.Decoder()
+    descriptors = [os.memfd_create("x") for _ in range(_protocol.MAXIMUM_WAITING_DESCRIPTORS + 1)]
+    with pytest.raises(accessoryhost.ProtocolError, match="no opened reply claims"):
+        decoder.feed(b"", descriptors)
+    for descriptor in descriptors:
+        with pytest.raises(OSError):
+            os.fstat(descriptor)  # closed
+
+
 def test_the_decoder_and_records_survive_random_input() -> None:
     """A bounded fuzz run (seeded, so a failure repeats): random and mutated messages give
     messages or ProtocolError, nothing else, and never hold more than they were given."""
