@@ -202,7 +202,7 @@ class SessionStream:
         except accessoryhost.SessionClosed:
             return b""
         if not data:
-            reason = self.client.disconnect_reason(self.session.accessory.id)
+            reason = self.client.disconnect_reason(self.session.accessory.id, timeout=2.0)
             why = f"the accessory disconnected: {reason}" if reason else "the accessory closed it or went away"
             raise Failure(f"the session ended ({why}) after {self.session.bytes_acknowledged} bytes acknowledged")
         return data

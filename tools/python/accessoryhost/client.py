@@ -127,14 +127,21 @@ class Client:
         with self._state:
             return self._book.sorted()
 
-    def disconnect_reason(self, accessory_id: int) -> Optional[str]:
-        """Why the accessory with that id went away, once iapd said so (None before)."""
+    def disconnect_reason(self, accessory_id: int, timeout: float = 0.0) -> Optional[str]:
+        """Why the accessory with that id went away, once iapd said so; None when it has not
+        said so within ``timeout`` seconds (a session may end a moment before the event that
+        says why arrives)."""
+        deadline = time.monotonic() + timeout
         with self._state:
-            if accessory_id not in self._book.reasons and not self._closed and self._gone is None and not self._polling:
+            while accessory_id not in self._book.reasons and not self._closed and self._gone is None:
+                if self._polling and time.monotonic() >= deadline:
+                    break
                 try:
-                    self._pump(time.monotonic())
+                    self._pump(deadline)
                 except IapdError:
-                    pass
+                    break
+                if time.monotonic() >= deadline:
+                    break
             return self._book.reasons.get(accessory_id)
 
     def next_event(self, timeout: Optional[float] = None) -> Event:

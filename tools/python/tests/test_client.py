@@ -186,6 +186,8 @@ def test_events_and_sessions_across_an_unplug(pluggable: tuple) -> None:  # type
         with pytest.raises(accessoryhost.SessionClosed, match="ended"):
             session.write(b"more", timeout=LONG)
         session.close()
+        # Why, once iapd's event says so.
+        assert client.disconnect_reason(first.id, timeout=LONG)
         accessory.replug()
         again = client.wait_for(protocol=ECHO, timeout=LONG * 2)
         assert again.id != first.id and again.serial_number == first.serial_number
