@@ -2,7 +2,9 @@
 # Every test of the project, on a fresh machine: installs what is missing, builds with warnings
 # treated as failures, runs the unit and integration tests (twice: the second time with Swift's
 # cooperative pool narrowed to one thread, tools/narrow-pool), checks that the codec allocates
-# nothing per frame, builds the Debian package and installs, runs and purges it (tools/package),
+# nothing per frame, installs the Python client into a virtual environment and runs its type
+# check, tests and echo benchmark (tools/python/check.sh), builds the Debian package and
+# installs, runs and purges it (tools/package),
 # runs the in-guest tests on a real kernel USB stack (tools/usb-rig), fuzzes each parser for
 # FUZZ_SECONDS (default 30) seconds, and checks the documentation.
 set -euo pipefail
