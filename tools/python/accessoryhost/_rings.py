@@ -218,8 +218,12 @@ class Rings:
             self.peer_closed = True
 
     def clear_wakes(self) -> None:
-        """Reads and discards the wake-ups iapd sent; notes when it closed its end."""
-        while not self.peer_closed:
+        """Reads and discards the wake-ups iapd sent; notes when it closed its end. At most 16
+        reads: a peer that writes without pause cannot keep the caller here (what is left wakes
+        the next poll, which looks again)."""
+        for _ in range(16):
+            if self.peer_closed:
+                return
             try:
                 data = self._wake.recv(4096, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):

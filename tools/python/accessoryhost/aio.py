@@ -318,7 +318,10 @@ class AsyncClient:
         deadline = _deadline(timeout)
         # What iapd knows now (the events not read yet may be behind it): the list's reply
         # replaces the accessories known where it comes in the stream.
-        await self.accessories(timeout)
+        try:
+            await self.accessories(timeout)
+        except Timeout:
+            pass  # the accessories known from events; the wait goes on
         async with self._changed:
             while True:
                 for accessory in self.known_accessories:

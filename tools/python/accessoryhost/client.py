@@ -106,8 +106,12 @@ class Client:
         seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         # What iapd knows now (the events this client has not read yet may be behind it): the
-        # list's reply replaces the accessories known where it comes in the stream.
-        self.accessories(timeout)
+        # list's reply replaces the accessories known where it comes in the stream. A list not
+        # answered in time leaves the accessories known from events, and the wait goes on.
+        try:
+            self.accessories(timeout)
+        except Timeout:
+            pass
         with self._state:
             while True:
                 for accessory in self._book.sorted():

@@ -18,7 +18,7 @@ import pytest
 
 import accessoryhost
 from accessoryhost import _protocol
-from accessoryhost._rings import HEADER, MAGIC
+from accessoryhost._rings import HEADER, MAGIC, Rings
 from accessoryhost.records import Accessory, event_from_reply
 
 RECORD = {"id": 7, "transportKind": "usb", "location": "usb 1-1",
@@ -167,6 +167,39 @@ def test_a_session_opened_after_its_open_timed_out_is_closed_at_once(fake) -> No
         client.ping(timeout=30)
         daemon.thread.join(30)  # while the client is still open
         assert closed == [b""]
+
+
+def test_wait_for_outlives_a_list_that_is_not_answered(fake) -> None:  # type: ignore[no-untyped-def]
+    """A slow daemon (a loaded machine): the wait still answers from what the welcome said, and
+    its timeout still names the criteria."""
+    def silent(connection: socket.socket, requests: Iterator[dict]) -> None:
+        welcome(connection, requests)
+        for _ in requests:
+            pass  # never answers
+    with accessoryhost.connect(fake(silent).path) as client:
+        assert client.wait_for(protocol="com.example.echo", timeout=0.3).id == 7
+        with pytest.raises(accessoryhost.Timeout, match="with serial number NOT-THERE .*connected: Fake"):
+            client.wait_for(serial="NOT-THERE", timeout=0.3)
+
+
+def test_a_peer_that_floods_the_wake_socket_does_not_hold_the_reader() -> None:
+    """A wake socket that never runs dry (a hostile peer writing without pause): clearing the
+    wake-ups returns after a bounded number of reads."""
+    class Endless:
+        reads = 0
+
+        def recv(self, size: int, flags: int = 0) -> bytes:
+            Endless.reads += 1
+            if Endless.reads > 1000:
+                raise RuntimeError("clear_wakes kept reading")
+            return b"\x01" * size
+
+    descriptor = memfd({0: MAGIC, 1: 1, 2: 4096})
+    rings = Rings(descriptor, Endless())  # type: ignore[arg-type]
+    os.close(descriptor)
+    rings.clear_wakes()
+    assert 0 < Endless.reads <= 16 and not rings.peer_closed
+    rings.close()
 
 
 def test_an_old_daemon_that_drops_the_client_for_stats(fake) -> None:  # type: ignore[no-untyped-def]
