@@ -52,6 +52,11 @@ extension Upper {
         switch AccessoryIdentity.validate(message, bluetoothAddress: peerBluetoothAddress) {
         case var .success(identity):
             if let wrong = identity.wronglyDirectedMessages { tolerate("message-lists", "\(wrong); accepted all the same") }
+            let padded = AccessoryIdentity.stringParametersWithBytesAfterNUL(in: message)
+            if !padded.isEmpty {
+                tolerate("bytes-after-nul", "IdentificationInformation parameters \(padded.map(String.init).joined(separator: ", ")) carry bytes after "
+                    + "their string's NUL; read up to the NUL, the rest ignored")
+            }
             let unknown = Set(message.parameters.map(\.id).filter { MessageCatalogue.identificationParameters[$0] == nil }).sorted()
             if !unknown.isEmpty {
                 tolerate("identification-parameters",
@@ -66,6 +71,7 @@ extension Upper {
             events.append(.identified(identity))
         case let .failure(rejection):
             send(rejection.message)
+            lastRejection = rejection
             events.append(.identificationRejected(rejection))
             deadline = now + answerTimeout // the accessory may send a corrected one
         }

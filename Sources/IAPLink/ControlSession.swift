@@ -32,6 +32,22 @@ struct Upper: LinkSink, Sendable {
     var delayedResponse: (message: ControlMessage, at: LinkTime)?
     var now: LinkTime = .zero
 
+    /// Device: a control message longer than the link packet it began in (the Clicks keyboard
+    /// spreads its certificate over eight, PROTOCOL.md §7.7), joined from the packets that
+    /// follow on the control session up to its declared length; given up on when the next part
+    /// does not come within `answerTimeout`.
+    var partialControl: (bytes: [UInt8], length: Int, deadline: LinkTime)?
+    /// Accessory: spread control messages longer than this many bytes after the headers over
+    /// several link packets, as the Clicks keyboard does (nil: one message, one packet).
+    var controlSplitChunk: Int?
+    /// Accessory: the IdentificationInformation it sends instead of its identity's own (a
+    /// simulator playing an accessory's deviations); nil sends the identity's message.
+    var identificationOverride: ControlMessage?
+
+    /// Device: the last IdentificationRejected sent on this link (named when no corrected
+    /// identification comes in time).
+    var lastRejection: IdentificationRejection?
+
     var events: [EndpointEvent] = []
     var controlOut = FIFO<[UInt8]>()
     /// Control messages queued since the link came up (the number of the last one queued), and
@@ -94,6 +110,7 @@ struct Upper: LinkSink, Sendable {
         dataInFlight.removeAll()
         for id in sessions.ids { closeSession(id, reason: "the link went down", notifyPeer: false) }
         controlOut.removeAll()
+        partialControl = nil
         stopsInFlight.removeAll() // never to be acknowledged: the owner sees the link go down
         delayedResponse = nil
         step = .idle
@@ -106,6 +123,7 @@ struct Upper: LinkSink, Sendable {
         var soonest = deadline
         for stop in stopsInFlight where soonest.map({ stop.deadline < $0 }) ?? true { soonest = stop.deadline }
         if let delayed = delayedResponse, soonest.map({ delayed.at < $0 }) ?? true { soonest = delayed.at }
+        if let partial = partialControl, soonest.map({ partial.deadline < $0 }) ?? true { soonest = partial.deadline }
         return soonest
     }
 
@@ -120,6 +138,11 @@ struct Upper: LinkSink, Sendable {
             delayedResponse = nil
             send(delayed.message)
         }
+        if let partial = partialControl, partial.deadline <= now {
+            partialControl = nil
+            events.append(.malformedMessage("a control message of \(partial.length) bytes stopped after \(partial.bytes.count) "
+                + "(no more of it came within \(answerTimeout)); dropped"))
+        }
         let overdue = stopsInFlight.filter { $0.deadline <= now }
         if !overdue.isEmpty {
             stopsInFlight.removeAll { $0.deadline <= now }
@@ -133,7 +156,9 @@ struct Upper: LinkSink, Sendable {
         switch step {
         case .awaitingCertificate: what = "the certificate request"
         case .awaitingResponse: what = "the authentication challenge"
-        case .awaitingIdentification: what = "StartIdentification"
+        case .awaitingIdentification:
+            what = lastRejection.map { "StartIdentification with an identification the host can accept (the last was rejected: \($0.reasons.joined(separator: "; ")))" }
+                ?? "StartIdentification"
         case .idle, .done: return
         }
         step = .done
@@ -154,8 +179,64 @@ struct Upper: LinkSink, Sendable {
             return
         }
         if let bytes = try? message.encoded() {
-            controlOut.append(bytes)
+            if role == .accessory, let chunk = controlSplitChunk, bytes.count > ControlMessage.headerSize + 4 + chunk {
+                // The first packet: the message's and the first parameter's headers and `chunk`
+                // bytes; then `chunk` raw bytes a packet.
+                var start = 0
+                var end = ControlMessage.headerSize + 4 + chunk
+                while start < bytes.count {
+                    controlOut.append(Array(bytes[start..<min(end, bytes.count)]))
+                    start = end
+                    end += chunk
+                }
+            } else {
+                controlOut.append(bytes)
+            }
             controlQueuedSinceUp += 1
+        }
+    }
+
+    /// A control-session payload: the control messages in it, joined with the parts before and
+    /// after it where a message is longer than its packet.
+    mutating func acceptControl(_ payload: RawSpan) {
+        var offset = 0
+        let count = payload.byteCount
+        if var partial = partialControl {
+            let take = min(partial.length - partial.bytes.count, count)
+            payload.extracting(0..<take).withUnsafeBytes { partial.bytes.append(contentsOf: $0) }
+            offset = take
+            guard partial.bytes.count == partial.length else {
+                partial.deadline = now + answerTimeout
+                partialControl = partial
+                return
+            }
+            partialControl = nil
+            do {
+                handle(try ControlMessage.decode(partial.bytes))
+            } catch {
+                events.append(.malformedMessage(error.description))
+            }
+        }
+        while offset < count {
+            let rest = payload.extracting(offset..<count)
+            do {
+                let (message, length) = try ControlMessage.decode(prefixOf: rest)
+                handle(message)
+                offset += length
+            } catch {
+                // A message that declares more bytes than its packet holds: the rest follows in
+                // the next packets of the control session (bounded by the declared length, at
+                // most 65,535 bytes, and by `answerTimeout` a part).
+                if role == .device, rest.byteCount >= ControlMessage.headerSize,
+                   let declared = try? ControlMessage.declaredLength(in: rest), declared > rest.byteCount {
+                    partialControl = (rest.withUnsafeBytes { Array($0) }, declared, now + answerTimeout)
+                    tolerate("split-control-message",
+                             "the accessory spreads control messages over several link packets (one of \(declared) bytes began in a packet of \(rest.byteCount)); joined")
+                } else {
+                    events.append(.malformedMessage(error.description))
+                }
+                return
+            }
         }
     }
 
@@ -252,7 +333,7 @@ struct Upper: LinkSink, Sendable {
         case .authenticationFailed:
             events.append(.controlFailed(.authenticationRefusedByDevice))
         case .startIdentification:
-            if let identity { send(identity.message) }
+            if let message = identificationOverride ?? identity?.message { send(message) }
         case .identificationAccepted:
             identified = true
             if let identity {

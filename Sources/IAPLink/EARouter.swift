@@ -12,17 +12,7 @@ extension Upper {
 
     mutating func accept(sessionID: UInt8, payload: RawSpan, retained: ReceivedBytes?) -> Bool {
         if sessionID == controlSessionID {
-            var offset = 0
-            while offset < payload.byteCount {
-                do {
-                    let (message, length) = try ControlMessage.decode(prefixOf: payload.extracting(offset..<payload.byteCount))
-                    handle(message)
-                    offset += length
-                } catch {
-                    events.append(.malformedMessage(error.description))
-                    break
-                }
-            }
+            acceptControl(payload)
             return true
         }
         guard sessionID == eaLinkSessionID else {

@@ -84,10 +84,17 @@ extension IAP1Endpoint {
             guard answers(IAP1Command.requestTransportMaxPayloadSize, packet) else { return }
             let size = Int(try reader.uint16("size"))
             maxDataPerPacket = Self.dataPerPacket(forPayload: size)
-            if let list = try? FIDToken.encodeList(declaredTokens) {
-                awaitedTransactionID = send(IAP1Command.setFIDTokenValues, list)
+            if gatesProtocolsOnLingoOptions {
+                awaitedTransactionID = send(IAP1Command.getiPodOptionsForLingo, [0x00])
+                step = .identifying(awaiting: IAP1Command.getiPodOptionsForLingo)
+            } else {
+                sendTokens(withProtocols: true)
             }
-            step = .identifying(awaiting: IAP1Command.setFIDTokenValues)
+        case IAP1Command.retiPodOptionsForLingo:
+            guard answers(IAP1Command.getiPodOptionsForLingo, packet) else { return }
+            let lingo = try reader.uint8("lingo")
+            let options = try reader.uint64("options")
+            sendTokens(withProtocols: lingo == 0x00 && options & 0x2000 != 0)
         case IAP1Command.ackFIDTokenValues:
             guard answers(IAP1Command.setFIDTokenValues, packet) else { return }
             let acks = try FIDTokenAck.decodeList(packet.payload)
@@ -143,6 +150,16 @@ extension IAP1Endpoint {
         default:
             events.append(.unhandledIAP1Command(lingo: 0x00, command: packet.command))
         }
+    }
+
+    /// Accessory: SetFIDTokenValues with the declared tokens (the protocols' left out when
+    /// `withProtocols` is false).
+    private mutating func sendTokens(withProtocols: Bool) {
+        let tokens = declaredTokens.filter { withProtocols || !($0.type == 0 && $0.subtype == 4) }
+        if let list = try? FIDToken.encodeList(tokens) {
+            awaitedTransactionID = send(IAP1Command.setFIDTokenValues, list)
+        }
+        step = .identifying(awaiting: IAP1Command.setFIDTokenValues)
     }
 
     /// Accessory: whether `packet` answers the identification request in flight (`command`, with

@@ -33,7 +33,7 @@ extension IAP1Endpoint {
         }
         keep(data, in: &session, id: id)
         sessions[id] = session
-        acknowledge(dataIn, status: IAP1AckStatus.success, transactionID: tid)
+        if acknowledgesData { acknowledge(dataIn, status: IAP1AckStatus.success, transactionID: tid) }
     }
 
     private mutating func keep(_ data: [UInt8], in session: inout Session, id: UInt16) {
@@ -51,7 +51,7 @@ extension IAP1Endpoint {
               session.inbound.byteCount + held.data.count <= bufferLimit || session.inbound.byteCount == 0 {
             session.held.removeFirst()
             keep(held.data, in: &session, id: id)
-            acknowledge(dataIn, status: IAP1AckStatus.success, transactionID: held.transactionID)
+            if acknowledgesData { acknowledge(dataIn, status: IAP1AckStatus.success, transactionID: held.transactionID) }
             released = true
         }
         sessions[id] = session

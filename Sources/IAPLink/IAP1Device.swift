@@ -56,8 +56,13 @@ extension IAP1Endpoint {
             guard lingo == 0x00 else { return acknowledge(command, status: IAP1AckStatus.badParameter, transactionID: tid) }
             send(IAP1Command.returnLingoProtocolVersion, [lingo, 1, 9], answering: tid)
         case IAP1Command.getiPodOptionsForLingo:
+            // The options the host really has: of the General lingo, communication with iOS
+            // applications (bit 13), which head units wait for before they declare their
+            // protocols (PROTOCOL.md §7.10); none of the other lingoes.
             let lingo = try reader.uint8("lingo")
-            send(IAP1Command.retiPodOptionsForLingo, [lingo, 0, 0, 0, 0, 0, 0, 0, 0], answering: tid)
+            var options: [UInt8] = [lingo]
+            options.appendUInt64BE(lingo == 0x00 ? Self.generalLingoOptions : 0)
+            send(IAP1Command.retiPodOptionsForLingo, options, answering: tid)
         case IAP1Command.retAccessoryAuthenticationInfo:
             guard case let .awaitingCertificate(sections, next) = step else {
                 return acknowledge(command, status: IAP1AckStatus.badParameter, transactionID: tid)
@@ -322,4 +327,11 @@ extension IAP1Endpoint {
             break // CloseDataSession and others: nothing waits for them
         }
     }
+}
+
+extension IAP1Endpoint {
+    /// What the device answers GetiPodOptionsForLingo for the General lingo: communication with
+    /// iOS applications (bit 13, 0x2000), the one option of that lingo the host has. Head units
+    /// send their protocol tokens only when it is set (PROTOCOL.md §7.10).
+    public static let generalLingoOptions: UInt64 = 0x2000
 }

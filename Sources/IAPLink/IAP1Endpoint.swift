@@ -87,7 +87,10 @@ public struct IAP1Endpoint: Sendable {
     var sessions: [UInt16: Session] = [:]
     private var nextSessionID: UInt16 = 1
     var roundRobin: [UInt16] = []
-    var inFlight: [(transactionID: UInt16?, session: UInt16, bytes: Int)] = []
+    var inFlight: [(transactionID: UInt16?, session: UInt16, bytes: Int, sentAt: LinkTime)] = []
+    /// Device: the accessory left a data packet unacknowledged for `answerTimeout`: its data
+    /// is taken as delivered when sent from then on (said once), instead of waited for.
+    var dataAcknowledgementsMissing = false
     /// Device: FID tokens and what was wrong with them, gathered between StartIDPS and EndIDPS.
     var tokens: [FIDToken] = []
     var requiredTokenRejected = false
@@ -102,6 +105,14 @@ public struct IAP1Endpoint: Sendable {
     public internal(set) var authentication = AuthenticationOutcome.notChecked
     var certificateTransactionID: UInt16?
     var certificateSectionsSent = 0
+    /// Accessory role: ask GetiPodOptionsForLingo for the General lingo before the FID tokens,
+    /// and declare the protocols only when its options have bit 13 (communication with iOS
+    /// applications) set, as car head units do (PROTOCOL.md §7.10). False (the default) declares
+    /// them without asking.
+    public var gatesProtocolsOnLingoOptions = false
+    /// Whether this side answers the peer's data packets with iPodAck (true by the protocol).
+    /// False plays an accessory that never does: the device then stops waiting for them.
+    public var acknowledgesData = true
     /// Device role: the accessory sent the iAP2 detect (it started over in iAP2).
     public internal(set) var sawIAP2Detect = false
     /// Device role: the bytes that followed the iAP2 detect, for the iAP2 endpoint that takes
@@ -315,6 +326,20 @@ public struct IAP1Endpoint: Sendable {
                 events.append(.controlFailed(.noAnswer(what)))
             }
         }
+        if role == .device, let oldest = inFlight.first, oldest.sentAt + answerTimeout <= now {
+            // An accessory that never answers AccessoryDataTransfer... iPodDataTransfer with
+            // iPodAck would otherwise hold every session's window for ever.
+            dataAcknowledgementsMissing = true
+            events.append(.tolerated("the accessory did not acknowledge iPodDataTransfer within \(answerTimeout); its data is taken as "
+                + "delivered when sent from now on (written no longer means acknowledged on this connection)"))
+            let overdue = inFlight.filter { $0.sentAt + answerTimeout <= now }
+            inFlight.removeAll { $0.sentAt + answerTimeout <= now }
+            for entry in overdue {
+                if let tid = entry.transactionID { retiredTransactions.append(tid) }
+                sessions[entry.session]?.acknowledged += entry.bytes
+            }
+            if retiredTransactions.count > 4 * dataWindow { retiredTransactions.removeFirst(retiredTransactions.count - 4 * dataWindow) }
+        }
         for id in sessions.keys.sorted() {
             if let openDeadline = sessions[id]?.openDeadline, openDeadline <= now {
                 closeSession(id, reason: "the accessory did not answer OpenDataSessionForProtocol in time", notifyPeer: false)
@@ -325,7 +350,8 @@ public struct IAP1Endpoint: Sendable {
 
     /// When ``advance(to:)`` must be called next, if anything is scheduled.
     public var nextDeadline: LinkTime? {
-        ([deadline, gapDeadline] + sessions.values.map(\.openDeadline)).compactMap { $0 }.min()
+        ([deadline, gapDeadline, role == .device ? inFlight.first.map { $0.sentAt + answerTimeout } : nil]
+            + sessions.values.map(\.openDeadline)).compactMap { $0 }.min()
     }
 
     /// When the partial packet held is given up on, if one is held (and the bytes are still

@@ -60,7 +60,14 @@ extension IAP1Endpoint {
             payload.appendUInt16BE(id)
             payload.append(contentsOf: session.outbound.take(maxDataPerPacket).bytes)
             let tid = send(dataOut, payload)
-            inFlight.append((tid, id, payload.count - 2))
+            if dataAcknowledgementsMissing {
+                // Not waited for on this connection (see ``advance(to:)``).
+                session.acknowledged += payload.count - 2
+                if let tid { retiredTransactions.append(tid) }
+                if retiredTransactions.count > 4 * dataWindow { retiredTransactions.removeFirst(retiredTransactions.count - 4 * dataWindow) }
+            } else {
+                inFlight.append((tid, id, payload.count - 2, now))
+            }
             if session.wasFull, session.outbound.byteCount < bufferLimit {
                 session.wasFull = false
                 events.append(.spaceAvailable(sessionID: id))

@@ -51,6 +51,23 @@ public struct IAP2Endpoint: Sendable {
         set { upper.challengeDelay = newValue }
     }
 
+    /// Accessory role: spread control messages longer than this many bytes after their headers
+    /// over several link packets (the first with the message's and first parameter's headers
+    /// and this many bytes, then this many a packet), as the Clicks keyboard sends its
+    /// certificate (PROTOCOL.md §7.7); nil (the default) sends each message in one packet.
+    public var controlMessageSplit: Int? {
+        get { upper.controlSplitChunk }
+        set { upper.controlSplitChunk = newValue.map { max(1, $0) } }
+    }
+
+    /// Accessory role: the IdentificationInformation this side sends instead of its identity's
+    /// own (to play an accessory whose message has deviations of its own); nil sends
+    /// ``AccessoryIdentity/message``.
+    public var identificationOverride: ControlMessage? {
+        get { upper.identificationOverride }
+        set { upper.identificationOverride = newValue }
+    }
+
     /// Creates the device side. `randomSeed` is not used: every authentication challenge is a
     /// fresh draw of the system's generator.
     public init(device configuration: LinkConfiguration = .device, policy: any AuthenticationPolicy = AcceptingAuthentication(),
@@ -194,6 +211,8 @@ public struct IAP2Endpoint: Sendable {
                 upper.controlAcknowledgedBase = upper.controlSessionID.flatMap { link.acknowledgedPackets[$0] } ?? 0
             case .stateChanged(.negotiating), .stateChanged(.failed), .stateChanged(.sleeping), .stateChanged(.detecting):
                 upper.linkDown()
+            case let .tolerated(tolerance):
+                upper.tolerate(tolerance.kind, tolerance.description)
             default:
                 break
             }
@@ -212,10 +231,14 @@ public struct IAP2Endpoint: Sendable {
     }
 
     /// Queues a raw payload on link session `sessionID`, past the control session and the EA
-    /// router: how a test plays an accessory using a link session the host does not (file
-    /// transfer). False when the link does not take it now.
-    mutating func sendLinkPayload(sessionID: UInt8, payload: [UInt8], now: LinkTime) -> Bool {
-        link.send(sessionID: sessionID, payload: payload, now: now)
+    /// router: how a test or the simulator plays an accessory that uses a link session the host
+    /// does not (file transfer), or sends what no router would. False when the link does not
+    /// take it now.
+    @discardableResult
+    public mutating func sendLinkPayload(sessionID: UInt8, payload: [UInt8], now: LinkTime) -> Bool {
+        let sent = link.send(sessionID: sessionID, payload: payload, now: now)
+        settle(now: now)
+        return sent
     }
 
     /// Hands over the received bytes of a partial frame (for the switch to iAP1).

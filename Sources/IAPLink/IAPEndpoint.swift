@@ -1,4 +1,4 @@
-internal import IAPWire
+public import IAPWire
 public import ByteRing
 
 /// One side of a connection whichever protocol it speaks: an ``IAP2Endpoint`` or an
@@ -124,6 +124,21 @@ public struct IAPEndpoint: Sendable {
             peerBluetoothAddressValue = newValue
             two.peerBluetoothAddress = newValue
         }
+    }
+
+    /// Sends a control message as it is (iAP2; nothing on iAP1): for a simulator playing an
+    /// accessory's messages, and for tests (``IAP2Endpoint/sendControlMessage(_:now:)``).
+    public mutating func sendControlMessage(_ message: ControlMessage, now: LinkTime) {
+        guard case .iap2 = running else { return }
+        two.sendControlMessage(message, now: now)
+    }
+
+    /// Queues a raw payload on link session `sessionID` (iAP2; false on iAP1), past the control
+    /// session and the EA router (``IAP2Endpoint/sendLinkPayload(sessionID:payload:now:)``).
+    @discardableResult
+    public mutating func sendLinkPayload(sessionID: UInt8, payload: [UInt8], now: LinkTime) -> Bool {
+        guard case .iap2 = running else { return false }
+        return two.sendLinkPayload(sessionID: sessionID, payload: payload, now: now)
     }
 
     // MARK: Driving

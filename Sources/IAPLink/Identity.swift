@@ -181,7 +181,9 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
         var reasons: [String] = []
         func string(_ id: UInt16) -> String {
             guard let parameter = message.parameter(id) else { return "" }
-            do { return try parameter.string() } catch {
+            // Read up to the NUL: bytes after it are the accessory's business (said once by the
+            // control session, ``stringParametersWithBytesAfterNUL(in:)``).
+            do { return try parameter.stringUpToNUL() } catch {
                 offending.insert(id)
                 reasons.append("\(name(id)): \(error)")
                 return ""
@@ -222,18 +224,20 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
             }
         }
         for parameter in message.parameters(P.supportedLanguage) {
-            if let language = try? parameter.string() { identity.supportedLanguages.append(language) } else {
+            if let language = try? parameter.stringUpToNUL() { identity.supportedLanguages.append(language) } else {
                 offending.insert(P.supportedLanguage)
                 reasons.append("a SupportedLanguage is not valid UTF-8")
             }
         }
-        if message.parameter(P.appMatchTeamID) != nil { identity.appMatchTeamID = string(P.appMatchTeamID) }
-        if message.parameter(P.productPlanUID) != nil { identity.productPlanUID = string(P.productPlanUID) }
+        // Kept for the application, never used by the host: whatever they hold, they are no
+        // reason to refuse (an unreadable one is left out).
+        identity.appMatchTeamID = try? message.parameter(P.appMatchTeamID)?.stringUpToNUL()
+        identity.productPlanUID = try? message.parameter(P.productPlanUID)?.stringUpToNUL()
         var protocolIDs = Set<UInt8>()
         for parameter in message.parameters(P.supportedExternalAccessoryProtocol) {
             guard let group = try? parameter.group(),
                   let identifier = try? group.first(where: { $0.id == 0 })?.uint8(),
-                  let name = try? group.first(where: { $0.id == 1 })?.string(), !name.isEmpty
+                  let name = try? group.first(where: { $0.id == 1 })?.stringUpToNUL(), !name.isEmpty
             else {
                 offending.insert(P.supportedExternalAccessoryProtocol)
                 reasons.append("an External Accessory protocol lacks a valid identifier or name")
@@ -252,7 +256,7 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
             for parameter in message.parameters(kind) {
                 guard let group = try? parameter.group(),
                       let identifier = try? group.first(where: { $0.id == 0 })?.uint16(),
-                      let name = try? group.first(where: { $0.id == 1 })?.string()
+                      let name = try? group.first(where: { $0.id == 1 })?.stringUpToNUL()
                 else {
                     offending.insert(kind)
                     reasons.append("a \(Self.name(kind)) lacks a valid identifier or name")
@@ -285,6 +289,15 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
         }
         if offending.isEmpty { return .success(identity) }
         return .failure(IdentificationRejection(parameterIDs: offending.sorted(), reasons: reasons))
+    }
+
+    /// The ids of the string parameters of an IdentificationInformation that carry bytes after
+    /// their NUL (read up to it; for the log).
+    public static func stringParametersWithBytesAfterNUL(in message: ControlMessage) -> [UInt16] {
+        let ids = message.parameters.filter { parameter in
+            MessageCatalogue.identificationParameters[parameter.id]?.type == .utf8 && parameter.hasBytesAfterNUL
+        }.map(\.id)
+        return Set(ids).sorted()
     }
 
     static func name(_ id: UInt16) -> String { MessageCatalogue.identificationParameters[id]?.name ?? "parameter \(id)" }

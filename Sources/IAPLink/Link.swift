@@ -88,6 +88,8 @@ public struct IAP2Link: Sendable {
     struct Held: Sendable {
         var sessionID: UInt8
         var payload: ReceivedBytes
+        /// A sequence number an accessory's bare ACK used up: stepped over, nothing delivered.
+        var numberOnly = false
     }
     /// Where received bytes lie, when the sink may keep views of them.
     enum Backing {
@@ -124,6 +126,20 @@ public struct IAP2Link: Sendable {
     /// The peer's next in-order packet was refused by the sink; until it is taken, later
     /// packets are neither held nor reported with EAK (that would only make the peer resend).
     var refusing = false
+    /// Device: what the accessory's bare ACKs showed of its numbering (see ``PeerNumbering``).
+    var peerNumbering = PeerNumbering.unknown
+    /// Device: the numbers the accessory's bare ACKs carried ahead of what it delivered, while
+    /// its numbering is not known yet.
+    var aheadBareAcks: [UInt8] = []
+    /// Device: a gap in the accessory's sequence numbers being waited for (see ``GapWatch``).
+    var sequenceGap: GapWatch?
+    /// Device: the accessory was seen sending a packet again (a duplicate, or a gap filled).
+    var peerRetransmits = false
+    /// Device: the kinds of ``LinkEvent/tolerated(_:)`` said on this link.
+    var toleratedKinds = Set<String>()
+    /// Accessory: the device's SYN|ACK was answered with our own offer restated
+    /// (``LinkConfiguration/restatesOffer``).
+    var restatedOffer = false
     /// Most packets queued beyond the window before ``send(sessionID:payload:now:)`` refuses.
     public var sendQueueLimit = 64
 
@@ -204,7 +220,8 @@ public struct IAP2Link: Sendable {
         consider(synDeadline)
         consider(ackDeadline)
         consider(gapDeadline)
-        if state == .connected, let timeout = negotiated.map({ Duration.milliseconds(Int($0.retransmissionTimeout)) }) {
+        consider(sequenceGap?.deadline)
+        if state == .connected, configuration.retransmits, let timeout = negotiated.map({ Duration.milliseconds(Int($0.retransmissionTimeout)) }) {
             for packet in unacked { consider(packet.timerStart + timeout) }
         }
         return deadline
@@ -306,6 +323,12 @@ public struct IAP2Link: Sendable {
     /// Starts the link: the accessory sends the detect; the device waits for it.
     public mutating func start(now: LinkTime) {
         switch role {
+        case .accessory where configuration.skipsDetect:
+            // Straight to the SYN, as if the detect had been answered.
+            setState(.negotiating)
+            lastOffer = configuration.parameters
+            nextSequence = initialSequence
+            transmitSYN(configuration.parameters, acknowledging: false, now: now)
         case .accessory:
             sendDetect(now: now)
         case .device:
@@ -434,6 +457,9 @@ public struct IAP2Link: Sendable {
         unacked.removeAll(keepingCapacity: true)
         sendQueue.removeAll()
         held.removeAll()
+        sequenceGap = nil
+        aheadBareAcks.removeAll()
+        peerNumbering = .unknown
         pendingAcks = 0
         ackDeadline = nil
         ackOwed = false

@@ -118,7 +118,11 @@ extension IAP2Link {
         if let deadline = ackDeadline, deadline <= now {
             sendAck()
         }
+        if role == .device { advanceSequenceGap(now: now, sink: &sink) }
         guard state == .connected, let parameters = negotiated else { return }
+        // An accessory that never sends a packet again (PROTOCOL.md §7.7, played by the
+        // simulator) leaves its packets to the device.
+        guard configuration.retransmits else { return }
         let timeout = Duration.milliseconds(Int(parameters.retransmissionTimeout))
         if heardFromPeer {
             heardFromPeer = false
@@ -294,7 +298,7 @@ extension IAP2Link {
             // timeout has passed: an EAK that repeats (or a flood of them) would otherwise queue
             // the same window again and again faster than the line carries it.
             let spacing = Duration.milliseconds(Int(negotiated?.retransmissionTimeout ?? 0)) / 2
-            for sequence in missing {
+            for sequence in missing where configuration.retransmits {
                 guard let index = unacked.firstIndex(where: { $0.sequence == sequence }) else { continue }
                 if unacked[index].transmissions == 1 || unacked[index].lastSentAt + spacing <= now {
                     retransmit(at: index, now: now)
@@ -313,6 +317,9 @@ extension IAP2Link {
                 events.append(.oversizedPacketTaken(length: header.packetLength, advertised: advertised))
             }
             receiveData(header, payload: payload, retained: retained, now: now, sink: &sink)
+        } else if role == .device, control == .ack {
+            // On any link session: a bare ACK is an acknowledgement wherever it says it belongs.
+            noteBareAck(header.sequence, now: now, sink: &sink)
         }
     }
 }

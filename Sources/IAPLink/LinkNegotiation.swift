@@ -103,7 +103,21 @@ extension IAP2Link {
         lastReceived = header.sequence
         // The device's receive limits in its answer are its own business: they bound what we send.
         // Ours stay as we offered them.
-        let agrees = configuration.acceptsPeerReceiveLimits ? offer.agreesApartFromReceiveLimits(with: ours) : offer == ours
+        // An offer of ours that was out of range (the Double 2 offers a 0 ms cumulative-ACK
+        // timeout) agrees with the device's answer made valid, as the robot takes the iPhone's.
+        let agrees = configuration.acceptsPeerReceiveLimits
+            ? offer.agreesApartFromReceiveLimits(with: ours) || offer.agreesApartFromReceiveLimits(with: echo(of: ours))
+            : offer == ours
+        if agrees, configuration.restatesOffer, !restatedOffer {
+            // Plays an accessory that restates its values as a SYN|ACK before it agrees.
+            restatedOffer = true
+            if let packet = try? LinkPacket.encode(control: [.syn, .ack], sequence: initialSequence, acknowledgement: lastReceived,
+                                                   sessionID: 0, payload: ours.encoded) {
+                outbox.append(.bytes(packet))
+                statistics.packetsSent += 1
+            }
+            return
+        }
         if agrees {
             linkUp(offer, peer: offer, own: ours)
             transmitControl([.ack], payload: [])

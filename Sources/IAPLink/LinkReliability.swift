@@ -101,10 +101,15 @@ extension IAP2Link {
             statistics.payloadBytesCopiedIn += payload.byteCount
             return ReceivedBytes(payload.withUnsafeBytes { Array($0) }[...])
         }
+        if role == .device { decideNumbering(dataSequence: header.sequence) }
         let expected = lastReceived &+ 1
         let distance = Int(header.sequence &- expected)
         let window = Int(configuration.parameters.maxOutstandingPackets)
+        // Watched for a gap after whatever this packet changes (devices only).
+        defer { watchSequenceGap(now: now) }
         if distance == 0 {
+            // A packet that fills a gap was sent again: this accessory retransmits.
+            if sequenceGap != nil { peerRetransmits = true }
             guard sink.accept(sessionID: header.sessionID, payload: payload, retained: retained) else {
                 // Not taken, so not acknowledged: the sender's window stops it. The packet is
                 // parked (at most a window of packets can be) and offered again by
@@ -132,6 +137,7 @@ extension IAP2Link {
         } else if distance >= 128 {
             // Already delivered: acknowledge again, deliver nothing.
             statistics.duplicatesReceived += 1
+            peerRetransmits = true
             oweAck()
         } else if refusing {
             // Behind a refused packet: park it without an EAK (which would only make the peer
@@ -152,8 +158,13 @@ extension IAP2Link {
     }
 
     /// Hands parked packets that now follow in order to `sink`, as far as it takes them.
-    private mutating func deliverHeld<Sink: LinkSink>(sink: inout Sink) {
+    mutating func deliverHeld<Sink: LinkSink>(sink: inout Sink) {
         while let next = held[lastReceived &+ 1] {
+            if next.numberOnly {
+                held[lastReceived &+ 1] = nil
+                lastReceived &+= 1
+                continue
+            }
             guard next.payload.withSpan({ sink.accept(sessionID: next.sessionID, payload: $0, retained: next.payload) }) else {
                 statistics.refusedByReceiver += 1
                 refusing = true
@@ -177,7 +188,7 @@ extension IAP2Link {
         if lastReceived != before { oweAck() }
     }
 
-    private mutating func scheduleAck(now: LinkTime) {
+    mutating func scheduleAck(now: LinkTime) {
         guard let parameters = negotiated else { return }
         if pendingAcks >= max(1, Int(parameters.maxCumulativeAcks)) {
             oweAck()
@@ -203,7 +214,7 @@ extension IAP2Link {
         sendAck()
     }
 
-    private mutating func sendEAK() {
+    mutating func sendEAK() {
         let expected = lastReceived &+ 1
         let listed = held.keys.sorted { Int($0 &- expected) < Int($1 &- expected) }
         transmitControl([.ack, .eak], payload: listed)
@@ -223,8 +234,22 @@ extension IAP2Link {
         var packet: [UInt8] = []
         swap(&packet, &controlBuffers[nextControlBuffer])
         packet.removeAll(keepingCapacity: true)
-        if (try? LinkPacket.encode(control: control, sequence: lastSentSequence, acknowledgement: lastReceived,
-                                   sessionID: 0, payload: payload.span.bytes, into: &packet)) != nil {
+        var sequence = lastSentSequence
+        var sessionID: UInt8 = 0
+        if role == .accessory, state == .connected, control == .ack {
+            // A real accessory's numbering of bare ACKs (the device's side works it out).
+            sessionID = configuration.bareAckSessionID
+            switch configuration.bareAckNumbering {
+            case .reference: break
+            case .next: sequence = nextSequence
+            case .usesUp:
+                sequence = nextSequence
+                nextSequence &+= 1
+                lastSentSequence = sequence
+            }
+        }
+        if (try? LinkPacket.encode(control: control, sequence: sequence, acknowledgement: lastReceived,
+                                   sessionID: sessionID, payload: payload.span.bytes, into: &packet)) != nil {
             outbox.append(.bytes(packet))
         }
         controlBuffers[nextControlBuffer] = packet

@@ -60,6 +60,14 @@ public struct LinkStatistics: Hashable, Sendable {
     /// accessory sent a detect or a SYN on the live link (it restarted). Each ends the sessions,
     /// and the accessory is identified again.
     public var linkResets = 0
+    /// Device role: sequence numbers the accessory's bare ACKs used up (an accessory that numbers
+    /// its bare ACKs as data packets, PROTOCOL.md §7.7), stepped over without data.
+    public var sequenceNumbersUsedByBareAcks = 0
+    /// Device role: gaps in the accessory's sequence numbers that no retransmission filled
+    /// within the bound of docs/LENIENCY.md, after which the link took the accessory's position.
+    public var sequenceGapsSkipped = 0
+    /// Device role: sequence numbers stepped over in those gaps.
+    public var sequenceNumbersSkipped = 0
     /// Counters at zero, as a new link starts.
     public init() {}
 }

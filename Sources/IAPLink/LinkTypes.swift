@@ -59,6 +59,24 @@ public struct LinkConfiguration: Sendable {
     /// protocol says). An iPhone advertises 65,535 bytes, so such an accessory may send packets
     /// that long to a host that asked for less.
     public var sendsPacketLength: UInt16?
+    /// Accessory role, to play a real accessory's numbering: the sequence number its bare ACKs
+    /// carry (``BareAckNumbering``). The device role works out the accessory's numbering by
+    /// itself and ignores this.
+    public var bareAckNumbering: BareAckNumbering = .reference
+    /// Accessory role: the link session id its bare ACKs carry (0 by the reference; the Clicks
+    /// keyboard uses its control session's id, PROTOCOL.md §7.7).
+    public var bareAckSessionID: UInt8 = 0
+    /// Accessory role: whether it sends a packet again after its retransmission timeout or for
+    /// an EAK (true by the reference). False plays an accessory that never does (PROTOCOL.md
+    /// §7.7): a packet of its that is lost stays lost, and the device must not wait for it.
+    public var retransmits = true
+    /// Accessory role: answer the device's first SYN|ACK with a SYN|ACK restating this side's own
+    /// offer once before agreeing (the Clicks keyboard restates its values when the answer
+    /// differs from them, PROTOCOL.md §7.7).
+    public var restatesOffer = false
+    /// Accessory role: send the SYN without a detect first (the device must start negotiating on
+    /// the SYN alone).
+    public var skipsDetect = false
 
     /// Creates a configuration; see each property.
     public init(parameters: LinkParameters, detectInterval: Duration = .seconds(1), maxNegotiationRounds: Int = 10,
@@ -172,6 +190,65 @@ public enum LinkEvent: Hashable, Sendable {
     /// §2 gives no answer to it (a counter-offer needs an offer to answer), so it is dropped and
     /// counted, and the link keeps listening for a good one.
     case malformedSYNDropped(WireError)
+    /// Device: the accessory did something the reference does not, and the link served it
+    /// (its bare ACKs' sequence numbers, a gap no retransmission filled). Said once per kind
+    /// and link, for the log.
+    case tolerated(LinkTolerance)
+}
+
+/// The sequence number an accessory's payload-less ACK carries (PROTOCOL.md §2.5, §7.6, §7.7).
+public enum BareAckNumbering: String, Sendable, Hashable, CaseIterable {
+    /// By the reference: the number of the last packet it sent (its next data packet takes the
+    /// one after).
+    case reference
+    /// The next number, which its next data packet then carries too (the Double 2 robot).
+    case next
+    /// The next number, used up: its next data packet takes the one after (the Clicks keyboard).
+    case usesUp = "uses-up"
+}
+
+/// Something the device's link served although the reference does not do it
+/// (``LinkEvent/tolerated(_:)``).
+public enum LinkTolerance: Hashable, Sendable, CustomStringConvertible {
+    /// The accessory's bare ACKs carry the number its next data packet will carry.
+    case bareAcksCarryNextNumber
+    /// The accessory's bare ACKs use sequence numbers up: they are stepped over.
+    case bareAcksUseUpNumbers
+    /// `count` sequence numbers from `first` never came, although EAKs asked for them for
+    /// `waited`: the link took the accessory's position and went on from the packets after them.
+    case sequenceGapSkipped(first: UInt8, count: Int, waited: Duration)
+
+    /// The kind, for saying each once.
+    public var kind: String {
+        switch self {
+        case .bareAcksCarryNextNumber: "bare-ack-next"
+        case .bareAcksUseUpNumbers: "bare-ack-uses-up"
+        case .sequenceGapSkipped: "sequence-gap"
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .bareAcksCarryNextNumber:
+            return "the accessory's bare ACKs carry the sequence number of its next data packet (the reference repeats the last one); served"
+        case .bareAcksUseUpNumbers:
+            return "the accessory's bare ACKs use sequence numbers up (its data packets skip them); the link steps over them"
+        case let .sequenceGapSkipped(first, count, waited):
+            let last = first &+ UInt8(truncatingIfNeeded: count - 1)
+            func hex(_ value: UInt8) -> String { "0x" + (value < 16 ? "0" : "") + String(value, radix: 16) }
+            let range = count == 1 ? hex(first) : "\(hex(first))…\(hex(last))"
+            return "the accessory never sent packet\(count == 1 ? "" : "s") \(range) again although EAKs asked for \(waited.formattedSeconds); "
+                + "the link took its position and went on (that data is lost; an accessory by the reference retransmits)"
+        }
+    }
+}
+
+extension Duration {
+    /// Seconds with up to three decimals and a unit ("1.5 s").
+    var formattedSeconds: String {
+        let milliseconds = components.seconds * 1_000 + components.attoseconds / 1_000_000_000_000_000
+        return milliseconds % 1_000 == 0 ? "\(milliseconds / 1_000) s" : "\(Double(milliseconds) / 1_000) s"
+    }
 }
 
 /// What receives the payloads the link delivers, in order.

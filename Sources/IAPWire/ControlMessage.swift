@@ -152,6 +152,24 @@ public struct Parameter: Hashable, Sendable {
         return string
     }
 
+    /// The data as a UTF-8 string read up to its first NUL: bytes after the NUL (an accessory
+    /// that pads or appends to a string, PROTOCOL.md §7.7) are ignored; a string without a NUL
+    /// is taken whole. Invalid UTF-8 before the NUL throws.
+    public func stringUpToNUL() throws(WireError) -> String {
+        let bytes = data.firstIndex(of: 0).map { data[..<$0] } ?? data[...]
+        guard let string = String(validating: bytes, as: UTF8.self) else {
+            throw .invalidString(parameterID: id, reason: "not valid UTF-8")
+        }
+        return string
+    }
+
+    /// Whether bytes follow the data's first NUL (what ``stringUpToNUL()`` ignores and
+    /// ``string()`` refuses).
+    public var hasBytesAfterNUL: Bool {
+        guard let nul = data.firstIndex(of: 0) else { return false }
+        return nul < data.count - 1
+    }
+
     /// The data as a packed list of big-endian 16-bit values.
     public func uint16List() throws(WireError) -> [UInt16] {
         guard data.count % 2 == 0 else {

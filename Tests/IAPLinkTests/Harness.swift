@@ -15,6 +15,8 @@ struct Channel {
     var random: SplitMix64
     /// When set, every packet is dropped (a peer that stopped answering).
     var blackHole = false
+    /// When set, the packets it returns true for are dropped (a loss chosen by a test).
+    var filter: (([UInt8]) -> Bool)?
     private(set) var inFlight: [(at: Duration, order: Int, bytes: [UInt8])] = []
     private var order = 0
     private(set) var sent = 0
@@ -23,6 +25,7 @@ struct Channel {
 
     mutating func send(_ packet: [UInt8], now: Duration) {
         sent += 1
+        if let filter, filter(packet) { return }
         if blackHole || Double.random(in: 0..<1, using: &random) < drop { return }
         var bytes = packet
         if Double.random(in: 0..<1, using: &random) < corrupt, !bytes.isEmpty {
