@@ -2,7 +2,8 @@ internal import IAPLink
 
 extension SimulatorProfile {
     /// The names ``builtIn(named:)`` knows.
-    public static let builtInNames = ["borescope", "firmware-updater", "legacy-sensor", "multi-sensor", "native-streamer", "thermal-camera"]
+    public static let builtInNames = ["borescope", "firmware-updater", "keyboard-case", "legacy-sensor", "multi-sensor", "native-streamer",
+                                      "photo-printer", "telepresence-robot", "thermal-camera"]
 
     /// A built-in profile: "firmware-updater" (one firmware-update protocol,
     /// `com.example.firmware`, on a link with 64 KiB packets and a window of 16) or "multi-sensor" (echo, sink, a 1 MiB source and a telemetry
@@ -12,7 +13,14 @@ extension SimulatorProfile {
     /// (as the FLIR ONE: no StatusExternalAccessoryProtocolSession, RequestAppLaunch after
     /// identification, a window of 127 packets of 65,535 bytes) and "borescope" (as the TD300:
     /// a window of one 4,096-byte packet, slow acknowledgements, a coprocessor that takes 100 ms,
-    /// its video on a native transport). The same profiles ship as JSON in `tools/profiles/`.
+    /// its video on a native transport). Three play the accessories of PROTOCOL.md §7.6–7.8 with
+    /// their deviations (``Deviation``): "keyboard-case" (the Clicks keyboard: one control
+    /// session with id 10, bare ACKs that use sequence numbers up, on that session, no
+    /// retransmissions, its certificate spread over link packets, bytes after a NUL, its protocol
+    /// on a native transport), "telepresence-robot" (the Double 2: a window of one 255-byte
+    /// packet and longer packets of its own, a 0 ms cumulative-ACK timeout, bare ACKs that carry
+    /// the next number) and "photo-printer" (the Canon Ivy: acknowledgements slower than its
+    /// retransmissions, session ids 10 and 11). The same profiles ship as JSON in `tools/profiles/`.
     ///
     /// - Returns: nil for any other name (see ``builtInNames``).
     public static func builtIn(named name: String) -> SimulatorProfile? {
@@ -75,6 +83,31 @@ extension SimulatorProfile {
                 link: LinkOverrides(maxPacketLength: 4_096, maxOutstandingPackets: 1, retransmissionTimeoutMs: 3_000,
                                     cumulativeAckTimeoutMs: 1_500, maxCumulativeAcks: 1, maxRetransmissions: 4),
                 habits: Habits(challengeResponseDelayMs: 100))
+        case "keyboard-case":
+            return SimulatorProfile(
+                accessory: Identity(name: "Keyboard Case", model: "SIM-KC1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-KC-0001", firmwareVersion: "1.2.0", hardwareVersion: "A"),
+                protocols: [ProtocolSpec(name: "com.example.keyboard", behaviour: .echo, native: true)],
+                link: LinkOverrides(maxPacketLength: 4_096, maxOutstandingPackets: 5, retransmissionTimeoutMs: 2_000, cumulativeAckTimeoutMs: 500,
+                                    maxCumulativeAcks: 3, maxRetransmissions: 30),
+                habits: Habits(appLaunch: "com.example.keyboard"),
+                deviations: [.controlSessionOnly, .bareAcksUseUpNumbers, .bareAcksOnControlSession, .neverRetransmits, .splitControlMessages,
+                             .bytesAfterNUL, .unknownIdentificationParameters, .powerChatter])
+        case "telepresence-robot":
+            return SimulatorProfile(
+                accessory: Identity(name: "Telepresence Robot", model: "SIM-TR1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-TR-0001", firmwareVersion: "3.1.0", hardwareVersion: "D1"),
+                protocols: [ProtocolSpec(name: "com.example.robot", behaviour: .echo)],
+                link: LinkOverrides(retransmissionTimeoutMs: 1_500, maxCumulativeAcks: 1, maxRetransmissions: 30),
+                habits: Habits(appLaunch: "com.example.robot"),
+                deviations: [.windowOfOne, .smallPackets, .outOfRangeTimers, .bareAcksCarryNextNumber, .slowCoprocessor])
+        case "photo-printer":
+            return SimulatorProfile(
+                accessory: Identity(name: "Photo Printer", model: "SIM-PP1", manufacturer: "AccessoryHost Simulator",
+                                   serialNumber: "SIM-PP-0001", firmwareVersion: "1.0.4", hardwareVersion: "A"),
+                protocols: [ProtocolSpec(name: "com.example.printer", behaviour: .sink)],
+                link: LinkOverrides(maxPacketLength: 1_007, maxOutstandingPackets: 5),
+                deviations: [.slowAcknowledgements, .sessionIDsTenAndEleven])
         default:
             return nil
         }

@@ -1,4 +1,5 @@
 public import IAPLink
+import IAPWire
 
 /// A virtual MFi accessory: an accessory-role ``IAP2Endpoint`` built from a
 /// ``SimulatorProfile``, with a behaviour running on every open EA session and optional faults.
@@ -66,6 +67,8 @@ public struct SimulatedAccessory: Sendable {
     private var frameScratch = ReusableArray<[UInt8]>()
     /// The open sessions' ids in order (kept as they open and close, not sorted per call).
     var runtimeIDs: [UInt16] = []
+    /// Whether the power-chatter deviation's answer went out.
+    var saidPowerChatter = false
 
     /// Bytes a firmware-update session reads at a time (bounds the answers one read produces).
     static let firmwareReadSize = 256
@@ -84,21 +87,28 @@ public struct SimulatedAccessory: Sendable {
     public init(profile: SimulatorProfile, sessionBufferLimit: Int = 65_536, initialSequence: UInt8 = 0x01)
         throws(SimulatorProfileError)
     {
+        let profile = profile.applyingDeviations()
         try profile.validate()
-        let configuration = profile.linkConfiguration()
+        var configuration = profile.linkConfiguration()
+        profile.applyingDeviations(to: &configuration)
         let signer = try profile.signer()
         self.profile = profile
         self.sessionBufferLimit = max(sessionBufferLimit, Int(configuration.parameters.maxPacketLength))
         if let iap1 = profile.iap1 {
-            endpoint = IAPEndpoint(IAP1Endpoint(accessory: profile.identity(), style: iap1.identification,
-                                                waitsForDevice: iap1.waitsForDevice, signer: signer, sessionBufferLimit: self.sessionBufferLimit,
-                                                interByteGap: configuration.interByteGap, randomSeed: profile.faults.seed))
+            var one = IAP1Endpoint(accessory: profile.identity(), style: iap1.identification,
+                                   waitsForDevice: iap1.waitsForDevice, signer: signer, sessionBufferLimit: self.sessionBufferLimit,
+                                   interByteGap: configuration.interByteGap, randomSeed: profile.faults.seed)
+            one.gatesProtocolsOnLingoOptions = profile.deviations.contains(.iap1OptionsGateProtocols)
+            one.acknowledgesData = !profile.deviations.contains(.iap1UnacknowledgedData)
+            endpoint = IAPEndpoint(one)
         } else {
             var two = IAP2Endpoint(accessory: profile.identity(), configuration: configuration, signer: signer,
                                    sessionBufferLimit: self.sessionBufferLimit, initialSequence: initialSequence,
                                    randomSeed: profile.faults.seed)
             two.appLaunchRequest = profile.habits.appLaunch.map { AppLaunchRequest(bundleIdentifier: $0) }
             two.challengeResponseDelay = .milliseconds(profile.habits.challengeResponseDelayMs)
+            if profile.deviations.contains(.splitControlMessages) { two.controlMessageSplit = 128 }
+            two.identificationOverride = profile.deviatingIdentification(profile.identity())
             endpoint = IAPEndpoint(two)
         }
         random = FaultRandom(seed: profile.faults.seed)
@@ -132,6 +142,10 @@ public struct SimulatedAccessory: Sendable {
     public mutating func start(now: LinkTime) {
         note(now)
         guard isRunning else { return }
+        if profile.deviations.contains(.noiseBeforeLink) {
+            // Neither iAP1 nor iAP2: a boot banner, as a UART accessory may print.
+            outbox.append((self.now, Array("boot 1.0\r\n".utf8) + [0xFF, 0x00, 0x5A, 0x13]))
+        }
         endpoint.start(now: self.now)
         settle()
     }
@@ -366,6 +380,21 @@ public struct SimulatedAccessory: Sendable {
         switch event {
         case let .identified(identity):
             events.append(.identified(identity))
+            playDeviationsAfterIdentification()
+        case let .powerUpdate(parameters):
+            events.append(.endpoint(.powerUpdate(parameters)))
+            if profile.deviations.contains(.powerChatter), !saidPowerChatter {
+                saidPowerChatter = true
+                endpoint.sendControlMessage(ControlMessage(id: .stopPowerUpdates), now: now)
+                endpoint.sendControlMessage(ControlMessage(id: .powerSourceUpdate, parameters: [.uint16(0, 500), .bool(1, true)]), now: now)
+            }
+        case let .sessionOpened(id, name) where profile.deviations.contains(.refusesSessions):
+            endpoint.sendControlMessage(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, id), .uint8(1, 1)]),
+                                        now: now)
+            _ = name
+        case let .sessionOpened(id, name) where profile.deviations.contains(.endsSessions):
+            endpoint.sendControlMessage(ControlMessage(id: .stopExternalAccessoryProtocolSession, parameters: [.uint16(0, id)]), now: now)
+            _ = name
         case let .sessionOpened(id, name):
             let spec = profile.protocols.first { $0.name == name }
             runtimes[id] = SessionRuntime(id: id, name: name, spec: spec)
@@ -380,6 +409,31 @@ public struct SimulatedAccessory: Sendable {
             break
         default:
             events.append(.endpoint(event))
+        }
+    }
+
+    /// What the deviations make the accessory send once it is identified.
+    private mutating func playDeviationsAfterIdentification() {
+        let deviations = profile.deviations
+        if deviations.contains(.oddPowerFields) {
+            endpoint.sendControlMessage(ControlMessage(id: .startPowerUpdates, parameters: [.flag(0), .flag(3), .flag(7), .flag(8)]), now: now)
+        }
+        if deviations.contains(.undeclaredMessages) {
+            endpoint.sendControlMessage(ControlMessage(id: .powerSourceUpdate, parameters: [.uint16(0, 1_000), .bool(1, true)]), now: now)
+        }
+        if deviations.contains(.statusForUnknownSession) {
+            endpoint.sendControlMessage(ControlMessage(id: .statusExternalAccessoryProtocolSession, parameters: [.uint16(0, 0x7F7E), .uint8(1, 0)]),
+                                        now: now)
+        }
+        guard let link = endpoint.iap2?.link.negotiated else { return }
+        if deviations.contains(.unknownMessages) {
+            endpoint.sendControlMessage(ControlMessage(id: MessageID(0x7F7F), parameters: [.uint8(0, 1)]), now: now)
+            if let control = link.session(ofType: .control)?.id {
+                endpoint.sendLinkPayload(sessionID: control, payload: [0x00, 0x01, 0x02, 0x03], now: now)
+            }
+        }
+        if deviations.contains(.dataForUnknownSession), let ea = link.session(ofType: .externalAccessory)?.id {
+            endpoint.sendLinkPayload(sessionID: ea, payload: [0x7F, 0x7E] + Array("stray".utf8), now: now)
         }
     }
 

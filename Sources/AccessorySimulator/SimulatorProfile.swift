@@ -313,6 +313,9 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     public var authentication: Authentication?
     /// Habits of real accessories it plays (none by default).
     public var habits: Habits
+    /// Deviations from the reference it plays (the JSON array `deviations`, by name; none by
+    /// default): see ``Deviation``.
+    public var deviations: [Deviation]
     /// The Bluetooth address of the adapter the accessory runs on, when it runs over Bluetooth
     /// (six bytes, most significant first): its identity then declares a
     /// BluetoothTransportComponent with it. Set by the program that runs it, never read from
@@ -325,7 +328,9 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     /// Creates a profile.
     public init(accessory: Identity, protocols: [ProtocolSpec], link: LinkOverrides = LinkOverrides(),
                 rebootDelayMs: Int = SimulatorProfile.defaultRebootDelayMs, faults: Faults = Faults(), iap1: IAP1Settings? = nil,
-                checksumsSessionData: Bool = true, authentication: Authentication? = nil, habits: Habits = Habits()) {
+                checksumsSessionData: Bool = true, authentication: Authentication? = nil, habits: Habits = Habits(),
+                deviations: [Deviation] = []) {
+        self.deviations = deviations
         self.authentication = authentication
         self.habits = habits
         self.iap1 = iap1
@@ -338,7 +343,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1, checksumsSessionData, authentication, habits
+        case accessory = "identity", protocols, link, rebootDelayMs, faults, iap1, checksumsSessionData, authentication, habits, deviations
     }
 
     /// Decodes a profile, refusing unknown fields; optional parts take their defaults. Values are
@@ -355,6 +360,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         checksumsSessionData = try container.decodeIfPresent(Bool.self, forKey: .checksumsSessionData) ?? true
         authentication = try container.decodeIfPresent(Authentication.self, forKey: .authentication)
         habits = try container.decodeIfPresent(Habits.self, forKey: .habits) ?? Habits()
+        deviations = try container.decodeIfPresent([Deviation].self, forKey: .deviations) ?? []
     }
 
     /// Encodes the profile, leaving out parts that hold their defaults.
@@ -369,6 +375,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         if !checksumsSessionData { try container.encode(false, forKey: .checksumsSessionData) }
         try container.encodeIfPresent(authentication, forKey: .authentication)
         if habits != Habits() { try container.encode(habits, forKey: .habits) }
+        if !deviations.isEmpty { try container.encode(deviations, forKey: .deviations) }
     }
 
     // MARK: What the endpoint needs

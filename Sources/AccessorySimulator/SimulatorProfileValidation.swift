@@ -74,8 +74,10 @@ extension SimulatorProfile {
         if needed > LinkParameters.Field.maxPacketLength.validRange.upperBound {
             throw fail("protocols", "make the identification \(largest) bytes long, more than one iAP2 packet carries; use fewer or shorter names")
         }
-        let packetLength = linkConfiguration().parameters.maxPacketLength
-        if Int(packetLength) < needed {
+        // What bounds its packets is the length it sends, when it sets one; an accessory that
+        // spreads messages over packets needs no packet to hold one whole.
+        let packetLength = link.sendsPacketLength.map { UInt16(clamping: $0) } ?? linkConfiguration().parameters.maxPacketLength
+        if Int(packetLength) < needed, !deviations.contains(.splitControlMessages) {
             throw fail("link.maxPacketLength", "is \(packetLength); the accessory's largest control message needs packets of at least \(needed) bytes")
         }
         if !(0...Habits.maxChallengeResponseDelayMs).contains(habits.challengeResponseDelayMs) {

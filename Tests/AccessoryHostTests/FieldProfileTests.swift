@@ -115,4 +115,27 @@ struct FieldProfileTests {
         let received = try await Self.read(source, count: 1 << 20)
         #expect(received == SimulatedAccessory.sourcePattern(count: 1 << 20))
     }
+
+    @Test("keyboard-case, telepresence-robot, photo-printer (PROTOCOL.md §7.6-7.8, played through the catalogue of deviations): each served through the public API")
+    func catalogueProfiles() async throws {
+        for name in ["keyboard-case", "telepresence-robot", "photo-printer"] {
+            let manager = AccessoryManager()
+            let profile = try #require(SimulatorProfile.builtIn(named: name))
+            let runner = try SimulatorRunner(profile: profile, attachment: .memory { manager.attach($0) })
+            defer { manager.stop(); runner.stop() }
+            runner.start()
+            let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)), "\(name) was not identified")
+            let protocolName = try #require(profile.protocols.first?.name)
+            let session = try await accessory.openSession(for: protocolName)
+            let payload = testPattern(64 << 10, seed: 9)
+            if profile.protocols.first?.behaviour == .sink {
+                try await session.write(payload)
+                try await session.drain()
+            } else {
+                #expect(try await Self.echo(session, payload) == payload, "\(name)")
+            }
+            #expect(session.usesNativeTransport == (profile.protocols.first?.native == true), "\(name)")
+            session.close()
+        }
+    }
 }

@@ -31,7 +31,8 @@ private let validJSON = """
 struct ProfileTests {
     @Test("the shipped JSON profiles decode to the built-ins")
     func shippedProfilesMatchBuiltIns() throws {
-        #expect(SimulatorProfile.builtInNames == ["borescope", "firmware-updater", "legacy-sensor", "multi-sensor", "native-streamer", "thermal-camera"])
+        #expect(SimulatorProfile.builtInNames == ["borescope", "firmware-updater", "keyboard-case", "legacy-sensor", "multi-sensor", "native-streamer",
+                                                  "photo-printer", "telepresence-robot", "thermal-camera"])
         for name in SimulatorProfile.builtInNames {
             let loaded = try SimulatorProfile.load(path: packageRoot() + "/tools/profiles/\(name).json")
             #expect(loaded == (try SimulatorProfile.named(name)), "tools/profiles/\(name).json differs from the built-in")
