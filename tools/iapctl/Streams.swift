@@ -771,6 +771,11 @@ enum SimulateCommand {
                 throw UsageError("invalid value '\(name)' for --usb-layout: use one of \(USBDescriptorLayout.names.joined(separator: ", "))",
                                  usage: gadgetUsage, commandPath: command.path)
             }
+            if let ids = layout.usbID, command.count("usb-id") > 0, let text = command.value("usb-id"),
+               USBID(parsing: text) != USBID(vendorID: ids.vendorID, productID: ids.productID) {
+                throw UsageError("--usb-layout \(name) presents the ids \(USBID(vendorID: ids.vendorID, productID: ids.productID)) of its own; "
+                                 + "drop --usb-id \(text) or choose another layout", usage: gadgetUsage, commandPath: command.path)
+            }
             configuration.layout = layout
         }
         let udc: String
