@@ -304,6 +304,42 @@ struct ProfileTests {
         bluez.stop()
     }
 
+    @Test("the accessory side advertises only …caff: a server profile with its own record, RFCOMM channel and no authorization")
+    func accessoryAdvertisement() async throws {
+        let bus = try await PrivateBus.start()
+        let accessoryAdapter = FakeBlueZ.Adapter(name: "hci1", address: BluetoothAddress("00:AA:01:00:00:02")!, powered: true)
+        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter, accessoryAdapter])
+        let connections = AsyncStream<BluetoothTransport>.makeStream()
+        let service = try await BluetoothProfile.advertiseAccessory(channel: 9, busAddress: bus.address, queue: DispatchQueue(label: "accessory")) {
+            connections.continuation.yield($0)
+        }
+        let registration = try bluez.requireRegistration(uuid: BluetoothProfile.accessoryRecordUUID)
+        #expect(registration.path == "/org/accessoryhost/accessory")
+        #expect(registration.options["Role"] == .string("server") && registration.options["Channel"] == .uint16(9))
+        #expect(registration.options["RequireAuthorization"] == .bool(false) && registration.options["RequireAuthentication"] == .bool(false))
+        let record = try #require(registration.options["ServiceRecord"]?.string)
+        #expect(record.contains("<uuid value=\"00000000-deca-fade-deca-deafdecacaff\" />"))
+        #expect(!record.contains("cafe"), "only the accessory's own UUID is advertised")
+        #expect(record.contains("<uint8 value=\"0x09\" />") && record.contains("<uuid value=\"0x1002\" />") && record.contains("Wireless iAP"))
+        #expect(bluez.state.withLock { $0.registrations.count } == 1)
+        #expect(try await service.adapterAddresses() == ["hci0": hostAdapter.address, "hci1": accessoryAdapter.address])
+        // A host connecting in on hci1 is handed over.
+        let (ours, theirs) = try socketPair()
+        let host = FakeBlueZ.Device(adapter: "hci1", address: hostAdapter.address, name: "Host", paired: true, uuids: [])
+        try await bluez.newConnection(device: host, descriptor: ours, uuid: BluetoothProfile.accessoryRecordUUID)
+        close(ours)
+        var incoming = connections.stream.makeAsyncIterator()
+        let transport = try #require(await incoming.next())
+        #expect(transport.peer.address == hostAdapter.address && transport.peer.adapter == "hci1")
+        transport.cancel()
+        close(theirs)
+        await #expect(throws: BluetoothError.self) {
+            try await BluetoothProfile.advertiseAccessory(channel: 31, busAddress: bus.address, queue: DispatchQueue(label: "x")) { _ in }
+        }
+        service.stop()
+        bluez.stop()
+    }
+
     @Test("connecting out: unknown, unpaired and refused devices say which bluetoothctl command to run")
     func connectingOut() async throws {
         let bus = try await PrivateBus.start()
