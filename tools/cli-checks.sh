@@ -46,10 +46,17 @@ check "--bluetooth without a D-Bus system bus exits 69" 69 env DBUS_SYSTEM_BUS_A
 contains "--bluetooth names the fix" err "systemctl start dbus"
 check "--bluetooth-connect with a bad address exits 64" 64 "$iapctl" --no-usb --bluetooth-connect 00:11:22 list
 check "simulate --bluetooth without a channel exits 64" 64 "$iapctl" simulate --bluetooth 00:11:22:33:44:55
+check "simulate --bluetooth-advertise out of 1-30 exits 64" 64 "$iapctl" simulate --bluetooth-advertise 31
+contains "simulate --bluetooth-advertise 31" err "give one from 1 to 30"
+check "simulate --bluetooth-advertise with --bluetooth exits 64" 64 "$iapctl" simulate --bluetooth-advertise 9 --bluetooth 00:11:22:33:44:55:3
+check "simulate --bluetooth-advertise without a D-Bus system bus exits 69" 69 env DBUS_SYSTEM_BUS_ADDRESS=unix:path=/nonexistent/bus "$iapctl" simulate --bluetooth-advertise 9
+contains "simulate --bluetooth-advertise names the fix" err "systemctl start dbus"
 check "simulate --usb-layout needs --gadget (64)" 64 "$iapctl" simulate --usb-layout flir-one
 contains "simulate --usb-layout without --gadget" err "--usb-layout needs --gadget"
 check "simulate --gadget refuses an unknown layout before touching configfs (64)" 64 "$iapctl" simulate --gadget --usb-layout dji
-contains "simulate --gadget --usb-layout dji" err "use one of standard, supercamera, flir-one, misc-class, config-3"
+contains "simulate --gadget --usb-layout dji" err "use one of standard, supercamera, flir-one, misc-class, config-3, interrupt-first, interrupt-after, sixth-interface, full-speed, generic-ids"
+check "simulate --gadget refuses --usb-id against generic-ids' own ids (64)" 64 "$iapctl" simulate --gadget --usb-layout generic-ids --usb-id 1209:0001
+contains "simulate --usb-layout generic-ids --usb-id" err "presents the ids 0525:a4a0 of its own; drop --usb-id 1209:0001"
 check "simulate --sticks-until-reset needs --gadget (64)" 64 "$iapctl" simulate --sticks-until-reset
 check "info shows native protocols" 0 "$iapctl" --no-usb --simulate=native-streamer info --json
 contains "info --json native" out '"name":"com.example.native.sink","matchAction":0,"native":true'

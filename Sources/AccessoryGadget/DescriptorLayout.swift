@@ -29,9 +29,31 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
     case miscellaneousClass = "misc-class"
     /// Only a configuration value other than 1 (3, as the FLIR ONE's); the rest as ``standard``.
     case configurationThree = "config-3"
+    /// The head-unit template of QNX's usblauncher (§7.9): the iAP2 interface 0 with an
+    /// interrupt IN endpoint first (bInterval 4 at full speed, 6 at high speed), then bulk IN
+    /// and bulk OUT.
+    case interruptFirst = "interrupt-first"
+    /// The Traktor Kontrol S2 Mk2's iAP2 endpoints (§7.9) on interface 0: bulk OUT, bulk IN,
+    /// then an interrupt IN endpoint (64 bytes) after the pair.
+    case interruptAfter = "interrupt-after"
+    /// The Traktor Kontrol S2 Mk2's interfaces (§7.9): the iAP2 interface is interface 5, after
+    /// an audio control, two audio streaming, a HID (with an interrupt IN endpoint) and a DFU
+    /// interface, with bulk OUT, bulk IN and an interrupt IN endpoint. The order and classes of
+    /// interfaces 0–4 are assumed (§7.9 names audio, HID and DFU interfaces, not their order);
+    /// they carry no class-specific descriptors (FunctionFS takes none for audio or DFU), so no
+    /// kernel driver on the host takes them.
+    case sixthInterface = "sixth-interface"
+    /// The MobIR Air's speed (§7.9): the gadget runs at full speed only (configfs `max_speed`),
+    /// so its bulk endpoints have 64-byte packets; the rest as ``standard``.
+    case fullSpeed = "full-speed"
+    /// The MobIR Air's generic ids (§7.9): the Linux gadget ids 0525:a4a0 (whatever the vendor
+    /// and product ids asked for) and the configuration string "MFI Configure"; the rest as
+    /// ``standard``.
+    case genericIDs = "generic-ids"
 
     /// The layout called `name` (its raw value: `standard`, `supercamera`, `flir-one`,
-    /// `misc-class`, `config-3`), or nil.
+    /// `misc-class`, `config-3`, `interrupt-first`, `interrupt-after`, `sixth-interface`,
+    /// `full-speed`, `generic-ids`), or nil.
     public init?(named name: String) { self.init(rawValue: name) }
 
     /// Every layout's name, for a person choosing one.
@@ -41,7 +63,8 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
     public var deviceClass: [UInt8] {
         switch self {
         case .supercamera, .miscellaneousClass: [0xEF, 0x02, 0x01]
-        case .standard, .flirOne, .configurationThree: [0x00, 0x00, 0x00]
+        case .standard, .flirOne, .configurationThree, .interruptFirst, .interruptAfter, .sixthInterface, .fullSpeed, .genericIDs:
+            [0x00, 0x00, 0x00]
         }
     }
 
@@ -49,9 +72,30 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
     public var configurationValue: UInt8 {
         switch self {
         case .flirOne, .configurationThree: 3
-        case .standard, .supercamera, .miscellaneousClass: 1
+        default: 1
         }
     }
+
+    /// The vendor and product ids the layout's accessory reports, nil to keep the gadget's.
+    public var usbID: (vendorID: UInt16, productID: UInt16)? { self == .genericIDs ? (0x0525, 0xA4A0) : nil }
+
+    /// The configuration's string, nil to keep the gadget's.
+    public var configurationName: String? { self == .genericIDs ? "MFI Configure" : nil }
+
+    /// What the gadget writes to configfs `max_speed` (`full-speed`), nil to leave the
+    /// controller's speed.
+    public var maxSpeed: String? { self == .fullSpeed ? "full-speed" : nil }
+
+    /// The number of the iAP2 interface: 5 in ``sixthInterface``, 0 in the others.
+    public var iAP2InterfaceNumber: UInt8 { self == .sixthInterface ? 5 : 0 }
+
+    /// Whether the iAP2 interface has an interrupt IN endpoint beside its bulk pair.
+    public var hasInterruptEndpoint: Bool { self == .interruptFirst || self == .interruptAfter || self == .sixthInterface }
+
+    /// Whether only the configfs/FunctionFS ``USBGadget`` presents the layout: the layouts with
+    /// an interrupt endpoint, other interfaces, a speed or ids of their own. A
+    /// ``GadgetFSDevice`` refuses them.
+    public var needsFunctionFS: Bool { hasInterruptEndpoint || maxSpeed != nil || usbID != nil }
 
     /// bcdDevice the layout's accessory reports, nil to keep the configuration's.
     public var deviceRelease: UInt16? { self == .flirOne ? 0x0108 : nil }
@@ -68,7 +112,7 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
         switch self {
         case .supercamera: (0x81 + UInt8(2 * index), 0x01 + UInt8(2 * index))
         case .flirOne: (0x83 + UInt8(2 * index), 0x04 + UInt8(2 * index))
-        case .standard, .miscellaneousClass, .configurationThree: nil
+        default: nil
         }
     }
 

@@ -51,6 +51,15 @@ public struct FunctionFSError: Error, Hashable, Sendable, CustomStringConvertibl
 ///   (k from 0; endpoint files `ep(3 + 2k)` and `ep(4 + 2k)`); `iInterface` names a string that
 ///   is the protocol name.
 ///
+/// A ``layout`` of the field changes the iAP2 interface (PROTOCOL.md §7.9): ``USBDescriptorLayout/interruptFirst``
+/// declares an interrupt IN endpoint (`ep1`) before the bulk pair (`ep2` IN, `ep3` OUT);
+/// ``USBDescriptorLayout/interruptAfter`` declares bulk OUT (`ep1`), bulk IN (`ep2`), then the
+/// interrupt IN endpoint (`ep3`); ``USBDescriptorLayout/sixthInterface`` declares interfaces 0–4
+/// first (audio control, two audio streaming, HID with an interrupt IN endpoint `ep1`, DFU) and
+/// the iAP2 interface as interface 5 with `ep2` OUT, `ep3` IN and the interrupt `ep4`. The
+/// interrupt endpoints have 64-byte packets and are never written. ``iAP2EndpointFiles`` names
+/// the bulk pair's files.
+///
 /// FunctionFS numbers the endpoint files in the order the endpoints are declared (`ep1` is the
 /// first), whatever their addresses. The addresses only have to be distinct: when the function is
 /// bound, the kernel gives each endpoint one the controller has, and the host sees those.
@@ -99,6 +108,11 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     public let nativeTransportProtocols: [String]
     /// `bMaxBurst` of every SuperSpeed endpoint companion descriptor (0…15).
     public let superSpeedMaxBurst: UInt8
+    /// The field layout of the function's interfaces and endpoints (PROTOCOL.md §7.9): the iAP2
+    /// interface's number, the other interfaces before it, and an interrupt IN endpoint before
+    /// or after its bulk pair. Layouts that only change device fields describe the function as
+    /// ``USBDescriptorLayout/standard`` does.
+    public let layout: USBDescriptorLayout
 
     /// Describes the function.
     ///
@@ -106,9 +120,12 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     ///   - nativeTransportProtocols: EA protocol names, one native-transport interface each (at
     ///     most ``maxNativeTransports``).
     ///   - superSpeedMaxBurst: `bMaxBurst` for the SuperSpeed companion descriptors, 0…15.
+    ///   - layout: the field layout of the interfaces and endpoints.
     /// - Throws: ``FunctionFSError`` for too many names, a name that is empty, holds a NUL or is
-    ///   too long for a USB string descriptor (126 UTF-16 units), or a burst above 15.
-    public init(nativeTransportProtocols: [String] = [], superSpeedMaxBurst: UInt8 = 0) throws(FunctionFSError) {
+    ///   too long for a USB string descriptor (126 UTF-16 units), a burst above 15, or native
+    ///   interfaces with a layout whose interfaces or endpoints are the field's.
+    public init(nativeTransportProtocols: [String] = [], superSpeedMaxBurst: UInt8 = 0,
+                layout: USBDescriptorLayout = .standard) throws(FunctionFSError) {
         guard nativeTransportProtocols.count <= Self.maxNativeTransports else {
             throw FunctionFSError(
                 "\(nativeTransportProtocols.count) native-transport protocols given; at most \(Self.maxNativeTransports) fit the endpoint numbers, so list fewer")
@@ -119,8 +136,13 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
         guard superSpeedMaxBurst <= 15 else {
             throw FunctionFSError("bMaxBurst \(superSpeedMaxBurst) is out of range; use 0…15")
         }
+        guard nativeTransportProtocols.isEmpty || !layout.hasInterruptEndpoint else {
+            throw FunctionFSError("the layout '\(layout.rawValue)' has no native-transport interfaces; "
+                + "offer the native protocols with another layout (standard, supercamera, flir-one…) or none")
+        }
         self.nativeTransportProtocols = nativeTransportProtocols
         self.superSpeedMaxBurst = superSpeedMaxBurst
+        self.layout = layout
     }
 
     /// Checks that `text` can be a USB string: not empty, no NUL, at most 126 UTF-16 units.
@@ -140,6 +162,19 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     /// native-transport protocol name.
     public var strings: [String] { [Self.iAPInterfaceName] + nativeTransportProtocols }
 
+    /// What an endpoint is for.
+    public enum EndpointRole: Sendable, Hashable {
+        /// The iAP2 interface's bulk IN endpoint: the accessory's link packets.
+        case iAP2In
+        /// The iAP2 interface's bulk OUT endpoint: the host's link packets.
+        case iAP2Out
+        /// An interrupt IN endpoint (the iAP2 interface's or another interface's) that the
+        /// simulated accessory never writes: the host must ignore it.
+        case interrupt
+        /// A native-transport interface's bulk endpoint.
+        case native
+    }
+
     /// One endpoint of the function and the file FunctionFS gives it.
     public struct Endpoint: Sendable, Hashable {
         /// The file in the mounted function directory: `ep1`, `ep2`, …
@@ -148,23 +183,70 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
         public var address: UInt8
         /// The interface it belongs to.
         public var interfaceNumber: UInt8
+        /// What it is for.
+        public var role: EndpointRole = .native
         /// Whether data flows to the host (write the file) rather than from it (read the file).
         public var isIn: Bool { address & 0x80 != 0 }
     }
 
+    /// One declared item of a speed's block: an interface setting or an endpoint.
+    private enum Item {
+        /// number, alternate setting, endpoint count, class triple, string index.
+        case interface(UInt8, UInt8, UInt8, (UInt8, UInt8, UInt8), UInt8)
+        case endpoint(UInt8, EndpointRole, interface: UInt8)
+    }
+
+    /// Every interface setting and endpoint, in declaration order.
+    private var items: [Item] {
+        var items: [Item] = []
+        let iAP2 = layout.iAP2InterfaceNumber
+        if layout == .sixthInterface {
+            // Audio control, two audio streaming (UAC2's protocol 0x20), HID with an interrupt
+            // IN endpoint, DFU (FE/01/01): no class-specific descriptors.
+            items.append(.interface(0, 0, 0, (0x01, 0x01, 0x20), 0))
+            items.append(.interface(1, 0, 0, (0x01, 0x02, 0x20), 0))
+            items.append(.interface(2, 0, 0, (0x01, 0x02, 0x20), 0))
+            items.append(.interface(3, 0, 1, (0x03, 0x00, 0x00), 0))
+            items.append(.endpoint(0x83, .interrupt, interface: 3))
+            items.append(.interface(4, 0, 0, (0xFE, 0x01, 0x01), 0))
+        }
+        items.append(.interface(iAP2, 0, layout.hasInterruptEndpoint ? 3 : 2, (0xFF, 0xF0, 0x00), 1))
+        switch layout {
+        case .interruptFirst:
+            items += [.endpoint(0x83, .interrupt, interface: iAP2), .endpoint(0x81, .iAP2In, interface: iAP2),
+                      .endpoint(0x02, .iAP2Out, interface: iAP2)]
+        case .interruptAfter, .sixthInterface:
+            items += [.endpoint(0x03, .iAP2Out, interface: iAP2), .endpoint(0x84, .iAP2In, interface: iAP2),
+                      .endpoint(0x85, .interrupt, interface: iAP2)]
+        default:
+            items += [.endpoint(0x81, .iAP2In, interface: iAP2), .endpoint(0x02, .iAP2Out, interface: iAP2)]
+        }
+        for index in nativeTransportProtocols.indices {
+            let number = iAP2 + UInt8(index + 1)
+            let string = UInt8(index + 2)
+            let (inAddress, outAddress) = Self.nativeEndpointAddresses(index)
+            items.append(.interface(number, 0, 0, (0xFF, 0xF0, 0x01), string))
+            items.append(.interface(number, 1, 2, (0xFF, 0xF0, 0x01), string))
+            items.append(.endpoint(inAddress, .native, interface: number))
+            items.append(.endpoint(outAddress, .native, interface: number))
+        }
+        return items
+    }
+
     /// Every endpoint in declaration order, with its file name.
     public var endpoints: [Endpoint] {
-        var result = [
-            Endpoint(fileName: "ep1", address: 0x81, interfaceNumber: 0),
-            Endpoint(fileName: "ep2", address: 0x02, interfaceNumber: 0),
-        ]
-        for index in nativeTransportProtocols.indices {
-            let (inAddress, outAddress) = Self.nativeEndpointAddresses(index)
-            let interface = UInt8(index + 1)
-            result.append(Endpoint(fileName: "ep\(result.count + 1)", address: inAddress, interfaceNumber: interface))
-            result.append(Endpoint(fileName: "ep\(result.count + 1)", address: outAddress, interfaceNumber: interface))
+        var result: [Endpoint] = []
+        for case let .endpoint(address, role, interface) in items {
+            result.append(Endpoint(fileName: "ep\(result.count + 1)", address: address, interfaceNumber: interface, role: role))
         }
         return result
+    }
+
+    /// The files of the iAP2 interface's bulk IN and OUT endpoints (`ep1` and `ep2` unless an
+    /// interrupt endpoint or another interface's comes first).
+    public var iAP2EndpointFiles: (in: String, out: String) {
+        let all = endpoints
+        return (all.first { $0.role == .iAP2In }?.fileName ?? "ep1", all.first { $0.role == .iAP2Out }?.fileName ?? "ep2")
     }
 
     /// The IN and OUT addresses of the k-th native-transport interface.
@@ -172,14 +254,25 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
         (0x80 | UInt8(3 + 2 * index), UInt8(4 + 2 * index))
     }
 
+    /// `USB_ENDPOINT_XFER_INT`.
+    static let interruptAttributes: UInt8 = 0x03
+    /// wMaxPacketSize of the interrupt endpoints (the Traktor's, §7.9).
+    static let interruptMaxPacketSize: UInt16 = 64
+
+    /// The interrupt endpoints' bInterval: 4 frames (4 ms) at full speed, 6 (2⁵ microframes,
+    /// 4 ms) at high speed and SuperSpeed, as QNX's template has it (§7.9).
+    static func interruptInterval(_ speed: USBGadgetSpeed) -> UInt8 { speed == .full ? 4 : 6 }
+
     // MARK: Descriptors blob
 
     /// How many descriptors one speed's block holds: per interface setting one, per endpoint one
     /// (two at SuperSpeed, with the companion).
     public func descriptorCount(for speed: USBGadgetSpeed) -> Int {
         let perEndpoint = speed == .superSpeed ? 2 : 1
-        // iAP2: interface + 2 endpoints; each native transport: 2 settings + 2 endpoints.
-        return 1 + 2 * perEndpoint + nativeTransportProtocols.count * (2 + 2 * perEndpoint)
+        return items.reduce(0) { count, item in
+            if case .endpoint = item { return count + perEndpoint }
+            return count + 1
+        }
     }
 
     /// One speed's descriptors, back to back, in declaration order.
@@ -189,38 +282,31 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     /// `bInterfaceSubClass` u8, `bInterfaceProtocol` u8, `iInterface` u8.
     ///
     /// Endpoint descriptor (7 bytes): `bLength` u8 = 7, `bDescriptorType` u8 = 5,
-    /// `bEndpointAddress` u8, `bmAttributes` u8 = 2 (bulk), `wMaxPacketSize` u16 LE,
-    /// `bInterval` u8 = 0.
+    /// `bEndpointAddress` u8, `bmAttributes` u8 = 2 (bulk) or 3 (interrupt), `wMaxPacketSize`
+    /// u16 LE (bulk: the speed's; interrupt: 64), `bInterval` u8 (bulk 0; interrupt 4 at full
+    /// speed, 6 otherwise).
     ///
     /// SuperSpeed endpoint companion (6 bytes, after each endpoint at SuperSpeed): `bLength` u8 =
-    /// 6, `bDescriptorType` u8 = 0x30, `bMaxBurst` u8, `bmAttributes` u8 = 0,
-    /// `wBytesPerInterval` u16 LE = 0.
+    /// 6, `bDescriptorType` u8 = 0x30, `bMaxBurst` u8 (interrupt: 0), `bmAttributes` u8 = 0,
+    /// `wBytesPerInterval` u16 LE = 0 (bulk) or 64 (interrupt).
     public func block(for speed: USBGadgetSpeed) -> [UInt8] {
         var bytes: [UInt8] = []
-        let packet = UInt16(speed.bulkMaxPacketSize)
-        func endpoint(_ address: UInt8) {
-            bytes += [UInt8(Self.endpointDescriptorSize), Self.endpointDescriptorType, address, Self.bulkAttributes]
-            appendLittleEndian(packet, to: &bytes)
-            bytes.append(0)
-            if speed == .superSpeed {
-                bytes += [UInt8(Self.companionDescriptorSize), Self.superSpeedCompanionType, superSpeedMaxBurst, 0, 0, 0]
+        for item in items {
+            switch item {
+            case let .interface(number, alternate, endpoints, triple, string):
+                bytes += [UInt8(Self.interfaceDescriptorSize), Self.interfaceDescriptorType, number, alternate, endpoints,
+                          triple.0, triple.1, triple.2, string]
+            case let .endpoint(address, role, _):
+                let interrupt = role == .interrupt
+                bytes += [UInt8(Self.endpointDescriptorSize), Self.endpointDescriptorType, address,
+                          interrupt ? Self.interruptAttributes : Self.bulkAttributes]
+                appendLittleEndian(interrupt ? Self.interruptMaxPacketSize : UInt16(speed.bulkMaxPacketSize), to: &bytes)
+                bytes.append(interrupt ? Self.interruptInterval(speed) : 0)
+                if speed == .superSpeed {
+                    bytes += [UInt8(Self.companionDescriptorSize), Self.superSpeedCompanionType, interrupt ? 0 : superSpeedMaxBurst, 0]
+                    appendLittleEndian(interrupt ? Self.interruptMaxPacketSize : 0, to: &bytes)
+                }
             }
-        }
-        func interface(number: UInt8, alternate: UInt8, endpoints: UInt8, protocolCode: UInt8, string: UInt8) {
-            bytes += [UInt8(Self.interfaceDescriptorSize), Self.interfaceDescriptorType, number, alternate, endpoints,
-                      0xFF, 0xF0, protocolCode, string]
-        }
-        interface(number: 0, alternate: 0, endpoints: 2, protocolCode: 0x00, string: 1)
-        endpoint(0x81)
-        endpoint(0x02)
-        for index in nativeTransportProtocols.indices {
-            let number = UInt8(index + 1)
-            let string = UInt8(index + 2)
-            let (inAddress, outAddress) = Self.nativeEndpointAddresses(index)
-            interface(number: number, alternate: 0, endpoints: 0, protocolCode: 0x01, string: string)
-            interface(number: number, alternate: 1, endpoints: 2, protocolCode: 0x01, string: string)
-            endpoint(inAddress)
-            endpoint(outAddress)
         }
         return bytes
     }

@@ -109,8 +109,9 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
                   serialNumber: profile.accessory.serialNumber)
     }
 
-    /// `VVVV:PPPP` in hex, e.g. `1209:0001`.
-    public var usbID: String { "\(hex4(vendorID)):\(hex4(productID))" }
+    /// `VVVV:PPPP` in hex, e.g. `1209:0001`: the ids the gadget presents (the layout's, when it
+    /// has its own).
+    public var usbID: String { "\(hex4(layout.usbID?.vendorID ?? vendorID)):\(hex4(layout.usbID?.productID ?? productID))" }
 
     /// The directory FunctionFS is mounted at.
     public var resolvedMountDirectory: String { mountDirectory ?? "/dev/ffs-\(functionInstance)" }
@@ -175,10 +176,14 @@ public final class USBGadget: Sendable {
         do throws(USBGadgetError) {
             try Self.check(configuration)
             try Self.makeDirectory(gadget, record: &record, root: root, name: configuration.name)
-            try Self.writeAttribute("\(gadget)/idVendor", "0x\(hex4(configuration.vendorID))")
-            try Self.writeAttribute("\(gadget)/idProduct", "0x\(hex4(configuration.productID))")
-            try Self.writeAttribute("\(gadget)/bcdUSB", "0x\(hex4(configuration.usbVersion))")
             let layout = configuration.layout
+            try Self.writeAttribute("\(gadget)/idVendor", "0x\(hex4(layout.usbID?.vendorID ?? configuration.vendorID))")
+            try Self.writeAttribute("\(gadget)/idProduct", "0x\(hex4(layout.usbID?.productID ?? configuration.productID))")
+            try Self.writeAttribute("\(gadget)/bcdUSB", "0x\(hex4(configuration.usbVersion))")
+            if let speed = layout.maxSpeed {
+                try Self.writeAttribute("\(gadget)/max_speed", speed, advice: "this kernel cannot limit a gadget's speed "
+                    + "(configfs max_speed came with Linux 5.11); use another layout than '\(layout.rawValue)'")
+            }
             try Self.writeAttribute("\(gadget)/bcdDevice", "0x\(hex4(layout.deviceRelease ?? configuration.deviceVersion))")
             for (attribute, value) in zip(["bDeviceClass", "bDeviceSubClass", "bDeviceProtocol"], layout.deviceClass) {
                 try Self.writeAttribute("\(gadget)/\(attribute)", "0x\(String(value, radix: 16))")
@@ -192,7 +197,7 @@ public final class USBGadget: Sendable {
             try Self.makeDirectory(config, record: &record)
             try Self.writeAttribute("\(config)/MaxPower", String(configuration.maxPowerMilliamps))
             try Self.makeDirectory("\(config)/strings/0x409", record: &record)
-            try Self.writeAttribute("\(config)/strings/0x409/configuration", configuration.configurationName)
+            try Self.writeAttribute("\(config)/strings/0x409/configuration", layout.configurationName ?? configuration.configurationName)
             let function = "\(gadget)/functions/ffs.\(configuration.functionInstance)"
             try Self.makeDirectory(function, record: &record, isFunction: true)
             let link = "\(config)/ffs.\(configuration.functionInstance)"
@@ -211,7 +216,7 @@ public final class USBGadget: Sendable {
         do {
             transport = try GadgetTransport(functionDirectory: mountDirectory,
                                             nativeTransportProtocols: configuration.nativeTransportProtocols,
-                                            queuedRequests: configuration.queuedRequests)
+                                            queuedRequests: configuration.queuedRequests, layout: configuration.layout)
         } catch {
             Self.undo(&record, transport: nil)
             throw USBGadgetError(error.message, path: mountDirectory, errno: error.errno, advice: error.advice,
@@ -460,13 +465,16 @@ public final class USBGadget: Sendable {
         return first
     }
 
-    private static func writeAttribute(_ path: String, _ value: String) throws(USBGadgetError) {
+    /// Writes `value` to the configfs attribute at `path`; `missing` is the advice when the
+    /// attribute does not exist (an older kernel's gadget), instead of loading the modules.
+    private static func writeAttribute(_ path: String, _ value: String, advice missing: String? = nil) throws(USBGadgetError) {
         let descriptor: Int32
         switch SystemCall.open(path, O_WRONLY | O_CLOEXEC) {
         case .success(let opened): descriptor = opened
         case .failure(let error):
             throw USBGadgetError("cannot open \(path): \(error)", path: path, errno: error.code,
-                                 advice: advice(for: error.code), category: category(for: error.code))
+                                 advice: error.code == ENOENT ? missing ?? advice(for: error.code) : advice(for: error.code),
+                                 category: error.code == ENOENT && missing != nil ? .missingSupport : category(for: error.code))
         }
         defer { _ = close(descriptor) }
         let bytes = Array(value.utf8)

@@ -114,16 +114,20 @@ public final class GadgetTransport: Transport {
     ///   - superSpeedMaxBurst: `bMaxBurst` of the SuperSpeed companion descriptors.
     ///   - queuedRequests: transfers kept queued on each bulk endpoint with the kernel's AIO
     ///     (1: one blocking `read()` or `write()` at a time; also what is done without AIO).
+    ///   - layout: the field layout of the interfaces and endpoints (see
+    ///     ``FunctionFSDescriptors``); the frames go over the iAP2 interface's bulk pair whatever
+    ///     comes before it.
     /// - Throws: ``TransportError`` naming the file that failed and what to do: mount FunctionFS
     ///   first (`ENOENT`), run as root (`EACCES`), stop the other program that configured the
     ///   function (`EBUSY`), or read the kernel log when the kernel refuses the descriptors.
     public convenience init(functionDirectory: String, nativeTransportProtocols: [String] = [],
                             superSpeedMaxBurst: UInt8 = 0,
-                            queuedRequests: Int = GadgetTransport.defaultQueuedRequests) throws(TransportError) {
+                            queuedRequests: Int = GadgetTransport.defaultQueuedRequests,
+                            layout descriptorLayout: USBDescriptorLayout = .standard) throws(TransportError) {
         let layout: FunctionFSDescriptors
         do {
             layout = try FunctionFSDescriptors(nativeTransportProtocols: nativeTransportProtocols,
-                                               superSpeedMaxBurst: superSpeedMaxBurst)
+                                               superSpeedMaxBurst: superSpeedMaxBurst, layout: descriptorLayout)
         } catch {
             throw TransportError("cannot describe the USB function: \(error.message)")
         }
@@ -133,9 +137,10 @@ public final class GadgetTransport: Transport {
         do throws(TransportError) {
             try writeSetupBlob(ep0, layout.descriptorsBlob, path: directory + "/ep0", what: "descriptors")
             try writeSetupBlob(ep0, layout.stringsBlob, path: directory + "/ep0", what: "strings")
-            let inEndpoint = try openEndpointFile(directory + "/ep1", flags: O_RDWR | O_NONBLOCK | O_CLOEXEC, stage: "endpoint")
+            let files = layout.iAP2EndpointFiles
+            let inEndpoint = try openEndpointFile(directory + "/" + files.in, flags: O_RDWR | O_NONBLOCK | O_CLOEXEC, stage: "endpoint")
             opened.append(inEndpoint)
-            let outEndpoint = try openEndpointFile(directory + "/ep2", flags: O_RDWR | O_NONBLOCK | O_CLOEXEC, stage: "endpoint")
+            let outEndpoint = try openEndpointFile(directory + "/" + files.out, flags: O_RDWR | O_NONBLOCK | O_CLOEXEC, stage: "endpoint")
             opened.append(outEndpoint)
             let core = try GadgetCore(
                 ep0: ep0, inEndpoint: inEndpoint, outEndpoint: outEndpoint,

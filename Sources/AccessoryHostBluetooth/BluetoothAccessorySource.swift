@@ -50,7 +50,9 @@ extension AccessoryManager {
     /// transport `TransportKind.bluetooth` and `Accessory.bluetoothAddress`, once
     /// its identification declared a BluetoothTransportComponent with the connection's address.
     /// With `BluetoothOptions.connectsOut`, ``connectBluetooth(to:)``
-    /// connects out to a paired accessory.
+    /// connects out to a paired accessory, through the UUID accessories advertise
+    /// (`00000000-deca-fade-deca-deafdecacaff`, PROTOCOL.md §7.11, for which a client profile is
+    /// registered too) or the one above.
     ///
     /// - Throws: `BluetoothError` saying what to run: no D-Bus, BlueZ not
     ///   running (`systemctl start bluetooth`), no adapter, adapter off (`bluetoothctl power
@@ -72,13 +74,15 @@ extension AccessoryManager {
     }
 
     /// Connects out to the paired accessory at `address` (BlueZ's `Device1.ConnectProfile` for
-    /// the iAP2 UUID); it is announced like any accessory once identified. Needs
+    /// the iAP2 UUID the accessory lists: its own `…caff`, which accessories advertise, before
+    /// `…cafe`); it is announced like any accessory once identified. Needs
     /// ``startBluetooth(options:)`` with `BluetoothOptions.connectsOut`.
     ///
     /// - Throws: `BluetoothError`: not paired, pairing refused, iAP2 not
     ///   offered, not answering (each with the `bluetoothctl` command), Bluetooth not started.
     public func connectBluetooth(to address: BluetoothAddress) async throws(BluetoothError) {
-        try await startedProfile().connect(to: address)
+        let uuid = try await startedProfile().connect(to: address)
+        configuration.logger.info("Bluetooth: connected out to \(address) through its iAP2 service \(uuid)")
     }
 
     /// Whether the iAP2 profile is registered with the BlueZ running now:

@@ -25,7 +25,7 @@ public struct BluetoothError: Error, Hashable, Sendable, CustomStringConvertible
         case notPaired
         /// Pairing or authentication was refused or failed.
         case pairingRefused
-        /// The device does not offer the iAP2 service (no SDP record with its UUID).
+        /// The device does not offer the iAP2 service (no SDP record with either iAP2 UUID).
         case notAdvertised
         /// The device did not answer (off, out of range).
         case unreachable
@@ -101,7 +101,8 @@ public struct BluetoothError: Error, Hashable, Sendable, CustomStringConvertible
         case "org.bluez.Error.NotAvailable", "org.bluez.Error.NotSupported":
             return BluetoothError(.notAdvertised, "\(name) does not offer the iAP2 service (\(error.message))",
                                   advice: "check that the accessory is in iAP2 mode; bluetoothctl info \(name) lists its service UUIDs "
-                                      + "(iAP2's is \(BluetoothProfile.iAP2UUID))", busError: error)
+                                      + "(accessories advertise iAP2 as \(BluetoothProfile.accessoryIAP2UUID), some as \(BluetoothProfile.iAP2UUID))",
+                                  busError: error)
         case "org.bluez.Error.DoesNotExist", BusError.unknownObject, BusError.unknownMethod:
             return BluetoothError(.unknownDevice, "BlueZ knows no device \(name)",
                                   advice: "pair it first: bluetoothctl scan on, then bluetoothctl pair \(name)", busError: error)

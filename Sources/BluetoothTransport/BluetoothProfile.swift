@@ -13,7 +13,10 @@ public struct BluetoothOptions: Sendable, Hashable {
     public var channel: UInt16
     /// Whether the host may also connect out to paired accessories
     /// (``BluetoothProfile/connect(to:)``): BlueZ then registers the profile in both roles
-    /// (no `Role` option); otherwise `Role` is `server` and only accessories connect.
+    /// (no `Role` option), and a second profile registers the accessories' own UUID
+    /// (``BluetoothProfile/accessoryIAP2UUID``, PROTOCOL.md §7.11) as a client at
+    /// ``accessoryProfilePath``, which is what BlueZ needs to look for that UUID on a device and
+    /// connect to it; otherwise `Role` is `server` and only accessories connect.
     public var connectsOut: Bool
     /// Whether a connection needs a paired (authenticated) link (`RequireAuthentication`).
     public var requireAuthentication: Bool
@@ -48,6 +51,24 @@ public struct BluetoothOptions: Sendable, Hashable {
         self.callTimeout = callTimeout
     }
 
+    /// The object path of the client profile for the accessories' UUID (with ``connectsOut``):
+    /// ``profilePath`` with `/accessory` after it.
+    public var accessoryProfilePath: String { profilePath + "/accessory" }
+
+    /// The `RegisterProfile` options of the client profile for the accessories' UUID: `Role`
+    /// `client` (no SDP record, no RFCOMM server of the host's under that UUID: BlueZ searches
+    /// the device's SDP records for it and connects to the channel found), the name and the
+    /// security of ``registrationOptions``.
+    public var accessoryRegistrationOptions: BusValue {
+        .dictionary([
+            "Name": .string(serviceName + " (accessory)"),
+            "Role": .string("client"),
+            "RequireAuthentication": .bool(requireAuthentication),
+            "RequireAuthorization": .bool(requireAuthorization),
+            "AutoConnect": .bool(false),
+        ])
+    }
+
     /// The `RegisterProfile` options (BlueZ's `org.bluez.ProfileManager1`).
     public var registrationOptions: BusValue {
         var options: [String: BusValue] = [
@@ -72,14 +93,20 @@ public struct BluetoothDevice: Sendable, Hashable {
     public var paired: Bool
     /// Whether it is connected now (any profile).
     public var connected: Bool
-    /// Whether its SDP record (as BlueZ last read it) offers iAP2.
-    public var offersIAP2: Bool
+    /// Whether its SDP records (as BlueZ last read them) offer iAP2 under either UUID: the
+    /// accessory's own (``BluetoothProfile/accessoryIAP2UUID``, what accessories advertise) or
+    /// ``BluetoothProfile/iAP2UUID``.
+    public var offersIAP2: Bool { !iAP2ServiceUUIDs.isEmpty }
+    /// The iAP2 UUIDs among its service UUIDs, lower-case, the accessory's own first: what
+    /// ``BluetoothProfile/connect(to:)`` connects to, in this order.
+    public var iAP2ServiceUUIDs: [String]
     /// BlueZ's object for it.
     public var path: String
 }
 
 /// The iAP2 service registered with BlueZ over D-Bus (`org.bluez.ProfileManager1.RegisterProfile`
-/// with UUID ``iAP2UUID``), serving `org.bluez.Profile1`: BlueZ hands each accessory connection
+/// with UUID ``iAP2UUID``, and a client profile for ``accessoryIAP2UUID`` when the host connects
+/// out), serving `org.bluez.Profile1`: BlueZ hands each accessory connection
 /// over as a socket (`NewConnection`), which becomes a ``BluetoothTransport`` given to the
 /// owner; `RequestDisconnection` closes that device's transports; `Release` means BlueZ
 /// dropped the profile.
@@ -88,8 +115,17 @@ public struct BluetoothDevice: Sendable, Hashable {
 /// the connection and the transports. Thread safety: any thread; the profile's work runs on
 /// the bus connection's queue.
 public final class BluetoothProfile: Sendable {
-    /// iAP2's SDP service class UUID (PROTOCOL.md §2; the same in the wireless CarPlay sources).
+    /// iAP2's SDP service class UUID of PROTOCOL.md §2 (the wireless CarPlay sources', where the
+    /// head unit connects to the phone): the service this host registers and serves, to which
+    /// accessories connect in.
     public static let iAP2UUID = "00000000-deca-fade-deca-deafdecacafe"
+    /// The UUID accessories advertise their iAP service under, in their extended inquiry
+    /// response and SDP record ("Wireless iAP", PROTOCOL.md §7.11: the Double 2 robot's
+    /// capture shows only this one): the service the Apple device, and so this host, connects
+    /// out to.
+    public static let accessoryIAP2UUID = "00000000-deca-fade-deca-deafdecacaff"
+    /// Both iAP2 UUIDs in the order ``connect(to:)`` tries them: the accessory's own first.
+    public static let iAP2UUIDs = [accessoryIAP2UUID, iAP2UUID]
     /// The BlueZ service's bus name.
     public static let bluezService = "org.bluez"
 
@@ -120,6 +156,29 @@ public final class BluetoothProfile: Sendable {
     ///   off, the D-Bus policy, the profile registered by another program.
     public static func register(options: BluetoothOptions = BluetoothOptions(), queue: DispatchQueue,
                                 connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BluetoothError) -> BluetoothProfile {
+        var registrations = [Registration(path: options.profilePath, uuid: iAP2UUID, options: options.registrationOptions,
+                                          what: "registering the iAP2 profile")]
+        if options.connectsOut {
+            registrations.append(Registration(path: options.accessoryProfilePath, uuid: accessoryIAP2UUID,
+                                              options: options.accessoryRegistrationOptions,
+                                              what: "registering the client profile for accessories' iAP2 UUID \(accessoryIAP2UUID)"))
+        }
+        return try await register(options: options, registrations: registrations, queue: queue, connection: connection)
+    }
+
+    /// One profile object to serve and register: its path, UUID and `RegisterProfile` options,
+    /// and what registering it is called in an error.
+    struct Registration {
+        var path: String
+        var uuid: String
+        var options: BusValue
+        var what: String
+    }
+
+    /// Connects, checks the adapters, serves each registration's object and registers it; every
+    /// object's connections go to `connection`.
+    static func register(options: BluetoothOptions, registrations: [Registration], queue: DispatchQueue,
+                         connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BluetoothError) -> BluetoothProfile {
         let address = options.busAddress ?? BusConnection.systemBusAddress
         let bus: BusConnection
         do { bus = try await BusConnection.connect(address: address, queue: queue) } catch { throw BluetoothError.bus(error, address: address) }
@@ -127,20 +186,22 @@ public final class BluetoothProfile: Sendable {
         do throws(BluetoothError) {
             try await profile.checkAdapters()
             if options.registersAgent { try await BluetoothAgent.register(on: bus, timeout: options.callTimeout) }
-            do {
-                try bus.export(path: options.profilePath) { [weak profile] call in
-                    profile?.handle(call, deliver: connection) ?? .error(name: "org.bluez.Error.Rejected", message: "the host stopped")
+            for registration in registrations {
+                do {
+                    try bus.export(path: registration.path) { [weak profile] call in
+                        profile?.handle(call, deliver: connection) ?? .error(name: "org.bluez.Error.Rejected", message: "the host stopped")
+                    }
+                } catch {
+                    throw BluetoothError(.failed, "cannot serve the profile at \(registration.path): \(error)",
+                                         advice: "choose another profile path", busError: error)
                 }
-            } catch {
-                throw BluetoothError(.failed, "cannot serve the profile at \(options.profilePath): \(error)",
-                                     advice: "choose another profile path", busError: error)
-            }
-            do {
-                _ = try await bus.call(destination: bluezService, path: "/org/bluez", interface: "org.bluez.ProfileManager1", member: "RegisterProfile",
-                                       arguments: [.objectPath(options.profilePath), .string(iAP2UUID), options.registrationOptions],
-                                       timeout: options.callTimeout)
-            } catch {
-                throw BluetoothError.bluez(error, doing: "registering the iAP2 profile")
+                do {
+                    _ = try await bus.call(destination: bluezService, path: "/org/bluez", interface: "org.bluez.ProfileManager1", member: "RegisterProfile",
+                                           arguments: [.objectPath(registration.path), .string(registration.uuid), registration.options],
+                                           timeout: options.callTimeout)
+                } catch {
+                    throw BluetoothError.bluez(error, doing: registration.what)
+                }
             }
         } catch {
             bus.close()
@@ -221,7 +282,7 @@ public final class BluetoothProfile: Sendable {
     }
 
     /// BlueZ's objects: path → interface → properties.
-    private func managedObjects(doing what: String) async throws(BluetoothError) -> [String: [String: BusValue]] {
+    func managedObjects(doing what: String) async throws(BluetoothError) -> [String: [String: BusValue]] {
         let reply: [BusValue]
         do {
             reply = try await bus.call(destination: Self.bluezService, path: "/", interface: "org.freedesktop.DBus.ObjectManager",
@@ -252,7 +313,7 @@ public final class BluetoothProfile: Sendable {
             let uuids = (device["UUIDs"]?.elements ?? []).compactMap(\.string).map { $0.lowercased() }
             devices.append(BluetoothDevice(address: address, name: device["Alias"]?.string ?? device["Name"]?.string ?? "",
                                            paired: device["Paired"]?.bool ?? false, connected: device["Connected"]?.bool ?? false,
-                                           offersIAP2: uuids.contains(Self.iAP2UUID), path: path))
+                                           iAP2ServiceUUIDs: Self.iAP2UUIDs.filter(uuids.contains), path: path))
         }
         return devices.sorted { $0.address < $1.address }
     }
@@ -261,10 +322,17 @@ public final class BluetoothProfile: Sendable {
     /// `Device1.ConnectProfile`: an SDP search for the UUID, then RFCOMM to its channel). The
     /// connection arrives like an incoming one, through the registration's handler.
     ///
+    /// The UUID is the one the device lists: the accessory's own (``accessoryIAP2UUID``, what
+    /// accessories advertise, PROTOCOL.md §7.11) before ``iAP2UUID``. A device whose services
+    /// BlueZ has not read yet (or that lists neither) is tried with both in that order; the
+    /// second is tried only when BlueZ says the first is not available there.
+    ///
+    /// - Returns: the UUID connected through.
     /// - Throws: ``BluetoothError``: not known or not paired (with the `bluetoothctl` commands),
     ///   pairing refused, iAP2 not offered, not answering; or the profile registered without
     ///   ``BluetoothOptions/connectsOut``.
-    public func connect(to address: BluetoothAddress) async throws(BluetoothError) {
+    @discardableResult
+    public func connect(to address: BluetoothAddress) async throws(BluetoothError) -> String {
         guard options.connectsOut else {
             throw BluetoothError(.failed, "the iAP2 profile was registered to accept connections only",
                                  advice: "start Bluetooth with connectsOut (iapctl --bluetooth-connect does)")
@@ -278,12 +346,27 @@ public final class BluetoothProfile: Sendable {
             throw BluetoothError(.notPaired, "\(address) (\(device.name)) is not paired",
                                  advice: "pair it: bluetoothctl pair \(address), then bluetoothctl trust \(address)")
         }
-        do {
-            _ = try await bus.call(destination: Self.bluezService, path: device.path, interface: "org.bluez.Device1", member: "ConnectProfile",
-                                   arguments: [.string(Self.iAP2UUID)], timeout: options.callTimeout)
-        } catch {
-            throw BluetoothError.bluez(error, doing: "connecting to \(address)", device: address)
+        let uuids = device.offersIAP2 ? device.iAP2ServiceUUIDs : Self.iAP2UUIDs
+        var refusals: [String] = []
+        for uuid in uuids {
+            do {
+                _ = try await bus.call(destination: Self.bluezService, path: device.path, interface: "org.bluez.Device1", member: "ConnectProfile",
+                                       arguments: [.string(uuid)], timeout: options.callTimeout)
+                return uuid
+            } catch {
+                let failure = BluetoothError.bluez(error, doing: "connecting to \(address) (service \(uuid))", device: address)
+                guard failure.kind == .notAdvertised else { throw failure }
+                refusals.append("\(uuid): \(error.message)")
+                if uuid == uuids.last {
+                    throw BluetoothError(.notAdvertised, "\(address) (\(device.name)) offers no iAP2 service BlueZ can connect to (\(refusals.joined(separator: "; ")))",
+                                         advice: "check that the accessory is on and in iAP2 mode; bluetoothctl info \(address) lists its "
+                                             + "service UUIDs (accessories advertise \(Self.accessoryIAP2UUID)); if it was paired before "
+                                             + "it advertised one, pair it again: bluetoothctl remove \(address), then bluetoothctl pair \(address)",
+                                         busError: error)
+                }
+            }
         }
+        throw BluetoothError(.notAdvertised, "\(address) offers no iAP2 service", advice: "check that the accessory is in iAP2 mode")
     }
 
     /// Whether BlueZ released the profile (`Release`): no more connections come.

@@ -93,12 +93,56 @@ struct FunctionFSTests {
         #expect(Array(strings[18...]) == Array("iAP Interface".utf8) + [0] + Array("com.example.echo".utf8) + [0])
     }
 
+    @Test("an interrupt IN endpoint before the bulk pair (interrupt-first): ep1 interrupt, ep2 IN, ep3 OUT; bInterval 4 at full speed, 6 above")
+    func interruptFirst() throws {
+        let layout = try FunctionFSDescriptors(layout: .interruptFirst)
+        #expect(layout.block(for: .full) == [
+            0x09, 0x04, 0x00, 0x00, 0x03, 0xFF, 0xF0, 0x00, 0x01, // interface 0, 3 endpoints
+            0x07, 0x05, 0x83, 0x03, 0x40, 0x00, 0x04,             // interrupt IN 0x83, 64 bytes, 4 ms
+            0x07, 0x05, 0x81, 0x02, 0x40, 0x00, 0x00,             // bulk IN 0x81
+            0x07, 0x05, 0x02, 0x02, 0x40, 0x00, 0x00,             // bulk OUT 0x02
+        ])
+        #expect(layout.block(for: .high)[9..<16] == [0x07, 0x05, 0x83, 0x03, 0x40, 0x00, 0x06])
+        // SuperSpeed: the interrupt endpoint's companion says 64 bytes per interval.
+        #expect(layout.block(for: .superSpeed)[16..<22] == [0x06, 0x30, 0x00, 0x00, 0x40, 0x00])
+        #expect([layout.descriptorCount(for: .full), layout.descriptorCount(for: .superSpeed)] == [4, 7])
+        #expect(layout.endpoints.map(\.role) == [.interrupt, .iAP2In, .iAP2Out])
+        #expect(layout.iAP2EndpointFiles == ("ep2", "ep3"))
+    }
+
+    @Test("the Traktor's shapes: OUT, IN, then interrupt (interrupt-after); the iAP2 interface 5 after audio, HID and DFU (sixth-interface)")
+    func interruptAfterAndSixthInterface() throws {
+        let after = try FunctionFSDescriptors(layout: .interruptAfter)
+        #expect(after.endpoints.map(\.address) == [0x03, 0x84, 0x85])
+        #expect(after.iAP2EndpointFiles == ("ep2", "ep1"))
+        let sixth = try FunctionFSDescriptors(layout: .sixthInterface)
+        let block = sixth.block(for: .high)
+        var classes: [[UInt8]] = []
+        var offset = 0
+        while offset < block.count {
+            if block[offset + 1] == 0x04 { classes.append(Array(block[offset + 2...offset + 7])) }
+            offset += Int(block[offset])
+        }
+        #expect(classes == [[0, 0, 0, 0x01, 0x01, 0x20], [1, 0, 0, 0x01, 0x02, 0x20], [2, 0, 0, 0x01, 0x02, 0x20],
+                            [3, 0, 1, 0x03, 0x00, 0x00], [4, 0, 0, 0xFE, 0x01, 0x01], [5, 0, 3, 0xFF, 0xF0, 0x00]])
+        #expect(sixth.endpoints.map(\.fileName) == ["ep1", "ep2", "ep3", "ep4"])
+        #expect(sixth.endpoints.map(\.interfaceNumber) == [3, 5, 5, 5])
+        #expect(sixth.iAP2EndpointFiles == ("ep3", "ep2"))
+        // Layouts that change only device fields describe the function as the standard one does.
+        for layout in [USBDescriptorLayout.fullSpeed, .genericIDs, .supercamera, .flirOne] {
+            #expect(try FunctionFSDescriptors(layout: layout).descriptorsBlob == FunctionFSDescriptors().descriptorsBlob)
+        }
+    }
+
     @Test("impossible layouts are refused with a reason")
     func refusals() {
         #expect(throws: FunctionFSError.self) { try FunctionFSDescriptors(nativeTransportProtocols: (0..<7).map { "p\($0)" }) }
         #expect(throws: FunctionFSError.self) { try FunctionFSDescriptors(nativeTransportProtocols: [""]) }
         #expect(throws: FunctionFSError.self) { try FunctionFSDescriptors(nativeTransportProtocols: [String(repeating: "x", count: 127)]) }
         #expect(throws: FunctionFSError.self) { try FunctionFSDescriptors(superSpeedMaxBurst: 16) }
+        #expect { try FunctionFSDescriptors(nativeTransportProtocols: ["com.example.echo"], layout: .sixthInterface) } throws: { error in
+            "\(error)".contains("has no native-transport interfaces")
+        }
     }
 
     @Test("ep0 events decode from their 12-byte records")

@@ -43,6 +43,9 @@ final class FakeBlueZ: Sendable {
         var defaultAgent: String?
         /// Methods answered with an error instead: member → (error name, message).
         var failures: [String: (String, String)] = [:]
+        /// Sockets handed to the registered client profile of the UUID connected to, as BlueZ
+        /// does once `ConnectProfile` reached the device: device path → descriptor (taken once).
+        var outgoing: [String: Int32] = [:]
     }
 
     let bus: BusConnection
@@ -131,18 +134,36 @@ final class FakeBlueZ: Sendable {
     }
 
     private func device(_ call: BusMethodCall) -> BusReply {
-        if let failure = failure(call.member) { return failure }
         guard call.member == "ConnectProfile", let uuid = call.arguments.first?.string else {
-            return .error(name: BusError.unknownMethod, message: call.member)
+            return failure(call.member) ?? .error(name: BusError.unknownMethod, message: call.member)
         }
-        state.withLock { $0.connectProfileCalls.append((call.path, uuid)) }
+        if let failure = failure(call.member) {
+            state.withLock { $0.connectProfileCalls.append((call.path, uuid)) }
+            return failure
+        }
+        // As bluetoothd: a profile connects out only when one registered for the UUID in a
+        // client role and the device's SDP records list it; else "not available".
+        let (available, socket) = state.withLock { state -> (Bool, Int32?) in
+            state.connectProfileCalls.append((call.path, uuid))
+            let registered = state.registrations.contains { $0.uuid == uuid && $0.options["Role"] != .string("server") }
+            let listed = state.devices.contains { $0.path == call.path && $0.uuids.contains { $0.lowercased() == uuid.lowercased() } }
+            guard registered && listed else { return (false, nil) }
+            return (true, state.outgoing.removeValue(forKey: call.path))
+        }
+        guard available else { return .error(name: "org.bluez.Error.NotAvailable", message: "br-connection-profile-unavailable") }
+        if let socket, let device = state.withLock({ $0.devices.first { $0.path == call.path } }) {
+            Task {
+                try? await self.newConnection(device: device, descriptor: socket, uuid: uuid)
+                close(socket)
+            }
+        }
         return .empty
     }
 
     /// Hands `descriptor` (which stays the caller's) to the registered profile as BlueZ does
     /// for a new connection of `device`.
-    func newConnection(device: Device, descriptor: Int32, version: UInt16? = 0x0100) async throws {
-        let registration = try requireRegistration()
+    func newConnection(device: Device, descriptor: Int32, version: UInt16? = 0x0100, uuid: String = BluetoothProfile.iAP2UUID) async throws {
+        let registration = try requireRegistration(uuid: uuid)
         let properties: [String: BusValue] = version.map { ["Version": .uint16($0)] } ?? [:]
         _ = try await bus.call(destination: registration.sender, path: registration.path, interface: "org.bluez.Profile1", member: "NewConnection",
                                arguments: [.objectPath(device.path), .unixFD(BusFileDescriptor(owning: dup(descriptor))), .dictionary(properties)])
@@ -167,8 +188,9 @@ final class FakeBlueZ: Sendable {
 
     struct NotRegistered: Error {}
 
-    func requireRegistration() throws -> Registration {
-        guard let registration = state.withLock({ $0.registrations.last }) else { throw NotRegistered() }
+    /// The last registration of `uuid` (the host's iAP2 service by default).
+    func requireRegistration(uuid: String = BluetoothProfile.iAP2UUID) throws -> Registration {
+        guard let registration = state.withLock({ $0.registrations.last { $0.uuid == uuid } }) else { throw NotRegistered() }
         return registration
     }
 

@@ -62,6 +62,49 @@ struct BluetoothManagerTests {
         return (runner, wire)
     }
 
+    @Test("an accessory that advertises only …caff is connected to, identified and echoes; one that connects in is served beside it")
+    func connectingOutToTheAccessorysOwnUUID() async throws {
+        let bus = try await PrivateBus.start()
+        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory, wirelessIAPAccessory])
+        var configuration = AccessoryManager.Configuration(supportedProtocols: ["com.example.echo"])
+        configuration.daemon = .never
+        let manager = AccessoryManager(configuration: configuration)
+        defer { manager.stop(); bluez.stop() }
+        try await manager.startBluetooth(options: BluetoothOptions(busAddress: bus.address, connectsOut: true))
+        let listed = try await manager.bluetoothDevices()
+        #expect(listed.first { $0.address == wirelessIAPAccessory.address }?.offersIAP2 == true)
+
+        // The accessory advertising only …caff: BlueZ connects to its record and hands the
+        // socket to the host's client profile for that UUID.
+        let (hostEnd, accessoryEnd) = try socketPair()
+        var profile = try #require(SimulatorProfile.builtIn(named: "multi-sensor"))
+        profile.bluetoothAddress = wirelessIAPAccessory.address.bytes
+        profile.accessory.serialNumber = "CAFF-1"
+        let wire = try SerialTransport(fileDescriptor: accessoryEnd, description: "accessory end")
+        let outgoing = try SimulatorRunner(profile: profile, attachment: .transport(wire))
+        outgoing.start()
+        defer { outgoing.stop() }
+        bluez.state.withLock { $0.outgoing[wirelessIAPAccessory.path] = hostEnd }
+        try await manager.connectBluetooth(to: wirelessIAPAccessory.address)
+        #expect(bluez.state.withLock { $0.connectProfileCalls.map(\.uuid) } == [BluetoothProfile.accessoryIAP2UUID])
+        let reached = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.serialNumber == "CAFF-1" })
+        #expect(reached.transportKind == .bluetooth && reached.bluetoothAddress == wirelessIAPAccessory.address)
+
+        // An accessory connecting in to the host's …cafe service is still served.
+        let (incoming, _) = try await Self.accessory(declaring: pairedAccessory.address, bluez: bluez)
+        defer { incoming.stop() }
+        let cameIn = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.serialNumber != "CAFF-1" })
+        #expect(cameIn.bluetoothAddress == pairedAccessory.address)
+
+        for (accessory, seed) in [(reached, UInt64(11)), (cameIn, 12)] {
+            let session = try await accessory.openSession(for: "com.example.echo")
+            let payload = Self.pattern(256 << 10, seed: seed)
+            #expect(try await Self.echo(session, payload) == payload)
+            session.close()
+        }
+        #expect(Set(manager.bluetoothConnections) == [pairedAccessory.address, wirelessIAPAccessory.address])
+    }
+
     @Test("the connection dropping mid-transfer ends the session with an error; the host goes on, and a new connection identifies again")
     func dropAndReconnect() async throws {
         let bus = try await PrivateBus.start()

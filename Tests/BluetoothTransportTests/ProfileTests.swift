@@ -11,6 +11,12 @@ import Testing
 let hostAdapter = FakeBlueZ.Adapter(name: "hci0", address: BluetoothAddress("00:AA:01:00:00:01")!, powered: true)
 let pairedAccessory = FakeBlueZ.Device(adapter: "hci0", address: BluetoothAddress("00:1A:7D:DA:71:13")!, name: "Multi Sensor", paired: true,
                                        uuids: [BluetoothProfile.iAP2UUID])
+/// An accessory as the field has them (PROTOCOL.md §7.11): its SDP record and EIR name only the
+/// accessory's own UUID, `…caff`.
+let wirelessIAPAccessory = FakeBlueZ.Device(adapter: "hci0", address: BluetoothAddress("00:1A:7D:DA:71:15")!, name: "Double 10-011105",
+                                            paired: true, uuids: ["00001101-0000-1000-8000-00805f9b34fb", BluetoothProfile.accessoryIAP2UUID])
+/// A paired device whose services BlueZ has not read (no UUIDs yet).
+let unresolvedDevice = FakeBlueZ.Device(adapter: "hci0", address: BluetoothAddress("00:1A:7D:DA:71:16")!, name: "Unresolved", paired: true, uuids: [])
 let strangerDevice = FakeBlueZ.Device(adapter: "hci0", address: BluetoothAddress("00:1A:7D:DA:71:14")!, name: "Stranger", paired: false, uuids: [])
 
 /// A connected pair of stream sockets: (one end, the other end).
@@ -70,6 +76,7 @@ struct ProfileTests {
         #expect(registration.options["Channel"] == .uint16(0))
         #expect(registration.options["RequireAuthentication"] == .bool(true))
         #expect(registration.options["Name"] == .string("iAP2"))
+        #expect(bluez.state.withLock { $0.registrations.count } == 1, "a host that only serves registers no client profile")
         // Connecting out needs the client role too: no Role option then.
         let both = BluetoothOptions(busAddress: bus.address, connectsOut: true, profilePath: "/second").registrationOptions
         #expect(both.dictionary?["Role"] == nil)
@@ -235,6 +242,102 @@ struct ProfileTests {
         #expect(reason?.kind == .hungUp)
         #expect(reason?.message.contains("Bluetooth connection to 00:1A:7D:DA:71:13 was lost") == true)
         #expect(reason?.advice?.contains("went out of range") == true)
+    }
+
+    @Test("connecting out registers a client profile for the accessories' own UUID …caff beside the iAP2 service")
+    func clientProfileForTheAccessoriesUUID() async throws {
+        let bus = try await PrivateBus.start()
+        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter])
+        let profile = try await BluetoothProfile.register(options: options(bus, connectsOut: true), queue: DispatchQueue(label: "host")) { _ in }
+        let registrations = bluez.state.withLock { $0.registrations }
+        #expect(registrations.map(\.uuid) == ["00000000-deca-fade-deca-deafdecacafe", "00000000-deca-fade-deca-deafdecacaff"])
+        #expect(registrations.map(\.path) == ["/org/accessoryhost/iap2", "/org/accessoryhost/iap2/accessory"])
+        #expect(registrations.allSatisfy { $0.sender == profile.bus.uniqueName })
+        let client = try #require(registrations.last)
+        #expect(client.options["Role"] == .string("client"), "no record or server of the host's under the accessories' UUID")
+        #expect(client.options["Channel"] == nil && client.options["ServiceRecord"] == nil)
+        #expect(client.options["RequireAuthentication"] == .bool(true) && client.options["AutoConnect"] == .bool(false))
+        profile.stop()
+        bluez.stop()
+    }
+
+    @Test("devices offering iAP2 under either UUID are listed as offering it, the accessory's own first; connecting out uses the one the device lists")
+    func listingAndConnectingByTheAccessorysUUID() async throws {
+        let bus = try await PrivateBus.start()
+        var both = pairedAccessory
+        both.address = BluetoothAddress("00:1A:7D:DA:71:17")!
+        both.uuids = [BluetoothProfile.iAP2UUID, BluetoothProfile.accessoryIAP2UUID.uppercased()]
+        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter],
+                                              devices: [pairedAccessory, wirelessIAPAccessory, unresolvedDevice, both, strangerDevice])
+        let profile = try await BluetoothProfile.register(options: options(bus, connectsOut: true), queue: DispatchQueue(label: "host")) { _ in }
+        let devices = try await profile.devices()
+        #expect(devices.map(\.address) == [pairedAccessory.address, strangerDevice.address, wirelessIAPAccessory.address, unresolvedDevice.address,
+                                            both.address])
+        #expect(devices.map(\.offersIAP2) == [true, false, true, false, true])
+        #expect(devices.map(\.iAP2ServiceUUIDs) == [[BluetoothProfile.iAP2UUID], [], [BluetoothProfile.accessoryIAP2UUID], [],
+                                                     [BluetoothProfile.accessoryIAP2UUID, BluetoothProfile.iAP2UUID]])
+
+        #expect(try await profile.connect(to: wirelessIAPAccessory.address) == BluetoothProfile.accessoryIAP2UUID)
+        #expect(try await profile.connect(to: both.address) == BluetoothProfile.accessoryIAP2UUID)
+        #expect(try await profile.connect(to: pairedAccessory.address) == BluetoothProfile.iAP2UUID)
+        var calls = bluez.state.withLock { $0.connectProfileCalls }
+        #expect(calls.map(\.uuid) == [BluetoothProfile.accessoryIAP2UUID, BluetoothProfile.accessoryIAP2UUID, BluetoothProfile.iAP2UUID])
+        #expect(calls.map(\.device) == [wirelessIAPAccessory.path, both.path, pairedAccessory.path])
+
+        // Services not read yet: both UUIDs in turn, then what to do.
+        bluez.state.withLock { $0.connectProfileCalls.removeAll() }
+        var failure: BluetoothError?
+        do { try await profile.connect(to: unresolvedDevice.address) } catch { failure = error }
+        calls = bluez.state.withLock { $0.connectProfileCalls }
+        #expect(calls.map(\.uuid) == BluetoothProfile.iAP2UUIDs)
+        #expect(failure?.kind == .notAdvertised)
+        #expect(failure?.message.contains("offers no iAP2 service BlueZ can connect to") == true)
+        #expect(failure?.advice.contains("accessories advertise 00000000-deca-fade-deca-deafdecacaff") == true)
+        #expect(failure?.advice.contains("bluetoothctl remove 00:1A:7D:DA:71:16") == true)
+        // A failure other than "not available" is not retried under the other UUID.
+        bluez.state.withLock { $0.connectProfileCalls.removeAll() }
+        bluez.fail("ConnectProfile", with: "org.bluez.Error.Failed", message: "Page Timeout")
+        do { try await profile.connect(to: unresolvedDevice.address) } catch { failure = error }
+        #expect(failure?.kind == .unreachable)
+        #expect(bluez.state.withLock { $0.connectProfileCalls }.count == 1)
+        profile.stop()
+        bluez.stop()
+    }
+
+    @Test("the accessory side advertises only …caff: a server profile with its own record, RFCOMM channel and no authorization")
+    func accessoryAdvertisement() async throws {
+        let bus = try await PrivateBus.start()
+        let accessoryAdapter = FakeBlueZ.Adapter(name: "hci1", address: BluetoothAddress("00:AA:01:00:00:02")!, powered: true)
+        let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter, accessoryAdapter])
+        let connections = AsyncStream<BluetoothTransport>.makeStream()
+        let service = try await BluetoothProfile.advertiseAccessory(channel: 9, busAddress: bus.address, queue: DispatchQueue(label: "accessory")) {
+            connections.continuation.yield($0)
+        }
+        let registration = try bluez.requireRegistration(uuid: BluetoothProfile.accessoryRecordUUID)
+        #expect(registration.path == "/org/accessoryhost/accessory")
+        #expect(registration.options["Role"] == .string("server") && registration.options["Channel"] == .uint16(9))
+        #expect(registration.options["RequireAuthorization"] == .bool(false) && registration.options["RequireAuthentication"] == .bool(false))
+        let record = try #require(registration.options["ServiceRecord"]?.string)
+        #expect(record.contains("<uuid value=\"00000000-deca-fade-deca-deafdecacaff\" />"))
+        #expect(!record.contains("cafe"), "only the accessory's own UUID is advertised")
+        #expect(record.contains("<uint8 value=\"0x09\" />") && record.contains("<uuid value=\"0x1002\" />") && record.contains("Wireless iAP"))
+        #expect(bluez.state.withLock { $0.registrations.count } == 1)
+        #expect(try await service.adapterAddresses() == ["hci0": hostAdapter.address, "hci1": accessoryAdapter.address])
+        // A host connecting in on hci1 is handed over.
+        let (ours, theirs) = try socketPair()
+        let host = FakeBlueZ.Device(adapter: "hci1", address: hostAdapter.address, name: "Host", paired: true, uuids: [])
+        try await bluez.newConnection(device: host, descriptor: ours, uuid: BluetoothProfile.accessoryRecordUUID)
+        close(ours)
+        var incoming = connections.stream.makeAsyncIterator()
+        let transport = try #require(await incoming.next())
+        #expect(transport.peer.address == hostAdapter.address && transport.peer.adapter == "hci1")
+        transport.cancel()
+        close(theirs)
+        await #expect(throws: BluetoothError.self) {
+            try await BluetoothProfile.advertiseAccessory(channel: 31, busAddress: bus.address, queue: DispatchQueue(label: "x")) { _ in }
+        }
+        service.stop()
+        bluez.stop()
     }
 
     @Test("connecting out: unknown, unpaired and refused devices say which bluetoothctl command to run")

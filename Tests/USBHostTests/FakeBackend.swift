@@ -68,6 +68,10 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         var deviceMemoryLive = 0
         var transfersLive = 0
         var submits = 0
+        /// Every endpoint a bulk or interrupt transfer was submitted on.
+        var submittedEndpoints: Set<UInt8> = []
+        /// Each OUT transfer's length and whether it asked for a zero-length packet after it.
+        var outTransfers: [(length: Int, zeroPacket: Bool)] = []
     }
 
     let queue: DispatchQueue
@@ -321,6 +325,12 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         if transfer.pointee.type == UInt8(LIBUSB_TRANSFER_TYPE_CONTROL.rawValue) {
             answerControl(transfer)
             return 0
+        }
+        let endpoint = transfer.pointee.endpoint
+        let zeroPacket = transfer.pointee.flags & UInt8(LIBUSB_TRANSFER_ADD_ZERO_PACKET.rawValue) != 0
+        state.withLock { state in
+            state.submittedEndpoints.insert(endpoint)
+            if endpoint & 0x80 == 0 { state.outTransfers.append((Int(transfer.pointee.length), zeroPacket)) }
         }
         pending.append(transfer)
         if wire != nil { queue.async { self.pumpWire() } }

@@ -75,7 +75,7 @@ struct GadgetFSLayoutTests {
     @Test("each field layout is presented as the host will find it: class, configuration value, endpoint numbers")
     func fieldLayouts() throws {
         let natives = ["com.example.native.echo", "com.example.native.sink"]
-        for layout in USBDescriptorLayout.allCases {
+        for layout in USBDescriptorLayout.allCases where !layout.needsFunctionFS {
             let gadget = try GadgetFSLayout(vendorID: 0x1209, productID: 0x00C0, manufacturer: "Acme", product: "Field", serialNumber: "F-1",
                                             nativeProtocols: layout == .supercamera ? [natives[0]] : natives, descriptorLayout: layout)
             let device = try USBDeviceDescriptor(parsing: gadget.deviceDescriptor)
@@ -106,6 +106,16 @@ struct GadgetFSLayoutTests {
             case .standard, .miscellaneousClass, .configurationThree:
                 #expect(found.bulkIn.address == 0x81 && found.bulkOut.address == 0x02)
                 #expect(found.nativeInterfaces.map(\.bulkIn.address) == [0x86, 0x8B])
+            case .interruptFirst, .interruptAfter, .sixthInterface, .fullSpeed, .genericIDs:
+                Issue.record("\(layout) is the FunctionFS gadget's")
+            }
+        }
+        // The layouts with an interrupt endpoint, other interfaces, a speed or ids of their own
+        // are refused, naming the gadget that presents them.
+        for layout in USBDescriptorLayout.allCases where layout.needsFunctionFS {
+            #expect { try GadgetFSLayout(vendorID: 0x1209, productID: 0x00C0, manufacturer: "Acme", product: "Field", serialNumber: "F-1",
+                                         nativeProtocols: [], descriptorLayout: layout) } throws: { error in
+                "\(error)".contains("does not present the layout '\(layout.rawValue)'") && "\(error)".contains("FunctionFS gadget")
             }
         }
         #expect(USBDescriptorLayout(named: "flir-one") == .flirOne && USBDescriptorLayout(named: "dji") == nil)

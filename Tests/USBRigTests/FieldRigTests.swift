@@ -138,29 +138,43 @@ extension USBRigTests {
 
     /// Every field layout on the configfs/FunctionFS gadget (the simulator's own): the device
     /// class and the configuration value are the layout's, the endpoint numbers the kernel's
-    /// (autoconfiguration); the host finds, claims and identifies it, and echoes on a link session.
+    /// (autoconfiguration); the host finds, claims and identifies it, and echoes on a link
+    /// session. The §7.9 layouts: the iAP2 interface at the layout's number (5 after audio, HID
+    /// and DFU), its interrupt IN endpoint beside the bulk pair and never used, 64-byte bulk
+    /// packets at full speed, and the generic ids 0525:a4a0 (found by serial number, not id).
     @Test(.timeLimit(.minutes(4)), arguments: USBDescriptorLayout.allCases)
     func aFieldLayoutOverFunctionFSIsFoundIdentifiedAndEchoes(_ layout: USBDescriptorLayout) async throws {
         let productID = 0x00D0 + UInt16(USBDescriptorLayout.allCases.firstIndex(of: layout) ?? 0)
-        let device = try GadgetAccessory(fieldProfile(natives: [], serial: "FFS-\(layout.rawValue)"), name: "rigfield",
+        let serial = "FFS-\(layout.rawValue)"
+        let device = try GadgetAccessory(fieldProfile(natives: [], serial: serial), name: "rigfield",
                                          udc: try #require(udcs().first), productID: productID, layout: layout)
         defer { device.remove() }
         let manager = AccessoryManager()
         defer { manager.stop() }
         try manager.startUSB()
-        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == productID },
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.serialNumber == serial },
                                      "\(layout) identified over FunctionFS")
         let info = try #require(accessory.usbDevice)
         #expect(info.descriptor.deviceClass == layout.deviceClass[0])
         #expect(info.activeConfiguration == layout.configurationValue)
         #expect(info.function?.configurationValue == layout.configurationValue)
         if let release = layout.deviceRelease { #expect(info.descriptor.release == release) }
+        let ids = layout.usbID ?? (0x1209, productID)
+        #expect(info.descriptor.vendorID == ids.vendorID && info.descriptor.productID == ids.productID)
+        let function = try #require(info.function)
+        #expect(function.interface.number == layout.iAP2InterfaceNumber)
+        let interrupts = function.interface.endpoints.filter { $0.attributes & 3 == 3 }
+        #expect(interrupts.count == (layout.hasInterruptEndpoint ? 1 : 0), "\(layout): \(function.interface.endpoints)")
+        #expect(interrupts.allSatisfy { $0.isIn && $0.packetSize == 64 })
+        if layout == .interruptFirst { #expect(function.interface.endpoints.first?.attributes == 3) }
+        if layout == .interruptAfter || layout == .sixthInterface { #expect(function.interface.endpoints.last?.attributes == 3) }
+        if layout == .fullSpeed { #expect(function.bulkIn.packetSize == 64 && function.bulkOut.packetSize == 64) }
         let session = try await accessory.openSession(for: "rig.echo.1")
         defer { session.close() }
         #expect(try await echo(session, pattern(256 << 10, seed: 31)))
-        print("USB rig: layout \(layout.rawValue) over FunctionFS: class \(info.descriptor.deviceClass), configuration "
-            + "\(info.activeConfiguration.map(String.init) ?? "none"), iAP2 IN 0x\(String(info.function?.bulkIn.address ?? 0, radix: 16)) "
-            + "OUT 0x\(String(info.function?.bulkOut.address ?? 0, radix: 16)) (the kernel's choice); echo byte-exact")
+        print("USB rig: layout \(layout.rawValue) over FunctionFS: \(info.descriptor.idString), class \(info.descriptor.deviceClass), configuration "
+            + "\(info.activeConfiguration.map(String.init) ?? "none"), iAP2 interface \(function.interface.number): "
+            + "\(function.interface.endpoints.map(\.description).joined(separator: ", ")) (the kernel's numbers); echo byte-exact")
     }
 
     /// An accessory that sticks after its first handshake (TD300, PROTOCOL.md §7.2): it sends its

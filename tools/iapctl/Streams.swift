@@ -668,6 +668,13 @@ enum SimulateCommand {
         for option in ["udc", "usb-id", "usb-layout", "sticks-until-reset"] where command.count(option) > 0 {
             throw UsageError("--\(option) needs --gadget", usage: gadgetUsage, commandPath: command.path)
         }
+        if let channel = command.value("bluetooth-advertise") {
+            for option in ["bluetooth", "bluetooth-from", "port"] where command.count(option) > 0 {
+                throw UsageError("--bluetooth-advertise and --\(option) exclude each other: the accessory waits for the host to connect",
+                                 usage: advertiseUsage, commandPath: command.path)
+            }
+            return try runBluetoothAdvertising(command, channel: channel, profile: profile)
+        }
         if let target = command.value("bluetooth") {
             return try runBluetooth(command, target: target, profile: profile)
         }
@@ -707,6 +714,51 @@ enum SimulateCommand {
     }
 
     static let bluetoothUsage = "iapctl simulate --bluetooth ADDRESS:CHANNEL [--bluetooth-from ADDRESS] [--profile NAME|PATH]"
+    static let advertiseUsage = "iapctl simulate --bluetooth-advertise CHANNEL [--profile NAME|PATH]"
+
+    /// `--bluetooth-advertise`: the simulator as a Bluetooth accessory as real ones are
+    /// (PROTOCOL.md §7.11): its iAP service advertised through BlueZ only under the accessory's
+    /// UUID `…caff`, on RFCOMM `channel`, and a simulated accessory run for each host that
+    /// connects to it, declaring the address of the adapter the host came in on. Until Ctrl-C.
+    static func runBluetoothAdvertising(_ command: ParsedCommand, channel text: String, profile: SimulatorProfile) throws -> ExitCode {
+        guard let channel = UInt8(text), (1...30).contains(channel) else {
+            throw UsageError("'\(text)' is not an RFCOMM channel: give one from 1 to 30", usage: advertiseUsage, commandPath: command.path)
+        }
+        let interrupt = Interrupt()
+        let adapters = Mutex<[String: BluetoothAddress]>([:])
+        let runners = Mutex<[SimulatorRunner]>([])
+        let events = eventPrinter(command)
+        let queue = DispatchQueue(label: "iapctl.simulate.bluetooth")
+        let service: BluetoothProfile
+        do {
+            service = try blockingAwait {
+                try await BluetoothProfile.advertiseAccessory(channel: channel, queue: queue) { transport in
+                    var accessory = profile
+                    if let local = adapters.withLock({ $0[transport.peer.adapter] }) { accessory.bluetoothAddress = local.bytes }
+                    do {
+                        let runner = try SimulatorRunner(profile: accessory, attachment: .transport(transport))
+                        runners.withLock { $0.append(runner) }
+                        runner.start(events: events)
+                        StandardError.write("the host \(transport.peer.address) connected through \(transport.peer.adapter)\n")
+                    } catch {
+                        StandardError.write("cannot serve the host \(transport.peer.address): \(error)\n")
+                        transport.cancel()
+                    }
+                }
+            }
+            let known = try blockingAwait { try await service.adapterAddresses() }
+            adapters.withLock { $0 = known }
+        } catch let error as BluetoothError {
+            throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
+        }
+        StandardError.write("simulating '\(profile.identity().name.escapedForTerminal)' as a Bluetooth accessory advertising "
+            + "\(BluetoothProfile.accessoryIAP2UUID) only, on RFCOMM channel \(channel); connect with: iapctl --bluetooth-connect ADDRESS list\n"
+            + "press Ctrl-C to stop\n")
+        interrupt.wait()
+        for runner in runners.withLock({ $0 }) { runner.stop() }
+        service.stop()
+        return .success
+    }
 
     /// `--bluetooth`: the simulator as a Bluetooth accessory, connected over RFCOMM to a host's
     /// iAP2 channel; its identification declares the local adapter's address. Until Ctrl-C or
@@ -770,6 +822,11 @@ enum SimulateCommand {
             guard let layout = USBDescriptorLayout(named: name) else {
                 throw UsageError("invalid value '\(name)' for --usb-layout: use one of \(USBDescriptorLayout.names.joined(separator: ", "))",
                                  usage: gadgetUsage, commandPath: command.path)
+            }
+            if let ids = layout.usbID, command.count("usb-id") > 0, let text = command.value("usb-id"),
+               USBID(parsing: text) != USBID(vendorID: ids.vendorID, productID: ids.productID) {
+                throw UsageError("--usb-layout \(name) presents the ids \(USBID(vendorID: ids.vendorID, productID: ids.productID)) of its own; "
+                                 + "drop --usb-id \(text) or choose another layout", usage: gadgetUsage, commandPath: command.path)
             }
             configuration.layout = layout
         }

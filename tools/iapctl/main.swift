@@ -167,11 +167,14 @@ let simulateCommand = CommandSpec(
               .value("bluetooth", valueName: "address:channel", help: "Be a Bluetooth accessory: connect over RFCOMM to the host at this "
                      + "address, on its iAP2 channel (sdptool browse or bluetoothctl on the host shows it)."),
               .value("bluetooth-from", valueName: "address", help: "With --bluetooth: the local adapter to connect from (default: any)."),
+              .value("bluetooth-advertise", valueName: "channel", help: "Be a Bluetooth accessory as real ones are: advertise the iAP "
+                     + "service through BlueZ only under the accessory's UUID 00000000-deca-fade-deca-deafdecacaff, on this RFCOMM "
+                     + "channel (1-30), and serve each host that connects to it (iapctl --bluetooth-connect ADDRESS)."),
               .value("udc", valueName: "name", help: "With --gadget: the USB device controller to bind (default: the first in /sys/class/udc); the gadget is then iapsim-NAME in configfs with the FunctionFS instance iap2-NAME, so that one simulator can run per controller."),
               .value("usb-id", valueName: "vid:pid", help: "With --gadget: the USB vendor and product ids in hex.", defaultValue: "1209:0001"),
               .value("usb-layout", valueName: "name", help: "With --gadget: present the USB descriptor layout of a real accessory "
-                     + "(\(USBDescriptorLayout.names.joined(separator: ", ")); the device class and configuration value, the endpoint numbers "
-                     + "being the kernel's).", defaultValue: "standard"),
+                     + "(\(USBDescriptorLayout.names.joined(separator: ", ")); its device class, configuration value, interfaces, interrupt "
+                     + "endpoints, speed and ids, the endpoint numbers being the kernel's).", defaultValue: "standard"),
               .flag("sticks-until-reset", help: "With --gadget: after the first handshake, ignore the host until it resets the device "
                     + "or it is plugged in again (as the Teslong TD300 does).")],
     refusedGroups: [OptionGroup.accessory, OptionGroup.authentication],

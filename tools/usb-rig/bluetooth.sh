@@ -5,6 +5,11 @@
 # pairing agent) registers the iAP2 service on one controller; the simulator (iapctl simulate
 # --bluetooth) connects from the other over RFCOMM; the two are paired first as a person would
 # (discovery, Pair, Trust). Checks, each failing loudly:
+#   0. an accessory as real ones are (PROTOCOL.md §7.11): the simulator advertises its iAP
+#      service only under the accessory's UUID …caff (iapctl simulate --bluetooth-advertise,
+#      started before the pairing so that the host's BlueZ reads that record), and the host
+#      connects out to it (iapctl --bluetooth-connect): connected through …caff, identified with
+#      every declared field, MIB MiB echoed byte-exact;
 #   1. one process (iapctl --bluetooth): identified over Bluetooth with every declared field,
 #      MIB MiB echoed byte-exact;
 #   2. through iapd --bluetooth: the accessory seen by clients with transport bluetooth and its
@@ -129,6 +134,18 @@ done
 set_true hci0 Discoverable || say "cannot make hci0 discoverable"
 waitfor 10 "both adapters powered" sh -c "[ \"\$(dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci1 org.freedesktop.DBus.Properties.Get string:org.bluez.Adapter1 string:Powered | grep -c 'boolean true')\" = 1 ]"
 
+# The accessory as real ones are: its record names only …caff, on RFCOMM channel 9 of every
+# adapter (one bluetoothd serves both), and it waits for the host. Started before the pairing,
+# whose SDP browse is what tells the host's BlueZ which services the accessory has.
+caff=00000000-deca-fade-deca-deafdecacaff
+advertiser=""
+if [ -z "${BLUETOOTH_SKIP_ROUNDS:-}" ]; then
+    "$iapctl" simulate --bluetooth-advertise 9 -v > "$results/bt-accessory-caff.log" 2>&1 &
+    advertiser=$!
+    pids+=($advertiser)
+    waitfor 30 "the simulated accessory advertises $caff only" grep -q "advertising $caff only" "$results/bt-accessory-caff.log"
+fi
+
 # Pair first, as a person would (bluetoothctl scan on, pair, trust): the first rig run showed
 # bluetoothd 5.66 dropping an RFCOMM connection from a device it has no object for yet
 # ("profile.c:create_conn() iAP2 device … not found"), even though the link and Just Works
@@ -198,6 +215,27 @@ power() { # power ADAPTER true|false
 }
 
 if [ -z "${BLUETOOTH_SKIP_ROUNDS:-}" ]; then
+# Round 0, connecting out: the host's BlueZ lists the accessory with …caff and without …cafe;
+# iapctl --bluetooth-connect finds the accessory's service by that UUID, connects to it, and
+# the accessory is identified and echoes.
+uuids=$(dbus-send --system --print-reply --dest=org.bluez "$device" org.freedesktop.DBus.Properties.Get \
+    string:org.bluez.Device1 string:UUIDs 2>&1 | tr -d '\n ')
+grep -qi "$caff" <<<"$uuids" || fail "round 0: BlueZ does not list $caff for the accessory: $uuids"
+grep -qi "deafdecacafe" <<<"$uuids" && fail "round 0: the accessory should not advertise …cafe: $uuids"
+say "ok: round 0: the host's BlueZ lists the accessory with $caff and without …cafe"
+start=$SECONDS
+"$iapctl" --no-usb --bluetooth-connect "$accessory" --bluetooth-agent --bluetooth-channel "$channel" --timeout 180 -v \
+    send com.example.echo "$work/payload" --verify-echo --json > "$results/bt-host-0.json" 2> "$results/bt-host-0.err"
+status=$?
+took=$((SECONDS - start))
+[ "$status" = 0 ] || { say "host stderr: $(tail -5 "$results/bt-host-0.err" | tr '\n' ' ')"; say "accessory: $(tail -5 "$results/bt-accessory-caff.log" | tr '\n' ' ')"; fail "round 0: the host exited $status"; }
+grep -q "through its iAP2 service $caff" "$results/bt-host-0.err" || fail "round 0: the host did not connect through $caff: $(grep -i bluetooth "$results/bt-host-0.err" | tail -3 | tr '\n' ' ')"
+grep -q "connected through hci1" "$results/bt-accessory-caff.log" || fail "round 0: the accessory saw no host connect on hci1"
+identity=$(check_identity "$results/bt-host-0.json") || fail "round 0: $identity"
+grep -q '"verified":true' "$results/bt-host-0.json" || fail "round 0: the echo was not verified"
+say "ok: round 0 (connecting out to $caff): identified: $identity; $mib MiB echoed byte-exact in ${took} s (connection included)"
+kill "$advertiser" 2>/dev/null; wait "$advertiser" 2>/dev/null
+
 # Round 1, one process: the host (iapctl --bluetooth) waits for an accessory, sends the payload
 # through com.example.echo and checks the echo; the simulator connects from the other controller.
 "$iapctl" --no-usb --bluetooth --bluetooth-agent --bluetooth-channel "$channel" --timeout 180 -v \

@@ -7,6 +7,10 @@
 # then shows it. Then an accessory that leaves the bus in the middle of an `iapctl open`
 # session (its gadget unbound, as the FLIR ONE leaves by itself): `iapctl open` ends with 74 and
 # says the accessory left the bus.
+# Last, the descriptor layouts of PROTOCOL.md §7.9 through the command line: for each of
+# `--usb-layout sixth-interface` (the iAP2 interface 5 after audio, HID and DFU, an interrupt IN
+# endpoint after the bulk pair), `interrupt-first`, `full-speed` and `generic-ids` (0525:a4a0),
+# `iapctl wait` finds the accessory and `iapctl send --verify-echo` echoes 1 MiB through it.
 #
 # Usage: field.sh            Env: IAPCTL (default .build/release/iapctl)
 set -euo pipefail
@@ -85,3 +89,28 @@ wait "$opener" || status=$?
 [ "$status" = 74 ] || fail "iapctl open should end with 74 when the accessory leaves, not $status"
 grep -q "left the bus" "$work/open.err" || fail "iapctl open should say the accessory left the bus: $(tail -n 3 "$work/open.err")"
 echo "field: iapctl open, the accessory leaving mid-session (exit $status): $(grep -i "error" "$work/open.err" | tail -n 1)"
+
+# The §7.9 layouts, one gadget at a time (the leaver's gadget is left unbound: stop it first).
+for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+pids=()
+head -c $((1 << 20)) /dev/urandom > "$work/payload"
+for layout in sixth-interface interrupt-first full-speed generic-ids; do
+    id=1209:00e7
+    [ "$layout" = generic-ids ] && id=0525:a4a0
+    args=(--usb-layout "$layout")
+    [ "$layout" = generic-ids ] || args+=(--usb-id "$id")
+    "$iapctl" simulate --gadget "${args[@]}" > "$work/simulate-$layout.out" 2> "$work/simulate-$layout.err" &
+    simulator=$!
+    pids+=("$simulator")
+    timeout 60 "$iapctl" wait --direct --usb-id "$id" --timeout 30 > "$work/wait-$layout.out" 2> "$work/wait-$layout.err" \
+        || fail "layout $layout: the accessory was not identified within 30 s"
+    timeout 120 "$iapctl" send --direct com.example.echo "$work/payload" --verify-echo --json > "$work/send-$layout.out" 2> "$work/send-$layout.err" \
+        || fail "layout $layout: iapctl send --verify-echo failed"
+    grep -q '"verified":true' "$work/send-$layout.out" || fail "layout $layout: the echo was not verified"
+    device=$(grep -l "$(cut -d: -f2 <<<"$id")" /sys/bus/usb/devices/*/idProduct 2>/dev/null | head -n 1 || true)
+    interfaces=$(cat "$(dirname "$device")"/*:*/bInterfaceClass 2>/dev/null | tr '\n' ' ' || true)
+    echo "field: layout $layout ($id): identified and 1 MiB echoed byte-exact; interface classes: $interfaces"
+    kill "$simulator"
+    wait "$simulator" || true
+done
