@@ -277,7 +277,8 @@ extension SimulatorProfile {
 
     /// The link configuration with the deviations that change the link applied.
     func applyingDeviations(to configuration: inout LinkConfiguration) {
-        for deviation in deviations {
+        // In catalogue order, so the session table is set before the bare ACKs take its control id.
+        for deviation in deviations.sorted() {
             switch deviation {
             case .skipsDetect: configuration.skipsDetect = true
             case .outOfRangeTimers: configuration.parameters.cumulativeAckTimeout = 0

@@ -36,7 +36,10 @@ struct Upper: LinkSink, Sendable {
     /// spreads its certificate over eight, PROTOCOL.md §7.7), joined from the packets that
     /// follow on the control session up to its declared length; given up on when the next part
     /// does not come within `answerTimeout`.
-    var partialControl: (bytes: [UInt8], length: Int, deadline: LinkTime)?
+    var partialControl: (bytes: [UInt8], length: Int, deadline: LinkTime, started: LinkTime)?
+    /// The longest a control message may take to come whole, from its first part: four answer
+    /// timeouts (64 KiB at 9,600 baud takes about 70 s; a certificate, one).
+    static let controlReassemblyLimit = 4
     /// Accessory: spread control messages longer than this many bytes after the headers over
     /// several link packets, as the Clicks keyboard does (nil: one message, one packet).
     var controlSplitChunk: Int?
@@ -97,6 +100,7 @@ struct Upper: LinkSink, Sendable {
         if role == .device {
             identified = false
             identity = nil
+            lastRejection = nil
             authentication = .notChecked
             authenticationPassed = false
             send(ControlMessage(id: .requestAuthenticationCertificate))
@@ -196,17 +200,50 @@ struct Upper: LinkSink, Sendable {
         }
     }
 
+    /// Whether `bytes` start a message longer than they are, as an accessory that spreads
+    /// messages sends them: a message header declaring more than the packet holds (and at most
+    /// 65,535 bytes), followed by whole parameters and at most one parameter that runs past the
+    /// packet within the declared length. Anything else is malformed, not a part.
+    static func startsLongMessage(_ bytes: RawSpan) -> Bool {
+        guard bytes.byteCount >= ControlMessage.headerSize + Parameter.headerSize,
+              let declared = try? ControlMessage.declaredLength(in: bytes), declared > bytes.byteCount else { return false }
+        let head = bytes.withUnsafeBytes { Array($0) }
+        var offset = ControlMessage.headerSize
+        while offset + Parameter.headerSize <= head.count {
+            let length = Int(head[offset]) << 8 | Int(head[offset + 1])
+            guard length >= Parameter.headerSize, offset + length <= declared else { return false }
+            offset += length
+        }
+        return true
+    }
+
+    /// Whether `bytes` are one or more whole control messages.
+    static func wholeMessages(_ bytes: RawSpan) -> Bool {
+        var offset = 0
+        while offset < bytes.byteCount {
+            guard let (_, length) = try? ControlMessage.decode(prefixOf: bytes.extracting(offset..<bytes.byteCount)) else { return false }
+            offset += length
+        }
+        return offset > 0
+    }
+
     /// A control-session payload: the control messages in it, joined with the parts before and
     /// after it where a message is longer than its packet.
     mutating func acceptControl(_ payload: RawSpan) {
         var offset = 0
         let count = payload.byteCount
-        if var partial = partialControl {
+        if let partial = partialControl, Self.wholeMessages(payload) {
+            // A packet of whole messages is no part of the one pending: that one was not what it
+            // said (a length that lied), and is dropped rather than swallow good messages.
+            partialControl = nil
+            events.append(.malformedMessage("a control message of \(partial.length) bytes stopped after \(partial.bytes.count), "
+                + "and whole messages came instead; dropped"))
+        } else if var partial = partialControl {
             let take = min(partial.length - partial.bytes.count, count)
             payload.extracting(0..<take).withUnsafeBytes { partial.bytes.append(contentsOf: $0) }
             offset = take
             guard partial.bytes.count == partial.length else {
-                partial.deadline = now + answerTimeout
+                partial.deadline = min(now + answerTimeout, partial.started + answerTimeout * Self.controlReassemblyLimit)
                 partialControl = partial
                 return
             }
@@ -227,9 +264,8 @@ struct Upper: LinkSink, Sendable {
                 // A message that declares more bytes than its packet holds: the rest follows in
                 // the next packets of the control session (bounded by the declared length, at
                 // most 65,535 bytes, and by `answerTimeout` a part).
-                if role == .device, rest.byteCount >= ControlMessage.headerSize,
-                   let declared = try? ControlMessage.declaredLength(in: rest), declared > rest.byteCount {
-                    partialControl = (rest.withUnsafeBytes { Array($0) }, declared, now + answerTimeout)
+                if role == .device, Self.startsLongMessage(rest), let declared = try? ControlMessage.declaredLength(in: rest) {
+                    partialControl = (rest.withUnsafeBytes { Array($0) }, declared, now + answerTimeout, now)
                     tolerate("split-control-message",
                              "the accessory spreads control messages over several link packets (one of \(declared) bytes began in a packet of \(rest.byteCount)); joined")
                 } else {

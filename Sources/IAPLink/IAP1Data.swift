@@ -70,6 +70,24 @@ extension IAP1Endpoint {
             return
         }
         let entry = inFlight.remove(at: index)
+        if role == .device, status == IAP1AckStatus.success {
+            dataAcknowledgementsSeen = true
+            if transactionIDs {
+                // An accessory acknowledges its session's packets in order: earlier ones of the
+                // same session still waiting lost their iPodAck on the way (iAP1 resends nothing).
+                var kept = inFlight
+                kept.removeAll(keepingCapacity: true)
+                for (position, earlier) in inFlight.enumerated() {
+                    if position < index, earlier.session == entry.session {
+                        sessions[earlier.session]?.acknowledged += earlier.bytes
+                        if let tid = earlier.transactionID { retiredTransactions.append(tid) }
+                    } else {
+                        kept.append(earlier)
+                    }
+                }
+                inFlight = kept
+            }
+        }
         guard status == IAP1AckStatus.success else {
             let name = IAP1Catalogue.ackStatuses[status] ?? "status 0x\(hexByte(status))"
             endSession(entry.session, reason: "the peer refused \(entry.bytes) bytes of data (\(name))")

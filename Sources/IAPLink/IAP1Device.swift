@@ -144,6 +144,8 @@ extension IAP1Endpoint {
         tokenProblems = []
         declaredIndices = []
         requiredTokenRejected = false
+        dataAcknowledgementsMissing = false
+        dataAcknowledgementsSeen = false
         step = .idle
         deadline = nil
     }

@@ -91,6 +91,10 @@ public struct IAP1Endpoint: Sendable {
     /// Device: the accessory left a data packet unacknowledged for `answerTimeout`: its data
     /// is taken as delivered when sent from then on (said once), instead of waited for.
     var dataAcknowledgementsMissing = false
+    /// Device: the accessory acknowledged a data packet on this connection: a packet left
+    /// unacknowledged is then its flow control (or a lost iPodAck, settled by the next), and is
+    /// waited for.
+    var dataAcknowledgementsSeen = false
     /// Device: FID tokens and what was wrong with them, gathered between StartIDPS and EndIDPS.
     var tokens: [FIDToken] = []
     var requiredTokenRejected = false
@@ -326,7 +330,7 @@ public struct IAP1Endpoint: Sendable {
                 events.append(.controlFailed(.noAnswer(what)))
             }
         }
-        if role == .device, let oldest = inFlight.first, oldest.sentAt + answerTimeout <= now {
+        if role == .device, !dataAcknowledgementsSeen, let oldest = inFlight.first, oldest.sentAt + answerTimeout <= now {
             // An accessory that never answers AccessoryDataTransfer... iPodDataTransfer with
             // iPodAck would otherwise hold every session's window for ever.
             dataAcknowledgementsMissing = true
@@ -350,7 +354,7 @@ public struct IAP1Endpoint: Sendable {
 
     /// When ``advance(to:)`` must be called next, if anything is scheduled.
     public var nextDeadline: LinkTime? {
-        ([deadline, gapDeadline, role == .device ? inFlight.first.map { $0.sentAt + answerTimeout } : nil]
+        ([deadline, gapDeadline, role == .device && !dataAcknowledgementsSeen ? inFlight.first.map { $0.sentAt + answerTimeout } : nil]
             + sessions.values.map(\.openDeadline)).compactMap { $0 }.min()
     }
 

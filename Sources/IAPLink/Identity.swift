@@ -295,7 +295,10 @@ public struct AccessoryIdentity: Hashable, Sendable, Codable {
     /// their NUL (read up to it; for the log).
     public static func stringParametersWithBytesAfterNUL(in message: ControlMessage) -> [UInt16] {
         let ids = message.parameters.filter { parameter in
-            MessageCatalogue.identificationParameters[parameter.id]?.type == .utf8 && parameter.hasBytesAfterNUL
+            if MessageCatalogue.identificationParameters[parameter.id]?.type == .utf8 { return parameter.hasBytesAfterNUL }
+            // The names inside the protocol and transport-component groups.
+            guard [10, 14, 15, 16, 17, 24].contains(parameter.id), let group = try? parameter.group() else { return false }
+            return group.contains { $0.id == 1 && $0.hasBytesAfterNUL }
         }.map(\.id)
         return Set(ids).sorted()
     }

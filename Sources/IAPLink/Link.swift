@@ -135,6 +135,13 @@ public struct IAP2Link: Sendable {
     var sequenceGap: GapWatch?
     /// Device: the accessory was seen sending a packet again (a duplicate, or a gap filled).
     var peerRetransmits = false
+    /// Device: a data packet came since the link came up. The accessory's numbering is judged
+    /// only before it (see ``noteBareAck(_:now:sink:)``): later, a bare ACK after a lost data
+    /// packet looks like one that carries the next number.
+    var dataSinceLinkUp = false
+    /// Device: the last number stepped over as used up by a bare ACK (an accessory whose next
+    /// data packet then carries it after all numbers its bare ACKs the Double 2's way).
+    var lastSteppedOver: UInt8?
     /// Device: the kinds of ``LinkEvent/tolerated(_:)`` said on this link.
     var toleratedKinds = Set<String>()
     /// Accessory: the device's SYN|ACK was answered with our own offer restated
@@ -460,6 +467,10 @@ public struct IAP2Link: Sendable {
         sequenceGap = nil
         aheadBareAcks.removeAll()
         peerNumbering = .unknown
+        dataSinceLinkUp = false
+        lastSteppedOver = nil
+        peerRetransmits = false
+        restatedOffer = false
         pendingAcks = 0
         ackDeadline = nil
         ackOwed = false

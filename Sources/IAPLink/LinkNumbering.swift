@@ -57,9 +57,10 @@ extension IAP2Link {
         let expected = lastReceived &+ 1
         switch peerNumbering {
         case .unknown:
-            // Judged only while nothing is missing or refused: a bare ACK after a lost data
-            // packet carries that packet's number by the reference.
-            guard held.isEmpty, !refusing else { return }
+            // Judged only before the accessory's first data packet, while nothing is missing or
+            // refused: later, a bare ACK after a lost data packet carries that packet's number
+            // by the reference, and looks like one that carries the next.
+            guard !dataSinceLinkUp, held.isEmpty, !refusing else { return }
             if sequence == lastReceived {
                 peerNumbering = .known(.reference)
             } else if sequence == expected {
@@ -92,6 +93,7 @@ extension IAP2Link {
             peerNumbering = .known(.usesUp)
             statistics.sequenceNumbersUsedByBareAcks += aheadBareAcks.count
             lastReceived = last
+            lastSteppedOver = last
             tolerate(.bareAcksUseUpNumbers)
         } else {
             // Neither: a loss after all; the numbering is judged again later.
@@ -105,12 +107,11 @@ extension IAP2Link {
         let distance = Int(sequence &- (lastReceived &+ 1))
         let window = max(Int(configuration.parameters.maxOutstandingPackets), 1)
         if distance == 0 {
+            // Behind a refused packet, the number is the refused packet's own: nothing to step over.
+            guard !refusing, held[sequence] == nil else { return }
             statistics.sequenceNumbersUsedByBareAcks += 1
-            if refusing {
-                held[sequence] = Held(sessionID: 0, payload: ReceivedBytes([UInt8]()[...]), numberOnly: true)
-                return
-            }
             lastReceived = sequence
+            lastSteppedOver = sequence
             let before = pendingAcks
             deliverHeld(sink: &sink)
             if pendingAcks > before { scheduleAck(now: now) }
@@ -120,6 +121,25 @@ extension IAP2Link {
             held[sequence] = Held(sessionID: 0, payload: ReceivedBytes([UInt8]()[...]), numberOnly: true)
             watchSequenceGap(now: now)
         }
+    }
+
+    /// Device, accessory numbering ``BareAckNumbering/usesUp``: a data packet that carries the
+    /// number last stepped over shows that the accessory's bare ACKs carry the next number
+    /// after all (the first data packet the decision rested on followed a loss). The packet is
+    /// delivered in its place (the number carried nothing) and the numbering corrected.
+    /// - Returns: whether it was taken.
+    mutating func correctNumbering<Sink: LinkSink>(_ header: LinkPacketHeader, payload: RawSpan, retained: ReceivedBytes?,
+                                                   now: LinkTime, sink: inout Sink) -> Bool {
+        guard case .known(.usesUp) = peerNumbering, header.sequence == lastSteppedOver, header.sequence == lastReceived, !refusing,
+              sink.accept(sessionID: header.sessionID, payload: payload, retained: retained) else { return false }
+        peerNumbering = .known(.next)
+        lastSteppedOver = nil
+        statistics.payloadBytesDelivered += payload.byteCount
+        statistics.dataPacketsDelivered += 1
+        pendingAcks += 1
+        scheduleAck(now: now)
+        tolerate(.bareAcksCarryNextNumber)
+        return true
     }
 
     /// Device: starts, keeps or ends the watch on a gap after any change to what was received.

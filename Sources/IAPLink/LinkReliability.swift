@@ -101,7 +101,10 @@ extension IAP2Link {
             statistics.payloadBytesCopiedIn += payload.byteCount
             return ReceivedBytes(payload.withUnsafeBytes { Array($0) }[...])
         }
-        if role == .device { decideNumbering(dataSequence: header.sequence) }
+        if role == .device {
+            decideNumbering(dataSequence: header.sequence)
+            dataSinceLinkUp = true
+        }
         let expected = lastReceived &+ 1
         let distance = Int(header.sequence &- expected)
         let window = Int(configuration.parameters.maxOutstandingPackets)
@@ -135,7 +138,9 @@ extension IAP2Link {
             deliverHeld(sink: &sink)
             scheduleAck(now: now)
         } else if distance >= 128 {
-            // Already delivered: acknowledge again, deliver nothing.
+            // Already delivered: acknowledge again, deliver nothing (unless it carries a number
+            // wrongly stepped over, ``correctNumbering``).
+            if role == .device, correctNumbering(header, payload: payload, retained: retained, now: now, sink: &sink) { return }
             statistics.duplicatesReceived += 1
             peerRetransmits = true
             oweAck()
@@ -186,6 +191,11 @@ extension IAP2Link {
         let before = lastReceived
         deliverHeld(sink: &sink)
         if lastReceived != before { oweAck() }
+        // A gap behind the packets that were refused is watched (and asked for) from now.
+        if role == .device, !refusing, !held.isEmpty, held[lastReceived &+ 1] == nil, sequenceGap == nil {
+            sendEAK()
+            watchSequenceGap(now: now)
+        }
     }
 
     mutating func scheduleAck(now: LinkTime) {

@@ -159,12 +159,15 @@ struct SequenceToleranceTests {
 
     @Test("a control message whose rest never comes is dropped after the answer timeout, named; the link stays up")
     func splitMessageThatStops() throws {
+        let zeroLength: [UInt8] = [0x40, 0x40, 0x03, 0x84, 0xAE, 0x03, 0x00, 0x00, 0x00, 0x00]
+        let joined = Upper.startsLongMessage(zeroLength.span.bytes)
+        #expect(!joined, "a parameter of length 0 is no part of a message: malformed")
         var pair = Pair()
         pair.start()
         #expect(pair.run { $0.identified })
         let control = try #require(pair.accessory.link.negotiated?.session(ofType: .control)?.id)
-        // Declares 900 bytes, brings 100.
-        let start: [UInt8] = [0x40, 0x40, 0x03, 0x84, 0xAE, 0x03] + [UInt8](repeating: 0, count: 94)
+        // Declares 900 bytes, brings 100: a parameter of 894 bytes begun.
+        let start: [UInt8] = [0x40, 0x40, 0x03, 0x84, 0xAE, 0x03, 0x03, 0x7E, 0x00, 0x00] + [UInt8](repeating: 0, count: 90)
         let queued = pair.accessory.sendLinkPayload(sessionID: control, payload: start, now: pair.now)
         #expect(queued)
         let sent = pair.now

@@ -87,8 +87,6 @@ func nativeInterface(of protocolName: String, on accessory: Accessory) -> UInt8?
 
 enum WatchCommand {
     static func run(_ command: ParsedCommand) throws -> ExitCode {
-        let session = try HostContext(command)
-        defer { session.shutdown() }
         let json = command.flag("json")
         let limit = try command.integer("count", in: 1...1_000_000)
         let stop = DispatchSemaphore(value: 0)
@@ -97,7 +95,9 @@ enum WatchCommand {
         Glibc.signal(SIGINT, SIG_IGN)
         signal.setEventHandler { stop.signal() }
         signal.resume()
-        let subscription = session.manager.onEvent(queue: DispatchQueue(label: "iapctl.watch")) { event in
+        // Subscribed before the context starts any source: a simulated accessory is identified
+        // (and may ask for an app) while the context is being built.
+        let handler: @Sendable (AccessoryEvent) -> Void = { event in
             let line: String
             switch event {
             case let .connected(accessory):
@@ -125,8 +125,12 @@ enum WatchCommand {
             }
             if let limit, count >= limit { stop.signal() }
         }
+        var hooks = HostContext.Hooks()
+        hooks.events = (DispatchQueue(label: "iapctl.watch"), handler)
+        let session = try HostContext(command, hooks: hooks)
+        defer { session.shutdown() }
         stop.wait()
-        subscription.cancel()
+        session.commandSubscription?.cancel()
         signal.cancel()
         return .success
     }

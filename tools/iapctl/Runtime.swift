@@ -43,6 +43,8 @@ final class HostContext: Sendable {
     /// cannot be opened…), as "location: reason".
     let failures = FailureLog()
     private let subscription: EventSubscription
+    /// The command's own subscription (``Hooks/events``), from before any source started.
+    let commandSubscription: EventSubscription?
 
     /// What a command may change in how the context is built (`report`: its own logger and
     /// trace, and never through iapd).
@@ -53,6 +55,9 @@ final class HostContext: Sendable {
         var transportTap: (@Sendable (any Transport) -> any Transport)?
         /// Open accessories in this process whatever `--direct` says.
         var direct = false
+        /// Events delivered on the queue from before any source starts (`watch`): a simulated
+        /// accessory is identified, and may ask for an app, before the context is built.
+        var events: (queue: DispatchQueue, handler: @Sendable (AccessoryEvent) -> Void)?
     }
 
     init(_ command: ParsedCommand, supportedProtocols: [String] = [], hooks: Hooks = Hooks()) throws {
@@ -67,7 +72,9 @@ final class HostContext: Sendable {
             configuration.transportTap = extraTap
         }
         configuration.daemon = .never // decided below
-        manager = AccessoryManager(configuration: configuration)
+        let created = AccessoryManager(configuration: configuration)
+        manager = created
+        commandSubscription = hooks.events.map { created.onEvent(queue: $0.queue, $0.handler) }
         let failures = self.failures
         subscription = manager.onEvent(queue: manager.queue) { event in
             if case let .failed(location, reason) = event { failures.entries.withLock { $0.append("\(location): \(reason)") } }
@@ -172,6 +179,7 @@ final class HostContext: Sendable {
 
     func shutdown() {
         subscription.cancel()
+        commandSubscription?.cancel()
         manager.stop()
         for runner in simulators.withLock({ $0 }) { runner.stop() }
         traceSink?.finish()
