@@ -171,7 +171,7 @@ extension USBRigTests {
         if layout == .fullSpeed { #expect(function.bulkIn.packetSize == 64 && function.bulkOut.packetSize == 64) }
         let session = try await accessory.openSession(for: "rig.echo.1")
         defer { session.close() }
-        #expect(try await echo(session, pattern(256 << 10, seed: 31)))
+        #expect(try await echo(session, pattern(64 << 10, seed: 31)))
         print("USB rig: layout \(layout.rawValue) over FunctionFS: \(info.descriptor.idString), class \(info.descriptor.deviceClass), configuration "
             + "\(info.activeConfiguration.map(String.init) ?? "none"), iAP2 interface \(function.interface.number): "
             + "\(function.interface.endpoints.map(\.description).joined(separator: ", ")) (the kernel's numbers); echo byte-exact")

@@ -171,6 +171,8 @@ dbus-send --system --print-reply --dest=org.bluez "$device" org.bluez.Device1.Di
 
 head -c $((mib << 20)) /dev/urandom > "$work/payload"
 head -c $((mib << 20)) /dev/urandom > "$work/payload2"
+# Round 0 shows the way to the accessory; the rounds after it carry the payload's weight.
+head -c $((256 << 10)) /dev/urandom > "$work/payload0"
 # Long enough to be cut off: the accessory's controller goes off a few seconds into it.
 head -c $((64 << 20)) /dev/zero > "$work/long"
 simulator=""
@@ -225,7 +227,7 @@ grep -qi "deafdecacafe" <<<"$uuids" && fail "round 0: the accessory should not a
 say "ok: round 0: the host's BlueZ lists the accessory with $caff and without …cafe"
 start=$SECONDS
 "$iapctl" --no-usb --bluetooth-connect "$accessory" --bluetooth-agent --bluetooth-channel "$channel" --timeout 180 -v \
-    send com.example.echo "$work/payload" --verify-echo --json > "$results/bt-host-0.json" 2> "$results/bt-host-0.err"
+    send com.example.echo "$work/payload0" --verify-echo --json > "$results/bt-host-0.json" 2> "$results/bt-host-0.err"
 status=$?
 took=$((SECONDS - start))
 [ "$status" = 0 ] || { say "host stderr: $(tail -5 "$results/bt-host-0.err" | tr '\n' ' ')"; say "accessory: $(tail -5 "$results/bt-accessory-caff.log" | tr '\n' ' ')"; fail "round 0: the host exited $status"; }
@@ -233,7 +235,7 @@ grep -q "through its iAP2 service $caff" "$results/bt-host-0.err" || fail "round
 grep -q "connected through hci1" "$results/bt-accessory-caff.log" || fail "round 0: the accessory saw no host connect on hci1"
 identity=$(check_identity "$results/bt-host-0.json") || fail "round 0: $identity"
 grep -q '"verified":true' "$results/bt-host-0.json" || fail "round 0: the echo was not verified"
-say "ok: round 0 (connecting out to $caff): identified: $identity; $mib MiB echoed byte-exact in ${took} s (connection included)"
+say "ok: round 0 (connecting out to $caff): identified: $identity; 256 KiB echoed byte-exact in ${took} s (connection included)"
 kill "$advertiser" 2>/dev/null; wait "$advertiser" 2>/dev/null
 
 # Round 1, one process: the host (iapctl --bluetooth) waits for an accessory, sends the payload
