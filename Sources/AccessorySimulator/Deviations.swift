@@ -47,6 +47,9 @@ extension SimulatorProfile {
         case bareAcksOnControlSession = "bare-acks-on-control-session"
         /// Never sends a packet again, for a timeout or an EAK (the Clicks keyboard, §7.7).
         case neverRetransmits = "never-retransmits"
+        /// Keeps up to 127 packets in flight whatever the device's window (the Clicks keyboard,
+        /// §7.7).
+        case ignoresWindow = "ignores-window"
         /// Acknowledges every packet at once (one cumulative ACK; the TD300 §7.2, the Clicks
         /// keyboard §7.7).
         case acknowledgesEveryPacket = "acknowledges-every-packet"
@@ -191,7 +194,8 @@ extension SimulatorProfile {
             case .fileTransferSession: "PROTOCOL.md §7.4 (Hyundai DN8)"
             case .windowOfOne: "PROTOCOL.md §7.2 (TD300), §7.6 (Double 2)"
             case .oversizedPackets: "PROTOCOL.md §7.5, §7.6; issue 31"
-            case .bareAcksUseUpNumbers, .bareAcksOnControlSession, .neverRetransmits, .restatesOffer, .splitControlMessages, .controlSessionOnly,
+            case .bareAcksUseUpNumbers, .bareAcksOnControlSession, .neverRetransmits, .ignoresWindow, .restatesOffer, .splitControlMessages,
+                 .controlSessionOnly,
                  .bytesAfterNUL, .unknownIdentificationParameters, .powerChatter:
                 "PROTOCOL.md §7.7 (Clicks keyboard)"
             case .acknowledgesEveryPacket: "PROTOCOL.md §7.2 (TD300), §7.7 (Clicks keyboard)"
@@ -294,6 +298,7 @@ extension SimulatorProfile {
             case .bareAcksOnControlSession:
                 configuration.bareAckSessionID = configuration.parameters.session(ofType: .control)?.id ?? 1
             case .neverRetransmits: configuration.retransmits = false
+            case .ignoresWindow: configuration.ignoresPeerWindow = true
             case .restatesOffer: configuration.restatesOffer = true
             default: break
             }

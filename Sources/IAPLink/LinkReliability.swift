@@ -6,7 +6,8 @@ internal import IAPWire
 extension IAP2Link {
     mutating func pump(now: LinkTime) {
         guard state == .connected, let parameters = peerLimits else { return }
-        while unacked.count < Int(parameters.maxOutstandingPackets), var next = sendQueue.popFirst() {
+        let window = configuration.ignoresPeerWindow ? 127 : Int(parameters.maxOutstandingPackets)
+        while unacked.count < window, var next = sendQueue.popFirst() {
             let sequence = nextSequence
             nextSequence &+= 1
             lastSentSequence = sequence

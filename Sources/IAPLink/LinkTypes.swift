@@ -77,6 +77,10 @@ public struct LinkConfiguration: Sendable {
     /// Accessory role: send the SYN without a detect first (the device must start negotiating on
     /// the SYN alone).
     public var skipsDetect = false
+    /// Accessory role: keep up to 127 packets in flight whatever the device's window (the Clicks
+    /// keyboard does not look at it, PROTOCOL.md §7.7). The device delivers packets that come in
+    /// order beyond its window as any other.
+    public var ignoresPeerWindow = false
 
     /// Creates a configuration; see each property.
     public init(parameters: LinkParameters, detectInterval: Duration = .seconds(1), maxNegotiationRounds: Int = 10,
