@@ -2,6 +2,8 @@
 // for the simulated accessory's gadget: a host must find the iAP2 interface and its native
 // interfaces however an accessory lays them out.
 
+internal import IAPTransport
+
 /// How the simulated accessory lays out its USB descriptors: the project's own layout, or the
 /// shape of an accessory seen in the field (PROTOCOL.md §7).
 ///
@@ -118,4 +120,14 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
 
     /// Whether the endpoint addresses differ from ``standard``'s (only GadgetFS can present them).
     public var placesEndpoints: Bool { self == .supercamera || self == .flirOne }
+}
+
+extension USBDescriptorLayout {
+    /// Why the GadgetFS gadget refuses this layout (``needsFunctionFS``), and what to do instead.
+    var functionFSOnly: TransportError {
+        TransportError("GadgetFS does not present the layout '\(rawValue)' (its interrupt endpoint, other "
+                       + "interfaces, speed or ids are the FunctionFS gadget's)",
+                       advice: "present it with the FunctionFS gadget (USBGadget, iapctl simulate --gadget), or choose "
+                           + Self.allCases.filter { !$0.needsFunctionFS }.map(\.rawValue).joined(separator: ", "))
+    }
 }

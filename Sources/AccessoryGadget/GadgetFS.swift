@@ -81,16 +81,11 @@ public struct GadgetFSLayout: Sendable, Hashable {
     /// descriptor the endpoint was enabled with, so the host sees the layout's numbers either
     /// way.
     ///
-    /// - Throws: ``TransportError`` when there are more native protocols than endpoint files, or
-    ///   for a layout only the FunctionFS gadget presents (``USBDescriptorLayout/needsFunctionFS``).
+    /// - Throws: ``TransportError`` for more native protocols than endpoint files, or a layout only
+    ///   the FunctionFS gadget presents (``USBDescriptorLayout/needsFunctionFS``).
     public init(vendorID: UInt16, productID: UInt16, manufacturer: String, product: String, serialNumber: String,
                 nativeProtocols: [String], descriptorLayout: USBDescriptorLayout) throws(TransportError) {
-        guard !descriptorLayout.needsFunctionFS else {
-            throw TransportError("GadgetFS does not present the layout '\(descriptorLayout.rawValue)' (its interrupt endpoint, other "
-                                 + "interfaces, speed or ids are the FunctionFS gadget's)",
-                                 advice: "present it with the FunctionFS gadget (USBGadget, iapctl simulate --gadget), or choose "
-                                     + USBDescriptorLayout.allCases.filter { !$0.needsFunctionFS }.map(\.rawValue).joined(separator: ", "))
-        }
+        guard !descriptorLayout.needsFunctionFS else { throw descriptorLayout.functionFSOnly }
         var pairs = Self.dummyHCDPairs
         if descriptorLayout.placesEndpoints {
             var addresses = [descriptorLayout.iAP2Endpoints]
