@@ -124,7 +124,7 @@ extension SimulatorProfile {
 
         /// Orders by catalogue position.
         public static func < (lhs: Self, rhs: Self) -> Bool {
-            allCases.firstIndex(of: lhs)! < allCases.firstIndex(of: rhs)!
+            (allCases.firstIndex(of: lhs) ?? 0) < (allCases.firstIndex(of: rhs) ?? 0)
         }
 
         /// Decodes a deviation name, naming the valid ones when it is not one of them.
