@@ -18,7 +18,10 @@ machine costs time, never a hang.
 
 Nothing iapd writes is trusted: its counters are checked (ring 0's head neither moves back nor
 passes this side's tail; ring 1's tail neither moves back nor runs more than a ring ahead of
-this side's head) and every copy is bounded by the mapping.
+this side's head) and every copy is bounded by the mapping. A check reads a counter, compares
+it with the last value seen and keeps the new one, and any thread may make it (the one that
+polls the wake socket heals for the others), so each check holds the rings' counter lock: a
+value one thread read before another thread's fresher one is never compared with it.
 """
 
 from __future__ import annotations
@@ -96,34 +99,43 @@ class Rings:
         self._acknowledged = int(words[_ACKNOWLEDGED])
         #: iapd closed its end of the wake socket: the session ended (its last bytes are in ring 1).
         self.peer_closed = False
+        # Serializes each read-compare-keep of a counter iapd writes (see the module's doc).
+        self._counters = threading.Lock()
 
     # ---- counters iapd writes, checked --------------------------------------------------
 
     def _head_out(self) -> int:
-        head = int(self._words[_HEAD[0]])
-        if head < self._peer_head or head > self.written:
-            raise ProtocolError(f"iapd's head of the outgoing ring moved from {self._peer_head} to {head} "
-                                f"with {self.written} written: the session's shared ring is broken")
-        self._peer_head = head
-        return head
+        with self._counters:
+            # The head is read before ``written``: iapd's head never passes the published tail,
+            # which ``written`` reaches first.
+            head = int(self._words[_HEAD[0]])
+            if head < self._peer_head or head > self.written:
+                raise ProtocolError(f"iapd's head of the outgoing ring moved from {self._peer_head} to {head} "
+                                    f"with {self.written} written: the session's shared ring is broken")
+            self._peer_head = head
+            return head
 
     def _tail_in(self) -> int:
-        tail = int(self._words[_TAIL[1]])
-        if tail < self._peer_tail or tail - self.taken > self.capacity:
-            raise ProtocolError(f"iapd's tail of the incoming ring moved from {self._peer_tail} to {tail} "
-                                f"with {self.taken} taken: the session's shared ring is broken")
-        self._peer_tail = tail
-        return tail
+        with self._counters:
+            # The tail is read before ``taken``: iapd fills at most a ring past the published
+            # head, which ``taken`` reaches first.
+            tail = int(self._words[_TAIL[1]])
+            if tail < self._peer_tail or tail - self.taken > self.capacity:
+                raise ProtocolError(f"iapd's tail of the incoming ring moved from {self._peer_tail} to {tail} "
+                                    f"with {self.taken} taken: the session's shared ring is broken")
+            self._peer_tail = tail
+            return tail
 
     @property
     def acknowledged(self) -> int:
         """Bytes of this side's the accessory acknowledged (checked: never back, never past written)."""
-        value = int(self._words[_ACKNOWLEDGED])
-        if value < self._acknowledged or value > self.written:
-            raise ProtocolError(f"iapd's acknowledged count moved from {self._acknowledged} to {value} "
-                                f"with {self.written} written: the session's shared ring is broken")
-        self._acknowledged = value
-        return value
+        with self._counters:
+            value = int(self._words[_ACKNOWLEDGED])
+            if value < self._acknowledged or value > self.written:
+                raise ProtocolError(f"iapd's acknowledged count moved from {self._acknowledged} to {value} "
+                                    f"with {self.written} written: the session's shared ring is broken")
+            self._acknowledged = value
+            return value
 
     # ---- moving bytes ---------------------------------------------------------------------
 

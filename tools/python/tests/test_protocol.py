@@ -202,6 +202,54 @@ def test_a_peer_that_floods_the_wake_socket_does_not_hold_the_reader() -> None:
     rings.close()
 
 
+def test_a_counter_read_by_two_threads_is_not_taken_for_one_that_moved_back() -> None:
+    """The thread that polls heals for the others, so two threads check iapd's tail at once.
+    Here the reader reads the tail, iapd then moves it, and the polling thread reads and keeps
+    the fresher value before the reader compares its own: the reader must not see the tail
+    move back (the 16 MiB echo once failed so, a writer polling while the reader waited)."""
+    descriptor = memfd({0: MAGIC, 1: 1, 2: 4096})
+    wake, other = socket.socketpair()
+    rings = Rings(descriptor, wake)
+    os.close(descriptor)
+    words = rings._words
+    errors: List[BaseException] = []
+
+    def heal() -> None:
+        try:
+            rings.available()
+        except BaseException as error:  # reported below
+            errors.append(error)
+    healer = threading.Thread(target=heal)
+
+    class Interleaved:
+        """The ring's words, where the reader's first read of the tail lets iapd move it and
+        the other thread run before the reader goes on."""
+        def __init__(self) -> None:
+            self.first = True
+
+        def __getitem__(self, index: int) -> int:
+            value = int(words[index])
+            if index == 8 + 32 and self.first:
+                self.first = False
+                words[index] = value + 100
+                healer.start()
+                healer.join(timeout=0.5)  # with the counter lock it waits for the reader
+            return value
+
+        def __setitem__(self, index: int, value: int) -> None:
+            words[index] = value
+
+    rings._words = Interleaved()  # type: ignore[assignment]
+    assert rings.available() == 0
+    healer.join()
+    assert not errors
+    rings._words = words
+    assert rings.available() == 100
+    rings.close()
+    wake.close()
+    other.close()
+
+
 def test_an_old_daemon_that_drops_the_client_for_stats(fake) -> None:  # type: ignore[no-untyped-def]
     def old(connection: socket.socket, requests: Iterator[dict]) -> None:
         welcome(connection, requests)
