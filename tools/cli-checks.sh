@@ -180,6 +180,23 @@ check "decode stops at a mistake in hex" 65 "$iapctl" decode "$work/mistake.hex"
 contains "decode shows the frames before a mistake" out '#1 iAP2 ACK seq=0x01 ack=0x40'
 contains "decode names the mistake" err 'mistake.hex, line 2, column 7: '"'"'z'"'"' is not a hex digit'
 check "decode --json" 0 "$iapctl" decode --json "$here/samples/dji-syn.hex"
+# The offline check of a real captured authentication (the Pioneer receiver, iAP1), then the same
+# with one byte of the challenge changed.
+check "decode checks a captured authentication" 0 "$iapctl" decode --transaction-ids off "$here/samples/pioneer-auth.hex"
+contains "decode says the real signature is valid" out 'authentication: 1 response checked, 1 valid: iAP1 valid (chain not checked)'
+contains "decode shows the steps" out 'signature: holds: valid: the 128-byte response is the certificate'"'"'s RSA 1024-bit key'"'"'s signature of the challenge'
+python3 - "$here/samples/pioneer-auth.hex" > "$work/pioneer-changed.hex" <<'PY'
+import sys
+for line in open(sys.argv[1]):
+    if line.startswith("ff 55 17 00 17 "):  # the challenge: its first byte changed, the checksum again
+        packet = bytearray.fromhex(line)
+        packet[5] ^= 0x01
+        packet[-1] = -sum(packet[2:-1]) & 0xFF
+        line = packet.hex(" ") + "\n"
+    sys.stdout.write(line)
+PY
+check "decode checks a changed challenge" 0 "$iapctl" decode --transaction-ids off "$work/pioneer-changed.hex"
+contains "decode names the failing step" out 'iAP1 signature fails: the response is a signature by the certificate'"'"'s key, but of other bytes than this challenge (they differ at byte 0)'
 contains "decode --json is one object per line" out '{"schemaVersion":1,"kind":"iap2","offset":0,"length":23,"control":"SYN"'
 
 # open --socket: a client echoes 1 MiB through the session. Python starts iapctl and reads its
@@ -560,6 +577,7 @@ timeout 60 "$iapctl" "${sim[@]}" send com.example.echo "$work/native.bin" --veri
 timeout 60 "$iapctl" --no-usb "--simulate=$work/vanish.json" send com.example.sink "$work/image.bin" --json > "$work/sendfail.json" 2> /dev/null || true
 "$iapctl" decode --json "$here/samples/dji-syn.hex" > "$work/decode.json"
 "$iapctl" decode --json "$here/samples/iap1-idps.hex" >> "$work/decode.json" || true
+"$iapctl" decode --json --transaction-ids off "$here/samples/pioneer-auth.hex" >> "$work/decode.json"
 for pair in list:list info:info wait:wait wait:gone watch:watch watch:applaunch send:send send:sendfail decode:decode; do
     if python3 "$here/check-json.py" "${pair%%:*}" "$work/${pair#*:}.json" 2> "$work/schema.err"; then
         echo "cli-checks: ok ${pair#*:} --json validates against docs/json-schema.json"

@@ -248,6 +248,9 @@ enum OpenSSL {
             }
         }
 
+        /// The most bytes a signature by this key has (an RSA key's modulus length).
+        var maximumSignatureLength: Int { Int(EVP_PKEY_get_size(pkey)) }
+
         /// Whether both are the same key (a private key matches its public half).
         func matches(_ other: Key) -> Bool {
             defer { ERR_clear_error() }
@@ -298,6 +301,25 @@ enum OpenSSL {
             defer { EVP_PKEY_CTX_free(context) }
             guard EVP_PKEY_verify_init(context) == 1, configure(context, digestAlgorithm) else { return false }
             return EVP_PKEY_verify(context, encoded, encoded.count, digest, digest.count) == 1
+        }
+
+        /// RSA only: the digest `signature` carries when it is a PKCS#1 v1.5 signature by this
+        /// key whose DigestInfo names `digestAlgorithm` (OpenSSL's verify-recover); nil when it is
+        /// not one (another key signed it, or its bytes changed). What a failed check uses to
+        /// tell a changed challenge (a signature by this key, of other bytes) from a changed
+        /// response or key (no signature by this key at all).
+        func recoverDigest(signature: [UInt8], digestAlgorithm: Digest) -> [UInt8]? {
+            ERR_clear_error()
+            defer { ERR_clear_error() }
+            guard EVP_PKEY_get_base_id(pkey) == EVP_PKEY_RSA, !signature.isEmpty,
+                  let context = EVP_PKEY_CTX_new(pkey, nil) else { return nil }
+            defer { EVP_PKEY_CTX_free(context) }
+            guard EVP_PKEY_verify_recover_init(context) == 1, configure(context, digestAlgorithm) else { return nil }
+            var length = 0
+            guard EVP_PKEY_verify_recover(context, nil, &length, signature, signature.count) == 1, length > 0, length <= 512 else { return nil }
+            var digest = [UInt8](repeating: 0, count: length)
+            guard EVP_PKEY_verify_recover(context, &digest, &length, signature, signature.count) == 1 else { return nil }
+            return Array(digest.prefix(length))
         }
 
         /// The signature of `digest` as a `digestAlgorithm` digest, laid out as `encoding`.

@@ -45,12 +45,17 @@ extension FrameInspector {
     }
 
     /// iAP1: collects RetAccessoryAuthenticationInfo sections (authentication 2.0: major, minor,
-    /// section, last section, data) and reads the certificate with its last section.
-    mutating func noteCertificateSection(_ packet: IAP1Packet, details: inout [String], fields: inout [(String, JSONValue)]) {
-        guard certificateReader != nil, packet.lingo == 0x00, packet.command == UInt16(IAP1Command.retAccessoryAuthenticationInfo), packet.payload.count >= 4 else { return }
+    /// section, last section, data) and, with its last section, reads the certificate and keeps
+    /// it for the check of the response.
+    mutating func noteCertificateSection(_ packet: IAP1Packet, offset: Int, details: inout [String], fields: inout [(String, JSONValue)]) {
+        guard certificateReader != nil || authenticationChecker != nil, packet.lingo == 0x00,
+              packet.command == UInt16(IAP1Command.retAccessoryAuthenticationInfo), packet.payload.count >= 4 else { return }
         let payload = packet.payload
         let (section, last) = (payload[payload.startIndex + 2], payload[payload.startIndex + 3])
-        if section == 0 { iap1CertificateSections = [] }
+        if section == 0 {
+            iap1CertificateSections = []
+            iap1CertificateOffset = offset
+        }
         guard iap1CertificateSections.count + payload.count - 4 <= Self.maxIAP1Certificate else {
             iap1CertificateSections = []
             return
@@ -58,12 +63,21 @@ extension FrameInspector {
         iap1CertificateSections += payload.dropFirst(4)
         if section == last {
             describeCertificate(iap1CertificateSections, details: &details, fields: &fields)
+            authenticationTrail.certificate = (iap1CertificateSections, iap1CertificateOffset)
+            authenticationTrail.challenge = nil
             iap1CertificateSections = []
         }
     }
 }
 
 extension CaptureDecoder {
+    /// Checks each authentication response against the challenge and certificate before it
+    /// (see ``FrameInspector/authenticationChecker``); nil checks nothing.
+    public var authenticationChecker: (@Sendable (AuthenticationEvidence) -> AuthenticationChecking)? {
+        get { inspector.authenticationChecker }
+        set { inspector.authenticationChecker = newValue }
+    }
+
     /// Reads the certificates accessories send (iAP2 AuthenticationCertificate, iAP1
     /// RetAccessoryAuthenticationInfo sections) into the reports; nil leaves them as bytes.
     public var certificateReader: (@Sendable ([UInt8]) -> CertificateReading)? {

@@ -48,8 +48,15 @@ public struct FrameInspector: Sendable {
     /// Reads accessories' certificates into the reports (see ``CertificateReading``); nil shows
     /// them as bytes.
     public var certificateReader: (@Sendable ([UInt8]) -> CertificateReading)?
+    /// Checks each authentication response in the stream against the challenge and the
+    /// certificate before it (see ``AuthenticationChecking``); nil checks nothing.
+    public var authenticationChecker: (@Sendable (AuthenticationEvidence) -> AuthenticationChecking)?
     /// iAP1 certificate sections collected so far.
     var iap1CertificateSections: [UInt8] = []
+    /// The offset of the first section collected.
+    var iap1CertificateOffset = 0
+    /// The certificate and the challenge seen last.
+    var authenticationTrail = AuthenticationTrail()
 
     /// An inspector that knows no link sessions yet; `previewLimit` is the most payload bytes shown
     /// in a hex preview.
@@ -80,9 +87,9 @@ public struct FrameInspector: Sendable {
                                json: .object(common), isValid: true)
         case let .iap2(header):
             let checksums = (packet.byte(at: 8), header.payloadLength > 0 ? packet.byte(at: header.packetLength - 1) : nil)
-            return inspectIAP2(header, payload: bytes.extracting(frame.payload), checksums: checksums, common: common)
+            return inspectIAP2(header, payload: bytes.extracting(frame.payload), checksums: checksums, common: common, offset: frame.streamOffset)
         case let .iap1(framing):
-            return inspectIAP1(framing, packet: packet, common: common)
+            return inspectIAP1(framing, packet: packet, common: common, offset: frame.streamOffset)
         }
     }
 
@@ -172,7 +179,7 @@ public struct FrameInspector: Sendable {
     // MARK: iAP2
 
     private mutating func inspectIAP2(
-        _ header: LinkPacketHeader, payload: RawSpan, checksums: (header: UInt8, payload: UInt8?), common: [(String, JSONValue)]
+        _ header: LinkPacketHeader, payload: RawSpan, checksums: (header: UInt8, payload: UInt8?), common: [(String, JSONValue)], offset: Int
     ) -> FrameReport {
         var fields: [(String, JSONValue)] = [("kind", .string("iap2"))] + common + [
             ("control", .string(header.control.description)), ("seq", .int(Int(header.sequence))),
@@ -230,6 +237,7 @@ public struct FrameInspector: Sendable {
                         details += Self.describe(message)
                         messages.append(Self.json(message))
                         noteCertificate(in: message, details: &details, fields: &fields)
+                        noteAuthentication(message, at: offset, details: &details, fields: &fields)
                         offset += length
                     } catch {
                         details.append("control message at payload offset \(offset): \(error)")
@@ -381,7 +389,7 @@ public struct FrameInspector: Sendable {
 
     // MARK: iAP1
 
-    private mutating func inspectIAP1(_ framing: IAP1Framing, packet: RawSpan, common: [(String, JSONValue)]) -> FrameReport {
+    private mutating func inspectIAP1(_ framing: IAP1Framing, packet: RawSpan, common: [(String, JSONValue)], offset: Int) -> FrameReport {
         let body = packet.extracting(framing.body)
         // StartIDPS with a transaction id turns them on for the rest of the stream.
         if transactionIDMode == .auto, !transactionIDsSeen, body.byteCount == 4, body.byte(at: 0) == 0x00, body.byte(at: 1) == 0x38 {
@@ -416,7 +424,8 @@ public struct FrameInspector: Sendable {
         if let id = packetValue.transactionID { summary += " trans=0x\(hex16(id))" }
         summary += "  \(framing.packetLength) bytes, payload \(packetValue.payload.count), checksum ok"
         var details = IAP1Details.describe(packetValue)
-        noteCertificateSection(packetValue, details: &details, fields: &fields)
+        noteCertificateSection(packetValue, offset: offset, details: &details, fields: &fields)
+        noteAuthentication(iap1: packetValue, at: offset, details: &details, fields: &fields)
         if IAP2Detect.isIAP1Reply(packetValue) { details.append("this is the iAP1 answer to the iAP2 detect: the peer does not speak iAP2") }
         if details.isEmpty, !packetValue.payload.isEmpty { details.append("payload: \(preview(packetValue.payload))") }
         return FrameReport(summary: summary, details: details, json: .object(fields), isValid: true)

@@ -72,6 +72,9 @@ public struct PcapDecoder: Sendable {
     /// Reads the certificates accessories send into the reports (see ``CertificateReading``);
     /// nil leaves them as bytes.
     public var certificateReader: (@Sendable ([UInt8]) -> CertificateReading)?
+    /// Checks each authentication response against the challenge and certificate before it on
+    /// the same link (see ``FrameInspector/authenticationChecker``); nil checks nothing.
+    public var authenticationChecker: (@Sendable (AuthenticationEvidence) -> AuthenticationChecking)?
     private static let maxStreams = 1024
     private static let maxSetups = 1024
 
@@ -247,6 +250,7 @@ public struct PcapDecoder: Sendable {
                 note, number: packet.number, stamp: packet))
             stream.decoder = CaptureDecoder(kinds: kinds, transactionIDs: transactionIDs)
             stream.decoder.certificateReader = certificateReader
+            stream.decoder.authenticationChecker = authenticationChecker
         }
         streams[key] = stream
     }
@@ -289,6 +293,7 @@ public struct PcapDecoder: Sendable {
         guard streams.count < Self.maxStreams else { return nil }
         var decoder = CaptureDecoder(kinds: kinds, transactionIDs: transactionIDs)
         decoder.certificateReader = certificateReader
+        decoder.authenticationChecker = authenticationChecker
         let stream = Stream(decoder: decoder, note: note, link: link)
         order.append(key)
         return stream

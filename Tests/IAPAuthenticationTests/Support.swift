@@ -89,6 +89,8 @@ struct Exchange {
     var accessoryEvents: [SimulatorEvent] = []
     /// Every byte the accessory sent (for the decoder's tests).
     var accessoryBytes: [UInt8] = []
+    /// Every frame of both sides, in the order they were sent (one stream, as a trace reads).
+    var wireBytes: [UInt8] = []
     var now: LinkTime = .zero
 
     init(profile: SimulatorProfile, policy: any AuthenticationPolicy) throws {
@@ -137,11 +139,13 @@ struct Exchange {
     private mutating func step() -> Bool {
         var moved = false
         for frame in host.takeOutput() {
+            wireBytes += frame
             accessory.receive(frame, now: now)
             moved = true
         }
         for frame in accessory.takeOutput() {
             accessoryBytes += frame
+            wireBytes += frame
             host.receive(frame, now: now)
             moved = true
         }

@@ -1,6 +1,9 @@
+import AccessoryLogging
 import CLIKit
+import IAPAuthentication
 import IAPInspect
 import IAPWire
+import Synchronization
 
 /// Errors of `iapctl decode` that are the input's fault, with the exit status scripts expect.
 struct InputError: Error, ExitCodeProviding, CustomStringConvertible {
@@ -24,12 +27,14 @@ enum DecodeCommand {
         } catch {
             throw InputError(description: "cannot read \(path == "-" ? name : "'\(path)'"): \(error)", exitCode: .noInput)
         }
+        let checks = try AuthenticationTally(command)
         var format = command.value("format") ?? "auto"
         if command.flag("pcap") || format == "pcap" {
-            return try DecodePcap.run(input, name: name, first: [], kinds: kinds, mode: mode, output: &output)
+            return try DecodePcap.run(input, name: name, first: [], kinds: kinds, mode: mode, checks: checks, output: &output)
         }
         var decoder = CaptureDecoder(kinds: kinds, transactionIDs: mode)
         decoder.certificateReader = readCertificate
+        decoder.authenticationChecker = checks.checker
         var hex = HexInput.Parser()
         var piece = [UInt8](repeating: 0, count: pieceSize)
         var parsed: [UInt8] = []
@@ -44,7 +49,8 @@ enum DecodeCommand {
             if count == 0 { break }
             // The first piece decides: a pcap or pcapng capture, hex text, or raw bytes.
             if format == "auto", PcapReader.looksLikeCapture(Array(piece.prefix(min(count, 12)))) {
-                return try DecodePcap.run(input, name: name, first: Array(piece[0..<count]), kinds: kinds, mode: mode, output: &output)
+                return try DecodePcap.run(input, name: name, first: Array(piece[0..<count]), kinds: kinds, mode: mode, checks: checks,
+                                          output: &output)
             }
             if format == "auto" { format = HexInput.looksLikeText(Array(piece[0..<count]), isPrefix: true) ? "hex" : "raw" }
             if format == "raw" {
@@ -71,7 +77,7 @@ enum DecodeCommand {
             }
         }
         try decoder.finish { try output.write($0) }
-        try output.summarize(decoder.statistics)
+        try output.summarize(decoder.statistics, extra: checks.summary)
         try output.flush()
         return decoder.isClean ? .success : .dataError
     }
@@ -90,6 +96,49 @@ enum DecodeCommand {
             }
         }
         return kinds
+    }
+}
+
+/// The authentication checks of one decode: the checker handed to the decoder (OpenSSL's, with
+/// `--trust` and `--check-validity`), and what it found, for the closing line.
+final class AuthenticationTally: Sendable {
+    private let verdicts = Mutex<[(valid: Bool, verdict: String)]>([])
+    private let trust: TrustAnchors?
+    private let checkValidity: Bool
+
+    init(_ command: ParsedCommand) throws {
+        checkValidity = command.flag("check-validity")
+        if let path = command.value("trust") {
+            do {
+                trust = try TrustAnchors(path: path)
+            } catch {
+                throw ToolError(description: "--trust \(error)", exitCode: .noInput)
+            }
+        } else {
+            trust = nil
+        }
+    }
+
+    /// Checks one exchange with IAPAuthentication and keeps its verdict.
+    var checker: @Sendable (AuthenticationEvidence) -> AuthenticationChecking {
+        { [self] evidence in
+            let check = CapturedAuthentication(certificate: evidence.certificate, challenge: evidence.challenge, response: evidence.response,
+                                               trust: trust, checkValidity: checkValidity)
+            let checking = AuthenticationChecking(verdict: check.verdict, isValid: check.firstFailure == nil, steps: check.lines.map {
+                AuthenticationChecking.Step(name: $0.step.rawValue, result: $0.result.rawValue, detail: $0.detail)
+            })
+            verdicts.withLock { $0.append((checking.isValid, "\(evidence.protocolName) \(checking.verdict)")) }
+            return checking
+        }
+    }
+
+    /// `authentication: 1 response checked: iAP1 valid (chain not checked); ` (empty when none).
+    var summary: String {
+        let all = verdicts.withLock { $0 }
+        guard !all.isEmpty else { return "" }
+        let shown = all.prefix(3).map(\.verdict).joined(separator: "; ") + (all.count > 3 ? "; …" : "")
+        return "authentication: \(all.count) response\(all.count == 1 ? "" : "s") checked, \(all.filter(\.valid).count) valid: "
+            + shown.escapedForTerminal + "\n"
     }
 }
 

@@ -6,9 +6,10 @@ import IAPWire
 /// or a trace of `--trace-file FILE.pcapng`), read in pieces and printed as it is decoded.
 enum DecodePcap {
     static func run(_ input: borrowing ChunkedInput, name: String, first: [UInt8], kinds: FrameKinds, mode: TransactionIDMode,
-                    output: inout ReportOutput) throws -> ExitCode {
+                    checks: AuthenticationTally, output: inout ReportOutput) throws -> ExitCode {
         var decoder = PcapDecoder(kinds: kinds, transactionIDs: mode)
         decoder.certificateReader = readCertificate
+        decoder.authenticationChecker = checks.checker
         var piece = first
         var buffer = [UInt8](repeating: 0, count: DecodeCommand.pieceSize)
         do {
@@ -35,7 +36,7 @@ enum DecodePcap {
         var extra = "\(statistics.packets) packet\(statistics.packets == 1 ? "" : "s") read"
         if statistics.otherPackets > 0 { extra += ", \(statistics.otherPackets) of other link types left out" }
         if statistics.otherTransfers > 0 { extra += ", \(statistics.otherTransfers) USB transfers of other devices or endpoints left out" }
-        try output.summarize(statistics.frames, extra: extra + "; ")
+        try output.summarize(statistics.frames, extra: checks.summary + extra + "; ")
         try output.flush()
         return decoder.isClean ? .success : .dataError
     }

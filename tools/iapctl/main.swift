@@ -26,7 +26,13 @@ let decodeCommand = CommandSpec(
         capture: a Linux usbmon capture (tcpdump -i usbmonN, Wireshark), whose iAP2 interface's \
         bulk endpoints are decoded with frames reassembled across transfers, or a trace of \
         --trace-file FILE.pcapng; each frame is shown with its capture record, time, place and \
-        direction.
+        direction. Each authentication response in the input (iAP2 AuthenticationResponse, iAP1 \
+        RetAccessoryAuthenticationSignature) is checked against the challenge sent before it \
+        and the certificate the accessory sent before that, step by step: the certificate read, \
+        its key, the challenge's length, the signature (valid, or which side changed), the \
+        chain to the CA certificates given with --trust (not checked without it), and the \
+        validity period (information, unless --check-validity). The trace of an iapctl report \
+        made without --full has its certificate zeroed, and says so.
         """,
     options: [
         .flag("json", help: "Print one JSON object per frame, one per line (JSON Lines), as they are decoded."),
@@ -37,11 +43,15 @@ let decodeCommand = CommandSpec(
                defaultValue: "auto", allowedValues: ["auto", "on", "off"]),
         .value("kinds", valueName: "list", help: "Frame kinds to look for, comma separated: iap2, iap1, detect.",
                defaultValue: "iap2,iap1,detect"),
+        OptionSpec.value("trust", valueName: "file|dir", help: "CA certificates (PEM file, or a directory of them) the captured "
+                         + "certificates' chains are checked against.").completing(.files),
+        .flag("check-validity", help: "Count a captured certificate outside its validity period as a failed step."),
     ],
     positionals: [PositionalSpec("input", help: "The file to read; '-' or nothing for standard input.", optional: true, completion: .files)],
     refusedGroups: [OptionGroup.accessory, OptionGroup.authentication],
     examples: [CommandExample("iapctl decode tools/samples/boya-handshake.hex", "A file of hex, frame by frame."),
-               CommandExample("iapctl decode --pcap accessory.pcap", "A usbmon capture of a real accessory.")],
+               CommandExample("iapctl decode --pcap accessory.pcap", "A usbmon capture of a real accessory."),
+               CommandExample("iapctl decode --trust accessories-ca.pem trace.pcapng", "A trace, with its authentication checked to the CA.")],
     exitStatuses: [ExitStatusDescription(.success, "every byte belonged to a valid frame"),
                    ExitStatusDescription(.usage, "usage error"),
                    ExitStatusDescription(.dataError, "bytes were dropped, the input ended inside a frame, or the hex text has a mistake"),
