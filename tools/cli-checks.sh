@@ -180,6 +180,7 @@ check "decode stops at a mistake in hex" 65 "$iapctl" decode "$work/mistake.hex"
 contains "decode shows the frames before a mistake" out '#1 iAP2 ACK seq=0x01 ack=0x40'
 contains "decode names the mistake" err 'mistake.hex, line 2, column 7: '"'"'z'"'"' is not a hex digit'
 check "decode --json" 0 "$iapctl" decode --json "$here/samples/dji-syn.hex"
+contains "decode --json is one object per line" out '{"schemaVersion":1,"kind":"iap2","offset":0,"length":23,"control":"SYN"'
 # The offline check of a real captured authentication (the Pioneer receiver, iAP1), then the same
 # with one byte of the challenge changed.
 check "decode checks a captured authentication" 0 "$iapctl" decode --transaction-ids off "$here/samples/pioneer-auth.hex"
@@ -197,7 +198,6 @@ for line in open(sys.argv[1]):
 PY
 check "decode checks a changed challenge" 0 "$iapctl" decode --transaction-ids off "$work/pioneer-changed.hex"
 contains "decode names the failing step" out 'iAP1 signature fails: the response is a signature by the certificate'"'"'s key, but of other bytes than this challenge (they differ at byte 0)'
-contains "decode --json is one object per line" out '{"schemaVersion":1,"kind":"iap2","offset":0,"length":23,"control":"SYN"'
 
 # open --socket: a client echoes 1 MiB through the session. Python starts iapctl and reads its
 # announcement line from the pipe, then connects.
@@ -386,9 +386,9 @@ contains "report --full: the trace has the serial" out 'SerialNumber: "SIM-MS-00
 # A forged accessory under --auth require: the report names the step and the host's reason.
 check "report of a refused accessory is written (0)" 0 "$iapctl" --no-usb --simulate="$fixtures/forged-sensor.json" --auth require \
     --trust "$fixtures/test-ca.pem" report -o "$work/report-forged.txt"
-contains "report's summary names the step" err "report written to $work/report-forged.txt: stopped at authentication: authentication failed: bad signature: "
+contains "report's summary names the step" err "report written to $work/report-forged.txt: stopped at authentication: the host refused the accessory's authentication: authentication failed: bad signature: "
 cp "$work/report-forged.txt" "$work/r"
-contains "report: stopped at authentication" r "RESULT: stopped at authentication: authentication failed: bad signature: "
+contains "report: stopped at authentication" r "RESULT: stopped at authentication: the host refused the accessory's authentication: authentication failed: bad signature: "
 contains "report: authentication marked failed" r "authentication: certificate 695 bytes, challenge 20 bytes, response 128 bytes, policy require: refused"
 contains "report: the host refused" r "host → acc  AuthenticationFailed"
 contains "report: identification not reached" r "identification: not reached"
@@ -414,6 +414,46 @@ contains "report's summary names the session" err "sessions failed, the first at
 cp "$work/report-vanish.txt" "$work/r"
 contains "report: the session failed" r "✘ the session ended: the accessory disconnected"
 contains "report: the second was not opened" r "✘ the accessory had gone before the session could be opened"
+# Each fault profile (tools/profiles/faults): the report names the fault's own cause (issue 47).
+for pair in "sequence-gap:sequence-gap:the accessory's packet " \
+            "certificate-never-sent:message-never-sent:the accessory acknowledged the host's RequestAuthenticationCertificate and never sent AuthenticationCertificate" \
+            "identification-refused:identification-refused:the host refused the accessory's IdentificationInformation: HardwareVersion is missing" \
+            "session-never-answered:session-never-answered:the accessory never answered the session: it declares StatusExternalAccessoryProtocolSession but sent none" \
+            "leaves-the-bus:accessory-left:the accessory went away during session com.example.echo"; do
+    profile=${pair%%:*} rest=${pair#*:}
+    kind=${rest%%:*} summary=${rest#*:}
+    check "report of the $profile fault" 0 "$iapctl" --no-usb "--simulate=$here/profiles/faults/$profile.json" report -o "$work/report-$profile.txt"
+    contains "report of $profile: the cause's kind" "report-$profile.txt" "cause ($kind): "
+    contains "report of $profile: the cause" "report-$profile.txt" "$summary"
+done
+cp "$work/report-sequence-gap.txt" "$work/r"
+contains "report of the gap: the packets behind it and the EAKs" r "came after and waited behind the gap; the host sent "
+contains "report of the gap: the split certificate never whole" r "so AuthenticationCertificate, spread over "
+contains "report of the gap: decoded with the negotiated sessions" r "AuthenticationCertificate part 1: 138 of 618 bytes"
+lacks "report of the gap: no control message taken for EA data" r "EA data, session 16448"
+lacks "report of the certificate never sent: advice of its own" "report-certificate-never-sent.txt" "--auth require"
+# Findings: the keyboard case (several deviations), in text and JSON.
+check "report of the keyboard case" 0 "$iapctl" --no-usb --simulate=keyboard-case report -o "$work/report-keyboard.txt"
+cp "$work/report-keyboard.txt" "$work/r"
+contains "report: findings" r "FINDINGS (deviations from the reference the host tolerated on this accessory"
+contains "report: a finding placed in the trace" r ". split-control-messages, frame #"
+contains "report: what an iPhone does" r "iPhone: served, as far as known: the Clicks keyboard works with iPhones"
+contains "report: the source" r "source: PROTOCOL.md §7.7 (Clicks keyboard)"
+contains "report: the certificate joined from its parts" r "AuthenticationCertificate (618 bytes; the last of 5 packets)"
+check "report --json of the keyboard case" 0 "$iapctl" --no-usb --simulate=keyboard-case report --json -o "$work/report-keyboard.json"
+"$iapctl" --no-usb "--simulate=$here/profiles/faults/sequence-gap.json" report --json -o "$work/report-gap.json" 2> /dev/null
+if python3 "$here/check-json.py" report "$work/report-keyboard.json" "$work/report-gap.json" 2> "$work/schema.err"; then
+    echo "cli-checks: ok report --json validates against docs/json-schema.json"
+else
+    fail "report --json against the schema: $(cat "$work/schema.err")"
+fi
+grep -q '"deviation":"bare-acks-use-up-numbers"' "$work/report-keyboard.json" || fail "report --json lacks the keyboard's findings: $(head -c 600 "$work/report-keyboard.json")"
+grep -q '"cause":{"kind":"sequence-gap"' "$work/report-gap.json" || fail "report --json lacks the gap's cause: $(head -c 600 "$work/report-gap.json")"
+# A report made with --full keeps the certificate: its trace's authentication checks offline.
+check "report --full of a signed accessory" 0 "$iapctl" --no-usb --simulate="$fixtures/rsa-sensor.json" report --full --no-write -o "$work/report-signed.txt"
+report_trace "$work/report-signed.txt" "$work/trace-signed.pcapng"
+check "decode checks the report's authentication" 0 "$iapctl" decode --trust "$fixtures/test-ca.pem" --pcap "$work/trace-signed.pcapng"
+contains "decode: the report's signature is valid, chain and all" out "authentication: 1 response checked, 1 valid: iAP2 valid"
 # A port where nothing answers (a pty whose other end stays silent): the report stops at detect.
 coproc SILENT { exec python3 -c 'import os, sys; m, s = os.openpty(); print(os.ttyname(s), flush=True); sys.stdin.read()'; }
 silent_pid=$SILENT_PID

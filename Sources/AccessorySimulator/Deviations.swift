@@ -184,6 +184,54 @@ extension SimulatorProfile {
             }
         }
 
+        /// Whether it departs from the reference (PROTOCOL.md §2–3) rather than being an unusual
+        /// choice the reference allows (a window of one, session ids 10 and 11, a slow
+        /// coprocessor): what `iapctl report` lists as a finding for the accessory's maker.
+        public var departsFromReference: Bool {
+            switch self {
+            case .sessionIDsTenAndEleven, .controlSessionOnly, .fileTransferSession, .windowOfOne, .smallPackets, .acknowledgesEveryPacket,
+                 .slowCoprocessor, .nativeProtocol, .appLaunch, .componentIDZero, .refusesSessions, .endsSessions, .iap1DeviceLingoes:
+                return false
+            default:
+                return true
+            }
+        }
+
+        /// What an iPhone is known to do with an accessory that has this habit, and how that is
+        /// known (PROTOCOL.md §7's sources); "not published" where no source shows it.
+        public var iPhone: String {
+            switch self {
+            case .skipsDetect, .noiseBeforeLink:
+                "not published; the reference has the accessory send the detect first and nothing before it (§2.1)"
+            case .outOfRangeTimers:
+                "served: an iPhone answered the Double 2's cumulative-ACK timeout of 0 ms with 10 ms in its SYN|ACK (§7.6)"
+            case .slowAcknowledgements:
+                "served, by the Canon Ivy's use with iPhones (§7.8); its timing is outside the reference's usual ranges"
+            case .bareAcksCarryNextNumber:
+                "served: an iPhone's capture with the Double 2 shows its bare ACKs carrying the next number (§7.6)"
+            case .bareAcksUseUpNumbers, .bareAcksOnControlSession, .neverRetransmits, .ignoresWindow, .restatesOffer, .splitControlMessages,
+                 .bytesAfterNUL, .unknownIdentificationParameters, .powerChatter:
+                "served, as far as known: the Clicks keyboard works with iPhones; the habit is read from a port of its stock firmware "
+                    + "recovered by static analysis, not yet checked on hardware (§7.7)"
+            case .oversizedPackets:
+                "never seen as oversized: an iPhone advertises 65,535-byte packets; the Double 2 sends 928-byte packets after announcing 255 (§7.6)"
+            case .noSessionStatus:
+                "served: the FLIR ONE never sends StatusExternalAccessoryProtocolSession and works with iPhones (§7.1)"
+            case .unverifiableCertificate:
+                "refused: an iPhone verifies the certificate and ends the connection (§3.2)"
+            case .wronglyDirectedMessageLists, .undeclaredMessages, .unknownMessages, .oddPowerFields, .dataForUnknownSession,
+                 .statusForUnknownSession, .missingRequiredParameter, .duplicateProtocolIDs, .bluetoothAddressReversed:
+                "not published"
+            case .iap1OptionsGateProtocols:
+                "an iPod answers GetiPodOptionsForLingo for the General lingo with bit 13 set; head units gate their protocols on it (§7.10)"
+            case .iap1UnacknowledgedData:
+                "not published"
+            case .sessionIDsTenAndEleven, .controlSessionOnly, .fileTransferSession, .windowOfOne, .smallPackets, .acknowledgesEveryPacket,
+                 .slowCoprocessor, .nativeProtocol, .appLaunch, .componentIDZero, .refusesSessions, .endsSessions, .iap1DeviceLingoes:
+                "allowed by the reference"
+            }
+        }
+
         /// Where the habit was seen, or why it is in the catalogue.
         public var source: String {
             switch self {

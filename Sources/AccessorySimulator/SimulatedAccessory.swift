@@ -109,6 +109,7 @@ public struct SimulatedAccessory: Sendable {
             two.challengeResponseDelay = .milliseconds(profile.habits.challengeResponseDelayMs)
             if profile.deviations.contains(.splitControlMessages) { two.controlMessageSplit = 128 }
             two.identificationOverride = profile.deviatingIdentification(profile.identity())
+            two.ignoredMessages = Set(profile.faults.ignoresMessages.map { MessageID($0) })
             endpoint = IAPEndpoint(two)
         }
         random = FaultRandom(seed: profile.faults.seed)
@@ -446,7 +447,7 @@ public struct SimulatedAccessory: Sendable {
         let release = now + .milliseconds(faults.delayMs)
         for var frame in frames {
             faultCounters.framesProduced += 1
-            if faults.dropRate > 0, random.unit() < faults.dropRate {
+            if faults.losesFrames.contains(faultCounters.framesProduced) || (faults.dropRate > 0 && random.unit() < faults.dropRate) {
                 faultCounters.framesDropped += 1
                 continue
             }

@@ -256,11 +256,21 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         /// Sign challenges with a key other than the certificate's (a forged accessory): a
         /// verifying host sees a bad signature. Needs ``SimulatorProfile/authentication``.
         public var forged: Bool
+        /// The frames the accessory sends that are lost on the way, by number (1 is its first
+        /// frame, its detect): a packet lost for good when it also never retransmits.
+        public var losesFrames: [Int]
+        /// iAP2 control message ids the accessory takes (its link acknowledges them) and never
+        /// answers: an accessory that stalls at a step (e.g. 0xAA00, the certificate; 0xEA00,
+        /// every session).
+        public var ignoresMessages: [UInt16]
 
         /// Creates faults; the defaults are no faults at all.
         public init(dropRate: Double = 0, corruptRate: Double = 0, delayMs: Int = 0, stopReadingAfterBytes: Int? = nil,
-                    vanishAfterBytes: Int? = nil, seed: UInt64 = 1, forged: Bool = false) {
+                    vanishAfterBytes: Int? = nil, seed: UInt64 = 1, forged: Bool = false, losesFrames: [Int] = [],
+                    ignoresMessages: [UInt16] = []) {
             self.forged = forged
+            self.losesFrames = losesFrames
+            self.ignoresMessages = ignoresMessages
             self.dropRate = dropRate
             self.corruptRate = corruptRate
             self.delayMs = delayMs
@@ -270,7 +280,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         }
 
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case dropRate, corruptRate, delayMs, stopReadingAfterBytes, vanishAfterBytes, seed, forged
+            case dropRate, corruptRate, delayMs, stopReadingAfterBytes, vanishAfterBytes, seed, forged, losesFrames, ignoresMessages
         }
 
         /// Decodes the faults, refusing unknown fields; missing fields take the defaults.
@@ -284,11 +294,27 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             vanishAfterBytes = try container.decodeIfPresent(Int.self, forKey: .vanishAfterBytes)
             seed = try container.decodeIfPresent(UInt64.self, forKey: .seed) ?? 1
             forged = try container.decodeIfPresent(Bool.self, forKey: .forged) ?? false
+            losesFrames = try container.decodeIfPresent([Int].self, forKey: .losesFrames) ?? []
+            // Message ids as JSON numbers or as hex strings ("0xAA00").
+            if let numbers = try? container.decodeIfPresent([UInt16].self, forKey: .ignoresMessages) {
+                ignoresMessages = numbers
+            } else {
+                let texts = try container.decodeIfPresent([String].self, forKey: .ignoresMessages) ?? []
+                ignoresMessages = try texts.enumerated().map { index, text in
+                    let digits = text.lowercased().hasPrefix("0x") ? String(text.dropFirst(2)) : text
+                    guard let id = UInt16(digits, radix: 16) else {
+                        throw SimulatorProfileError(field: "faults.ignoresMessages[\(index)]",
+                                                    problem: "'\(text)' is not a message id; write it as hex, e.g. \"0xAA00\"")
+                    }
+                    return id
+                }
+            }
         }
 
         /// Whether any fault is switched on.
         public var isActive: Bool {
             dropRate > 0 || corruptRate > 0 || delayMs > 0 || stopReadingAfterBytes != nil || vanishAfterBytes != nil || forged
+                || !losesFrames.isEmpty || !ignoresMessages.isEmpty
         }
     }
 

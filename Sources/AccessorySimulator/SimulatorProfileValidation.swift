@@ -50,6 +50,13 @@ extension SimulatorProfile {
             throw fail(faults.dropRate > 0 ? "faults.dropRate" : "faults.corruptRate",
                        "iAP1 has no retransmission, so a dropped or corrupted packet would stall its session for good; leave it at 0 with \"iap1\"")
         }
+        if let index = faults.losesFrames.firstIndex(where: { $0 < 1 }) {
+            throw fail("faults.losesFrames[\(index)]", "frames are numbered from 1 (the accessory's first frame); use 1 or more")
+        }
+        if iap1 != nil, !faults.ignoresMessages.isEmpty || !faults.losesFrames.isEmpty {
+            throw fail(faults.ignoresMessages.isEmpty ? "faults.losesFrames" : "faults.ignoresMessages",
+                       "plays an iAP2 accessory; remove it or the \"iap1\" section")
+        }
         if iap1 != nil, let index = protocols.firstIndex(where: { $0.name.utf8.count > 200 }) {
             throw fail("protocols[\(index)].name", "is longer than the 200 bytes an iAP1 EAProtocolToken carries; shorten it")
         }

@@ -57,6 +57,9 @@ public struct FrameInspector: Sendable {
     var iap1CertificateOffset = 0
     /// The certificate and the challenge seen last.
     var authenticationTrail = AuthenticationTrail()
+    /// A control message spread over several link packets (PROTOCOL.md §7.7), while its parts
+    /// come: its bytes so far, the length its header declares, its parts, where it began.
+    var partialControl: (bytes: [UInt8], declared: Int, parts: Int, offset: Int)?
 
     /// An inspector that knows no link sessions yet; `previewLimit` is the most payload bytes shown
     /// in a hex preview.
@@ -87,7 +90,7 @@ public struct FrameInspector: Sendable {
                                json: .object(common), isValid: true)
         case let .iap2(header):
             let checksums = (packet.byte(at: 8), header.payloadLength > 0 ? packet.byte(at: header.packetLength - 1) : nil)
-            return inspectIAP2(header, payload: bytes.extracting(frame.payload), checksums: checksums, common: common, offset: frame.streamOffset)
+            return inspectIAP2(header, payload: bytes.extracting(frame.payload), checksums: checksums, common: common, streamOffset: frame.streamOffset)
         case let .iap1(framing):
             return inspectIAP1(framing, packet: packet, common: common, offset: frame.streamOffset)
         }
@@ -179,7 +182,7 @@ public struct FrameInspector: Sendable {
     // MARK: iAP2
 
     private mutating func inspectIAP2(
-        _ header: LinkPacketHeader, payload: RawSpan, checksums: (header: UInt8, payload: UInt8?), common: [(String, JSONValue)], offset: Int
+        _ header: LinkPacketHeader, payload: RawSpan, checksums: (header: UInt8, payload: UInt8?), common: [(String, JSONValue)], streamOffset: Int
     ) -> FrameReport {
         var fields: [(String, JSONValue)] = [("kind", .string("iap2"))] + common + [
             ("control", .string(header.control.description)), ("seq", .int(Int(header.sequence))),
@@ -228,6 +231,14 @@ public struct FrameInspector: Sendable {
                     details.append("payload: \(preview(bytes))")
                     fields.append(("payload", .string(HexInput.format(bytes.prefix(previewLimit), separator: ""))))
                 }
+            } else if let joined = continueControlMessage(payload, streamOffset: streamOffset, details: &details, fields: &fields) {
+                if let message = joined {
+                    details += Self.describe(message)
+                    fields.append(("messages", .array([Self.json(message)])))
+                    noteCertificate(in: message, details: &details, fields: &fields)
+                    noteAuthentication(message, at: partialControl?.offset ?? streamOffset, details: &details, fields: &fields)
+                    partialControl = nil
+                }
             } else {
                 var messages: [JSONValue] = []
                 var offset = 0
@@ -237,9 +248,10 @@ public struct FrameInspector: Sendable {
                         details += Self.describe(message)
                         messages.append(Self.json(message))
                         noteCertificate(in: message, details: &details, fields: &fields)
-                        noteAuthentication(message, at: offset, details: &details, fields: &fields)
+                        noteAuthentication(message, at: streamOffset, details: &details, fields: &fields)
                         offset += length
                     } catch {
+                        if offset == 0, startControlMessage(payload, streamOffset: streamOffset, details: &details, fields: &fields) { break }
                         details.append("control message at payload offset \(offset): \(error)")
                         messages.append(.object([("error", .string(error.description))]))
                         break
@@ -429,6 +441,57 @@ public struct FrameInspector: Sendable {
         if IAP2Detect.isIAP1Reply(packetValue) { details.append("this is the iAP1 answer to the iAP2 detect: the peer does not speak iAP2") }
         if details.isEmpty, !packetValue.payload.isEmpty { details.append("payload: \(preview(packetValue.payload))") }
         return FrameReport(summary: summary, details: details, json: .object(fields), isValid: true)
+    }
+
+    /// The longest control message joined from parts (its header's length field is 16 bits).
+    static let maxJoinedControlMessage = 65_535
+
+    /// A control-session payload whose message runs on past its packet: the first part of a
+    /// message spread over several (kept; true), or not (false).
+    private mutating func startControlMessage(_ payload: RawSpan, streamOffset: Int, details: inout [String],
+                                              fields: inout [(String, JSONValue)]) -> Bool {
+        guard payload.byteCount >= ControlMessage.headerSize, let declared = try? ControlMessage.declaredLength(in: payload),
+              declared > payload.byteCount, declared <= Self.maxJoinedControlMessage else { return false }
+        let bytes = copy(payload)
+        partialControl = (bytes, declared, 1, streamOffset)
+        let id = MessageID(UInt16(bytes[4]) << 8 | UInt16(bytes[5]))
+        details.append("\(id) (0x\(hex16(id.rawValue))), part 1: \(bytes.count) of the \(declared) bytes its header declares; the rest in the next packets")
+        fields.append(("part", .object([("message", .int(Int(id.rawValue))), ("index", .int(1)), ("received", .int(bytes.count)),
+                                        ("declared", .int(declared))])))
+        return true
+    }
+
+    /// The next part of a control message spread over several packets: nil when none is
+    /// coming, or this payload starts a message of its own; .some(nil) for a part that does not
+    /// complete it; .some(message) for the last part.
+    private mutating func continueControlMessage(_ payload: RawSpan, streamOffset: Int, details: inout [String],
+                                                 fields: inout [(String, JSONValue)]) -> ControlMessage?? {
+        guard var partial = partialControl else { return nil }
+        // A payload that is whole messages of its own is not a part (the other side's message,
+        // or a new one after a header that lied).
+        if payload.byteCount >= 2, payload.byte(at: 0) == 0x40, payload.byte(at: 1) == 0x40,
+           (try? ControlMessage.decode(prefixOf: payload)) != nil {
+            return nil
+        }
+        let taken = min(payload.byteCount, partial.declared - partial.bytes.count)
+        partial.bytes += copy(payload.extracting(0..<taken))
+        partial.parts += 1
+        partialControl = partial
+        let id = MessageID(UInt16(partial.bytes[4]) << 8 | UInt16(partial.bytes[5]))
+        fields.append(("part", .object([("message", .int(Int(id.rawValue))), ("index", .int(partial.parts)),
+                                        ("received", .int(partial.bytes.count)), ("declared", .int(partial.declared))])))
+        guard partial.bytes.count >= partial.declared else {
+            details.append("\(id) (0x\(hex16(id.rawValue))), part \(partial.parts): \(partial.bytes.count) of \(partial.declared) bytes")
+            return .some(nil)
+        }
+        details.append("\(id) (0x\(hex16(id.rawValue))), part \(partial.parts), the last: joined from \(partial.parts) packets")
+        do {
+            return .some(try ControlMessage.decode(partial.bytes))
+        } catch {
+            details.append("the joined message: \(error)")
+            partialControl = nil
+            return .some(nil)
+        }
     }
 
     private func preview(_ bytes: [UInt8]) -> String {

@@ -46,6 +46,9 @@ struct Upper: LinkSink, Sendable {
     /// Accessory: the IdentificationInformation it sends instead of its identity's own (a
     /// simulator playing an accessory's deviations); nil sends the identity's message.
     var identificationOverride: ControlMessage?
+    /// Accessory: control messages it takes (the link acknowledges them) and never answers (a
+    /// simulator playing an accessory that stalls).
+    var ignoredMessages: Set<MessageID> = []
 
     /// Device: the last IdentificationRejected sent on this link (named when no corrected
     /// identification comes in time).
@@ -289,7 +292,9 @@ struct Upper: LinkSink, Sendable {
     mutating func handle(_ message: ControlMessage) {
         switch role {
         case .device: deviceHandle(message)
-        case .accessory: accessoryHandle(message)
+        case .accessory:
+            guard !ignoredMessages.contains(message.id) else { return }
+            accessoryHandle(message)
         }
     }
 

@@ -68,6 +68,13 @@ public struct IAP2Endpoint: Sendable {
         set { upper.identificationOverride = newValue }
     }
 
+    /// Accessory role: control messages this side takes and never answers (the link
+    /// acknowledges them; nothing else happens), to play an accessory that stalls.
+    public var ignoredMessages: Set<MessageID> {
+        get { upper.ignoredMessages }
+        set { upper.ignoredMessages = newValue }
+    }
+
     /// Creates the device side. `randomSeed` is not used: every authentication challenge is a
     /// fresh draw of the system's generator.
     public init(device configuration: LinkConfiguration = .device, policy: any AuthenticationPolicy = AcceptingAuthentication(),

@@ -40,6 +40,23 @@ struct ProfileTests {
         #expect(SimulatorProfile.builtIn(named: "toaster") == nil)
     }
 
+    @Test("the fault profiles (tools/profiles/faults) load, each with its fault, message ids as hex or numbers")
+    func faultProfiles() throws {
+        let directory = packageRoot() + "/tools/profiles/faults/"
+        let gap = try SimulatorProfile.load(path: directory + "sequence-gap.json")
+        #expect(gap.faults.losesFrames == [5])
+        #expect(gap.deviations == [.splitControlMessages, .neverRetransmits])
+        #expect(try SimulatorProfile.load(path: directory + "certificate-never-sent.json").faults.ignoresMessages == [0xAA00])
+        #expect(try SimulatorProfile.load(path: directory + "session-never-answered.json").faults.ignoresMessages == [0xEA00])
+        #expect(try SimulatorProfile.load(path: directory + "identification-refused.json").deviations == [.missingRequiredParameter])
+        #expect(try SimulatorProfile.load(path: directory + "leaves-the-bus.json").faults.vanishAfterBytes == 1)
+        let numbers = validJSON.replacingOccurrences(of: "\"protocols\": [", with: "\"faults\": { \"ignoresMessages\": [43520] }, \"protocols\": [")
+        #expect(try SimulatorProfile.decode(Array(numbers.utf8)).faults.ignoresMessages == [0xAA00])
+        var legacy = try SimulatorProfile.named("legacy-sensor")
+        legacy.faults.ignoresMessages = [0xAA00]
+        #expect(throws: SimulatorProfileError.self) { try legacy.validate() }
+    }
+
     @Test("an iAP1 profile refuses what iAP1 cannot do: native protocols, dropped or corrupted packets")
     func iap1ProfileLimits() throws {
         var profile = try SimulatorProfile.named("legacy-sensor")
@@ -150,6 +167,8 @@ struct ProfileTests {
         ("\"name\": \"N\"", "\"name\": \"\"", "identity.name", "empty"),
         ("[ { \"name\": \"com.acme.echo\", \"behaviour\": \"echo\" } ]", "[]", "protocols", "at least one"),
         ("\"model\": \"M\"", "\"model\": 7", "identity.model", "text"),
+        ("\"protocols\": [", "\"faults\": { \"losesFrames\": [0] }, \"protocols\": [", "faults.losesFrames[0]", "numbered from 1"),
+        ("\"protocols\": [", "\"faults\": { \"ignoresMessages\": [\"0xZZ\"] }, \"protocols\": [", "faults.ignoresMessages[0]", "write it as hex"),
     ])
     func mistakesNameTheirField(replace: String, with replacement: String, field: String, hint: String) throws {
         let text = validJSON.replacingOccurrences(of: replace, with: replacement)

@@ -117,6 +117,35 @@ struct FrameReportTests {
         #expect(result.reports[1].json["eaSession"] == .int(7))
     }
 
+    @Test("a control message spread over several packets is joined (the Clicks keyboard, PROTOCOL.md §7.7)")
+    func controlMessageInParts() throws {
+        let syn = try LinkPacket.encode(control: .syn, sequence: 1, acknowledgement: 0, sessionID: 0,
+                                        payload: bytes("01 05 04 00 13 88 00 FF 1E 03 0A 00 01"))
+        let message = ControlMessage(id: .identificationInformation, parameters: [.string(0, "Keyboard"), .blob(99, Array(repeating: 0x5A, count: 300))])
+        let encoded = try message.encoded()
+        var stream = syn
+        var sequence: UInt8 = 2
+        for start in stride(from: 0, to: encoded.count, by: 128) {
+            stream += try LinkPacket.encode(control: .ack, sequence: sequence, acknowledgement: 0, sessionID: 10,
+                                            payload: Array(encoded[start..<min(encoded.count, start + 128)]))
+            sequence += 1
+            if start == 128 {
+                // The other side's whole message between two parts does not end it.
+                stream += try LinkPacket.encode(control: .ack, sequence: 9, acknowledgement: sequence, sessionID: 10,
+                                                payload: try ControlMessage(id: .startIdentification).encoded())
+            }
+        }
+        let result = CaptureDecoder.decode(stream)
+        #expect(result.isClean)
+        let details = result.reports.flatMap(\.details)
+        #expect(details.contains("IdentificationInformation (0x1D01), part 1: 128 of the \(encoded.count) bytes its header declares; the rest in the next packets"))
+        #expect(details.contains("IdentificationInformation (0x1D01), part 2: 256 of \(encoded.count) bytes"))
+        #expect(details.contains("IdentificationInformation (0x1D01), part 3, the last: joined from 3 packets"))
+        #expect(details.contains("  [0] Name: \"Keyboard\""))
+        #expect(!details.contains { $0.contains("declares") && $0.contains("present") })
+        #expect(result.reports.contains { $0.json["part"]?["index"] == .int(3) })
+    }
+
     @Test func identificationInformationInHumanTerms() throws {
         let message = ControlMessage(id: .identificationInformation, parameters: [
             .string(0, "Microphone"), .uint16List(6, [0xAE00, 0xAE02]), .uint8(8, 2),

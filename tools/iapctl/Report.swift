@@ -39,7 +39,11 @@ enum ReportCommand {
             leaves it out), what comes back within --read-timeout seconds (more for an accessory \
             that acknowledges late: twice its cumulative-ACK timeout is added), closed. A protocol that \
             refuses or ends is recorded and the next one is tried. The file says where it stopped \
-            and the host's reason, what to do next, the USB device and its descriptors (on USB), \
+            and the cause the trace shows (a gap in the accessory's sequence numbers, a message it \
+            never sent, a refusal and its reason, a session it never answered, an accessory that \
+            left) with the frames that show it, what to do next, the findings for the accessory's \
+            maker (each deviation from the reference the host tolerated, where it is in the trace, \
+            what an iPhone is known to do about it and the source), the USB device and its descriptors (on USB), \
             every identification field, the host's log lines at notice level and above (it logs at \
             debug level into memory while the report runs) and the tolerated deviations, and the \
             whole exchange as a pcapng trace, base64 between -----BEGIN PCAPNG TRACE----- and \
@@ -53,7 +57,8 @@ enum ReportCommand {
             since its serial and certificate are not yet taken out of iAP1 frames. Read the file \
             before sending it: strings from the accessory are exact, with control characters \
             escaped. The file is written whatever the report found; a one-line summary goes to \
-            standard error. Without -v nothing else is printed.
+            standard error. Without -v nothing else is printed. With --json the file is one JSON \
+            object instead (docs/json-schema.json, report).
             """,
         options: [
             accessoryOption,
@@ -61,6 +66,7 @@ enum ReportCommand {
                              help: "Write the report here ('-' for standard output; default iapctl-report-YYYYMMDD-HHMMSS.txt "
                                  + "in the current directory).").completing(.files),
             .flag("full", help: "Include the serial numbers, the certificate and its bytes (in the text and the trace)."),
+            .flag("json", help: "Write the report as one JSON object (result, cause, steps, findings, trace) instead of text."),
             .flag("no-write", help: "Open and close each session without writing the probe (for protocols where any bytes could act)."),
             OptionSpec.value("read-timeout", valueName: "seconds", help: "How long to wait for bytes back on each session (plus twice the cumulative-ACK timeout the accessory asked for).",
                              defaultValue: "0.5").checked(.number(0...60)),
@@ -149,7 +155,7 @@ enum ReportCommand {
         run.droppedRecords = log.memory.droppedCount
         run.prepare()
 
-        let text = run.render(fileName: path == "-" ? placeholderName : path)
+        let text = command.flag("json") ? run.renderJSON() : run.render(fileName: path == "-" ? placeholderName : path)
         do {
             try file.write(text)
         } catch {

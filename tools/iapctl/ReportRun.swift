@@ -451,7 +451,9 @@ struct ReportRun {
         } else if firsts[.identificationInformation, fromAccessory: true] == nil {
             why = "the accessory sent no IdentificationInformation" + (reason.map { "; the host: \($0)" } ?? "")
         } else {
-            why = reason ?? "the identification was not accepted"
+            let rejection = records.last { $0.message.hasPrefix("identification rejected: ") }
+            why = reason ?? rejection.map { "the host rejected it: " + String($0.message.dropFirst("identification rejected: ".count)) }
+                ?? "the identification was not accepted"
         }
         step.outcome = .failed(why)
         step.time = lastTime
@@ -477,6 +479,7 @@ struct ReportRun {
             var step = ReportStep(name: "session \(shown(probe.protocolName))", outcome: probe.outcome, time: probe.finished,
                                   summary: "protocol id \(probe.identifier)" + (probe.native ? ", native transport" : ""))
             step.details = probe.lines.map(shown)
+            if case .passed = probe.outcome, let unanswered = unansweredSession(probe) { step.outcome = .failed(unanswered) }
             if case .failed = probe.outcome, !connectedAtEnd,
                let gone = departures.first(where: { $0.1 == accessory.connectionID }) {
                 step.details.append("\(at(gone.0)) the accessory went away: \(shown(gone.2))")
@@ -500,15 +503,16 @@ struct ReportRun {
             + "then start it again with 'sudo systemctl start iapd.socket'"
     }
 
-    /// The one line for standard error, and the RESULT line.
+    /// The one line for standard error, and the RESULT line: where it stopped and the cause
+    /// the trace shows.
     var verdict: String {
         let all = steps
         if let stop = all.first(where: { $0.failure != nil && !$0.name.hasPrefix("session ") }) {
-            return "stopped at \(stop.name): \(stop.failure ?? "")"
+            return "stopped at \(stop.name): \(cause(of: stop).summary)"
         }
         let failedSessions = all.filter { $0.failure != nil }
         if let first = failedSessions.first {
-            return "\(failedSessions.count) of \(sessions.count) sessions failed, the first at \(first.name): \(first.failure ?? "")"
+            return "\(failedSessions.count) of \(sessions.count) sessions failed, the first at \(first.name): \(cause(of: first).summary)"
         }
         return "all steps passed"
     }
@@ -525,8 +529,8 @@ struct ReportRun {
         case "link":
             return "The accessory did not complete the iAP2 link. The SYN packets above show its offer and the host's answer."
         case "authentication":
-            return "Under --auth require an accessory must verify against --trust. Run the report again with --auth record "
-                + "(the default) to see the steps after it; the certificate and the verdict are below."
+            return "The messages above show how far the authentication went; the certificate and the verdict are under AUTHENTICATION, "
+                + "and 'iapctl decode' checks a captured exchange offline (on the trace of a report made with --full)."
         case "identification":
             return "The host refused the accessory's IdentificationInformation: the log lines below name the parameters "
                 + "that are missing or wrong; the decoded identification shows what it sent."

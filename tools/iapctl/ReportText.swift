@@ -41,15 +41,19 @@ extension ReportRun {
             for detail in step.details { out.append("      \(detail)") }
         }
         if let stop = steps.first(where: { $0.failure != nil }) {
+            let cause = self.cause(of: stop)
             out.append("")
             out.append("WHERE IT STOPPED")
             out.append("  \(stop.name): \(shown(stop.failure ?? ""))")
+            out.append("  cause (\(cause.kind.rawValue)): \(cause.summary)")
+            for line in cause.evidence { out.append("    \(line)") }
             if stop.name == "open", daemonSocket != nil {
                 out.append("  next: Stop iapd (below), then run the report again.")
             } else {
-                out.append("  next: " + Self.advice(for: stop.name.hasPrefix("session ") ? "session" : stop.name))
+                out.append("  next: " + cause.advice)
             }
         }
+        out += findingsSection()
         if let daemonSocket {
             out.append("")
             out.append("IAPD")
@@ -242,7 +246,9 @@ extension ReportRun {
         let frames = analysis.frames(on: index)
         let limit = 200
         var out = ["", "FRAMES (\(frames.count) on this connection" + (frames.count > limit ? "; the first \(limit)" : "") + ")"]
-        for frame in frames.prefix(limit) { out.append("  \(at(frame.time)) \(frame.direction.arrow)  \(scrubbed(frame.summary))") }
+        for (number, frame) in frames.prefix(limit).enumerated() {
+            out.append("  #\(number + 1) \(at(frame.time)) \(frame.direction.arrow)  \(scrubbed(frame.summary))")
+        }
         if frames.count > limit { out.append("  … \(frames.count - limit) more in the trace") }
         return out
     }

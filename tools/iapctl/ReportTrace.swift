@@ -129,6 +129,14 @@ struct TracedFrame {
     /// The EA session an iAP2 packet carries data for, and how many bytes.
     var eaSession: UInt16?
     var eaBytes = 0
+    /// A part of a control message spread over several packets (the message itself is on
+    /// the part that completes it).
+    var part: ControlPart?
+    /// An EAK's list of the packets received out of order.
+    var outOfOrder: [UInt8] = []
+    /// Bytes on a link session that is not the control or an EA session (a file-transfer
+    /// session, or one the SYN did not declare), said as such.
+    var otherSession: String?
     /// An iAP1 packet's summary, or why bytes were dropped.
     var note = ""
 
@@ -149,7 +157,13 @@ struct TracedFrame {
             guard let header else { return "iAP2" }
             var text = "\(header.control)"
             if let syn { text += " " + ReportText.parameters(syn) }
-            if let message { text += "  \(message.id) (\(message.encodedLength) bytes)" }
+            if let part, message == nil {
+                text += "  \(part.messageID) part \(part.index): \(part.received) of \(part.declared) bytes"
+            }
+            if let message {
+                text += "  \(message.id) (\(message.encodedLength) bytes" + (part.map { "; the last of \($0.index) packets" } ?? "") + ")"
+            }
+            if let otherSession { text += "  \(otherSession)" }
             if let eaSession { text += "  EA data, session \(eaSession): \(eaBytes) byte\(eaBytes == 1 ? "" : "s")" }
             return text + "  seq \(header.sequence) ack \(header.acknowledgement)"
         case .iap1: return note.escapedForTerminal
@@ -157,6 +171,38 @@ struct TracedFrame {
         case .native: return "native transport: \(length) bytes"
         }
     }
+}
+
+/// One link packet of a control message spread over several (PROTOCOL.md §7.7).
+struct ControlPart {
+    /// The message's id, from its first part.
+    var messageID: MessageID
+    /// 1 for the packet with the message's header.
+    var index: Int
+    /// Bytes of the message received so far, and the length its header declares.
+    var received: Int
+    var declared: Int
+    /// Whether this part completes it.
+    var isLast: Bool { received >= declared }
+}
+
+/// What the report knows of one traced link while reading it: the link sessions its SYN
+/// declared, and a control message each way that is still coming in parts.
+struct WireReading {
+    /// One direction's message in parts: what came so far and where its parts are in the trace.
+    struct Partial {
+        var messageID: MessageID
+        var declared: Int
+        var bytes: [UInt8]
+        var parts: Int
+        /// Each part: the block (index in the blocks as rewritten) and where its payload is.
+        var places: [(block: Int, payload: Int, count: Int)]
+    }
+
+    var sessions: [UInt8: LinkSessionType] = [:]
+    var controlSession: UInt8?
+    var partial: [Bool: Partial] = [:]
+    var inspector = FrameInspector()
 }
 
 /// The trace read back: every frame with its time and direction; what it says about the serial
@@ -174,6 +220,9 @@ struct TraceAnalysis {
     /// Interfaces on which the accessory spoke iAP1 (their serials and certificate are not
     /// taken out of the trace: see ``redactedTrace``).
     var iap1Interfaces: Set<Int> = []
+    /// Control messages the accessory began in parts and never completed, per interface: the
+    /// message, the bytes that came of those declared, the packets, and when the first came.
+    var incompleteMessages: [Int: [(id: MessageID, received: Int, declared: Int, parts: Int, time: UInt64)]] = [:]
     /// The trace to embed: EA session data cut to ``keptDataBytes`` per packet (the packets
     /// encoded again, checksums and all), and without `full` the serial numbers and certificate
     /// bytes overwritten in place (lengths and checksums kept), so that it decodes as cleanly as
@@ -181,6 +230,9 @@ struct TraceAnalysis {
     var embeddedTrace: [UInt8] = []
     /// How many frames had serials or certificate bytes overwritten in ``embeddedTrace``.
     var redactedFrames = 0
+    /// Messages in parts to overwrite: each part's place, the ranges of the message to
+    /// overwrite, and whether they are text (X's) or bytes (zeros).
+    private var pendingPartRedactions: [([(block: Int, payload: Int, count: Int)], [Range<Int>], Bool)] = []
     /// How many packets of session data were cut in ``embeddedTrace``, and the bytes left out.
     var cutPackets = 0
     var cutBytes = 0
@@ -197,8 +249,9 @@ struct TraceAnalysis {
     ]
 
     init(blocks: [[UInt8]], full: Bool) {
-        var controlSessions: [Int: UInt8] = [:]
-        var inspectors: [Int: FrameInspector] = [:]
+        var readings: [Int: WireReading] = [:]
+        var rewrittenBlocks: [[UInt8]] = []
+        rewrittenBlocks.reserveCapacity(blocks.count)
         for block in blocks {
             var rewritten = block
             if block.count >= 36, Self.uint32(block, 0) == 6 {
@@ -212,9 +265,10 @@ struct TraceAnalysis {
                     let bytes = Array(block[frameStart..<frameEnd])
                     switch content {
                     case CaptureContent.frame.rawValue:
-                        var inspector = inspectors[interface] ?? FrameInspector()
-                        if let frame = read(bytes, interface: interface, time: time, direction: direction,
-                                            controlSession: &controlSessions[interface], inspector: &inspector) {
+                        var reading = readings[interface] ?? WireReading()
+                        let place = (block: rewrittenBlocks.count, frame: frameStart)
+                        if let frame = read(bytes, interface: interface, time: time, direction: direction, reading: &reading,
+                                            place: place, full: full) {
                             frames.append(frame)
                             if frame.kind == .iap1, frame.fromAccessory { iap1Interfaces.insert(interface) }
                             if let header = frame.header, frame.eaSession != nil, frame.eaBytes > Self.keptDataBytes {
@@ -230,11 +284,12 @@ struct TraceAnalysis {
                                     cutBytes += eaBytes - Self.keptDataBytes
                                 }
                             }
+                            if !full, frame.part == nil, rewritten.count == block.count,
+                               Self.redact(&rewritten, frameAt: frameStart, end: frameEnd, controlSession: reading.controlSession) {
+                                redactedFrames += 1
+                            }
                         }
-                        inspectors[interface] = inspector
-                        if !full, rewritten.count == block.count, Self.redact(&rewritten, frameAt: frameStart, end: frameEnd, controlSession: controlSessions[interface]) {
-                            redactedFrames += 1
-                        }
+                        readings[interface] = reading
                     case CaptureContent.dropped.rawValue:
                         let code = Int(block[32])
                         let reason = code > 0 && code <= IAPCaptureHeader.dropReasonNames.count ? IAPCaptureHeader.dropReasonNames[code - 1] : "dropped"
@@ -254,15 +309,28 @@ struct TraceAnalysis {
                     }
                 }
             }
-            embeddedTrace += rewritten
+            rewrittenBlocks.append(rewritten)
         }
+        for (interface, reading) in readings {
+            for (fromAccessory, partial) in reading.partial where fromAccessory {
+                let first = frames.first { $0.interface == interface && $0.fromAccessory && $0.part?.index == 1 && $0.part?.messageID == partial.messageID }
+                incompleteMessages[interface, default: []].append((partial.messageID, partial.bytes.count, partial.declared, partial.parts,
+                                                                   first?.time ?? 0))
+            }
+        }
+        Self.applyPartRedactions(pendingPartRedactions, to: &rewrittenBlocks)
+        embeddedTrace = rewrittenBlocks.flatMap { $0 }
     }
 
-    /// Reads one frame; notes the control session from a SYN, and what must be left out.
-    private mutating func read(_ bytes: [UInt8], interface: Int, time: UInt64, direction: CaptureDirection,
-                               controlSession: inout UInt8?, inspector: inout FrameInspector) -> TracedFrame? {
+    /// Reads one frame with what is known of its link (its session table, a message coming in
+    /// parts): a control-session packet is a control message, or a part of one; an EA
+    /// session's, EA data; another session's, said as such.
+    private mutating func read(_ bytes: [UInt8], interface: Int, time: UInt64, direction: CaptureDirection, reading: inout WireReading,
+                               place: (block: Int, frame: Int), full: Bool) -> TracedFrame? {
         var scanner = FrameScanner()
         var found: TracedFrame?
+        var inspector = reading.inspector
+        defer { reading.inspector = inspector }
         scanner.scan(bytes.span.bytes) { frame, span in
             guard found == nil else { return }
             var traced = TracedFrame(interface: interface, time: time, direction: direction, kind: .detect, length: frame.range.count)
@@ -273,34 +341,126 @@ struct TraceAnalysis {
                 traced.kind = .iap1
                 traced.note = inspector.inspect(frame, in: span).summary
             case let .iap2(header):
-                let payload = Array(bytes[frame.payload])
-                var syn: LinkParameters?
-                var message: ControlMessage?
-                var eaSession: UInt16?
-                var eaBytes = 0
-                if header.control.contains(.syn), let parameters = try? LinkParameters.decode(payload) {
-                    syn = parameters
-                    if let control = parameters.session(ofType: .control) { controlSession = control.id }
-                } else if !payload.isEmpty, header.sessionID != 0 {
-                    if header.sessionID == controlSession || (controlSession == nil && payload.starts(with: [0x40, 0x40])),
-                       let decoded = try? ControlMessage.decode(payload) {
-                        message = decoded
-                    } else if payload.count >= EASessionData.headerSize {
-                        eaSession = UInt16(payload[0]) << 8 | UInt16(payload[1])
-                        eaBytes = payload.count - EASessionData.headerSize
-                    }
-                }
-                if let message, direction == .accessoryToHost { note(message, interface: interface) }
                 traced.kind = .iap2
                 traced.header = header
-                traced.syn = syn
-                traced.message = message
-                traced.eaSession = eaSession
-                traced.eaBytes = eaBytes
+                let payload = Array(bytes[frame.payload])
+                if header.control.contains(.eak) {
+                    traced.outOfOrder = payload
+                } else if header.control.contains(.syn), let parameters = try? LinkParameters.decode(payload) {
+                    traced.syn = parameters
+                    reading.sessions = Dictionary(parameters.sessions.map { ($0.id, $0.type) }, uniquingKeysWith: { first, _ in first })
+                    reading.controlSession = parameters.session(ofType: .control)?.id
+                } else if !payload.isEmpty {
+                    readPayload(payload, of: &traced, header: header, reading: &reading,
+                                place: (place.block, place.frame + frame.payload.lowerBound), full: full)
+                }
             }
             found = traced
         }
         return found
+    }
+
+    /// The payload of an iAP2 packet that is not a SYN, by its session's type.
+    private mutating func readPayload(_ payload: [UInt8], of traced: inout TracedFrame, header: LinkPacketHeader, reading: inout WireReading,
+                                      place: (block: Int, payload: Int), full: Bool) {
+        let type = reading.sessions[header.sessionID]
+        let looksLikeControl = payload.starts(with: [0x40, 0x40])
+        let fromAccessory = traced.fromAccessory
+        if type == .control || (type == nil && reading.sessions.isEmpty && looksLikeControl) {
+            if var partial = reading.partial[fromAccessory] {
+                // A packet of whole messages ends a message that was waiting for parts (its
+                // header lied); anything else is its next part.
+                if looksLikeControl, (try? ControlMessage.decode(payload)) != nil {
+                    reading.partial[fromAccessory] = nil
+                } else {
+                    let taken = min(payload.count, partial.declared - partial.bytes.count)
+                    partial.bytes += payload.prefix(taken)
+                    partial.parts += 1
+                    partial.places.append((place.block, place.payload, taken))
+                    traced.part = ControlPart(messageID: partial.messageID, index: partial.parts, received: partial.bytes.count,
+                                              declared: partial.declared)
+                    if partial.bytes.count >= partial.declared {
+                        reading.partial[fromAccessory] = nil
+                        if let message = try? ControlMessage.decode(partial.bytes) {
+                            traced.message = message
+                            if fromAccessory { note(message, interface: traced.interface) }
+                            if !full { redactParts(partial, message: message) }
+                        }
+                    } else {
+                        reading.partial[fromAccessory] = partial
+                    }
+                    return
+                }
+            }
+            if let message = try? ControlMessage.decode(payload) {
+                traced.message = message
+                if fromAccessory { note(message, interface: traced.interface) }
+            } else if looksLikeControl, payload.count >= ControlMessage.headerSize, let declared = try? ControlMessage.declaredLength(in: payload.span.bytes),
+                      declared > payload.count {
+                let id = MessageID(UInt16(payload[4]) << 8 | UInt16(payload[5]))
+                reading.partial[fromAccessory] = WireReading.Partial(messageID: id, declared: declared, bytes: payload, parts: 1,
+                                                                     places: [(place.block, place.payload, payload.count)])
+                traced.part = ControlPart(messageID: id, index: 1, received: payload.count, declared: declared)
+            } else {
+                traced.otherSession = "control session \(header.sessionID): \(payload.count) bytes that are no control message"
+            }
+        } else if type == .externalAccessory || (type == nil && reading.sessions.isEmpty), payload.count >= EASessionData.headerSize {
+            traced.eaSession = UInt16(payload[0]) << 8 | UInt16(payload[1])
+            traced.eaBytes = payload.count - EASessionData.headerSize
+        } else if let type {
+            traced.otherSession = "\(type) session \(header.sessionID): \(payload.count) bytes"
+        } else {
+            traced.otherSession = "session \(header.sessionID), which the SYN did not declare: \(payload.count) bytes"
+        }
+    }
+
+    /// Without --full: notes what ``redactions`` names in a message that came in parts, for
+    /// ``applyPartRedactions(_:to:)`` once every block is written.
+    private mutating func redactParts(_ partial: WireReading.Partial, message: ControlMessage) {
+        guard let rule = Self.redactions[message.id.rawValue] else { return }
+        // Where the rule's parameter data lies in the joined message.
+        var ranges: [Range<Int>] = []
+        var offset = ControlMessage.headerSize
+        let joined = partial.bytes
+        while offset + Parameter.headerSize <= joined.count {
+            let length = Int(joined[offset]) << 8 | Int(joined[offset + 1])
+            let id = UInt16(joined[offset + 2]) << 8 | UInt16(joined[offset + 3])
+            guard length >= Parameter.headerSize, offset + length <= joined.count else { break }
+            if id == rule.parameter { ranges.append((offset + Parameter.headerSize)..<(offset + length)) }
+            offset += length
+        }
+        guard !ranges.isEmpty else { return }
+        pendingPartRedactions.append((partial.places, ranges, rule.keepsText))
+        redactedFrames += partial.places.count
+    }
+
+    /// Applies the redactions of messages in parts once every block is in place.
+    static func applyPartRedactions(_ redactions: [([(block: Int, payload: Int, count: Int)], [Range<Int>], Bool)], to blocks: inout [[UInt8]]) {
+        for (places, ranges, keepsText) in redactions {
+            var messageOffset = 0
+            for place in places {
+                let part = messageOffset..<(messageOffset + place.count)
+                var changed = false
+                for range in ranges {
+                    let overlap = range.clamped(to: part)
+                    for index in overlap {
+                        let position = place.payload + (index - messageOffset)
+                        guard position < blocks[place.block].count else { continue }
+                        if keepsText {
+                            if blocks[place.block][position] != 0 { blocks[place.block][position] = UInt8(ascii: "X") }
+                        } else {
+                            blocks[place.block][position] = 0
+                        }
+                        changed = true
+                    }
+                }
+                if changed {
+                    // The payload's checksum follows the payload: recomputed over the whole payload of the packet.
+                    Self.rechecksum(&blocks[place.block], payloadAt: place.payload)
+                }
+                messageOffset += place.count
+            }
+        }
     }
 
     /// Keeps what the report says about the accessory's serials and certificate.
@@ -356,6 +516,17 @@ struct TraceAnalysis {
         let payloadRange = payload..<(payload + header.payloadLength)
         block[payloadRange.upperBound] = Checksum.of(Array(block[payloadRange]))
         return true
+    }
+
+    /// Computes again the payload checksum of the iAP2 packet whose payload starts at
+    /// `payload` in `block` (its header is the 9 bytes before it).
+    static func rechecksum(_ block: inout [UInt8], payloadAt payload: Int) {
+        let header = payload - LinkPacketHeader.size
+        guard header >= 0, payload <= block.count else { return }
+        let packetLength = Int(block[header + 2]) << 8 | Int(block[header + 3])
+        let end = header + packetLength - 1
+        guard packetLength > LinkPacketHeader.size + 1, end < block.count, end >= payload else { return }
+        block[end] = Checksum.of(Array(block[payload..<end]))
     }
 
     /// The frames of one interface.
