@@ -19,7 +19,7 @@ import IAPWire
 ///   "checksumsSessionData": true,
 ///   "faults": { "dropRate": 0.0, "corruptRate": 0.0, "delayMs": 0,
 ///               "stopReadingAfterBytes": 4096, "vanishAfterBytes": 65536, "seed": 1,
-///               "forged": false },
+///               "forged": false, "losesFrames": [5], "ignoresMessages": ["0xAA00"] },
 ///   "authentication": { "certificate": "accessory.pem", "key": "accessory.key" }
 /// }
 /// ```
