@@ -13,8 +13,9 @@ public struct AuthenticationEvidence: Sendable, Hashable {
     public var challenge: [UInt8]
     /// The response, as sent.
     public var response: [UInt8]
-    /// Where the certificate's and the challenge's frames start in their stream (byte offsets).
+    /// Where the certificate's frame starts in its stream (a byte offset).
     public var certificateOffset: Int
+    /// Where the challenge's frame starts in its stream (a byte offset).
     public var challengeOffset: Int
 
     /// Creates evidence.
