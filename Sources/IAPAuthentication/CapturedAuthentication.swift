@@ -1,4 +1,4 @@
-public import IAPLink
+internal import IAPLink
 
 /// A captured authentication (the certificate an accessory sent, the challenge the Apple device
 /// sent it, the accessory's response) checked offline, step by step: what `iapctl decode` says

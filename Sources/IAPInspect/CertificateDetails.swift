@@ -55,9 +55,12 @@ extension FrameInspector {
         if section == 0 {
             iap1CertificateSections = []
             iap1CertificateOffset = offset
+            // A new certificate is coming: a response before it is whole is not checked against the old one.
+            authenticationTrail.certificate = nil
         }
         guard iap1CertificateSections.count + payload.count - 4 <= Self.maxIAP1Certificate else {
             iap1CertificateSections = []
+            authenticationTrail.certificate = nil
             return
         }
         iap1CertificateSections += payload.dropFirst(4)

@@ -59,7 +59,7 @@ public struct FrameInspector: Sendable {
     var authenticationTrail = AuthenticationTrail()
     /// A control message spread over several link packets (PROTOCOL.md §7.7), while its parts
     /// come: its bytes so far, the length its header declares, its parts, where it began.
-    var partialControl: (bytes: [UInt8], declared: Int, parts: Int, offset: Int)?
+    var partialControl: PartialControl?
 
     /// An inspector that knows no link sessions yet; `previewLimit` is the most payload bytes shown
     /// in a hex preview.
@@ -204,6 +204,8 @@ public struct FrameInspector: Sendable {
             do {
                 let parameters = try LinkParameters.decode(payload)
                 for session in parameters.sessions { sessionTypes[session.id] = session.type }
+                // A new link: a message half joined on the old one is not coming.
+                partialControl = nil
                 details += Self.describe(parameters)
                 fields.append(("linkParameters", Self.json(parameters)))
             } catch {
@@ -231,7 +233,7 @@ public struct FrameInspector: Sendable {
                     details.append("payload: \(preview(bytes))")
                     fields.append(("payload", .string(HexInput.format(bytes.prefix(previewLimit), separator: ""))))
                 }
-            } else if let joined = continueControlMessage(payload, streamOffset: streamOffset, details: &details, fields: &fields) {
+            } else if let joined = continueControlMessage(payload, sequence: header.sequence, details: &details, fields: &fields) {
                 if let message = joined {
                     details += Self.describe(message)
                     fields.append(("messages", .array([Self.json(message)])))
@@ -251,7 +253,8 @@ public struct FrameInspector: Sendable {
                         noteAuthentication(message, at: streamOffset, details: &details, fields: &fields)
                         offset += length
                     } catch {
-                        if offset == 0, startControlMessage(payload, streamOffset: streamOffset, details: &details, fields: &fields) { break }
+                        if offset == 0, startControlMessage(payload, sequence: header.sequence, streamOffset: streamOffset, details: &details,
+                                                            fields: &fields) { break }
                         details.append("control message at payload offset \(offset): \(error)")
                         messages.append(.object([("error", .string(error.description))]))
                         break
@@ -448,12 +451,12 @@ public struct FrameInspector: Sendable {
 
     /// A control-session payload whose message runs on past its packet: the first part of a
     /// message spread over several (kept; true), or not (false).
-    private mutating func startControlMessage(_ payload: RawSpan, streamOffset: Int, details: inout [String],
+    private mutating func startControlMessage(_ payload: RawSpan, sequence: UInt8, streamOffset: Int, details: inout [String],
                                               fields: inout [(String, JSONValue)]) -> Bool {
         guard payload.byteCount >= ControlMessage.headerSize, let declared = try? ControlMessage.declaredLength(in: payload),
               declared > payload.byteCount, declared <= Self.maxJoinedControlMessage else { return false }
         let bytes = copy(payload)
-        partialControl = (bytes, declared, 1, streamOffset)
+        partialControl = PartialControl(parts: [(sequence, bytes)], declared: declared, offset: streamOffset)
         let id = MessageID(UInt16(bytes[4]) << 8 | UInt16(bytes[5]))
         details.append("\(id) (0x\(hex16(id.rawValue))), part 1: \(bytes.count) of the \(declared) bytes its header declares; the rest in the next packets")
         fields.append(("part", .object([("message", .int(Int(id.rawValue))), ("index", .int(1)), ("received", .int(bytes.count)),
@@ -462,9 +465,11 @@ public struct FrameInspector: Sendable {
     }
 
     /// The next part of a control message spread over several packets: nil when none is
-    /// coming, or this payload starts a message of its own; .some(nil) for a part that does not
-    /// complete it; .some(message) for the last part.
-    private mutating func continueControlMessage(_ payload: RawSpan, streamOffset: Int, details: inout [String],
+    /// coming, or this payload is whole messages of its own; .some(nil) for a part that does
+    /// not complete it (or one sent again); .some(message) for the last part. Parts are
+    /// joined in the order of their sequence numbers, so one sent again after an EAK goes back
+    /// in its place.
+    private mutating func continueControlMessage(_ payload: RawSpan, sequence: UInt8, details: inout [String],
                                                  fields: inout [(String, JSONValue)]) -> ControlMessage?? {
         guard var partial = partialControl else { return nil }
         // A payload that is whole messages of its own is not a part (the other side's message,
@@ -473,20 +478,23 @@ public struct FrameInspector: Sendable {
            (try? ControlMessage.decode(prefixOf: payload)) != nil {
             return nil
         }
-        let taken = min(payload.byteCount, partial.declared - partial.bytes.count)
-        partial.bytes += copy(payload.extracting(0..<taken))
-        partial.parts += 1
-        partialControl = partial
-        let id = MessageID(UInt16(partial.bytes[4]) << 8 | UInt16(partial.bytes[5]))
-        fields.append(("part", .object([("message", .int(Int(id.rawValue))), ("index", .int(partial.parts)),
-                                        ("received", .int(partial.bytes.count)), ("declared", .int(partial.declared))])))
-        guard partial.bytes.count >= partial.declared else {
-            details.append("\(id) (0x\(hex16(id.rawValue))), part \(partial.parts): \(partial.bytes.count) of \(partial.declared) bytes")
+        let id = partial.messageID
+        if partial.parts.contains(where: { $0.sequence == sequence }) {
+            details.append("\(id) (0x\(hex16(id.rawValue))): a part sent again (sequence number \(sequence), already taken)")
             return .some(nil)
         }
-        details.append("\(id) (0x\(hex16(id.rawValue))), part \(partial.parts), the last: joined from \(partial.parts) packets")
+        let taken = min(payload.byteCount, partial.declared - partial.received)
+        partial.parts.append((sequence, copy(payload.extracting(0..<taken))))
+        partialControl = partial
+        fields.append(("part", .object([("message", .int(Int(id.rawValue))), ("index", .int(partial.parts.count)),
+                                        ("received", .int(partial.received)), ("declared", .int(partial.declared))])))
+        guard partial.received >= partial.declared else {
+            details.append("\(id) (0x\(hex16(id.rawValue))), part \(partial.parts.count): \(partial.received) of \(partial.declared) bytes")
+            return .some(nil)
+        }
+        details.append("\(id) (0x\(hex16(id.rawValue))), part \(partial.parts.count), the last: joined from \(partial.parts.count) packets")
         do {
-            return .some(try ControlMessage.decode(partial.bytes))
+            return .some(try ControlMessage.decode(partial.joined))
         } catch {
             details.append("the joined message: \(error)")
             partialControl = nil
@@ -496,6 +504,26 @@ public struct FrameInspector: Sendable {
 
     private func preview(_ bytes: [UInt8]) -> String {
         HexInput.format(bytes.prefix(previewLimit)) + (bytes.count > previewLimit ? " … (\(bytes.count) bytes)" : "")
+    }
+}
+
+/// A control message spread over several link packets, while its parts come.
+struct PartialControl: Sendable {
+    /// Each part's sequence number and bytes, in the order they came.
+    var parts: [(sequence: UInt8, bytes: [UInt8])]
+    /// The length its header declares.
+    var declared: Int
+    /// Where its first part starts in the stream.
+    var offset: Int
+
+    /// Its id, from the first part's header.
+    var messageID: MessageID { MessageID(UInt16(parts[0].bytes[4]) << 8 | UInt16(parts[0].bytes[5])) }
+    /// Bytes received (each part once).
+    var received: Int { parts.reduce(0) { $0 + $1.bytes.count } }
+    /// The parts joined in the order of their sequence numbers from the first's.
+    var joined: [UInt8] {
+        let first = parts[0].sequence
+        return Array(parts.sorted { ($0.sequence &- first) < ($1.sequence &- first) }.flatMap(\.bytes).prefix(declared))
     }
 }
 

@@ -102,7 +102,9 @@ enum DecodeCommand {
 /// The authentication checks of one decode: the checker handed to the decoder (OpenSSL's, with
 /// `--trust` and `--check-validity`), and what it found, for the closing line.
 final class AuthenticationTally: Sendable {
-    private let verdicts = Mutex<[(valid: Bool, verdict: String)]>([])
+    /// Responses checked, those valid, and the first few verdicts (bounded: a capture may hold
+    /// any number of responses).
+    private let verdicts = Mutex<(checked: Int, valid: Int, first: [String])>((0, 0, []))
     private let trust: TrustAnchors?
     private let checkValidity: Bool
 
@@ -127,17 +129,21 @@ final class AuthenticationTally: Sendable {
             let checking = AuthenticationChecking(verdict: check.verdict, isValid: check.firstFailure == nil, steps: check.lines.map {
                 AuthenticationChecking.Step(name: $0.step.rawValue, result: $0.result.rawValue, detail: $0.detail)
             })
-            verdicts.withLock { $0.append((checking.isValid, "\(evidence.protocolName) \(checking.verdict)")) }
+            verdicts.withLock { tally in
+                tally.checked += 1
+                if checking.isValid { tally.valid += 1 }
+                if tally.first.count < 3 { tally.first.append("\(evidence.protocolName) \(checking.verdict)") }
+            }
             return checking
         }
     }
 
     /// `authentication: 1 response checked: iAP1 valid (chain not checked); ` (empty when none).
     var summary: String {
-        let all = verdicts.withLock { $0 }
-        guard !all.isEmpty else { return "" }
-        let shown = all.prefix(3).map(\.verdict).joined(separator: "; ") + (all.count > 3 ? "; …" : "")
-        return "authentication: \(all.count) response\(all.count == 1 ? "" : "s") checked, \(all.filter(\.valid).count) valid: "
+        let tally = verdicts.withLock { $0 }
+        guard tally.checked > 0 else { return "" }
+        let shown = tally.first.joined(separator: "; ") + (tally.checked > tally.first.count ? "; …" : "")
+        return "authentication: \(tally.checked) response\(tally.checked == 1 ? "" : "s") checked, \(tally.valid) valid: "
             + shown.escapedForTerminal + "\n"
     }
 }

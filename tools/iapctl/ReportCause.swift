@@ -70,7 +70,9 @@ private func numbers(_ values: [UInt8]) -> String {
 extension ReportRun {
     /// The cause of `step`'s failure, from the trace and the host's log.
     func cause(of step: ReportStep) -> ReportCause {
-        let reason = step.failure ?? ""
+        // Texts from outside (the host's reasons quote the accessory) are escaped and scrubbed
+        // here, once: a cause is printed as it is.
+        let reason = shown(step.failure ?? "")
         let policy = command.value("auth") ?? "record"
         guard let index = wireIndex else {
             return ReportCause(kind: .notFound, summary: reason, advice: Self.advice(for: "open"))
@@ -79,7 +81,6 @@ extension ReportRun {
         if let left = accessoryLeft(step, frames: frames) { return left }
         if step.name == "detect" { return ReportCause(kind: .noAnswer, summary: reason, advice: Self.advice(for: "detect")) }
         if step.name == "link" { return ReportCause(kind: .linkNotCompleted, summary: reason, advice: Self.advice(for: "link")) }
-        if let gap = sequenceGap(frames, index: index) { return gap }
         if step.name == "authentication", let refusal = frames.first(where: { !$0.fromAccessory && $0.messageID == .authenticationFailed }) {
             var cause = ReportCause(kind: .authenticationRefused, summary: "the host refused the accessory's authentication: \(reason)",
                                     evidence: ["\(at(refusal.time)) host → acc  AuthenticationFailed"], advice: "")
@@ -103,6 +104,9 @@ extension ReportRun {
             cause.evidence.append("\(at(rejection.time)) host → acc  IdentificationRejected" + (why.map { ": \(shown($0))" } ?? ""))
             return cause
         }
+        // A gap blames the step it happened in: its first EAK after the step before had passed.
+        let before = steps.last { $0.time != nil && $0.failure == nil && ($0.time ?? 0) <= (step.time ?? .max) }?.time ?? 0
+        if let gap = sequenceGap(frames, index: index, after: before) { return gap }
         if let stalled = unansweredRequest(step, frames: frames, index: index) { return stalled }
         if step.name.hasPrefix("session ") {
             if step.failure?.contains("never answered the session") == true {
@@ -119,7 +123,9 @@ extension ReportRun {
     /// The accessory went away: a departure of the accessory reported on, or a transport that
     /// closed under a step before identification.
     private func accessoryLeft(_ step: ReportStep, frames: [TracedFrame]) -> ReportCause? {
-        let gone = accessory.flatMap { accessory in departures.first { $0.1 == accessory.connectionID } }
+        // A departure after the step ended is not its cause (a later session's, perhaps).
+        let end = (step.time ?? finished) + 50_000_000
+        let gone = accessory.flatMap { accessory in departures.first { $0.1 == accessory.connectionID && $0.0 <= end } }
         let closed = failureReason.flatMap { reason in
             ["disconnected", "closed", "vanished", "went away", "unplugged", "no such device"].contains { reason.lowercased().contains($0) } ? reason : nil
         }
@@ -139,8 +145,8 @@ extension ReportRun {
 
     /// Packets the accessory never sent again although the host's EAKs asked for them, with
     /// the packets that waited behind them.
-    private func sequenceGap(_ frames: [TracedFrame], index: Int) -> ReportCause? {
-        let eaks = frames.filter { !$0.fromAccessory && ($0.header?.control.contains(.eak) ?? false) }
+    private func sequenceGap(_ frames: [TracedFrame], index: Int, after start: UInt64) -> ReportCause? {
+        let eaks = frames.filter { !$0.fromAccessory && $0.time >= start && ($0.header?.control.contains(.eak) ?? false) }
         guard let firstEAK = eaks.first, let lastEAK = eaks.last else { return nil }
         var missing: [UInt8] = []
         var behind: [UInt8] = []
@@ -201,9 +207,11 @@ extension ReportRun {
                                        + "host waits up to 10 s for an answer; a longer --timeout lets the report see more).")
             }
             let last = frames.last(where: \.fromAccessory)
+            let spoke = after.filter(\.fromAccessory).count
             return ReportCause(kind: .accessorySilent,
                                summary: "the accessory did not acknowledge the host's \(request) (sent \(sends.count) time\(sends.count == 1 ? "" : "s")) "
-                                   + "and sent nothing in the \(waited) after it",
+                                   + (spoke == 0 ? "and sent nothing in the \(waited) after it"
+                                      : "in the \(waited) after it, although it sent \(spoke) frame\(spoke == 1 ? "" : "s") (none acknowledging it)"),
                                evidence: ["\(at(asked.time)) host → acc  \(request) (seq \(number(sequence)))"]
                                    + (last.map { ["\(at($0.time)) acc → host  \(scrubbed($0.summary))  (the last frame from the accessory)"] } ?? []),
                                advice: "The accessory stopped answering on the link: check that it is still powered and attached, and on a "

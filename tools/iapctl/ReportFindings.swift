@@ -131,11 +131,11 @@ extension ReportRun {
             nanoseconds.map { .number(Double($0 - min($0, started)) / 1e9) } ?? .null
         }
         var fields: [(String, JSONValue)] = [
-            ("result", .string(verdict)),
+            ("result", .string(scrubbed(verdict))),
             ("stoppedAt", stop.map { .string($0.name) } ?? .null),
             ("cause", cause.map { cause in
-                .object([("kind", .string(cause.kind.rawValue)), ("summary", .string(cause.summary)),
-                         ("evidence", .array(cause.evidence.map { .string($0) })), ("advice", .string(cause.advice))])
+                .object([("kind", .string(cause.kind.rawValue)), ("summary", .string(scrubbed(cause.summary))),
+                         ("evidence", .array(cause.evidence.map { .string(scrubbed($0)) })), ("advice", .string(cause.advice))])
             } ?? .null),
             ("steps", .array(steps.map { step in
                 let outcome: String
@@ -160,11 +160,12 @@ extension ReportRun {
         ]
         if let accessory {
             fields.append(("accessory", .object([
-                ("name", .string(accessory.identity.name)), ("manufacturer", .string(accessory.identity.manufacturer)),
-                ("model", .string(accessory.identity.modelIdentifier)), ("firmwareVersion", .string(accessory.identity.firmwareVersion)),
+                ("name", .string(scrubbed(accessory.identity.name))), ("manufacturer", .string(scrubbed(accessory.identity.manufacturer))),
+                ("model", .string(scrubbed(accessory.identity.modelIdentifier))),
+                ("firmwareVersion", .string(scrubbed(accessory.identity.firmwareVersion))),
                 ("serialNumber", full ? .string(accessory.serialNumber) : .null),
                 ("protocolVersion", .string(accessory.protocolVersion.rawValue)),
-                ("protocols", .array(accessory.identity.protocols.map { .string($0.name) })),
+                ("protocols", .array(accessory.identity.protocols.map { .string(scrubbed($0.name)) })),
             ])))
         } else {
             fields.append(("accessory", .null))

@@ -45,7 +45,7 @@ extension ReportRun {
             out.append("")
             out.append("WHERE IT STOPPED")
             out.append("  \(stop.name): \(shown(stop.failure ?? ""))")
-            out.append("  cause (\(cause.kind.rawValue)): \(cause.summary)")
+            out.append("  cause (\(cause.kind.rawValue)): \(cause.summary)") // escaped and scrubbed where it was made
             for line in cause.evidence { out.append("    \(line)") }
             if stop.name == "open", daemonSocket != nil {
                 out.append("  next: Stop iapd (below), then run the report again.")

@@ -191,12 +191,33 @@ struct ControlPart {
 struct WireReading {
     /// One direction's message in parts: what came so far and where its parts are in the trace.
     struct Partial {
+        /// One part: its sequence number, its bytes, and where its payload is in the trace (the
+        /// block's index among the blocks as rewritten, the payload's offset in it).
+        struct Part {
+            var sequence: UInt8
+            var bytes: [UInt8]
+            var block: Int
+            var payload: Int
+        }
         var messageID: MessageID
         var declared: Int
-        var bytes: [UInt8]
-        var parts: Int
-        /// Each part: the block (index in the blocks as rewritten) and where its payload is.
-        var places: [(block: Int, payload: Int, count: Int)]
+        var parts: [Part]
+        /// Bytes received so far (a part sent again counted once).
+        var received: Int { parts.reduce(0) { $0 + $1.bytes.count } }
+
+        /// The parts in the order of their sequence numbers from the first part's (a part sent
+        /// again after an EAK goes back in its place), each with its offset in the message.
+        var ordered: [(part: Part, offset: Int)] {
+            let first = parts[0].sequence
+            var offset = 0
+            return parts.sorted { ($0.sequence &- first) < ($1.sequence &- first) }.map { part in
+                defer { offset += part.bytes.count }
+                return (part, offset)
+            }
+        }
+
+        /// The message's bytes, its parts joined in order (at most the declared length).
+        var joined: [UInt8] { Array(ordered.flatMap(\.part.bytes).prefix(declared)) }
     }
 
     var sessions: [UInt8: LinkSessionType] = [:]
@@ -232,7 +253,10 @@ struct TraceAnalysis {
     var redactedFrames = 0
     /// Messages in parts to overwrite: each part's place, the ranges of the message to
     /// overwrite, and whether they are text (X's) or bytes (zeros).
-    private var pendingPartRedactions: [([(block: Int, payload: Int, count: Int)], [Range<Int>], Bool)] = []
+    private var pendingPartRedactions: [PartRedaction] = []
+    /// One message in parts to overwrite: each part's block, payload offset, byte count and
+    /// offset in the message; the message's ranges to overwrite; text (X's) or bytes (zeros).
+    typealias PartRedaction = ([(block: Int, payload: Int, count: Int, offset: Int)], [Range<Int>], Bool)
     /// How many packets of session data were cut in ``embeddedTrace``, and the bytes left out.
     var cutPackets = 0
     var cutBytes = 0
@@ -312,9 +336,11 @@ struct TraceAnalysis {
             rewrittenBlocks.append(rewritten)
         }
         for (interface, reading) in readings {
-            for (fromAccessory, partial) in reading.partial where fromAccessory {
+            for (fromAccessory, partial) in reading.partial {
+                if !full { redactParts(partial, message: nil) }
+                guard fromAccessory else { continue }
                 let first = frames.first { $0.interface == interface && $0.fromAccessory && $0.part?.index == 1 && $0.part?.messageID == partial.messageID }
-                incompleteMessages[interface, default: []].append((partial.messageID, partial.bytes.count, partial.declared, partial.parts,
+                incompleteMessages[interface, default: []].append((partial.messageID, partial.received, partial.declared, partial.parts.count,
                                                                    first?.time ?? 0))
             }
         }
@@ -349,6 +375,9 @@ struct TraceAnalysis {
                 } else if header.control.contains(.syn), let parameters = try? LinkParameters.decode(payload) {
                     traced.syn = parameters
                     reading.sessions = Dictionary(parameters.sessions.map { ($0.id, $0.type) }, uniquingKeysWith: { first, _ in first })
+                    // A new link: a message half joined on the old one is not coming.
+                    for partial in reading.partial.values where !full { redactParts(partial, message: nil) }
+                    reading.partial = [:]
                     reading.controlSession = parameters.session(ofType: .control)?.id
                 } else if !payload.isEmpty {
                     readPayload(payload, of: &traced, header: header, reading: &reading,
@@ -370,36 +399,41 @@ struct TraceAnalysis {
             if var partial = reading.partial[fromAccessory] {
                 // A packet of whole messages ends a message that was waiting for parts (its
                 // header lied); anything else is its next part.
-                if looksLikeControl, (try? ControlMessage.decode(payload)) != nil {
+                if looksLikeControl, Self.isWholeMessages(payload) {
                     reading.partial[fromAccessory] = nil
+                    if !full { redactParts(partial, message: nil) }
+                } else if partial.parts.contains(where: { $0.sequence == header.sequence }) {
+                    traced.otherSession = "\(partial.messageID): a part sent again (already taken)"
+                    return
                 } else {
-                    let taken = min(payload.count, partial.declared - partial.bytes.count)
-                    partial.bytes += payload.prefix(taken)
-                    partial.parts += 1
-                    partial.places.append((place.block, place.payload, taken))
-                    traced.part = ControlPart(messageID: partial.messageID, index: partial.parts, received: partial.bytes.count,
+                    let taken = min(payload.count, partial.declared - partial.received)
+                    partial.parts.append(.init(sequence: header.sequence, bytes: Array(payload.prefix(taken)), block: place.block,
+                                               payload: place.payload))
+                    traced.part = ControlPart(messageID: partial.messageID, index: partial.parts.count, received: partial.received,
                                               declared: partial.declared)
-                    if partial.bytes.count >= partial.declared {
+                    if partial.received >= partial.declared {
                         reading.partial[fromAccessory] = nil
-                        if let message = try? ControlMessage.decode(partial.bytes) {
+                        let message = try? ControlMessage.decode(partial.joined)
+                        if let message {
                             traced.message = message
                             if fromAccessory { note(message, interface: traced.interface) }
-                            if !full { redactParts(partial, message: message) }
                         }
+                        if !full { redactParts(partial, message: message) }
                     } else {
                         reading.partial[fromAccessory] = partial
                     }
                     return
                 }
             }
-            if let message = try? ControlMessage.decode(payload) {
+            if let message = try? ControlMessage.decode(prefixOf: payload.span.bytes).message {
                 traced.message = message
                 if fromAccessory { note(message, interface: traced.interface) }
             } else if looksLikeControl, payload.count >= ControlMessage.headerSize, let declared = try? ControlMessage.declaredLength(in: payload.span.bytes),
                       declared > payload.count {
                 let id = MessageID(UInt16(payload[4]) << 8 | UInt16(payload[5]))
-                reading.partial[fromAccessory] = WireReading.Partial(messageID: id, declared: declared, bytes: payload, parts: 1,
-                                                                     places: [(place.block, place.payload, payload.count)])
+                reading.partial[fromAccessory] = WireReading.Partial(
+                    messageID: id, declared: declared,
+                    parts: [.init(sequence: header.sequence, bytes: payload, block: place.block, payload: place.payload)])
                 traced.part = ControlPart(messageID: id, index: 1, received: payload.count, declared: declared)
             } else {
                 traced.otherSession = "control session \(header.sessionID): \(payload.count) bytes that are no control message"
@@ -414,31 +448,52 @@ struct TraceAnalysis {
         }
     }
 
-    /// Without --full: notes what ``redactions`` names in a message that came in parts, for
-    /// ``applyPartRedactions(_:to:)`` once every block is written.
-    private mutating func redactParts(_ partial: WireReading.Partial, message: ControlMessage) {
-        guard let rule = Self.redactions[message.id.rawValue] else { return }
-        // Where the rule's parameter data lies in the joined message.
-        var ranges: [Range<Int>] = []
-        var offset = ControlMessage.headerSize
-        let joined = partial.bytes
-        while offset + Parameter.headerSize <= joined.count {
-            let length = Int(joined[offset]) << 8 | Int(joined[offset + 1])
-            let id = UInt16(joined[offset + 2]) << 8 | UInt16(joined[offset + 3])
-            guard length >= Parameter.headerSize, offset + length <= joined.count else { break }
-            if id == rule.parameter { ranges.append((offset + Parameter.headerSize)..<(offset + length)) }
+    /// Whether `payload` is one or more whole control messages.
+    static func isWholeMessages(_ payload: [UInt8]) -> Bool {
+        var offset = 0
+        while offset < payload.count {
+            guard let length = try? ControlMessage.decode(prefixOf: payload.span.bytes.extracting(offset..<payload.count)).length else { return false }
             offset += length
         }
+        return offset > 0
+    }
+
+    /// Without --full: notes what ``redactions`` names in a message that came in parts, for
+    /// ``applyPartRedactions(_:to:)`` once every block is written. A message that decoded has
+    /// the rule's parameter overwritten; one that did not (it never came whole, a later packet
+    /// ended it, or its parts do not make a message) has every byte after its header zeroed
+    /// in every part, so nothing of it can leak.
+    private mutating func redactParts(_ partial: WireReading.Partial, message: ControlMessage?) {
+        guard let rule = Self.redactions[partial.messageID.rawValue] else { return }
+        let ordered = partial.ordered
+        var ranges: [Range<Int>] = []
+        var keepsText = rule.keepsText
+        if message != nil {
+            // Where the rule's parameter data lies in the joined message.
+            let joined = partial.joined
+            var offset = ControlMessage.headerSize
+            while offset + Parameter.headerSize <= joined.count {
+                let length = Int(joined[offset]) << 8 | Int(joined[offset + 1])
+                let id = UInt16(joined[offset + 2]) << 8 | UInt16(joined[offset + 3])
+                guard length >= Parameter.headerSize, offset + length <= joined.count else { break }
+                if id == rule.parameter { ranges.append((offset + Parameter.headerSize)..<(offset + length)) }
+                offset += length
+            }
+        } else {
+            ranges = [ControlMessage.headerSize..<Int.max]
+            keepsText = false
+        }
         guard !ranges.isEmpty else { return }
-        pendingPartRedactions.append((partial.places, ranges, rule.keepsText))
-        redactedFrames += partial.places.count
+        pendingPartRedactions.append((ordered.map { (block: $0.part.block, payload: $0.part.payload, count: $0.part.bytes.count, offset: $0.offset) },
+                                      ranges, keepsText))
+        redactedFrames += partial.parts.count
     }
 
     /// Applies the redactions of messages in parts once every block is in place.
-    static func applyPartRedactions(_ redactions: [([(block: Int, payload: Int, count: Int)], [Range<Int>], Bool)], to blocks: inout [[UInt8]]) {
+    static func applyPartRedactions(_ redactions: [PartRedaction], to blocks: inout [[UInt8]]) {
         for (places, ranges, keepsText) in redactions {
-            var messageOffset = 0
             for place in places {
+                let messageOffset = place.offset
                 let part = messageOffset..<(messageOffset + place.count)
                 var changed = false
                 for range in ranges {
@@ -458,7 +513,6 @@ struct TraceAnalysis {
                     // The payload's checksum follows the payload: recomputed over the whole payload of the packet.
                     Self.rechecksum(&blocks[place.block], payloadAt: place.payload)
                 }
-                messageOffset += place.count
             }
         }
     }
