@@ -449,6 +449,81 @@ else
 fi
 grep -q '"deviation":"bare-acks-use-up-numbers"' "$work/report-keyboard.json" || fail "report --json lacks the keyboard's findings: $(head -c 600 "$work/report-keyboard.json")"
 grep -q '"cause":{"kind":"sequence-gap"' "$work/report-gap.json" || fail "report --json lacks the gap's cause: $(head -c 600 "$work/report-gap.json")"
+# ---- iapctl bench (issue 48): the simulator in process, each mode, JSON, sweeps, a comparison, a picture ----
+check "bench both on the simulator" 0 "$iapctl" "${sim[@]}" bench -t 0.5 --warmup 0.1 --latency-count 200 com.example.echo
+contains "bench: throughput each way" out "throughput: out "
+contains "bench: the echo verified" out "echo: every byte that came back matches what was sent"
+contains "bench: latency percentiles" out "latency (200 round trips of 64 bytes): p50 "
+contains "bench: the link's view" out "link: out "
+contains "bench: the host's CPU" out "host CPU: "
+check "bench echo with intervals" 0 "$iapctl" "${sim[@]}" bench -m echo -l 4K -t 0.4 -i 0.1 --warmup 0 --latency-size 0 com.example.echo
+contains "bench: interval lines" out "0.00–0.1"
+check "bench sink" 0 "$iapctl" "${sim[@]}" bench -m sink -n 1M --warmup 0 com.example.sink
+contains "bench sink: out only" out "throughput: out "
+lacks "bench sink: nothing in" out "; in "
+check "bench source (--reverse of a sink run)" 0 "$iapctl" "${sim[@]}" bench -m sink --reverse -n 1M --warmup 0 com.example.source
+contains "bench source: in" out "throughput: in "
+check "bench two protocols at once" 0 "$iapctl" "${sim[@]}" bench -t 0.3 --warmup 0 --latency-size 0 com.example.echo com.example.telemetry
+contains "bench: both protocols named" out "both on com.example.echo, com.example.telemetry"
+check "bench --reverse of an echo is refused (64)" 64 "$iapctl" "${sim[@]}" bench --reverse com.example.echo
+check "bench of a protocol the accessory lacks (69)" 69 "$iapctl" "${sim[@]}" bench com.example.nowhere
+check "bench --write-sizes" 0 "$iapctl" "${sim[@]}" bench --write-sizes 512,16K -t 0.3 --warmup 0 --latency-count 100 com.example.echo
+contains "bench --write-sizes: a row each" out "16K "
+check "bench --json" 0 "$iapctl" "${sim[@]}" bench -t 0.3 --warmup 0 --latency-count 100 --json --plot "$work/bench.svg" com.example.echo
+cp "$work/out" "$work/bench.json"
+check "bench --host-limits --json" 0 "$iapctl" "${sim[@]}" bench --host-limits 1x4096,8x4096 -t 0.3 --warmup 0 --latency-size 0 --json com.example.echo
+cp "$work/out" "$work/bench-limits.json"
+if python3 "$here/check-json.py" bench "$work/bench.json" "$work/bench-limits.json" 2> "$work/schema.err"; then
+    echo "cli-checks: ok bench --json validates against docs/json-schema.json"
+else
+    fail "bench --json against the schema: $(cat "$work/schema.err")"
+fi
+grep -q '"sweep":"host-limits"' "$work/bench-limits.json" || fail "bench --host-limits --json is no sweep: $(head -c 400 "$work/bench-limits.json")"
+check "bench --compare" 0 "$iapctl" "${sim[@]}" bench -t 0.3 --warmup 0 --latency-count 100 --compare "$work/bench.json" com.example.echo
+contains "bench --compare: ratios" out "beside the earlier run (ratio now / then):"
+python3 - "$work/bench.svg" <<'PY' || fail "bench --plot did not draw a picture"
+import sys, xml.etree.ElementTree as tree
+root = tree.parse(sys.argv[1]).getroot()
+text = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
+for words in ("Throughput over time", "Send window in use", "Round trips of 64 bytes", "MB/s", "packets in flight"):
+    assert words in text, words
+PY
+# A source that starts on request: with --start it sends; the bytes are counted as the accessory sent them.
+check "bench a source started on request" 0 "$iapctl" --no-usb "--simulate=$here/profiles/bench/requested-source.json" bench -m source \
+    --start "01 02" -n 4M --warmup 0 com.example.stream
+contains "bench source: 4 MiB in" out "throughput: in "
+# A window of one packet (the borescope's link, PROTOCOL.md §7.2): the summary names the window.
+check "bench of a window of one" 0 "$iapctl" --no-usb --simulate=borescope bench -t 1 --warmup 0.2 --latency-count 20 com.example.borescope.control
+contains "bench: the window bound it" out "bound by the accessory's window: packets waited behind a full window"
+contains "bench: the window's size" out "1 packet of 4096 bytes in flight at most"
+
+# On a pseudo-terminal (the UART path): a window of one 4,096-byte packet (the borescope), and a
+# source that starts on request; the figures name the serial line.
+for pair in "borescope:both:com.example.borescope.control:" "$here/profiles/bench/requested-source.json:source:com.example.stream:--start 01 -n 4M"; do
+    profile=${pair%%:*} rest=${pair#*:}
+    mode=${rest%%:*} rest=${rest#*:}
+    protocol=${rest%%:*} extra=${rest#*:}
+    coproc BENCHPTY { exec "$iapctl" simulate --profile "$profile" 2> "$work/benchpty.err"; }
+    bench_pid=$BENCHPTY_PID
+    if read -r -t 20 -u "${BENCHPTY[0]}" bench_pty && [ -n "$bench_pty" ]; then
+        # shellcheck disable=SC2086 # $extra is words on purpose
+        check "bench $mode on a pty ($(basename "$profile" .json))" 0 "$iapctl" --no-usb --serial "$bench_pty:3000000" bench -m "$mode" -t 1 \
+            --warmup 0.2 --latency-count 50 $extra --json "$protocol"
+        grep -q '"transport":"serial"' "$work/out" || fail "bench on a pty: not over serial: $(head -c 300 "$work/out")"
+        python3 - "$work/out" <<'PY' || fail "bench on a pty moved nothing: $(head -c 400 "$work/out")"
+import json, sys
+run = json.loads(open(sys.argv[1]).readline())["runs"][0]
+assert run["bytesIn"] > 0 and run["failure"] is None, run
+assert run["link"] is not None and run["link"]["sendPacketLength"] > 0, run["link"]
+PY
+    else
+        fail "the simulator for bench did not announce its pty: $(cat "$work/benchpty.err")"
+    fi
+    kill "$bench_pid" 2>/dev/null || true
+    wait "$bench_pid" 2>/dev/null || true
+done
+
 # A report made with --full keeps the certificate: its trace's authentication checks offline.
 check "report --full of a signed accessory" 0 "$iapctl" --no-usb --simulate="$fixtures/rsa-sensor.json" report --full --no-write -o "$work/report-signed.txt"
 report_trace "$work/report-signed.txt" "$work/trace-signed.pcapng"

@@ -57,6 +57,8 @@ extension SimulatedAccessory {
 
     private mutating func runSource(_ id: SessionRoute, _ runtime: inout SessionRuntime) -> Bool {
         var moved = runSink(id, &runtime)
+        // A source that starts on request waits for the host's first byte.
+        guard !runtime.startsOnRequest || runtime.statistics.bytesIn > 0 else { return moved }
         while runtime.statistics.bytesOut < runtime.sourceBytes {
             let count = min(spaceAvailable(id), runtime.sourceBytes - runtime.statistics.bytesOut, 16_384)
             guard count > 0 else { break }
@@ -217,6 +219,8 @@ struct SessionRuntime: Sendable {
     var held: ArraySlice<UInt8> = []
     var sourceBytes = 0
     var sourceFinished = false
+    /// A source that waits for the host's first byte.
+    var startsOnRequest = false
     var firmware: FirmwareUpdateReceiver?
 
     init(id: UInt16, name: String, spec: SimulatorProfile.ProtocolSpec?) {
@@ -224,7 +228,10 @@ struct SessionRuntime: Sendable {
         // harmless choice should it ever happen.
         let behaviour = spec?.behaviour ?? .sink
         statistics = SessionStatistics(sessionID: id, protocolName: name, behaviour: behaviour)
-        if behaviour == .source { sourceBytes = spec?.sourceBytes ?? 0 }
+        if behaviour == .source {
+            sourceBytes = spec?.sourceBytes ?? 0
+            startsOnRequest = spec?.startsOnRequest ?? false
+        }
         if behaviour == .firmwareUpdate { firmware = FirmwareUpdateReceiver() }
     }
 }

@@ -115,20 +115,24 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         /// interface, raw) instead of the iAP2 link: identification binds it to the accessory's
         /// USB host transport component. Absent means false.
         public var native: Bool?
+        /// A source that sends nothing until the host has written at least one byte on the
+        /// session (its request to start, as `iapctl bench --start` sends). Absent means false.
+        public var startsOnRequest: Bool?
 
         /// Creates a protocol entry.
-        public init(name: String, behaviour: Behaviour, sourceBytes: Int? = nil, native: Bool? = nil) {
+        public init(name: String, behaviour: Behaviour, sourceBytes: Int? = nil, native: Bool? = nil, startsOnRequest: Bool? = nil) {
             self.name = name
             self.behaviour = behaviour
             self.sourceBytes = sourceBytes
             self.native = native
+            self.startsOnRequest = startsOnRequest
         }
 
         /// Whether ``native`` is set.
         public var isNative: Bool { native == true }
 
         enum CodingKeys: String, CodingKey, CaseIterable {
-            case name, behaviour, sourceBytes, native
+            case name, behaviour, sourceBytes, native, startsOnRequest
         }
 
         /// Decodes a protocol entry, refusing unknown fields.
@@ -139,6 +143,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
             behaviour = try container.decode(Behaviour.self, forKey: .behaviour)
             sourceBytes = try container.decodeIfPresent(Int.self, forKey: .sourceBytes)
             native = try container.decodeIfPresent(Bool.self, forKey: .native)
+            startsOnRequest = try container.decodeIfPresent(Bool.self, forKey: .startsOnRequest)
         }
     }
 

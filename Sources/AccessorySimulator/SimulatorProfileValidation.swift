@@ -41,6 +41,9 @@ extension SimulatorProfile {
             case (_, _?):
                 throw fail("\(path).sourceBytes", "only a source protocol sends bytes on its own; remove sourceBytes or set behaviour to \"source\"")
             }
+            if spec.startsOnRequest == true, spec.behaviour != .source {
+                throw fail("\(path).startsOnRequest", "only a source starts on request; remove it or set behaviour to \"source\"")
+            }
         }
         let native = protocols.filter(\.isNative).count
         if iap1 != nil, let index = protocols.firstIndex(where: \.isNative) {

@@ -460,7 +460,7 @@ public struct IAPEndpoint: Sendable {
     /// The iAP2 link's counters (packets, retransmissions, acknowledgements); nil on iAP1.
     public var linkStatistics: LinkStatistics? {
         switch running {
-        case .iap2: two.link.statistics
+        case .iap2: two.link.statisticsNow
         case .iap1: nil
         }
     }

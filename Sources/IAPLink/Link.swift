@@ -107,6 +107,8 @@ public struct IAP2Link: Sendable {
     }
     var nextSequence: UInt8 = 0
     var lastSentSequence: UInt8 = 0
+    /// Since when packets wait behind a full send window (nil: they do not).
+    var windowFullSince: LinkTime?
     var lastReceived: UInt8 = 0
     var unacked: [InFlight] = []
     var sendQueue = FIFO<(sessionID: UInt8, packet: LinkFrame)>()
@@ -463,6 +465,7 @@ public struct IAP2Link: Sendable {
         refusing = false
         unacked.removeAll(keepingCapacity: true)
         sendQueue.removeAll()
+        windowFullSince = nil
         held.removeAll()
         sequenceGap = nil
         aheadBareAcks.removeAll()

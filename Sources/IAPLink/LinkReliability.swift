@@ -4,9 +4,37 @@ internal import IAPWire
 // acknowledgement, and received packets delivered in order once (duplicates acknowledged
 // again, out-of-order ones held and listed in an EAK).
 extension IAP2Link {
+    /// Ends a time of a full send window, adding it to ``LinkStatistics/windowFullNanoseconds``.
+    mutating func closeWindowFullTime(now: LinkTime) {
+        guard let since = windowFullSince else { return }
+        windowFullSince = nil
+        let (seconds, attoseconds) = (now - since).components
+        statistics.windowFullNanoseconds += Int(max(0, seconds)) * 1_000_000_000 + Int(max(0, attoseconds) / 1_000_000_000)
+    }
+
+    /// The counters, with the gauges of now filled in (packets in flight, the send window,
+    /// packet length and cumulative-ACK timeout).
+    public var statisticsNow: LinkStatistics {
+        var now = statistics
+        now.packetsInFlight = unacked.count
+        if let peerLimits {
+            now.sendWindow = configuration.ignoresPeerWindow ? 127 : Int(peerLimits.maxOutstandingPackets)
+            now.sendPacketLength = configuration.sendsPacketLength.map(Int.init) ?? Int(peerLimits.maxPacketLength)
+        }
+        now.cumulativeAckTimeoutMilliseconds = negotiated.map { Int($0.cumulativeAckTimeout) } ?? 0
+        return now
+    }
+
     mutating func pump(now: LinkTime) {
         guard state == .connected, let parameters = peerLimits else { return }
         let window = configuration.ignoresPeerWindow ? 127 : Int(parameters.maxOutstandingPackets)
+        // Time with packets queued behind a full window (waiting for acknowledgements) is
+        // counted up to now at every pass, and goes on from now while the window stays full.
+        closeWindowFullTime(now: now)
+        defer {
+            statistics.peakPacketsInFlight = max(statistics.peakPacketsInFlight, unacked.count)
+            if unacked.count >= window, !sendQueue.isEmpty { windowFullSince = now }
+        }
         while unacked.count < window, var next = sendQueue.popFirst() {
             let sequence = nextSequence
             nextSequence &+= 1
@@ -17,6 +45,7 @@ extension IAP2Link {
             swap(&packet, &next.packet)
             transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
             statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
+            statistics.dataPacketsSent += 1
             unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, timerStart: now, lastSentAt: now,
                                     transmissions: 1, writtenMark: outputProgress?.writtenBytes ?? 0))
         }

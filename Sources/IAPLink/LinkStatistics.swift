@@ -68,6 +68,25 @@ public struct LinkStatistics: Hashable, Sendable {
     public var sequenceGapsSkipped = 0
     /// Device role: sequence numbers stepped over in those gaps.
     public var sequenceNumbersSkipped = 0
+    /// Data packets sent the first time (retransmissions not counted): with
+    /// ``payloadBytesSent``, the mean size of the packets sent.
+    public var dataPacketsSent = 0
+    /// The most data packets that were in flight at once (sent and not yet acknowledged).
+    public var peakPacketsInFlight = 0
+    /// Nanoseconds the link had packets queued behind a full send window: the time spent waiting
+    /// for the peer's acknowledgements to send more (counted when the window opens again).
+    public var windowFullNanoseconds = 0
+    /// Now: data packets in flight (a gauge, not a counter).
+    public var packetsInFlight = 0
+    /// The send window: the peer's outstanding-packet limit as this side sends by it (0 before
+    /// the link is up).
+    public var sendWindow = 0
+    /// The length of the packets this side sends, header included: the peer's packet limit (0
+    /// before the link is up).
+    public var sendPacketLength = 0
+    /// The negotiated cumulative-ACK timeout in milliseconds: how long the peer may wait
+    /// before it acknowledges (0 before the link is up).
+    public var cumulativeAckTimeoutMilliseconds = 0
     /// Counters at zero, as a new link starts.
     public init() {}
 }

@@ -1,3 +1,4 @@
+import AccessoryBench
 import AccessoryHost
 import AccessorySimulator
 import CLIKit
@@ -158,6 +159,82 @@ enum LoopbackBenchmarks {
         return (sorted[sorted.count / 2], sorted[min(sorted.count - 1, sorted.count * 99 / 100)])
     }
 
+    /// `--accessory-bench`: `iapctl bench`'s engine (AccessoryBench) beside this benchmark's own
+    /// loops on the same rig and session path, round by round: the echo's throughput (the
+    /// engine's `both` mode, 1 MiB writes) and 64-byte round trips, with each round's ratio.
+    /// What shows that the tool adds no cost of its own.
+    static func accessoryBenchParity(_ command: ParsedCommand, megabytes: Int,
+                                     emit: (String, [(String, JSONValue)], String) -> Void) throws -> ExitCode {
+        let rounds = try command.integer("rounds", in: 1...100) ?? 5
+        let bytes = megabytes << 20
+        let rig = try rig(sessions: 1, overPty: false)
+        defer {
+            rig.manager.stop()
+            rig.runner?.stop()
+        }
+        var ratios: [Double] = [], unverifiedRatios: [Double] = [], latencyRatios: [Double] = []
+        var ownRates: [Double] = [], engineRates: [Double] = [], ownP50: [Double] = [], engineP50: [Double] = []
+        func engine(verify: Bool) throws -> BenchResult {
+            let session = try blockingAwait { try await rig.accessory.openSession(for: "bench.echo.1") }
+            defer { session.close() }
+            let settings = BenchSettings(mode: .both, seconds: nil, bytes: bytes, writeSize: 1 << 20, warmup: 0, tick: 0.1, verify: verify,
+                                         latencySize: 64, latencyCount: 2_000, startRequest: nil)
+            let result = BenchMeasurement.run(settings, accessory: rig.accessory, sessions: [("bench.echo.1", session)])
+            guard result.failure == nil, result.verified != false else {
+                throw BenchError("the engine's run failed: \(result.failure ?? result.mismatch ?? "the echo differed")")
+            }
+            return result
+        }
+        for round in 1...rounds {
+            // Each round runs iapbench's loops, the engine verifying every byte (what iapctl
+            // bench does by default) and the engine not verifying (--no-verify), in an order
+            // that turns from round to round, so none always comes after another.
+            var own = 0.0, p50 = 0.0
+            var verified: BenchResult?, unverified: BenchResult?
+            for turn in 0..<3 {
+                switch (turn + round) % 3 {
+                case 0:
+                    own = try throughput(rig, sessions: 1, bytesPerSession: bytes).bytesPerSecond
+                    p50 = try roundTrips(rig, size: 64, count: 2_000).p50
+                case 1: verified = try engine(verify: true)
+                default: unverified = try engine(verify: false)
+                }
+            }
+            guard let result = verified, let plain = unverified else { return .software }
+            let engineRate = result.rateIn
+            let engineLatency = result.latency.percentile(0.5)
+            ownRates.append(own)
+            engineRates.append(engineRate)
+            ownP50.append(p50)
+            engineP50.append(engineLatency)
+            ratios.append(engineRate / own)
+            unverifiedRatios.append(plain.rateIn / own)
+            latencyRatios.append(engineLatency / p50)
+            emit("accessory bench parity, round \(round)",
+                 [("round", .int(round)), ("loopBytesPerSecond", .int(Int(own))), ("engineBytesPerSecond", .int(Int(engineRate))),
+                  ("ratio", .string(Report.format(engineRate / own, digits: 3))),
+                  ("engineUnverifiedBytesPerSecond", .int(Int(plain.rateIn))),
+                  ("unverifiedRatio", .string(Report.format(plain.rateIn / own, digits: 3))), ("loopP50Nanoseconds", .int(Int(p50))),
+                  ("engineP50Nanoseconds", .int(Int(engineLatency))), ("latencyRatio", .string(Report.format(engineLatency / p50, digits: 3)))],
+                 "round \(round): echo \(Report.format(own / 1e6, digits: 1)) MB/s by iapbench's loop, \(Report.format(engineRate / 1e6, digits: 1)) MB/s "
+                    + "by iapctl bench's engine (\(Report.format(engineRate / own, digits: 3))×; not verifying \(Report.format(plain.rateIn / own, digits: 3))×); "
+                    + "64-byte round trip p50 \(Report.duration(nanoseconds: p50)) and \(Report.duration(nanoseconds: engineLatency)) "
+                    + "(\(Report.format(engineLatency / p50, digits: 3))×)")
+        }
+        func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
+        func range(_ values: [Double]) -> String { "rounds \(Report.format(values.min() ?? 0, digits: 2))–\(Report.format(values.max() ?? 0, digits: 2))" }
+        emit("accessory bench parity, medians",
+             [("loopBytesPerSecond", .int(Int(median(ownRates)))), ("engineBytesPerSecond", .int(Int(median(engineRates)))),
+              ("ratio", .string(Report.format(median(ratios), digits: 3))), ("unverifiedRatio", .string(Report.format(median(unverifiedRatios), digits: 3))),
+              ("loopP50Nanoseconds", .int(Int(median(ownP50)))), ("engineP50Nanoseconds", .int(Int(median(engineP50)))),
+              ("latencyRatio", .string(Report.format(median(latencyRatios), digits: 3)))],
+             "medians of \(rounds) rounds: throughput \(Report.format(median(engineRates) / 1e6, digits: 1)) MB/s against "
+                + "\(Report.format(median(ownRates) / 1e6, digits: 1)) MB/s, \(Report.format(median(ratios), digits: 3))× (\(range(ratios))); "
+                + "not verifying \(Report.format(median(unverifiedRatios), digits: 3))× (\(range(unverifiedRatios))); round-trip p50 "
+                + "\(Report.format(median(latencyRatios), digits: 3))× (\(range(latencyRatios)))")
+        return .success
+    }
+
     static func run(_ command: ParsedCommand, overPty: Bool) throws -> ExitCode {
         let megabytes = try command.integer("mib", in: 1...4_096) ?? (overPty ? 8 : 256)
         let json = command.flag("json")
@@ -175,6 +252,9 @@ enum LoopbackBenchmarks {
         #endif
         if !overPty, command.flag("daemon") {
             return try DaemonBenchmarks.runLoopback(command) { name, fields, text in emit(name, fields, text: text) }
+        }
+        if !overPty, command.flag("accessory-bench") {
+            return try accessoryBenchParity(command, megabytes: megabytes, emit: emit)
         }
         if !overPty, command.flag("echo-only") {
             // The library's default session buffer (what an application gets), not the larger

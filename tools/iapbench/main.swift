@@ -42,7 +42,8 @@ let loopbackCommand = CommandSpec(
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "256"),
               .flag("echo-only", help: "Only the one-session echo, without the baseline (what tools/check-allocations.sh counts)."),
               .flag("daemon", help: "Echo throughput and 64-byte round trips through iapd (a daemon in this process on a Unix socket) beside the direct path, round by round."),
-              .value("rounds", valueName: "n", help: "Rounds of direct + daemon measurements (with --daemon).", defaultValue: "5")]
+              .flag("accessory-bench", help: "iapctl bench's engine beside this benchmark's own echo and round-trip loops on the same session, round by round."),
+              .value("rounds", valueName: "n", help: "Rounds of direct + daemon measurements (with --daemon, or --accessory-bench).", defaultValue: "5")]
 )
 let serialCommand = CommandSpec(
     name: "serial",

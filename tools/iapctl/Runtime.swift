@@ -8,6 +8,7 @@ import CLIKit
 import Dispatch
 import Glibc
 import IAPInspect
+import IAPLink
 import IAPTransport
 import IAPWire
 import Synchronization
@@ -58,6 +59,9 @@ final class HostContext: Sendable {
         /// Events delivered on the queue from before any source starts (`watch`): a simulated
         /// accessory is identified, and may ask for an app, before the context is built.
         var events: (queue: DispatchQueue, handler: @Sendable (AccessoryEvent) -> Void)?
+        /// The host's link configuration instead of the library's (its advertised receive
+        /// limits: `bench --host-limits`).
+        var link: LinkConfiguration?
     }
 
     init(_ command: ParsedCommand, supportedProtocols: [String] = [], hooks: Hooks = Hooks()) throws {
@@ -65,6 +69,7 @@ final class HostContext: Sendable {
         traceSink = try TraceSink(command)
         var configuration = AccessoryManager.Configuration(supportedProtocols: supportedProtocols, logger: logger)
         configuration.authentication = try AuthenticationOptions.policy(command)
+        if let link = hooks.link { configuration.link = link }
         let extraTap = hooks.transportTap
         if let traceSink {
             configuration.transportTap = { transport in traceSink.tap(extraTap?(transport) ?? transport) }

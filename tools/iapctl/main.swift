@@ -204,13 +204,14 @@ let iapctl = CommandSpec(
         """,
     version: toolVersion(),
     options: [verboseOption] + hostOptions + AuthenticationOptions.options,
-    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, ReportCommand.spec, simulateCommand,
-                  decodeCommand, statsCommand],
+    subcommands: [listCommand, infoCommand, watchCommand, waitCommand, openCommand, sendCommand, BenchCommand.spec, ReportCommand.spec,
+                  simulateCommand, decodeCommand, statsCommand],
     examples: [
         CommandExample("iapctl --simulate list", "The built-in simulated accessory."),
         CommandExample("iapctl --serial /dev/ttyUSB0:115200 info --json", "An accessory on a UART, as JSON."),
         CommandExample("iapctl --simulate send com.example.echo image.bin --verify-echo", "A file through a session, the echo checked."),
         CommandExample("iapctl wait --protocol com.example.firmware --timeout 30", "Wait for an accessory (scripts)."),
+        CommandExample("iapctl bench com.acme.echo", "Measure an accessory: throughput each way, latency, what the link did."),
         CommandExample("iapctl report", "A file to attach to a bug report: every step, where it stopped, the trace."),
         CommandExample("iapctl stats", "The running iapd's counters: accessories, sessions, bytes, failures."),
         CommandExample("iapctl help send", "The help of one subcommand."),
@@ -235,6 +236,7 @@ let iapctl = CommandSpec(
 CommandLineTool.run(iapctl, manPageDate: AccessoryHostVersion.releaseDate) { command in
     switch command.path.dropFirst().first {
     case "decode": return try DecodeCommand.run(command)
+    case "bench": return try BenchCommand.run(command)
     case "list": return try ListCommand.run(command)
     case "info": return try InfoCommand.run(command)
     case "watch": return try WatchCommand.run(command)
