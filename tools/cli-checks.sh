@@ -486,7 +486,7 @@ import sys, xml.etree.ElementTree as tree
 root = tree.parse(sys.argv[1]).getroot()
 text = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
 assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
-for words in ("Throughput over time", "Send window in use", "Round trips of 64 bytes", "MB/s", "packets in flight"):
+for words in ("Throughput over time", "Send window in use", "the accessory's limit", "Round trips of 64 bytes", "MB/s", "packets in flight"):
     assert words in text, words
 PY
 # A source that starts on request: with --start it sends; the bytes are counted as the accessory sent them.
@@ -496,7 +496,7 @@ contains "bench source: 4 MiB in" out "throughput: in "
 # A window of one packet (the borescope's link, PROTOCOL.md §7.2): the summary names the window.
 check "bench of a window of one" 0 "$iapctl" --no-usb --simulate=borescope bench -t 1 --warmup 0.2 --latency-count 20 com.example.borescope.control
 contains "bench: the window bound it" out "bound by the accessory's window: packets waited behind a full window"
-contains "bench: the window's size" out "1 packet of 4096 bytes in flight at most"
+contains "bench: the window's size" out "1 packet in flight at most, of "
 
 # On a pseudo-terminal (the UART path): a window of one 4,096-byte packet (the borescope), and a
 # source that starts on request; the figures name the serial line.

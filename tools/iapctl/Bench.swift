@@ -182,7 +182,7 @@ enum BenchCommand {
         }
         if let earlier, !command.flag("json") { StandardOutput.write(BenchComparison.text(rows, earlier: earlier)) }
         if let path = command.value("plot") {
-            guard BenchPlot.write(rows, to: path) else {
+            guard BenchPlot.write(rows, to: path, rowName: hostLimits != nil ? "host receive limits" : "write size") else {
                 throw ToolError(description: "cannot write the picture '\(path)'; choose another place with --plot FILE.svg", exitCode: .cannotCreate)
             }
         }

@@ -15,8 +15,8 @@ enum BenchPlot {
     static let colorIn = "#d9641e"
 
     /// Writes the picture of `rows` to `path`; false when the file cannot be written.
-    static func write(_ rows: [(label: String, result: BenchResult)], to path: String) -> Bool {
-        let svg = rows.count == 1 ? single(rows[0].result) : sweep(rows)
+    static func write(_ rows: [(label: String, result: BenchResult)], to path: String, rowName: String = "row") -> Bool {
+        let svg = rows.count == 1 ? single(rows[0].result) : sweep(rows, rowName: rowName)
         guard let file = fopen(path, "w") else { return false }
         let bytes = Array(svg.utf8)
         let written = bytes.withUnsafeBytes { fwrite($0.baseAddress, 1, $0.count, file) }
@@ -60,8 +60,8 @@ enum BenchPlot {
         var svg = "<text x=\"\(number(plotLeft))\" y=\"\(number(top + 18))\" font-size=\"15\" font-weight=\"bold\">\(escaped(title))</text>\n"
         svg += "<rect x=\"\(number(plotLeft))\" y=\"\(number(plotTop))\" width=\"\(number(plotRight - plotLeft))\" height=\"\(number(plotBottom - plotTop))\" "
             + "fill=\"none\" stroke=\"#888\"/>\n"
-        for index in 0...4 {
-            let y = yMax * Double(index) / 4
+        for index in 0...5 {
+            let y = yMax * Double(index) / 5
             let (_, py) = map(0, y)
             svg += "<line x1=\"\(number(plotLeft))\" y1=\"\(number(py))\" x2=\"\(number(plotRight))\" y2=\"\(number(py))\" stroke=\"#ddd\"/>\n"
             svg += "<text x=\"\(number(plotLeft - 6))\" y=\"\(number(py + 4))\" font-size=\"11\" text-anchor=\"end\">\(BenchText.decimal(y, y < 10 ? 1 : 0))</text>\n"
@@ -115,17 +115,17 @@ enum BenchPlot {
         var items: [(String, String)] = []
         if result.settings.mode.writes { items.append(("out (host → accessory)", colorOut)) }
         if result.settings.mode.reads { items.append(("in (accessory → host)", colorIn)) }
-        body += legend(items, x: width - right - 390, y: 64)
+        body += legend(items, x: width - right - 390, y: 40 + 22)
 
         let top2 = 40 + panelHeight
         if let window = result.linkAfter?.sendWindow, window > 0 {
-            let (frame2, map2) = panel(top: top2, title: "Send window in use (sampled) against the accessory's limit",
+            let (frame2, map2) = panel(top: top2, title: "Send window in use (sampled)",
                                        xLabel: "seconds from the start of the measurement", yLabel: "packets in flight",
-                                       xMax: duration, yMax: Double(window) * 1.2)
+                                       xMax: duration, yMax: niceCeiling(Double(window) * 1.2))
             body += frame2
             body += polyline(slices.compactMap { slice in slice.inFlight.map { map2(slice.end, Double($0)) } }, color: colorOut)
             body += polyline([map2(0, Double(window)), map2(duration, Double(window))], color: "#c00", dashed: true)
-            body += legend([("in flight", colorOut), ("the accessory's limit (\(window))", "#c00")], x: width - right - 390, y: top2 + 64)
+            body += legend([("in flight", colorOut), ("the accessory's limit (\(window))", "#c00")], x: width - right - 390, y: top2 + 22)
         } else {
             body += "<text x=\"\(number(left))\" y=\"\(number(top2 + 40))\" font-size=\"13\">The send window is not seen from here "
                 + "(through iapd, or iAP1): run with --direct to draw it.</text>\n"
@@ -159,14 +159,14 @@ enum BenchPlot {
     }
 
     /// A sweep: each row's throughput each way (bars) and its p50 latency.
-    static func sweep(_ rows: [(label: String, result: BenchResult)]) -> String {
+    static func sweep(_ rows: [(label: String, result: BenchResult)], rowName: String) -> String {
         let peak = max(rows.map { max($0.result.rateOut, $0.result.rateIn) }.max() ?? 0, 1) / 1e6
         let count = Double(rows.count)
         let ticks = rows.enumerated().map { (Double($0.offset) + 0.5, $0.element.label) }
         let mode = rows.first?.result.settings.mode.rawValue ?? ""
         let title = "iapctl bench: \(mode) on \(rows.first?.result.protocols.joined(separator: ", ") ?? ""), one run per row"
         var body = "<text x=\"\(number(left))\" y=\"24\" font-size=\"16\">\(escaped(title))</text>\n"
-        let (frame1, map1) = panel(top: 40, title: "Throughput per row", xLabel: "row", yLabel: "MB/s", xMax: count,
+        let (frame1, map1) = panel(top: 40, title: "Throughput per \(rowName)", xLabel: rowName, yLabel: "MB/s", xMax: count,
                                    yMax: niceCeiling(peak), xTicks: ticks)
         body += frame1
         let slot = (width - left - right) / count
@@ -177,11 +177,11 @@ enum BenchPlot {
                 body += "<rect x=\"\(number(x))\" y=\"\(number(y))\" width=\"\(number(slot * 0.33))\" height=\"\(number(base - y))\" fill=\"\(color)\"/>\n"
             }
         }
-        body += legend([("out (host → accessory)", colorOut), ("in (accessory → host)", colorIn)], x: width - right - 390, y: 64)
+        body += legend([("out (host → accessory)", colorOut), ("in (accessory → host)", colorIn)], x: width - right - 390, y: 40 + 22)
         let latencies = rows.map { $0.result.latency.count > 0 ? $0.result.latency.percentile(0.5) / 1e3 : 0 }
         if latencies.contains(where: { $0 > 0 }) {
             let top2 = 40 + panelHeight
-            let (frame2, map2) = panel(top: top2, title: "Round-trip p50 per row", xLabel: "row", yLabel: "µs", xMax: count,
+            let (frame2, map2) = panel(top: top2, title: "Round-trip p50 per \(rowName)", xLabel: rowName, yLabel: "µs", xMax: count,
                                        yMax: niceCeiling(latencies.max() ?? 1), xTicks: ticks)
             body += frame2 + polyline(latencies.enumerated().map { map2(Double($0.offset) + 0.5, $0.element) }, color: colorIn)
         }

@@ -67,10 +67,13 @@ extension BenchResult {
         if let link = linkDelta, link.sendWindow > 0 {
             let full = Double(link.windowFullNanoseconds) / 1e9 / seconds
             if full >= 0.5 {
-                let perTrip = link.sendWindow * link.sendPacketLength
+                // What a window carries: as many packets as the window, of the size they had
+                // (small writes make small packets).
+                let meanPacket = link.dataPacketsSent > 0 ? link.payloadBytesSent / link.dataPacketsSent : link.sendPacketLength
+                let perTrip = link.sendWindow * meanPacket
                 let evidence = "packets waited behind a full window \(Int((full * 100).rounded())) % of the time; "
-                    + "\(link.sendWindow) packet\(link.sendWindow == 1 ? "" : "s") of \(link.sendPacketLength) bytes in flight at most "
-                    + "(\(BenchText.bytes(perTrip)) per round trip)"
+                    + "\(link.sendWindow) packet\(link.sendWindow == 1 ? "" : "s") in flight at most, of \(meanPacket) payload bytes on "
+                    + "average (up to \(link.sendPacketLength) bytes a packet): \(perTrip) bytes per round trip"
                 if link.cumulativeAckTimeoutMilliseconds > 0 {
                     let byTimer = Double(perTrip) / (Double(link.cumulativeAckTimeoutMilliseconds) / 1000)
                     if rateOut <= byTimer * 1.3 && rateOut >= byTimer * 0.5 {
@@ -225,6 +228,9 @@ enum BenchJSON {
             ("label", .string(label)), ("mode", .string(settings.mode.rawValue)), ("writeSize", .int(settings.writeSize)),
             ("seconds", .number(result.seconds)), ("warmupSeconds", .number(settings.warmup)),
             ("bytesOut", .int(result.bytesOut)), ("bytesIn", .int(result.bytesIn)),
+            // Everything the run moved, warm-up and tail included (the round trips not): what
+            // the accessory's own counts are checked against.
+            ("bytesWrittenTotal", .int(result.samples.last?.written ?? 0)), ("bytesReadTotal", .int(result.samples.last?.read ?? 0)),
             ("bytesPerSecondOut", .number(result.rateOut)), ("bytesPerSecondIn", .number(result.rateIn)),
             ("samplesOut", spread(slices.map(\.out))), ("samplesIn", spread(slices.map(\.in))),
             ("intervals", .array(slices.map { slice in

@@ -289,6 +289,16 @@ for file in bt-send-echo bt-send-telemetry; do
     grep -q '"verified":true' "$results/$file.json" || fail "round 2: $file was not verified"
 done
 say "ok: round 2: two EA sessions at once through iapd (two iapctl processes), $mib MiB each, byte-exact, in ${took} s"
+# iapctl bench over Bluetooth, through iapd: the bytes each way and the round trips (the link is iapd's).
+"$iapctl" bench -t 2 --warmup 0.5 --latency-count 50 --json com.example.echo > "$results/bt-bench.json" 2> "$results/bt-bench.err" \
+    || fail "round 2: iapctl bench exited $?: $(tail -2 "$results/bt-bench.err" | tr '\n' ' ')"
+python3 - "$results/bt-bench.json" <<'PY' || fail "round 2: iapctl bench: $(head -c 400 "$results/bt-bench.json")"
+import json, sys
+run = json.loads(open(sys.argv[1]).readline())["runs"][0]
+assert run["failure"] is None and run["verified"] is True and run["bytesIn"] > 0 and run["latency"]["count"] == 50, run
+print(f"bluetooth: ok: round 2: iapctl bench through iapd: out {run['bytesPerSecondOut'] / 1e3:.1f} kB/s, in {run['bytesPerSecondIn'] / 1e3:.1f} kB/s, "
+      f"round trip p50 {run['latency']['p50Nanoseconds'] / 1e6:.1f} ms", file=sys.stderr)
+PY
 
 # Round 3: the accessory's controller goes off in the middle of two transfers: both sends end
 # with an error, iapd goes on (and answers), the accessory is gone from it.

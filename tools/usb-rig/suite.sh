@@ -35,6 +35,8 @@ echo "suite: a usbmon capture of the host and the gadget, decoded by iapctl deco
 timeout 300 "$here/usbmon.sh"
 echo "suite: iapctl report on a gadget (every step, the USB descriptors, serials left out, the trace extracted and decoded)"
 timeout 300 "$here/report.sh"
+echo "suite: iapctl bench on a gadget (a sweep of write sizes with its SVG, intervals, through iapd; the counts against the accessory's)"
+timeout 300 "$here/bench.sh"
 echo "suite: iapbench usb (ceiling, EA over iAP2, EA on a native transport)"
 status=0
 timeout 900 "$REPO/.build/release/iapbench" usb --mib 16 --rounds 5 --native || status=$?
