@@ -60,7 +60,8 @@ extension BenchResult {
         if let baud = serialBaud, baud > 0 {
             let line = Double(baud) / 10 // 8N1: ten bits a byte
             let moved = max(rateOut, rateIn)
-            if moved >= 0.7 * line {
+            // Near the line's rate (a pseudo-terminal is not paced by its baud rate, and moves more).
+            if moved >= 0.7 * line, moved <= 1.2 * line {
                 return ("the serial line's rate", "\(BenchText.rate(moved)) of the \(BenchText.rate(line)) a \(baud)-baud line carries (8N1)")
             }
         }
@@ -168,7 +169,9 @@ enum BenchText {
             out.append("latency (\(latency.count) round trips of \(settings.latencySize) bytes): p50 \(duration(latency.percentile(0.5))), "
                        + "p90 \(duration(latency.percentile(0.9))), p99 \(duration(latency.percentile(0.99))), max \(duration(latency.maximum))")
         }
-        if let link = result.linkDelta {
+        if let link = result.linkDelta, link.dataPacketsSent == 0, link.dataPacketsDelivered == 0, result.bytesOut + result.bytesIn > 0 {
+            out.append("link: none of these bytes went over the iAP2 link (a native transport carries them)")
+        } else if let link = result.linkDelta {
             let meanOut = link.dataPacketsSent > 0 ? link.payloadBytesSent / link.dataPacketsSent : 0
             let meanIn = link.dataPacketsDelivered > 0 ? link.payloadBytesDelivered / link.dataPacketsDelivered : 0
             let full = Double(link.windowFullNanoseconds) / 1e9 / result.seconds
