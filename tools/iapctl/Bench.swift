@@ -232,21 +232,26 @@ enum BenchCommand {
         }
     }
 
+    /// The bytes of the file at `path`, read in pieces; at most `limit` of them (more is an error).
+    static func wholeFile(_ path: String, limit: Int) throws -> [UInt8] {
+        let input = try ChunkedInput(path: path)
+        var bytes: [UInt8] = []
+        var piece = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let count = try input.read(into: &piece)
+            if count == 0 { break }
+            bytes += piece[0..<count]
+            guard bytes.count <= limit else { throw BenchError("more than \(limit) bytes") }
+        }
+        return bytes
+    }
+
     /// `--start`: hex bytes, or `@FILE` for a file's bytes.
     static func readRequest(_ text: String) throws -> [UInt8] {
         if text.hasPrefix("@") {
             let path = String(text.dropFirst())
             do {
-                let input = try ChunkedInput(path: path)
-                var bytes: [UInt8] = []
-                var piece = [UInt8](repeating: 0, count: 65_536)
-                while true {
-                    let count = try input.read(into: &piece)
-                    if count == 0 { break }
-                    bytes += piece[0..<count]
-                    guard bytes.count <= 1 << 20 else { throw BenchError("more than 1 MiB") }
-                }
-                return bytes
+                return try wholeFile(path, limit: 1 << 20)
             } catch {
                 throw ToolError(description: "cannot read --start '\(path)': \(error)", exitCode: .noInput)
             }

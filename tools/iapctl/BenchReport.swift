@@ -292,16 +292,7 @@ enum BenchComparison {
     static func load(_ path: String) throws -> Earlier {
         let text: String
         do {
-            let input = try ChunkedInput(path: path)
-            var bytes: [UInt8] = []
-            var piece = [UInt8](repeating: 0, count: 65_536)
-            while true {
-                let count = try input.read(into: &piece)
-                if count == 0 { break }
-                bytes += piece[0..<count]
-                guard bytes.count <= 64 << 20 else { throw BenchError("more than 64 MiB") }
-            }
-            text = String(decoding: bytes, as: UTF8.self)
+            text = String(decoding: try BenchCommand.wholeFile(path, limit: 64 << 20), as: UTF8.self)
         } catch {
             throw ToolError(description: "cannot read --compare '\(path)': \(error)", exitCode: .noInput)
         }
