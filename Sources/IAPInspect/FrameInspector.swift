@@ -446,84 +446,8 @@ public struct FrameInspector: Sendable {
         return FrameReport(summary: summary, details: details, json: .object(fields), isValid: true)
     }
 
-    /// The longest control message joined from parts (its header's length field is 16 bits).
-    static let maxJoinedControlMessage = 65_535
-
-    /// A control-session payload whose message runs on past its packet: the first part of a
-    /// message spread over several (kept; true), or not (false).
-    private mutating func startControlMessage(_ payload: RawSpan, sequence: UInt8, streamOffset: Int, details: inout [String],
-                                              fields: inout [(String, JSONValue)]) -> Bool {
-        guard payload.byteCount >= ControlMessage.headerSize, let declared = try? ControlMessage.declaredLength(in: payload),
-              declared > payload.byteCount, declared <= Self.maxJoinedControlMessage else { return false }
-        let bytes = copy(payload)
-        partialControl = PartialControl(parts: [(sequence, bytes)], declared: declared, offset: streamOffset)
-        let id = MessageID(UInt16(bytes[4]) << 8 | UInt16(bytes[5]))
-        details.append("\(id) (0x\(hex16(id.rawValue))), part 1: \(bytes.count) of the \(declared) bytes its header declares; the rest in the next packets")
-        fields.append(("part", .object([("message", .int(Int(id.rawValue))), ("index", .int(1)), ("received", .int(bytes.count)),
-                                        ("declared", .int(declared))])))
-        return true
-    }
-
-    /// The next part of a control message spread over several packets: nil when none is
-    /// coming, or this payload is whole messages of its own; .some(nil) for a part that does
-    /// not complete it (or one sent again); .some(message) for the last part. Parts are
-    /// joined in the order of their sequence numbers, so one sent again after an EAK goes back
-    /// in its place.
-    private mutating func continueControlMessage(_ payload: RawSpan, sequence: UInt8, details: inout [String],
-                                                 fields: inout [(String, JSONValue)]) -> ControlMessage?? {
-        guard var partial = partialControl else { return nil }
-        // A payload that is whole messages of its own is not a part (the other side's message,
-        // or a new one after a header that lied).
-        if payload.byteCount >= 2, payload.byte(at: 0) == 0x40, payload.byte(at: 1) == 0x40,
-           (try? ControlMessage.decode(prefixOf: payload)) != nil {
-            return nil
-        }
-        let id = partial.messageID
-        if partial.parts.contains(where: { $0.sequence == sequence }) {
-            details.append("\(id) (0x\(hex16(id.rawValue))): a part sent again (sequence number \(sequence), already taken)")
-            return .some(nil)
-        }
-        let taken = min(payload.byteCount, partial.declared - partial.received)
-        partial.parts.append((sequence, copy(payload.extracting(0..<taken))))
-        partialControl = partial
-        fields.append(("part", .object([("message", .int(Int(id.rawValue))), ("index", .int(partial.parts.count)),
-                                        ("received", .int(partial.received)), ("declared", .int(partial.declared))])))
-        guard partial.received >= partial.declared else {
-            details.append("\(id) (0x\(hex16(id.rawValue))), part \(partial.parts.count): \(partial.received) of \(partial.declared) bytes")
-            return .some(nil)
-        }
-        details.append("\(id) (0x\(hex16(id.rawValue))), part \(partial.parts.count), the last: joined from \(partial.parts.count) packets")
-        do {
-            return .some(try ControlMessage.decode(partial.joined))
-        } catch {
-            details.append("the joined message: \(error)")
-            partialControl = nil
-            return .some(nil)
-        }
-    }
-
     private func preview(_ bytes: [UInt8]) -> String {
         HexInput.format(bytes.prefix(previewLimit)) + (bytes.count > previewLimit ? " … (\(bytes.count) bytes)" : "")
-    }
-}
-
-/// A control message spread over several link packets, while its parts come.
-struct PartialControl: Sendable {
-    /// Each part's sequence number and bytes, in the order they came.
-    var parts: [(sequence: UInt8, bytes: [UInt8])]
-    /// The length its header declares.
-    var declared: Int
-    /// Where its first part starts in the stream.
-    var offset: Int
-
-    /// Its id, from the first part's header.
-    var messageID: MessageID { MessageID(UInt16(parts[0].bytes[4]) << 8 | UInt16(parts[0].bytes[5])) }
-    /// Bytes received (each part once).
-    var received: Int { parts.reduce(0) { $0 + $1.bytes.count } }
-    /// The parts joined in the order of their sequence numbers from the first's.
-    var joined: [UInt8] {
-        let first = parts[0].sequence
-        return Array(parts.sorted { ($0.sequence &- first) < ($1.sequence &- first) }.flatMap(\.bytes).prefix(declared))
     }
 }
 
@@ -631,5 +555,5 @@ func hex32(_ value: UInt32) -> String { hex16(UInt16(value >> 16)) + hex16(UInt1
 func copy(_ span: RawSpan) -> [UInt8] { span.withUnsafeBytes { Array($0) } }
 
 extension RawSpan {
-    fileprivate func byte(at offset: Int) -> UInt8 { unsafeLoad(fromByteOffset: offset, as: UInt8.self) }
+    func byte(at offset: Int) -> UInt8 { unsafeLoad(fromByteOffset: offset, as: UInt8.self) }
 }
