@@ -84,7 +84,7 @@ let package = Package(
         .target(name: "USBDescriptors", swiftSettings: strict),
         // The adapter between USBHost (which knows nothing of iAP) and IAPTransport: the iAP2
         // interface classes, Transport over the USB pipe, ByteChannel over a native pipe.
-        .target(name: "USBTransport", dependencies: ["USBHost", "IAPTransport", "IAPLink", "ByteRing"], swiftSettings: strict),
+        .target(name: "USBTransport", dependencies: ["USBHost", "USBDescriptors", "IAPTransport", "IAPLink", "ByteRing"], swiftSettings: strict),
         // Pure value codecs for iAP1 / iAP2: no I/O, no Foundation, no Dispatch.
         .target(name: "IAPWire", swiftSettings: strict),
         // The iAP2 link, control session and EA session router as deterministic state machines
@@ -144,14 +144,14 @@ let package = Package(
         .executableTarget(
             name: "iapctl",
             dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "IAPTransport", "IAPLink", "IAPWire",
-                           "IAPInspect", "CLIKit", "AccessoryLogging", "CLibUSB", "SystemCalls", "IAPAuthentication", "ProjectVersion", "IAPDaemonProtocol",
+                           "IAPInspect", "CLIKit", "AccessoryLogging", "USBDescriptors", "SystemCalls", "IAPAuthentication", "ProjectVersion", "IAPDaemonProtocol",
                            "AccessoryBench"],
             path: "tools/iapctl",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapd",
-            dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryLogging", "AccessorySimulator", "BluetoothTransport", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
+            dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessoryLogging", "AccessorySimulator", "BluetoothTransport", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
                            "IAPLink", "IAPTransport", "SystemCalls", "USBHost", "ProjectVersion"],
             path: "tools/iapd",
             swiftSettings: strict
@@ -213,8 +213,8 @@ let package = Package(
         // Also run under ThreadSanitizer by tools/test.sh.
         .testTarget(name: "ByteRingTests", dependencies: ["TestSupport", "ByteRing", "TestThreads"], swiftSettings: strict),
         // Runs in the qemu guest of tools/usb-rig (real kernel USB); skipped elsewhere.
-        .testTarget(name: "USBRigTests", dependencies: ["TestSupport", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "USBHost", "IAPLink"], swiftSettings: strict),
-        .testTarget(name: "USBHostTests", dependencies: ["TestSupport", "USBHost", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads", "QueueConfinement"], swiftSettings: strict),
+        .testTarget(name: "USBRigTests", dependencies: ["TestSupport", "USBDescriptors", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "USBHost", "IAPLink"], swiftSettings: strict),
+        .testTarget(name: "USBHostTests", dependencies: ["TestSupport", "USBHost", "USBDescriptors", "USBTransport", "ByteRing", "IAPTransport", "CLibUSB", "AccessoryHost", "AccessoryHostUSB", "AccessorySimulator", "AccessoryGadget", "IAPLink", "TestThreads", "QueueConfinement"], swiftSettings: strict),
     ],
     swiftLanguageModes: [.v6]
 )

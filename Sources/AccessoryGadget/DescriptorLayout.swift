@@ -14,7 +14,7 @@ internal import IAPTransport
 /// they are declared, the first free ones of the controller that fit (on `dummy_hcd`:
 /// `ep1in-bulk`, then `ep6in-bulk`…; `ep2out-bulk`, then `ep7out-bulk`…), whatever numbers the
 /// descriptors ask for; and FunctionFS cannot serve native interfaces on kernels before 6.8.
-public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codable {
+package enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codable {
     /// The project's own: device class 0/0/0, configuration 1, the iAP2 interface 0 on IN 0x81
     /// and OUT 0x02, native interfaces after it on higher endpoints.
     case standard
@@ -56,13 +56,13 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
     /// The layout called `name` (its raw value: `standard`, `supercamera`, `flir-one`,
     /// `misc-class`, `config-3`, `interrupt-first`, `interrupt-after`, `sixth-interface`,
     /// `full-speed`, `generic-ids`), or nil.
-    public init?(named name: String) { self.init(rawValue: name) }
+    package init?(named name: String) { self.init(rawValue: name) }
 
     /// Every layout's name, for a person choosing one.
-    public static var names: [String] { allCases.map(\.rawValue) }
+    package static var names: [String] { allCases.map(\.rawValue) }
 
     /// bDeviceClass, bDeviceSubClass and bDeviceProtocol of the device descriptor.
-    public var deviceClass: [UInt8] {
+    package var deviceClass: [UInt8] {
         switch self {
         case .supercamera, .miscellaneousClass: [0xEF, 0x02, 0x01]
         case .standard, .flirOne, .configurationThree, .interruptFirst, .interruptAfter, .sixthInterface, .fullSpeed, .genericIDs:
@@ -71,7 +71,7 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
     }
 
     /// bConfigurationValue of the one configuration (configfs names it `c.<value>`).
-    public var configurationValue: UInt8 {
+    package var configurationValue: UInt8 {
         switch self {
         case .flirOne, .configurationThree: 3
         default: 1
@@ -79,38 +79,38 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
     }
 
     /// The vendor and product ids the layout's accessory reports, nil to keep the gadget's.
-    public var usbID: (vendorID: UInt16, productID: UInt16)? { self == .genericIDs ? (0x0525, 0xA4A0) : nil }
+    package var usbID: (vendorID: UInt16, productID: UInt16)? { self == .genericIDs ? (0x0525, 0xA4A0) : nil }
 
     /// The configuration's string, nil to keep the gadget's.
-    public var configurationName: String? { self == .genericIDs ? "MFI Configure" : nil }
+    package var configurationName: String? { self == .genericIDs ? "MFI Configure" : nil }
 
     /// What the gadget writes to configfs `max_speed` (`full-speed`), nil to leave the
     /// controller's speed.
-    public var maxSpeed: String? { self == .fullSpeed ? "full-speed" : nil }
+    package var maxSpeed: String? { self == .fullSpeed ? "full-speed" : nil }
 
     /// The number of the iAP2 interface: 5 in ``sixthInterface``, 0 in the others.
-    public var iAP2InterfaceNumber: UInt8 { self == .sixthInterface ? 5 : 0 }
+    package var iAP2InterfaceNumber: UInt8 { self == .sixthInterface ? 5 : 0 }
 
     /// Whether the iAP2 interface has an interrupt IN endpoint beside its bulk pair.
-    public var hasInterruptEndpoint: Bool { self == .interruptFirst || self == .interruptAfter || self == .sixthInterface }
+    package var hasInterruptEndpoint: Bool { self == .interruptFirst || self == .interruptAfter || self == .sixthInterface }
 
     /// Whether only the configfs/FunctionFS ``USBGadget`` presents the layout: the layouts with
     /// an interrupt endpoint, other interfaces, a speed or ids of their own. A
     /// ``GadgetFSDevice`` refuses them.
-    public var needsFunctionFS: Bool { hasInterruptEndpoint || maxSpeed != nil || usbID != nil }
+    package var needsFunctionFS: Bool { hasInterruptEndpoint || maxSpeed != nil || usbID != nil }
 
     /// bcdDevice the layout's accessory reports, nil to keep the configuration's.
-    public var deviceRelease: UInt16? { self == .flirOne ? 0x0108 : nil }
+    package var deviceRelease: UInt16? { self == .flirOne ? 0x0108 : nil }
 
     /// The iAP2 interface's bulk IN and OUT endpoint addresses.
-    public var iAP2Endpoints: (in: UInt8, out: UInt8) {
+    package var iAP2Endpoints: (in: UInt8, out: UInt8) {
         self == .supercamera ? (0x82, 0x02) : (0x81, 0x02)
     }
 
     /// The bulk IN and OUT endpoint addresses of the `index`-th native interface (from 0);
     /// nil for the layout whose natives sit on the controller's fixed endpoints (``standard``
     /// and the layouts that only change a device field).
-    public func nativeEndpoints(_ index: Int) -> (in: UInt8, out: UInt8)? {
+    package func nativeEndpoints(_ index: Int) -> (in: UInt8, out: UInt8)? {
         switch self {
         case .supercamera: (0x81 + UInt8(2 * index), 0x01 + UInt8(2 * index))
         case .flirOne: (0x83 + UInt8(2 * index), 0x04 + UInt8(2 * index))
@@ -119,7 +119,7 @@ public enum USBDescriptorLayout: String, Sendable, Hashable, CaseIterable, Codab
     }
 
     /// Whether the endpoint addresses differ from ``standard``'s (only GadgetFS can present them).
-    public var placesEndpoints: Bool { self == .supercamera || self == .flirOne }
+    package var placesEndpoints: Bool { self == .supercamera || self == .flirOne }
 }
 
 extension USBDescriptorLayout {

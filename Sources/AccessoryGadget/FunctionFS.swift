@@ -7,7 +7,7 @@ internal import AccessorySimulator
 // `include/uapi/linux/usb/functionfs.h` and `ch9.h`.
 
 /// The USB speeds a FunctionFS function describes itself for.
-public enum USBGadgetSpeed: String, Sendable, CaseIterable, Hashable {
+package enum USBGadgetSpeed: String, Sendable, CaseIterable, Hashable {
     /// Full speed (12 Mbit/s): bulk endpoints of 64 bytes.
     case full
     /// High speed (480 Mbit/s): bulk endpoints of 512 bytes.
@@ -17,7 +17,7 @@ public enum USBGadgetSpeed: String, Sendable, CaseIterable, Hashable {
     case superSpeed
 
     /// `wMaxPacketSize` of a bulk endpoint at this speed (the largest USB allows).
-    public var bulkMaxPacketSize: Int {
+    package var bulkMaxPacketSize: Int {
         switch self {
         case .full: 64
         case .high: 512
@@ -27,15 +27,15 @@ public enum USBGadgetSpeed: String, Sendable, CaseIterable, Hashable {
 }
 
 /// Why a ``FunctionFSDescriptors`` cannot be built.
-public struct FunctionFSError: Error, Hashable, Sendable, CustomStringConvertible {
+package struct FunctionFSError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What is wrong and what to do about it.
-    public var message: String
+    package var message: String
 
     /// Creates an error with its message.
-    public init(_ message: String) { self.message = message }
+    package init(_ message: String) { self.message = message }
 
     /// The message.
-    public var description: String { message }
+    package var description: String { message }
 }
 
 /// The descriptors and strings of the simulated accessory's USB function, as the two blobs
@@ -69,25 +69,25 @@ public struct FunctionFSError: Error, Hashable, Sendable, CustomStringConvertibl
 /// (0 by default: one packet per burst, which every controller accepts; the USB probe rig also ran
 /// with 15, which is faster where the controller supports it), `bmAttributes` 0 (no streams) and
 /// `wBytesPerInterval` 0 (bulk).
-public struct FunctionFSDescriptors: Sendable, Hashable {
+package struct FunctionFSDescriptors: Sendable, Hashable {
     // MARK: Constants from functionfs.h and ch9.h
 
     /// `FUNCTIONFS_DESCRIPTORS_MAGIC_V2`: the descriptors blob with a flags word.
-    public static let descriptorsMagicV2: UInt32 = 3
+    package static let descriptorsMagicV2: UInt32 = 3
     /// `FUNCTIONFS_STRINGS_MAGIC`: the strings blob.
-    public static let stringsMagic: UInt32 = 2
+    package static let stringsMagic: UInt32 = 2
     /// `FUNCTIONFS_HAS_FS_DESC`: full-speed descriptors follow.
-    public static let hasFullSpeedDescriptors: UInt32 = 1
+    package static let hasFullSpeedDescriptors: UInt32 = 1
     /// `FUNCTIONFS_HAS_HS_DESC`: high-speed descriptors follow.
-    public static let hasHighSpeedDescriptors: UInt32 = 2
+    package static let hasHighSpeedDescriptors: UInt32 = 2
     /// `FUNCTIONFS_HAS_SS_DESC`: SuperSpeed descriptors follow.
-    public static let hasSuperSpeedDescriptors: UInt32 = 4
+    package static let hasSuperSpeedDescriptors: UInt32 = 4
     /// The language of the strings: US English.
-    public static let languageUSEnglish: UInt16 = 0x0409
+    package static let languageUSEnglish: UInt16 = 0x0409
     /// The iAP2 interface's name ("the string matters" to Apple devices).
-    public static let iAPInterfaceName = "iAP Interface"
+    package static let iAPInterfaceName = "iAP Interface"
     /// The most native-transport interfaces this layout numbers (endpoint numbers 3…14).
-    public static let maxNativeTransports = SimulatorProfile.maxNativeTransports
+    package static let maxNativeTransports = SimulatorProfile.maxNativeTransports
 
     /// `USB_DT_INTERFACE`.
     static let interfaceDescriptorType: UInt8 = 0x04
@@ -105,14 +105,14 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     // MARK: Layout
 
     /// The EA protocol names that get a native-transport interface each, in interface order.
-    public let nativeTransportProtocols: [String]
+    package let nativeTransportProtocols: [String]
     /// `bMaxBurst` of every SuperSpeed endpoint companion descriptor (0…15).
-    public let superSpeedMaxBurst: UInt8
+    package let superSpeedMaxBurst: UInt8
     /// The field layout of the function's interfaces and endpoints (PROTOCOL.md §7.9): the iAP2
     /// interface's number, the other interfaces before it, and an interrupt IN endpoint before
     /// or after its bulk pair. Layouts that only change device fields describe the function as
     /// ``USBDescriptorLayout/standard`` does.
-    public let layout: USBDescriptorLayout
+    package let layout: USBDescriptorLayout
 
     /// Describes the function.
     ///
@@ -124,7 +124,7 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     /// - Throws: ``FunctionFSError`` for too many names, a name that is empty, holds a NUL or is
     ///   too long for a USB string descriptor (126 UTF-16 units), a burst above 15, or native
     ///   interfaces with a layout whose interfaces or endpoints are the field's.
-    public init(nativeTransportProtocols: [String] = [], superSpeedMaxBurst: UInt8 = 0,
+    package init(nativeTransportProtocols: [String] = [], superSpeedMaxBurst: UInt8 = 0,
                 layout: USBDescriptorLayout = .standard) throws(FunctionFSError) {
         guard nativeTransportProtocols.count <= Self.maxNativeTransports else {
             throw FunctionFSError(
@@ -160,10 +160,10 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
 
     /// The strings, in index order: index 1 is ``iAPInterfaceName``, index 2 + k the k-th
     /// native-transport protocol name.
-    public var strings: [String] { [Self.iAPInterfaceName] + nativeTransportProtocols }
+    package var strings: [String] { [Self.iAPInterfaceName] + nativeTransportProtocols }
 
     /// What an endpoint is for.
-    public enum EndpointRole: Sendable, Hashable {
+    package enum EndpointRole: Sendable, Hashable {
         /// The iAP2 interface's bulk IN endpoint: the accessory's link packets.
         case iAP2In
         /// The iAP2 interface's bulk OUT endpoint: the host's link packets.
@@ -176,17 +176,17 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     }
 
     /// One endpoint of the function and the file FunctionFS gives it.
-    public struct Endpoint: Sendable, Hashable {
+    package struct Endpoint: Sendable, Hashable {
         /// The file in the mounted function directory: `ep1`, `ep2`, …
-        public var fileName: String
+        package var fileName: String
         /// The declared `bEndpointAddress` (bit 7 set for IN).
-        public var address: UInt8
+        package var address: UInt8
         /// The interface it belongs to.
-        public var interfaceNumber: UInt8
+        package var interfaceNumber: UInt8
         /// What it is for.
-        public var role: EndpointRole = .native
+        package var role: EndpointRole = .native
         /// Whether data flows to the host (write the file) rather than from it (read the file).
-        public var isIn: Bool { address & 0x80 != 0 }
+        package var isIn: Bool { address & 0x80 != 0 }
     }
 
     /// One declared item of a speed's block: an interface setting or an endpoint.
@@ -234,7 +234,7 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     }
 
     /// Every endpoint in declaration order, with its file name.
-    public var endpoints: [Endpoint] {
+    package var endpoints: [Endpoint] {
         var result: [Endpoint] = []
         for case let .endpoint(address, role, interface) in items {
             result.append(Endpoint(fileName: "ep\(result.count + 1)", address: address, interfaceNumber: interface, role: role))
@@ -244,7 +244,7 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
 
     /// The files of the iAP2 interface's bulk IN and OUT endpoints (`ep1` and `ep2` unless an
     /// interrupt endpoint or another interface's comes first).
-    public var iAP2EndpointFiles: (in: String, out: String) {
+    package var iAP2EndpointFiles: (in: String, out: String) {
         let all = endpoints
         return (all.first { $0.role == .iAP2In }?.fileName ?? "ep1", all.first { $0.role == .iAP2Out }?.fileName ?? "ep2")
     }
@@ -267,7 +267,7 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
 
     /// How many descriptors one speed's block holds: per interface setting one, per endpoint one
     /// (two at SuperSpeed, with the companion).
-    public func descriptorCount(for speed: USBGadgetSpeed) -> Int {
+    package func descriptorCount(for speed: USBGadgetSpeed) -> Int {
         let perEndpoint = speed == .superSpeed ? 2 : 1
         return items.reduce(0) { count, item in
             if case .endpoint = item { return count + perEndpoint }
@@ -289,7 +289,7 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     /// SuperSpeed endpoint companion (6 bytes, after each endpoint at SuperSpeed): `bLength` u8 =
     /// 6, `bDescriptorType` u8 = 0x30, `bMaxBurst` u8 (interrupt: 0), `bmAttributes` u8 = 0,
     /// `wBytesPerInterval` u16 LE = 0 (bulk) or 64 (interrupt).
-    public func block(for speed: USBGadgetSpeed) -> [UInt8] {
+    package func block(for speed: USBGadgetSpeed) -> [UInt8] {
         var bytes: [UInt8] = []
         for item in items {
             switch item {
@@ -324,7 +324,7 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     /// | 24 | … | the full-speed block, then the high-speed block, then the SuperSpeed block |
     ///
     /// (see ``block(for:)`` for a block's descriptors).
-    public var descriptorsBlob: [UInt8] {
+    package var descriptorsBlob: [UInt8] {
         let speeds: [USBGadgetSpeed] = [.full, .high, .superSpeed]
         let blocks = speeds.map(block(for:))
         let headerSize = 12 + 4 * speeds.count
@@ -352,7 +352,7 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
     /// | 12 | u32 LE | `lang_count` = 1 |
     /// | 16 | u16 LE | language = 0x0409 |
     /// | 18 | … | each string in UTF-8, NUL-terminated, in index order (1, 2, …) |
-    public var stringsBlob: [UInt8] {
+    package var stringsBlob: [UInt8] {
         let texts = strings
         var body: [UInt8] = []
         appendLittleEndian(Self.languageUSEnglish, to: &body)
@@ -374,20 +374,20 @@ public struct FunctionFSDescriptors: Sendable, Hashable {
 // MARK: - Events
 
 /// A control request from the host (`struct usb_ctrlrequest`, 8 bytes).
-public struct USBSetupRequest: Sendable, Hashable, CustomStringConvertible {
+package struct USBSetupRequest: Sendable, Hashable, CustomStringConvertible {
     /// `bmRequestType` (u8): bit 7 set for device-to-host, bits 5–6 the type, 0–4 the recipient.
-    public var requestType: UInt8
+    package var requestType: UInt8
     /// `bRequest` (u8).
-    public var request: UInt8
+    package var request: UInt8
     /// `wValue` (u16 LE).
-    public var value: UInt16
+    package var value: UInt16
     /// `wIndex` (u16 LE).
-    public var index: UInt16
+    package var index: UInt16
     /// `wLength` (u16 LE): bytes in the data stage.
-    public var length: UInt16
+    package var length: UInt16
 
     /// Creates a request from its fields.
-    public init(requestType: UInt8, request: UInt8, value: UInt16, index: UInt16, length: UInt16) {
+    package init(requestType: UInt8, request: UInt8, value: UInt16, index: UInt16, length: UInt16) {
         self.requestType = requestType
         self.request = request
         self.value = value
@@ -396,10 +396,10 @@ public struct USBSetupRequest: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// Whether the data stage goes to the host (the function must write or stall).
-    public var isDeviceToHost: Bool { requestType & 0x80 != 0 }
+    package var isDeviceToHost: Bool { requestType & 0x80 != 0 }
 
     /// The five fields, e.g. `bmRequestType 0x40 bRequest 0x51 wValue 0x0001 wIndex 0x0000 wLength 0`.
-    public var description: String {
+    package var description: String {
         func hex<T: FixedWidthInteger>(_ value: T, _ digits: Int) -> String {
             let text = String(value, radix: 16)
             return String(repeating: "0", count: max(0, digits - text.count)) + text
@@ -416,12 +416,12 @@ public struct USBSetupRequest: Sendable, Hashable, CustomStringConvertible {
 /// | 0 | 8 | the setup request (meaningful for ``Kind/setup`` only) |
 /// | 8 | u8 | type |
 /// | 9 | 3 | padding |
-public struct FunctionFSEvent: Sendable, Hashable {
+package struct FunctionFSEvent: Sendable, Hashable {
     /// The size of one event record.
-    public static let size = 12
+    package static let size = 12
 
     /// The event types (`enum usb_functionfs_event_type`).
-    public enum Kind: UInt8, Sendable, Hashable, CaseIterable {
+    package enum Kind: UInt8, Sendable, Hashable, CaseIterable {
         /// The function was bound to a controller.
         case bind = 0
         /// The function was unbound.
@@ -439,21 +439,21 @@ public struct FunctionFSEvent: Sendable, Hashable {
     }
 
     /// The type; `nil` for a type this code does not know (it is skipped).
-    public var kind: Kind?
+    package var kind: Kind?
     /// The raw type byte.
-    public var rawType: UInt8
+    package var rawType: UInt8
     /// The setup request (zeros unless ``kind`` is ``Kind/setup``).
-    public var setup: USBSetupRequest
+    package var setup: USBSetupRequest
 
     /// Creates an event of a known kind.
-    public init(kind: Kind, setup: USBSetupRequest = USBSetupRequest(requestType: 0, request: 0, value: 0, index: 0, length: 0)) {
+    package init(kind: Kind, setup: USBSetupRequest = USBSetupRequest(requestType: 0, request: 0, value: 0, index: 0, length: 0)) {
         self.kind = kind
         self.rawType = kind.rawValue
         self.setup = setup
     }
 
     /// Decodes one record; `bytes` must hold ``size`` bytes from its start index.
-    public init?(_ bytes: ArraySlice<UInt8>) {
+    package init?(_ bytes: ArraySlice<UInt8>) {
         guard bytes.count >= Self.size else { return nil }
         let base = bytes.startIndex
         func u16(_ offset: Int) -> UInt16 { UInt16(bytes[base + offset]) | UInt16(bytes[base + offset + 1]) << 8 }
@@ -463,7 +463,7 @@ public struct FunctionFSEvent: Sendable, Hashable {
     }
 
     /// The 12-byte record (what the kernel writes; tests feed these to a transport).
-    public var bytes: [UInt8] {
+    package var bytes: [UInt8] {
         var result = [setup.requestType, setup.request]
         appendLittleEndian(setup.value, to: &result)
         appendLittleEndian(setup.index, to: &result)

@@ -1,12 +1,12 @@
-public import AccessorySimulator
+package import AccessorySimulator
 internal import Glibc
 internal import Synchronization
 internal import SystemCalls
 
 /// Why a ``USBGadget`` step failed: the path, the errno, and what to do.
-public struct USBGadgetError: Error, Hashable, Sendable, CustomStringConvertible {
+package struct USBGadgetError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What kind of trouble it is, so a tool can pick its exit status.
-    public enum Category: String, Sendable, Hashable {
+    package enum Category: String, Sendable, Hashable {
         /// Not allowed: configfs, mounting and the UDC need root.
         case permission
         /// The kernel lacks something: configfs, libcomposite, usb_f_fs, or any USB device
@@ -20,18 +20,18 @@ public struct USBGadgetError: Error, Hashable, Sendable, CustomStringConvertible
     }
 
     /// What failed, naming the path, e.g. "cannot create …/usb_gadget/iapsim: File exists".
-    public var message: String
+    package var message: String
     /// The file or directory that failed, when there is one.
-    public var path: String?
+    package var path: String?
     /// The errno, when a system call failed.
-    public var errno: Int32?
+    package var errno: Int32?
     /// What to do next.
-    public var advice: String?
+    package var advice: String?
     /// The kind of trouble.
-    public var category: Category
+    package var category: Category
 
     /// Creates an error.
-    public init(_ message: String, path: String? = nil, errno: Int32? = nil, advice: String? = nil, category: Category = .failed) {
+    package init(_ message: String, path: String? = nil, errno: Int32? = nil, advice: String? = nil, category: Category = .failed) {
         self.message = message
         self.path = path
         self.errno = errno
@@ -40,56 +40,56 @@ public struct USBGadgetError: Error, Hashable, Sendable, CustomStringConvertible
     }
 
     /// The message followed by the advice.
-    public var description: String {
+    package var description: String {
         advice.map { "\(message); \($0)" } ?? message
     }
 }
 
 /// How to present the simulated accessory as a USB device.
-public struct USBGadgetConfiguration: Sendable, Hashable {
+package struct USBGadgetConfiguration: Sendable, Hashable {
     /// The gadget's directory name under ``configfsRoot``.
-    public var name = "iapsim"
+    package var name = "iapsim"
     /// `idVendor`: pid.codes' vendor id by default (0x1209, for open and test hardware).
-    public var vendorID: UInt16 = 0x1209
+    package var vendorID: UInt16 = 0x1209
     /// `idProduct`: pid.codes' test product id 0x0001 by default.
-    public var productID: UInt16 = 0x0001
+    package var productID: UInt16 = 0x0001
     /// `bcdUSB`: USB 2.0.
-    public var usbVersion: UInt16 = 0x0200
+    package var usbVersion: UInt16 = 0x0200
     /// `bcdDevice`.
-    public var deviceVersion: UInt16 = 0x0100
+    package var deviceVersion: UInt16 = 0x0100
     /// `iManufacturer` (language 0x0409).
-    public var manufacturer: String
+    package var manufacturer: String
     /// `iProduct`.
-    public var product: String
+    package var product: String
     /// `iSerialNumber`.
-    public var serialNumber: String
+    package var serialNumber: String
     /// The configuration's string.
-    public var configurationName = "iAP2"
+    package var configurationName = "iAP2"
     /// `MaxPower` of the configuration, in mA (0…500).
-    public var maxPowerMilliamps = 100
+    package var maxPowerMilliamps = 100
     /// The FunctionFS instance: the function is `functions/ffs.<instance>` and the file system
     /// is mounted with `<instance>` as its source.
-    public var functionInstance = "iap2"
+    package var functionInstance = "iap2"
     /// Where gadgets are made (configfs).
-    public var configfsRoot = "/sys/kernel/config/usb_gadget"
+    package var configfsRoot = "/sys/kernel/config/usb_gadget"
     /// Where FunctionFS is mounted; `nil` for `/dev/ffs-<instance>`. Created when missing (and
     /// then removed again).
-    public var mountDirectory: String?
+    package var mountDirectory: String?
     /// The field layout to present (PROTOCOL.md §7): its device class, configuration value
     /// (the configuration is `configs/c.<value>`) and bcdDevice. The endpoint numbers are the
     /// kernel's choice on FunctionFS (see ``USBDescriptorLayout``); a ``GadgetFSDevice`` presents
     /// them too.
-    public var layout: USBDescriptorLayout = .standard
+    package var layout: USBDescriptorLayout = .standard
     /// EA protocol names that get a native-transport interface each (offered, not served: see
     /// ``init(profile:)``; ``GadgetFSDevice`` serves them).
-    public var nativeTransportProtocols: [String] = []
+    package var nativeTransportProtocols: [String] = []
     /// Transfers kept queued on each bulk endpoint, as a device's controller keeps several (4 by
     /// default; 1 moves one transfer at a time with blocking calls, as before this existed).
     /// More than 1 needs the kernel's AIO; without it the gadget falls back to 1.
-    public var queuedRequests = GadgetTransport.defaultQueuedRequests
+    package var queuedRequests = GadgetTransport.defaultQueuedRequests
 
     /// A configuration with these strings and defaults for the rest.
-    public init(manufacturer: String, product: String, serialNumber: String) {
+    package init(manufacturer: String, product: String, serialNumber: String) {
         self.manufacturer = manufacturer
         self.product = product
         self.serialNumber = serialNumber
@@ -104,17 +104,17 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
     /// host's writes waiting. Set ``nativeTransportProtocols`` (e.g. to the profile's
     /// `nativeProtocolNames`) to offer them anyway, to test a host's half; ``GadgetFSDevice``
     /// serves them.
-    public init(profile: SimulatorProfile) {
+    package init(profile: SimulatorProfile) {
         self.init(manufacturer: profile.accessory.manufacturer, product: profile.accessory.name,
                   serialNumber: profile.accessory.serialNumber)
     }
 
     /// `VVVV:PPPP` in hex, e.g. `1209:0001`: the ids the gadget presents (the layout's, when it
     /// has its own).
-    public var usbID: String { "\(hex4(layout.usbID?.vendorID ?? vendorID)):\(hex4(layout.usbID?.productID ?? productID))" }
+    package var usbID: String { "\(hex4(layout.usbID?.vendorID ?? vendorID)):\(hex4(layout.usbID?.productID ?? productID))" }
 
     /// The directory FunctionFS is mounted at.
-    public var resolvedMountDirectory: String { mountDirectory ?? "/dev/ffs-\(functionInstance)" }
+    package var resolvedMountDirectory: String { mountDirectory ?? "/dev/ffs-\(functionInstance)" }
 }
 
 /// A configfs USB gadget (Linux as the USB device) whose one function is a FunctionFS instance
@@ -134,15 +134,15 @@ public struct USBGadgetConfiguration: Sendable, Hashable {
 /// Only then can the gadget be bound to a controller with ``bind(udc:)``: the kernel refuses
 /// to bind a FunctionFS function that has no descriptors yet. ``remove()`` undoes everything in
 /// reverse order. A step that fails undoes the steps before it.
-public final class USBGadget: Sendable {
+package final class USBGadget: Sendable {
     /// How the gadget was made.
-    public let configuration: USBGadgetConfiguration
+    package let configuration: USBGadgetConfiguration
     /// `<configfsRoot>/<name>`.
-    public let gadgetDirectory: String
+    package let gadgetDirectory: String
     /// Where FunctionFS is mounted.
-    public let functionDirectory: String
+    package let functionDirectory: String
     /// The iAP2 pipes of the function: run the simulator over it.
-    public let transport: GadgetTransport
+    package let transport: GadgetTransport
 
     /// What exists, for undoing it.
     private struct Built: Sendable {
@@ -160,7 +160,7 @@ public final class USBGadget: Sendable {
     private let built: Mutex<Built>
 
     /// The directory that lists the USB device controllers.
-    public static let udcClassDirectory = "/sys/class/udc"
+    package static let udcClassDirectory = "/sys/class/udc"
 
     /// What to load when something is missing.
     static let moduleAdvice = "load the gadget modules (modprobe libcomposite usb_f_fs; plus dummy_hcd for a virtual controller) and run as root"
@@ -168,7 +168,7 @@ public final class USBGadget: Sendable {
     /// Builds the gadget and configures its function (see the type's description).
     ///
     /// - Throws: ``USBGadgetError`` naming the path that failed, with its errno and advice.
-    public init(configuration: USBGadgetConfiguration) throws(USBGadgetError) {
+    package init(configuration: USBGadgetConfiguration) throws(USBGadgetError) {
         let root = configuration.configfsRoot.hasSuffix("/") ? String(configuration.configfsRoot.dropLast()) : configuration.configfsRoot
         let gadget = "\(root)/\(configuration.name)"
         let mountDirectory = configuration.resolvedMountDirectory
@@ -230,11 +230,11 @@ public final class USBGadget: Sendable {
     }
 
     /// The controller the gadget is bound to, or `nil`.
-    public var boundUDC: String? { built.withLock { $0.boundUDC } }
+    package var boundUDC: String? { built.withLock { $0.boundUDC } }
 
     /// The USB device controllers of this machine (the names in `/sys/class/udc`), sorted;
     /// empty when there are none or the kernel has no gadget support.
-    public static func availableUDCs() -> [String] {
+    package static func availableUDCs() -> [String] {
         guard let directory = opendir(udcClassDirectory) else { return [] }
         defer { closedir(directory) }
         var names: [String] = []
@@ -251,7 +251,7 @@ public final class USBGadget: Sendable {
     ///
     /// - Throws: ``USBGadgetError`` (``USBGadgetError/Category/missingSupport``) saying what to
     ///   load when there is none.
-    public static func defaultUDC() throws(USBGadgetError) -> String {
+    package static func defaultUDC() throws(USBGadgetError) -> String {
         if let first = availableUDCs().first { return first }
         var status = stat()
         if stat(udcClassDirectory, &status) != 0 {
@@ -271,7 +271,7 @@ public final class USBGadget: Sendable {
     /// the other side sees the device appear.
     ///
     /// - Throws: ``USBGadgetError`` when the controller does not exist or is taken.
-    public func bind(udc: String) throws(USBGadgetError) {
+    package func bind(udc: String) throws(USBGadgetError) {
         let path = "\(gadgetDirectory)/UDC"
         do {
             try Self.writeAttribute(path, udc + "\n")
@@ -300,7 +300,7 @@ public final class USBGadget: Sendable {
     /// when it is not bound.
     ///
     /// - Throws: ``USBGadgetError`` when the kernel refuses.
-    public func unbind() throws(USBGadgetError) {
+    package func unbind() throws(USBGadgetError) {
         try Self.unbind(gadgetDirectory: gadgetDirectory)
         built.withLock { $0.boundUDC = nil }
     }
@@ -322,7 +322,7 @@ public final class USBGadget: Sendable {
     /// nothing.
     ///
     /// - Throws: ``USBGadgetError`` for the first step that failed.
-    public func remove() throws(USBGadgetError) {
+    package func remove() throws(USBGadgetError) {
         // Taken out of the lock: closing the transport joins its ep0 thread, whose connection
         // handler may ask this object for its state.
         let taken = built.withLock { record -> Built? in

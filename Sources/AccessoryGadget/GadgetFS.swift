@@ -1,6 +1,6 @@
-public import Dispatch
+package import Dispatch
 import Glibc
-public import IAPTransport
+package import IAPTransport
 import Synchronization
 import SystemCalls
 
@@ -12,45 +12,45 @@ import SystemCalls
 /// composite layer refuses SET_INTERFACE with an alternate setting other than 0 for it; and even
 /// with one, FunctionFS does not tell user space which setting the host chose. GadgetFS hands
 /// every SET_INTERFACE to user space, which then enables the interface's endpoints itself.
-public struct GadgetFSLayout: Sendable, Hashable {
+package struct GadgetFSLayout: Sendable, Hashable {
     /// A bulk endpoint pair: the controller's endpoint file names and the addresses used for them.
-    public struct BulkPair: Sendable, Hashable {
+    package struct BulkPair: Sendable, Hashable {
         /// The IN endpoint's file name under the GadgetFS mount (e.g. "ep1in-bulk"): the accessory's
         /// bytes to the host are written there.
-        public var inFile: String
+        package var inFile: String
         /// The OUT endpoint's file name under the GadgetFS mount (e.g. "ep2out-bulk"): the host's bytes
         /// are read there.
-        public var outFile: String
+        package var outFile: String
         /// The IN endpoint's address in the descriptors (bit 7 set, e.g. 0x81), which must be the
         /// controller's endpoint the file stands for.
-        public var inAddress: UInt8
+        package var inAddress: UInt8
         /// The OUT endpoint's address in the descriptors (e.g. 0x02).
-        public var outAddress: UInt8
+        package var outAddress: UInt8
     }
 
     /// The USB vendor and product ids.
-    public var vendorID: UInt16
+    package var vendorID: UInt16
     /// idProduct (a firmware update may come back under another one, as a bootloader does).
-    public var productID: UInt16
+    package var productID: UInt16
     /// String descriptors 1, 2 and 3: manufacturer, product, serial number.
-    public var manufacturer: String
+    package var manufacturer: String
     /// String descriptor 2: the product name the host reads (iProduct).
-    public var product: String
+    package var product: String
     /// String descriptor 3: the serial number the host reads (iSerialNumber).
-    public var serialNumber: String
+    package var serialNumber: String
     /// The protocols with a native-transport interface each (interface 1, 2, … in this order,
     /// named after the protocol).
-    public var nativeProtocols: [String]
+    package var nativeProtocols: [String]
     /// The iAP2 interface's pair, then one per native protocol.
-    public var pairs: [BulkPair]
+    package var pairs: [BulkPair]
     /// The field layout presented (PROTOCOL.md §7): the device class, the configuration value,
     /// bcdDevice and, through ``pairs``, the endpoint addresses.
-    public var descriptorLayout: USBDescriptorLayout = .standard
+    package var descriptorLayout: USBDescriptorLayout = .standard
     /// bcdDevice.
-    public var deviceRelease: UInt16 = 0x0100
+    package var deviceRelease: UInt16 = 0x0100
 
     /// dummy_hcd's bulk endpoints (PXA-style fixed function), in the order they are used.
-    public static let dummyHCDPairs = [
+    package static let dummyHCDPairs = [
         BulkPair(inFile: "ep1in-bulk", outFile: "ep2out-bulk", inAddress: 0x81, outAddress: 0x02),
         BulkPair(inFile: "ep6in-bulk", outFile: "ep7out-bulk", inAddress: 0x86, outAddress: 0x07),
         BulkPair(inFile: "ep11in-bulk", outFile: "ep12out-bulk", inAddress: 0x8B, outAddress: 0x0C),
@@ -59,7 +59,7 @@ public struct GadgetFSLayout: Sendable, Hashable {
     /// A layout on dummy_hcd's endpoints.
     ///
     /// - Throws: ``TransportError`` when there are more native protocols than endpoint pairs.
-    public init(vendorID: UInt16, productID: UInt16, manufacturer: String, product: String, serialNumber: String,
+    package init(vendorID: UInt16, productID: UInt16, manufacturer: String, product: String, serialNumber: String,
                 nativeProtocols: [String], pairs: [BulkPair] = GadgetFSLayout.dummyHCDPairs) throws(TransportError) {
         guard nativeProtocols.count + 1 <= pairs.count else {
             throw TransportError("\(nativeProtocols.count) native protocols need \(nativeProtocols.count + 1) bulk endpoint pairs; the controller has \(pairs.count)",
@@ -83,7 +83,7 @@ public struct GadgetFSLayout: Sendable, Hashable {
     ///
     /// - Throws: ``TransportError`` for more native protocols than endpoint files, or a layout only
     ///   the FunctionFS gadget presents (``USBDescriptorLayout/needsFunctionFS``).
-    public init(vendorID: UInt16, productID: UInt16, manufacturer: String, product: String, serialNumber: String,
+    package init(vendorID: UInt16, productID: UInt16, manufacturer: String, product: String, serialNumber: String,
                 nativeProtocols: [String], descriptorLayout: USBDescriptorLayout) throws(TransportError) {
         guard !descriptorLayout.needsFunctionFS else { throw descriptorLayout.functionFSOnly }
         var pairs = Self.dummyHCDPairs
@@ -173,7 +173,7 @@ public struct GadgetFSLayout: Sendable, Hashable {
 
     /// What is written to the controller file: tag 0, the full-speed and high-speed
     /// configurations, the device descriptor.
-    public var setupBlob: [UInt8] {
+    package var setupBlob: [UInt8] {
         [0, 0, 0, 0] + configuration(highSpeed: false) + configuration(highSpeed: true) + deviceDescriptor
     }
 
@@ -183,7 +183,7 @@ public struct GadgetFSLayout: Sendable, Hashable {
     }
 
     /// String descriptor `index` (0: the language list), or nil for an unknown index.
-    public func stringDescriptor(_ index: UInt8) -> [UInt8]? {
+    package func stringDescriptor(_ index: UInt8) -> [UInt8]? {
         if index == 0 { return [4, 0x03, 0x09, 0x04] }
         let strings = [manufacturer, product, serialNumber, FunctionFSDescriptors.iAPInterfaceName] + nativeProtocols
         let position = Int(index) - 1
@@ -198,14 +198,14 @@ public struct GadgetFSLayout: Sendable, Hashable {
 /// The iAP2 interface of a ``GadgetFSDevice`` as a ``Transport``: its endpoints exist only once
 /// the host configured the device, so this relays to a ``GadgetTransport`` made then, and drops
 /// frames sent before (the iAP2 link repeats what matters).
-public final class GadgetFSTransport: Transport, Sendable {
-    public let description: String
-    public var kind: TransportKind { .gadget }
+package final class GadgetFSTransport: Transport, Sendable {
+    package let description: String
+    package var kind: TransportKind { .gadget }
     private let state = Mutex<(queue: DispatchQueue?, handler: (@Sendable (TransportEvent) -> Void)?, inner: GadgetTransport?, cancelled: Bool)>((nil, nil, nil, false))
 
     init(description: String) { self.description = description }
 
-    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+    package func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
         let inner = state.withLock { state -> GadgetTransport? in
             state.queue = queue
             state.handler = handler
@@ -214,11 +214,11 @@ public final class GadgetFSTransport: Transport, Sendable {
         if let inner { forward(inner, queue: queue) }
     }
 
-    public func send(_ frame: [UInt8]) {
+    package func send(_ frame: [UInt8]) {
         state.withLock { $0.inner }?.send(frame)
     }
 
-    public func cancel() {
+    package func cancel() {
         let (inner, target) = state.withLock { state in
             defer {
                 state.inner = nil
@@ -276,13 +276,13 @@ public final class GadgetFSTransport: Transport, Sendable {
 /// written, and there is one GadgetFS device per system. A thread reads `ep0`'s events:
 /// it answers string requests, enables the iAP2 endpoints at SET_CONFIGURATION, and the native
 /// ones at SET_INTERFACE. Needs root and the `gadgetfs` module.
-public final class GadgetFSDevice: Sendable {
+package final class GadgetFSDevice: Sendable {
     /// Where GadgetFS is mounted.
-    public let mountPoint: String
+    package let mountPoint: String
     /// The descriptors and endpoint pairs the device was set up with.
-    public let layout: GadgetFSLayout
+    package let layout: GadgetFSLayout
     /// The iAP2 interface.
-    public let transport: GadgetFSTransport
+    package let transport: GadgetFSTransport
     private let ep0: Int32
     private let mountedHere: Bool
     private let state = Mutex(State())
@@ -300,7 +300,7 @@ public final class GadgetFSDevice: Sendable {
     }
 
     /// Calls `handler` with each line of ``log`` as it is written (any thread).
-    public func onTrace(_ handler: @escaping @Sendable (String) -> Void) {
+    package func onTrace(_ handler: @escaping @Sendable (String) -> Void) {
         state.withLock { $0.trace = handler }
     }
 
@@ -309,7 +309,7 @@ public final class GadgetFSDevice: Sendable {
     ///
     /// - Throws: ``TransportError`` saying what to do: load the module, run as root, free a
     ///   controller.
-    public init(layout: GadgetFSLayout, mountPoint: String = "/dev/gadget") throws(TransportError) {
+    package init(layout: GadgetFSLayout, mountPoint: String = "/dev/gadget") throws(TransportError) {
         self.layout = layout
         self.mountPoint = mountPoint
         transport = GadgetFSTransport(description: "usb gadget (GadgetFS)")
@@ -358,16 +358,16 @@ public final class GadgetFSDevice: Sendable {
 
     /// Calls `handler` (on the ep0 thread) with the protocol and a channel not yet activated each
     /// time the host selects alternate setting 1 of a native interface.
-    public func onNativeOpen(_ handler: @escaping @Sendable (String, any ByteChannel) -> Void) {
+    package func onNativeOpen(_ handler: @escaping @Sendable (String, any ByteChannel) -> Void) {
         state.withLock { $0.nativeOpen = handler }
     }
 
     /// What the ep0 thread did, for a person debugging a gadget.
-    public var log: [String] { state.withLock { $0.log } }
+    package var log: [String] { state.withLock { $0.log } }
 
     /// Disconnects: stops the ep0 thread, closes the endpoints (their channels end), closes the
     /// controller file (which unbinds) and unmounts GadgetFS if it mounted it.
-    public func stop() {
+    package func stop() {
         guard let threads = state.withLock({ state -> [WorkerThread]? in
             guard !state.stopping else { return nil }
             state.stopping = true

@@ -1,12 +1,12 @@
-public import AccessorySimulator
-public import Dispatch
-public import IAPTransport
+package import AccessorySimulator
+package import Dispatch
+package import IAPTransport
 internal import Glibc
 internal import Synchronization
 internal import SystemCalls
 
 /// Where the gadget's link to the host stands, as the events on `ep0` tell it.
-public enum GadgetConnection: String, Sendable, Hashable {
+package enum GadgetConnection: String, Sendable, Hashable {
     /// Not bound to a USB device controller (before the first BIND, or after UNBIND).
     case unbound
     /// Bound, but the host has not configured the function (or it was reset: DISABLE). Frames
@@ -19,34 +19,34 @@ public enum GadgetConnection: String, Sendable, Hashable {
 }
 
 /// What a ``GadgetTransport`` has done so far.
-public struct GadgetTransportStatistics: Sendable, Hashable {
+package struct GadgetTransportStatistics: Sendable, Hashable {
     /// Frames written to the IN endpoint completely.
-    public var framesSent = 0
+    package var framesSent = 0
     /// Bytes of those frames.
-    public var bytesSent = 0
+    package var bytesSent = 0
     /// Frames written as two writes (all but the last byte, then the last byte) so that the
     /// transfer ends with a short packet.
-    public var shortPacketSplits = 0
+    package var shortPacketSplits = 0
     /// Frames dropped because the endpoints were down (not enabled, or a write failed).
-    public var framesDropped = 0
+    package var framesDropped = 0
     /// Reads from the OUT endpoint that returned data.
-    public var reads = 0
+    package var reads = 0
     /// Bytes those reads returned.
-    public var bytesReceived = 0
+    package var bytesReceived = 0
     /// Reads or writes that failed because the endpoint was down (each waits for the next ENABLE).
-    public var endpointErrors = 0
+    package var endpointErrors = 0
     /// ``GadgetTransport/stallIn()`` requests performed (a `read()` on the IN endpoint).
-    public var inHaltRequests = 0
+    package var inHaltRequests = 0
     /// Of those, how many the kernel confirmed (`EBADMSG`: the endpoint is halted).
-    public var inHalts = 0
+    package var inHalts = 0
     /// Events read from `ep0`.
-    public var events = 0
+    package var events = 0
     /// Control requests (SETUP events) answered: host-to-device ones acknowledged, device-to-host
     /// ones stalled.
-    public var setupRequests = 0
+    package var setupRequests = 0
 
     /// All zero.
-    public init() {}
+    package init() {}
 }
 
 /// The simulated accessory's end of a USB cable: the iAP2 bulk pipes of a FunctionFS function,
@@ -86,21 +86,21 @@ public struct GadgetTransportStatistics: Sendable, Hashable {
 ///
 /// The EA native-transport interfaces' endpoint files (``FunctionFSDescriptors/endpoints``
 /// from `ep3` on) are not opened here.
-public final class GadgetTransport: Transport {
+package final class GadgetTransport: Transport {
     /// What a person reads, e.g. `usb gadget /dev/ffs-iap2`.
-    public let description: String
+    package let description: String
     /// Always ``TransportKind/gadget``.
-    public var kind: TransportKind { .gadget }
+    package var kind: TransportKind { .gadget }
     /// The mounted FunctionFS directory, or `nil` for descriptors handed in directly.
-    public let functionDirectory: String?
+    package let functionDirectory: String?
     /// The descriptors written to `ep0`, or `nil` for descriptors handed in directly.
-    public let descriptors: FunctionFSDescriptors?
+    package let descriptors: FunctionFSDescriptors?
 
     /// Transfers a FunctionFS transport keeps queued on each bulk endpoint unless told otherwise.
-    public static let defaultQueuedRequests = 4
+    package static let defaultQueuedRequests = 4
 
     /// The signal that wakes the transport's threads from blocking calls when it closes.
-    public static var interruptSignal: Int32 { SIGURG }
+    package static var interruptSignal: Int32 { SIGURG }
 
     private let core: GadgetCore
 
@@ -120,7 +120,7 @@ public final class GadgetTransport: Transport {
     /// - Throws: ``TransportError`` naming the file that failed and what to do: mount FunctionFS
     ///   first (`ENOENT`), run as root (`EACCES`), stop the other program that configured the
     ///   function (`EBUSY`), or read the kernel log when the kernel refuses the descriptors.
-    public convenience init(functionDirectory: String, nativeTransportProtocols: [String] = [],
+    package convenience init(functionDirectory: String, nativeTransportProtocols: [String] = [],
                             superSpeedMaxBurst: UInt8 = 0,
                             queuedRequests: Int = GadgetTransport.defaultQueuedRequests,
                             layout descriptorLayout: USBDescriptorLayout = .standard) throws(TransportError) {
@@ -188,16 +188,16 @@ public final class GadgetTransport: Transport {
     }
 
     /// Where the link to the host stands now.
-    public var connection: GadgetConnection { core.connection }
+    package var connection: GadgetConnection { core.connection }
 
     /// Counts of what the transport did.
-    public var statistics: GadgetTransportStatistics { core.statistics }
+    package var statistics: GadgetTransportStatistics { core.statistics }
 
     /// Calls `handler` with every change of ``connection``, on the ep0 thread: it must return
     /// quickly and must not wait for the queue the transport was activated on. Handlers add up
     /// (a ``SimulatorRunner`` running over this transport has one) and are called in the order
     /// they were added; ``cancel()`` drops them.
-    public func onConnectionChange(_ handler: @escaping @Sendable (GadgetConnection) -> Void) {
+    package func onConnectionChange(_ handler: @escaping @Sendable (GadgetConnection) -> Void) {
         core.addConnectionObserver(handler)
     }
 
@@ -205,7 +205,7 @@ public final class GadgetTransport: Transport {
     ///
     /// Activating again does nothing; activating a transport that was cancelled first delivers
     /// `.closed(nil)`.
-    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+    package func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
         core.activate(queue: queue, handler: handler)
     }
 
@@ -222,7 +222,7 @@ public final class GadgetTransport: Transport {
     /// the speed in use (64 when it cannot say: every larger bulk size is a multiple of it).
     ///
     /// Frames sent while the function is not enabled, or whose write fails, are dropped.
-    public func send(_ frame: [UInt8]) {
+    package func send(_ frame: [UInt8]) {
         core.send(frame)
     }
 
@@ -235,14 +235,14 @@ public final class GadgetTransport: Transport {
     /// set (``GadgetTransportStatistics/inHalts``). It is done between two writes, because
     /// most controllers refuse to halt an IN endpoint with a transfer queued. Does nothing while
     /// the function is not enabled.
-    public func stallIn() {
+    package func stallIn() {
         core.stallIn()
     }
 
     /// Closes the transport: wakes and joins the three threads, closes the files, then delivers
     /// `.closed(nil)` unless a close was already delivered. Frames not yet written are dropped.
     /// Returns once the threads have ended. Calling it again does nothing.
-    public func cancel() {
+    package func cancel() {
         core.teardown(reason: nil, deliver: true, waitIfBusy: true)
     }
 
@@ -266,10 +266,10 @@ public final class GadgetTransport: Transport {
 
 extension GadgetTransport: HostReconnectingWire {
     /// ``connection`` as the simulator's runner sees it: unbound and bound are no host.
-    public var hostConnection: HostConnectionState { HostConnectionState(connection) }
+    package var hostConnection: HostConnectionState { HostConnectionState(connection) }
 
     /// Calls `handler` with every change of ``hostConnection`` (see ``onConnectionChange(_:)``).
-    public func onHostConnectionChange(_ handler: @escaping @Sendable (HostConnectionState) -> Void) {
+    package func onHostConnectionChange(_ handler: @escaping @Sendable (HostConnectionState) -> Void) {
         onConnectionChange { handler(HostConnectionState($0)) }
     }
 }

@@ -1,6 +1,6 @@
-public import AccessorySimulator
-public import Dispatch
-public import IAPTransport
+package import AccessorySimulator
+package import Dispatch
+package import IAPTransport
 internal import Synchronization
 
 /// A gadget's wire that plays an accessory whose iAP2 state machine sticks after a failed
@@ -13,7 +13,7 @@ internal import Synchronization
 /// DISABLE: a USB reset, an unplug, the controller unbound) does it come unstuck, and the
 /// ``SimulatorRunner`` starts the accessory over at the next configuration, as after any
 /// re-plug. It sticks on the first `stuckConnections` host connections (1 by default; see ``init(_:stuckConnections:)``).
-public final class StickingWire: HostReconnectingWire, Sendable {
+package final class StickingWire: HostReconnectingWire, Sendable {
     private let inner: any HostReconnectingWire
     private struct State {
         var remaining: Int
@@ -30,23 +30,23 @@ public final class StickingWire: HostReconnectingWire, Sendable {
 
     /// Wraps `inner` (a gadget's transport); it sticks on its first `stuckConnections` host
     /// connections.
-    public init(_ inner: any HostReconnectingWire, stuckConnections: Int = 1) {
+    package init(_ inner: any HostReconnectingWire, stuckConnections: Int = 1) {
         self.inner = inner
         state = Mutex(State(remaining: stuckConnections))
         inner.onHostConnectionChange { [weak self] connection in self?.hostConnectionChanged(connection) }
     }
 
     /// The inner wire's description, marked.
-    public var description: String { "\(inner.description) (sticks after its handshake)" }
+    package var description: String { "\(inner.description) (sticks after its handshake)" }
     /// The inner wire's kind.
-    public var kind: TransportKind { inner.kind }
+    package var kind: TransportKind { inner.kind }
     /// The inner wire's host connection.
-    public var hostConnection: HostConnectionState { inner.hostConnection }
+    package var hostConnection: HostConnectionState { inner.hostConnection }
     /// Whether the wire is stuck now.
-    public var isStuck: Bool { state.withLock { $0.stuck } }
+    package var isStuck: Bool { state.withLock { $0.stuck } }
 
     /// Calls `stuck` (any thread) each time the wire sticks, and `unstuck` when it comes unstuck.
-    public func onStickingChange(stuck: @escaping @Sendable () -> Void, unstuck: @escaping @Sendable () -> Void) {
+    package func onStickingChange(stuck: @escaping @Sendable () -> Void, unstuck: @escaping @Sendable () -> Void) {
         state.withLock {
             $0.onStuck = stuck
             $0.onUnstuck = unstuck
@@ -55,12 +55,12 @@ public final class StickingWire: HostReconnectingWire, Sendable {
 
     /// Calls `handler` with every change of the host connection (after the wire has taken it into
     /// account), on the inner wire's thread.
-    public func onHostConnectionChange(_ handler: @escaping @Sendable (HostConnectionState) -> Void) {
+    package func onHostConnectionChange(_ handler: @escaping @Sendable (HostConnectionState) -> Void) {
         state.withLock { $0.changeHandler = handler }
     }
 
     /// Starts the inner wire; while stuck, what the host sends is dropped.
-    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+    package func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
         inner.activate(queue: queue) { [weak self] event in
             if case .closed = event { return handler(event) }
             if self?.isStuck == true { return }
@@ -70,7 +70,7 @@ public final class StickingWire: HostReconnectingWire, Sendable {
 
     /// Sends `frame` unless stuck; the accessory's first SYN on a host connection that is to
     /// stick goes out, and the wire sticks right after it.
-    public func send(_ frame: [UInt8]) {
+    package func send(_ frame: [UInt8]) {
         let (forward, stuckNow) = state.withLock { state -> (Bool, (@Sendable () -> Void)?) in
             if state.stuck { return (false, nil) }
             guard state.remaining > 0, !state.synSent, Self.isSYN(frame) else { return (true, nil) }
@@ -84,10 +84,10 @@ public final class StickingWire: HostReconnectingWire, Sendable {
     }
 
     /// Cancels the inner wire.
-    public func cancel() { inner.cancel() }
+    package func cancel() { inner.cancel() }
 
     /// How long each stuck episode lasted, from the SYN to the host's reset (or unplug).
-    public var stuckEpisodes: [Duration] { state.withLock { $0.episodes } }
+    package var stuckEpisodes: [Duration] { state.withLock { $0.episodes } }
 
     /// An iAP2 link packet (FF 5A) with the SYN bit.
     static func isSYN(_ frame: [UInt8]) -> Bool {

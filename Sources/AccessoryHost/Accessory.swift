@@ -2,7 +2,7 @@ public import Dispatch
 public import IAPLink
 public import IAPTransport
 internal import Synchronization
-public import USBDescriptors
+internal import USBDescriptors
 
 /// A connected accessory, as ExternalAccessory's EAAccessory describes one.
 ///
@@ -26,7 +26,7 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
     /// The USB device it is, for accessories on USB (vendor and product id, bus location,
     /// the descriptors' strings); nil on other transports. A script can follow an accessory
     /// that re-enumerates with another product id (a bootloader) by these.
-    public let usbDevice: USBDeviceInfo?
+    public let usbDevice: USBDevice?
     /// The accessory's Bluetooth address, for accessories on Bluetooth (its identification
     /// declared it in a BluetoothTransportComponent); nil on other transports.
     public let bluetoothAddress: BluetoothAddress?
@@ -40,7 +40,7 @@ public final class Accessory: Sendable, Identifiable, CustomStringConvertible {
         self.identity = identity
         self.transportKind = transport.kind
         self.location = transport.description
-        self.usbDevice = transport.capability(USBDeviceInfo.self)
+        self.usbDevice = transport.capability(USBDeviceInfo.self).map(USBDevice.init)
         self.bluetoothAddress = transport.capability(BluetoothPeer.self)?.address
         self.supportsConfiguredProtocols = supportsConfiguredProtocols
         self.connection = connection

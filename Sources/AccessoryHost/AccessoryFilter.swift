@@ -1,4 +1,3 @@
-public import USBDescriptors
 
 /// Which accessories an application or a script is looking for.
 ///
@@ -41,7 +40,7 @@ public struct AccessoryFilter: Sendable, Hashable, CustomStringConvertible {
     /// Whether `accessory` meets every condition.
     public func matches(_ accessory: Accessory) -> Bool {
         matches(identity: (accessory.name, accessory.serialNumber, accessory.firmwareRevision, accessory.protocolStrings),
-                usbID: accessory.usbDevice?.descriptor.usbID)
+                usbID: accessory.usbDevice?.usbID)
     }
 
     func matches(identity: (name: String, serial: String, firmware: String, protocols: [String]), usbID: USBID?) -> Bool {

@@ -1,5 +1,5 @@
 public import AccessoryHost
-public import BluetoothTransport
+package import BluetoothTransport
 public import IAPTransport
 internal import Synchronization
 
@@ -14,7 +14,7 @@ public final class BluetoothAccessorySource: AccessorySource {
     init() {}
 
     /// The iAP2 profile registered with BlueZ now, nil before the first registration.
-    public var profile: BluetoothProfile? { state.withLock { $0.profile } }
+    package var profile: BluetoothProfile? { state.withLock { $0.profile } }
 
     /// Closes every Bluetooth connection and leaves the bus (BlueZ then drops the profile).
     public func stop() {
@@ -49,12 +49,12 @@ extension AccessoryManager {
     /// BlueZ hands over is run like any other transport: the accessory is announced with
     /// transport `TransportKind.bluetooth` and `Accessory.bluetoothAddress`, once
     /// its identification declared a BluetoothTransportComponent with the connection's address.
-    /// With `BluetoothOptions.connectsOut`, ``connectBluetooth(to:)``
+    /// With ``BluetoothOptions/connectsOut``, ``connectBluetooth(to:)``
     /// connects out to a paired accessory, through the UUID accessories advertise
     /// (`00000000-deca-fade-deca-deafdecacaff`, PROTOCOL.md §7.11, for which a client profile is
     /// registered too) or the one above.
     ///
-    /// - Throws: `BluetoothError` saying what to run: no D-Bus, BlueZ not
+    /// - Throws: ``BluetoothError`` saying what to run: no D-Bus, BlueZ not
     ///   running (`systemctl start bluetooth`), no adapter, adapter off (`bluetoothctl power
     ///   on`), the D-Bus policy (the bluetooth group), the profile taken by another program.
     public func startBluetooth(options: BluetoothOptions = BluetoothOptions()) async throws(BluetoothError) {
@@ -63,8 +63,13 @@ extension AccessoryManager {
         guard let source = source(BluetoothAccessorySource.self, orAdd: { BluetoothAccessorySource() }), source.acceptsRegistration else {
             throw BluetoothError(.failed, "Bluetooth is started already (or the manager stopped)", advice: "start it once per manager")
         }
-        let profile = try await BluetoothProfile.register(options: options, queue: queue) { [weak self] transport in
-            self?.beginOpening().attach(transport)
+        let profile: BluetoothProfile
+        do {
+            profile = try await BluetoothProfile.register(options: options.profile, queue: queue) { [weak self] transport in
+                self?.beginOpening().attach(transport)
+            }
+        } catch {
+            throw BluetoothError(error)
         }
         guard source.install(profile) else {
             profile.stop()
@@ -76,12 +81,17 @@ extension AccessoryManager {
     /// Connects out to the paired accessory at `address` (BlueZ's `Device1.ConnectProfile` for
     /// the iAP2 UUID the accessory lists: its own `…caff`, which accessories advertise, before
     /// `…cafe`); it is announced like any accessory once identified. Needs
-    /// ``startBluetooth(options:)`` with `BluetoothOptions.connectsOut`.
+    /// ``startBluetooth(options:)`` with ``BluetoothOptions/connectsOut``.
     ///
-    /// - Throws: `BluetoothError`: not paired, pairing refused, iAP2 not
+    /// - Throws: ``BluetoothError``: not paired, pairing refused, iAP2 not
     ///   offered, not answering (each with the `bluetoothctl` command), Bluetooth not started.
     public func connectBluetooth(to address: BluetoothAddress) async throws(BluetoothError) {
-        let uuid = try await startedProfile().connect(to: address)
+        let uuid: String
+        do {
+            uuid = try await startedProfile().connect(to: address)
+        } catch {
+            throw BluetoothError(error)
+        }
         configuration.logger.info("Bluetooth: connected out to \(address) through its iAP2 service \(uuid)")
     }
 
@@ -102,15 +112,19 @@ extension AccessoryManager {
 
     /// The devices BlueZ knows (paired or seen), for a person choosing one to connect to.
     ///
-    /// - Throws: `BluetoothError` when Bluetooth is not started or BlueZ
+    /// - Throws: ``BluetoothError`` when Bluetooth is not started or BlueZ
     ///   cannot be asked.
     public func bluetoothDevices() async throws(BluetoothError) -> [BluetoothDevice] {
-        try await startedProfile().devices()
+        do {
+            return try await startedProfile().devices().map(BluetoothDevice.init)
+        } catch {
+            throw BluetoothError(error)
+        }
     }
 
-    private func startedProfile() throws(BluetoothError) -> BluetoothProfile {
+    private func startedProfile() throws(BlueZError) -> BluetoothProfile {
         guard let profile = source(BluetoothAccessorySource.self)?.profile else {
-            throw BluetoothError(.failed, "Bluetooth is not started", advice: "call startBluetooth(options:) first (iapctl --bluetooth)")
+            throw BlueZError(.failed, "Bluetooth is not started", advice: "call startBluetooth(options:) first (iapctl --bluetooth)")
         }
         return profile
     }

@@ -2,7 +2,7 @@ public import AccessoryHost
 public import Dispatch
 internal import Glibc
 internal import QueueConfinement
-public import USBHost
+package import USBHost
 internal import USBTransport
 
 /// USB as a source of accessories for an ``AccessoryHost/AccessoryManager``: libusb's hotplug
@@ -10,7 +10,7 @@ internal import USBTransport
 /// connection of the manager. Made by ``AccessoryHost/AccessoryManager/startUSB(options:)``.
 public final class USBAccessorySource: AccessorySource {
     /// The libusb context the source runs, on the manager's queue.
-    public let context: USBContext
+    package let context: USBContext
 
     init(context: USBContext) { self.context = context }
 
@@ -73,7 +73,7 @@ extension AccessoryManager {
     /// A device that cannot be opened (permissions, another program holds it) is reported as
     /// ``AccessoryHost/AccessoryEvent/failed(location:reason:)`` with what to do about it.
     ///
-    /// - Throws: `USBError` of kind `.unavailable` when the machine has no USB (no
+    /// - Throws: ``USBError`` of kind `.unavailable` when the machine has no USB (no
     ///   usbfs); other transports keep working.
     ///
     /// With `AccessoryManager.Configuration.daemon` `.automatic` (the default)
@@ -90,7 +90,13 @@ extension AccessoryManager {
                 configuration.logger.warning("\(error); opening USB devices directly")
             }
         }
-        startUSB(context: try USBContext(queue: queue, function: .iAP2, options: options))
+        let context: USBContext
+        do {
+            context = try USBContext(queue: queue, function: .iAP2, options: options.context)
+        } catch {
+            throw USBError(error)
+        }
+        startUSB(context: context)
     }
 
     /// Starts USB discovery on `context`, which must run on ``AccessoryHost/AccessoryManager/queue``.
@@ -104,9 +110,9 @@ extension AccessoryManager {
     /// The counters of a USB accessory's bulk pipes (transfers, bytes, stalls, zero-length
     /// packets, slots in device memory…); nil for accessories on other transports.
     public func usbStatistics(of accessory: Accessory) -> USBPipeStatistics? {
-        accessory.transportCapability(USBPipeStatistics.self)
+        accessory.transportCapability(USBPipeCounters.self).map(USBPipeStatistics.init)
     }
 
     /// The USB context, once ``startUSB(options:)`` ran.
-    public var usbContext: USBContext? { source(USBAccessorySource.self)?.context }
+    package var usbContext: USBContext? { source(USBAccessorySource.self)?.context }
 }

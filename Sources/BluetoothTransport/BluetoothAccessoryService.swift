@@ -1,5 +1,5 @@
-public import Dispatch
-public import IAPTransport
+package import Dispatch
+package import IAPTransport
 
 // The accessory's side of iAP over Bluetooth, as real accessories have it (PROTOCOL.md §7.11):
 // an SDP record under the accessory's own UUID, an RFCOMM channel, and the Apple device (here
@@ -11,12 +11,12 @@ extension BluetoothProfile {
     /// ``accessoryIAP2UUID``. A UUID of its own, because one bluetoothd serves both sides on a
     /// machine with two adapters (the rig), and the host's client profile holds
     /// ``accessoryIAP2UUID`` there.
-    public static let accessoryRecordUUID = "4163636f-7279-486f-7374-000000000001"
+    package static let accessoryRecordUUID = "4163636f-7279-486f-7374-000000000001"
 
     /// The SDP record of an accessory's iAP service, in BlueZ's XML form: service class
     /// ``accessoryIAP2UUID`` only, RFCOMM on `channel`, in the public browse group, named
     /// `name` ("Wireless iAP", as the Double 2 names it, §7.6).
-    public static func accessoryServiceRecord(channel: UInt8, name: String = "Wireless iAP") -> String {
+    package static func accessoryServiceRecord(channel: UInt8, name: String = "Wireless iAP") -> String {
         let escaped = name.replacingAll("&", with: "&amp;").replacingAll("<", with: "&lt;").replacingAll(">", with: "&gt;")
             .replacingAll("\"", with: "&quot;")
         let hex = String(channel, radix: 16)
@@ -46,15 +46,15 @@ extension BluetoothProfile {
     ///   - name: the service's name in the record.
     ///   - busAddress: the D-Bus bus BlueZ is on; nil for the system bus.
     ///   - adapter: only connections through this adapter (e.g. `hci1`); nil for any.
-    /// - Throws: ``BluetoothError`` with the fix: a channel out of range, no bus, BlueZ not
+    /// - Throws: ``BlueZError`` with the fix: a channel out of range, no bus, BlueZ not
     ///   running, no adapter, adapter off, the D-Bus policy, the record refused.
-    public static func advertiseAccessory(channel: UInt8, name: String = "Wireless iAP", busAddress: String? = nil, adapter: String? = nil,
+    package static func advertiseAccessory(channel: UInt8, name: String = "Wireless iAP", busAddress: String? = nil, adapter: String? = nil,
                                           queue: DispatchQueue,
-                                          connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BluetoothError) -> BluetoothProfile {
+                                          connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BlueZError) -> BluetoothProfile {
         guard (1...30).contains(channel) else {
-            throw BluetoothError(.failed, "RFCOMM channel \(channel) is out of range", advice: "choose a channel from 1 to 30")
+            throw BlueZError(.failed, "RFCOMM channel \(channel) is out of range", advice: "choose a channel from 1 to 30")
         }
-        let options = BluetoothOptions(busAddress: busAddress, channel: UInt16(channel), requireAuthentication: false, serviceName: name,
+        let options = BluetoothProfileOptions(busAddress: busAddress, channel: UInt16(channel), requireAuthentication: false, serviceName: name,
                                        adapter: adapter, profilePath: "/org/accessoryhost/accessory")
         let registration = Registration(
             path: options.profilePath, uuid: accessoryRecordUUID,
@@ -77,8 +77,8 @@ extension BluetoothProfile {
     /// its identification for the connections that come in on that adapter
     /// (``BluetoothPeer/adapter``).
     ///
-    /// - Throws: ``BluetoothError`` when BlueZ cannot be asked.
-    public func adapterAddresses() async throws(BluetoothError) -> [String: BluetoothAddress] {
+    /// - Throws: ``BlueZError`` when BlueZ cannot be asked.
+    package func adapterAddresses() async throws(BlueZError) -> [String: BluetoothAddress] {
         var addresses: [String: BluetoothAddress] = [:]
         for (path, interfaces) in try await managedObjects(doing: "listing adapters") {
             guard let adapter = interfaces["org.bluez.Adapter1"]?.dictionary, let text = adapter["Address"]?.string,

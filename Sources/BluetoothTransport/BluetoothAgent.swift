@@ -1,4 +1,4 @@
-public import DBus
+package import DBus
 
 /// A BlueZ pairing agent with no input and no output (`org.bluez.Agent1`, capability
 /// `NoInputNoOutput`), registered as the default agent: it accepts Just Works pairing and
@@ -6,19 +6,19 @@ public import DBus
 /// accessories that pair without a screen (as most iAP2 accessories do).
 ///
 /// It serves while its bus connection is open; BlueZ drops it when the connection closes.
-public enum BluetoothAgent {
+package enum BluetoothAgent {
     /// The path the agent is served at.
-    public static let path = "/org/accessoryhost/agent"
+    package static let path = "/org/accessoryhost/agent"
 
     /// Serves the agent on `bus` and registers it with BlueZ as the default agent.
     ///
-    /// - Throws: ``BluetoothError``: BlueZ not running, the D-Bus policy, an agent at that path
+    /// - Throws: ``BlueZError``: BlueZ not running, the D-Bus policy, an agent at that path
     ///   registered already.
-    public static func register(on bus: BusConnection, timeout: Duration = .seconds(30)) async throws(BluetoothError) {
+    package static func register(on bus: BusConnection, timeout: Duration = .seconds(30)) async throws(BlueZError) {
         do {
             try bus.export(path: path) { call in answer(call) }
         } catch {
-            throw BluetoothError(.failed, "cannot serve the pairing agent at \(path): \(error)", advice: "register it once per connection", busError: error)
+            throw BlueZError(.failed, "cannot serve the pairing agent at \(path): \(error)", advice: "register it once per connection", busError: error)
         }
         do {
             _ = try await bus.call(destination: BluetoothProfile.bluezService, path: "/org/bluez", interface: "org.bluez.AgentManager1",
@@ -26,7 +26,7 @@ public enum BluetoothAgent {
             _ = try await bus.call(destination: BluetoothProfile.bluezService, path: "/org/bluez", interface: "org.bluez.AgentManager1",
                                    member: "RequestDefaultAgent", arguments: [.objectPath(path)], timeout: timeout)
         } catch {
-            throw BluetoothError.bluez(error, doing: "registering the pairing agent")
+            throw BlueZError.bluez(error, doing: "registering the pairing agent")
         }
     }
 

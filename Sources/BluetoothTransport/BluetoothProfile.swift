@@ -1,42 +1,42 @@
-public import DBus
-public import Dispatch
-public import IAPTransport
+package import DBus
+package import Dispatch
+package import IAPTransport
 internal import Synchronization
 
 /// How the iAP2 service is offered through BlueZ.
-public struct BluetoothOptions: Sendable, Hashable {
+package struct BluetoothProfileOptions: Sendable, Hashable {
     /// The D-Bus bus BlueZ is on; nil for the system bus (``BusConnection/systemBusAddress``).
-    public var busAddress: String?
+    package var busAddress: String?
     /// The RFCOMM channel of the service (1–30), or 0 for one BlueZ picks (the kernel's first
     /// free channel), which the SDP record then names. BlueZ opens no RFCOMM server at all for
     /// a vendor UUID without this option, so it is always sent.
-    public var channel: UInt16
+    package var channel: UInt16
     /// Whether the host may also connect out to paired accessories
     /// (``BluetoothProfile/connect(to:)``): BlueZ then registers the profile in both roles
     /// (no `Role` option), and a second profile registers the accessories' own UUID
     /// (``BluetoothProfile/accessoryIAP2UUID``, PROTOCOL.md §7.11) as a client at
     /// ``accessoryProfilePath``, which is what BlueZ needs to look for that UUID on a device and
     /// connect to it; otherwise `Role` is `server` and only accessories connect.
-    public var connectsOut: Bool
+    package var connectsOut: Bool
     /// Whether a connection needs a paired (authenticated) link (`RequireAuthentication`).
-    public var requireAuthentication: Bool
+    package var requireAuthentication: Bool
     /// Whether BlueZ asks its agent before handing over a connection of a device that is not
     /// trusted (`RequireAuthorization`); off by default, so a paired accessory is enough.
-    public var requireAuthorization: Bool
+    package var requireAuthorization: Bool
     /// The service's name in its SDP record.
-    public var serviceName: String
+    package var serviceName: String
     /// Only connections through this adapter (e.g. `hci0`); nil for any.
-    public var adapter: String?
+    package var adapter: String?
     /// The object path the profile is served at.
-    public var profilePath: String
+    package var profilePath: String
     /// How long each call to BlueZ may take (connecting out includes the SDP search and paging).
-    public var callTimeout: Duration
+    package var callTimeout: Duration
     /// Whether to serve a pairing agent too (``BluetoothAgent``: Just Works accepted, as a host
     /// without a screen does), for machines where no other agent (a desktop's) answers BlueZ.
-    public var registersAgent: Bool
+    package var registersAgent: Bool
 
     /// Options; every parameter has the default a host usually wants.
-    public init(busAddress: String? = nil, channel: UInt16 = 0, connectsOut: Bool = false, requireAuthentication: Bool = true,
+    package init(busAddress: String? = nil, channel: UInt16 = 0, connectsOut: Bool = false, requireAuthentication: Bool = true,
                 requireAuthorization: Bool = false, serviceName: String = "iAP2", adapter: String? = nil,
                 profilePath: String = "/org/accessoryhost/iap2", callTimeout: Duration = .seconds(30), registersAgent: Bool = false) {
         self.registersAgent = registersAgent
@@ -53,13 +53,13 @@ public struct BluetoothOptions: Sendable, Hashable {
 
     /// The object path of the client profile for the accessories' UUID (with ``connectsOut``):
     /// ``profilePath`` with `/accessory` after it.
-    public var accessoryProfilePath: String { profilePath + "/accessory" }
+    package var accessoryProfilePath: String { profilePath + "/accessory" }
 
     /// The `RegisterProfile` options of the client profile for the accessories' UUID: `Role`
     /// `client` (no SDP record, no RFCOMM server of the host's under that UUID: BlueZ searches
     /// the device's SDP records for it and connects to the channel found), the name and the
     /// security of ``registrationOptions``.
-    public var accessoryRegistrationOptions: BusValue {
+    package var accessoryRegistrationOptions: BusValue {
         .dictionary([
             "Name": .string(serviceName + " (accessory)"),
             "Role": .string("client"),
@@ -70,7 +70,7 @@ public struct BluetoothOptions: Sendable, Hashable {
     }
 
     /// The `RegisterProfile` options (BlueZ's `org.bluez.ProfileManager1`).
-    public var registrationOptions: BusValue {
+    package var registrationOptions: BusValue {
         var options: [String: BusValue] = [
             "Name": .string(serviceName),
             "Channel": .uint16(channel),
@@ -84,24 +84,24 @@ public struct BluetoothOptions: Sendable, Hashable {
 }
 
 /// A Bluetooth device BlueZ knows.
-public struct BluetoothDevice: Sendable, Hashable {
+package struct BlueZDevice: Sendable, Hashable {
     /// Its address.
-    public var address: BluetoothAddress
+    package var address: BluetoothAddress
     /// Its name (or alias), as BlueZ has it.
-    public var name: String
+    package var name: String
     /// Whether it is paired.
-    public var paired: Bool
+    package var paired: Bool
     /// Whether it is connected now (any profile).
-    public var connected: Bool
+    package var connected: Bool
     /// Whether its SDP records (as BlueZ last read them) offer iAP2 under either UUID: the
     /// accessory's own (``BluetoothProfile/accessoryIAP2UUID``, what accessories advertise) or
     /// ``BluetoothProfile/iAP2UUID``.
-    public var offersIAP2: Bool { !iAP2ServiceUUIDs.isEmpty }
+    package var offersIAP2: Bool { !iAP2ServiceUUIDs.isEmpty }
     /// The iAP2 UUIDs among its service UUIDs, lower-case, the accessory's own first: what
     /// ``BluetoothProfile/connect(to:)`` connects to, in this order.
-    public var iAP2ServiceUUIDs: [String]
+    package var iAP2ServiceUUIDs: [String]
     /// BlueZ's object for it.
-    public var path: String
+    package var path: String
 }
 
 /// The iAP2 service registered with BlueZ over D-Bus (`org.bluez.ProfileManager1.RegisterProfile`
@@ -114,25 +114,25 @@ public struct BluetoothDevice: Sendable, Hashable {
 /// Leaving the bus unregisters the profile (BlueZ watches its owner), so ``stop()`` only closes
 /// the connection and the transports. Thread safety: any thread; the profile's work runs on
 /// the bus connection's queue.
-public final class BluetoothProfile: Sendable {
+package final class BluetoothProfile: Sendable {
     /// iAP2's SDP service class UUID of PROTOCOL.md §2 (the wireless CarPlay sources', where the
     /// head unit connects to the phone): the service this host registers and serves, to which
     /// accessories connect in.
-    public static let iAP2UUID = "00000000-deca-fade-deca-deafdecacafe"
+    package static let iAP2UUID = "00000000-deca-fade-deca-deafdecacafe"
     /// The UUID accessories advertise their iAP service under, in their extended inquiry
     /// response and SDP record ("Wireless iAP", PROTOCOL.md §7.11: the Double 2 robot's
     /// capture shows only this one): the service the Apple device, and so this host, connects
     /// out to.
-    public static let accessoryIAP2UUID = "00000000-deca-fade-deca-deafdecacaff"
+    package static let accessoryIAP2UUID = "00000000-deca-fade-deca-deafdecacaff"
     /// Both iAP2 UUIDs in the order ``connect(to:)`` tries them: the accessory's own first.
-    public static let iAP2UUIDs = [accessoryIAP2UUID, iAP2UUID]
+    package static let iAP2UUIDs = [accessoryIAP2UUID, iAP2UUID]
     /// The BlueZ service's bus name.
-    public static let bluezService = "org.bluez"
+    package static let bluezService = "org.bluez"
 
     /// The options it was registered with.
-    public let options: BluetoothOptions
+    package let options: BluetoothProfileOptions
     /// The bus connection it runs on.
-    public let bus: BusConnection
+    package let bus: BusConnection
     private let state = Mutex(State())
 
     private struct State {
@@ -143,7 +143,7 @@ public final class BluetoothProfile: Sendable {
         var bluezOwner: String?
     }
 
-    private init(options: BluetoothOptions, bus: BusConnection) {
+    private init(options: BluetoothProfileOptions, bus: BusConnection) {
         self.options = options
         self.bus = bus
     }
@@ -152,10 +152,10 @@ public final class BluetoothProfile: Sendable {
     /// object and registers it; `connection` then runs on `queue` for every accessory BlueZ
     /// hands over (the transport is not activated yet).
     ///
-    /// - Throws: ``BluetoothError`` with the fix: no bus, BlueZ not running, no adapter, adapter
+    /// - Throws: ``BlueZError`` with the fix: no bus, BlueZ not running, no adapter, adapter
     ///   off, the D-Bus policy, the profile registered by another program.
-    public static func register(options: BluetoothOptions = BluetoothOptions(), queue: DispatchQueue,
-                                connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BluetoothError) -> BluetoothProfile {
+    package static func register(options: BluetoothProfileOptions = BluetoothProfileOptions(), queue: DispatchQueue,
+                                connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BlueZError) -> BluetoothProfile {
         var registrations = [Registration(path: options.profilePath, uuid: iAP2UUID, options: options.registrationOptions,
                                           what: "registering the iAP2 profile")]
         if options.connectsOut {
@@ -177,13 +177,13 @@ public final class BluetoothProfile: Sendable {
 
     /// Connects, checks the adapters, serves each registration's object and registers it; every
     /// object's connections go to `connection`.
-    static func register(options: BluetoothOptions, registrations: [Registration], queue: DispatchQueue,
-                         connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BluetoothError) -> BluetoothProfile {
+    static func register(options: BluetoothProfileOptions, registrations: [Registration], queue: DispatchQueue,
+                         connection: @escaping @Sendable (BluetoothTransport) -> Void) async throws(BlueZError) -> BluetoothProfile {
         let address = options.busAddress ?? BusConnection.systemBusAddress
         let bus: BusConnection
-        do { bus = try await BusConnection.connect(address: address, queue: queue) } catch { throw BluetoothError.bus(error, address: address) }
+        do { bus = try await BusConnection.connect(address: address, queue: queue) } catch { throw BlueZError.bus(error, address: address) }
         let profile = BluetoothProfile(options: options, bus: bus)
-        do throws(BluetoothError) {
+        do throws(BlueZError) {
             try await profile.checkAdapters()
             if options.registersAgent { try await BluetoothAgent.register(on: bus, timeout: options.callTimeout) }
             for registration in registrations {
@@ -192,7 +192,7 @@ public final class BluetoothProfile: Sendable {
                         profile?.handle(call, deliver: connection) ?? .error(name: "org.bluez.Error.Rejected", message: "the host stopped")
                     }
                 } catch {
-                    throw BluetoothError(.failed, "cannot serve the profile at \(registration.path): \(error)",
+                    throw BlueZError(.failed, "cannot serve the profile at \(registration.path): \(error)",
                                          advice: "choose another profile path", busError: error)
                 }
                 do {
@@ -200,7 +200,7 @@ public final class BluetoothProfile: Sendable {
                                            arguments: [.objectPath(registration.path), .string(registration.uuid), registration.options],
                                            timeout: options.callTimeout)
                 } catch {
-                    throw BluetoothError.bluez(error, doing: registration.what)
+                    throw BlueZError.bluez(error, doing: registration.what)
                 }
             }
         } catch {
@@ -232,7 +232,7 @@ public final class BluetoothProfile: Sendable {
     /// released the profile, the bus connection dropped, or bluetoothd stopped or restarted
     /// since (a BlueZ that restarts forgets every profile without calling `Release`); the
     /// profile then counts as released (``isReleased``) and a new registration is needed.
-    public func checkRegistration() async -> Bool {
+    package func checkRegistration() async -> Bool {
         guard !isReleased else { return false }
         let current = bus.isConnected ? await bluezOwner() : .none
         return state.withLock { state in
@@ -252,7 +252,7 @@ public final class BluetoothProfile: Sendable {
     }
 
     /// The adapters (controllers) BlueZ has: at least one, and the one asked for, powered.
-    private func checkAdapters() async throws(BluetoothError) {
+    private func checkAdapters() async throws(BlueZError) {
         let objects = try await managedObjects(doing: "listing adapters")
         var adapters: [(name: String, powered: Bool)] = []
         for (path, interfaces) in objects {
@@ -262,33 +262,33 @@ public final class BluetoothProfile: Sendable {
         adapters.sort { $0.name < $1.name }
         if let wanted = options.adapter {
             guard let adapter = adapters.first(where: { $0.name == wanted }) else {
-                throw BluetoothError(.noAdapter, "BlueZ has no adapter \(wanted)" + (adapters.isEmpty ? "" : " (it has \(adapters.map(\.name).joined(separator: ", ")))"),
+                throw BlueZError(.noAdapter, "BlueZ has no adapter \(wanted)" + (adapters.isEmpty ? "" : " (it has \(adapters.map(\.name).joined(separator: ", ")))"),
                                      advice: "bluetoothctl list shows the adapters; plug the adapter in, or name one of those")
             }
             guard adapter.powered else {
-                throw BluetoothError(.adapterOff, "the Bluetooth adapter \(wanted) is powered off",
+                throw BlueZError(.adapterOff, "the Bluetooth adapter \(wanted) is powered off",
                                      advice: "power it on: bluetoothctl select \(wanted), then bluetoothctl power on (rfkill unblock bluetooth if it is blocked)")
             }
         } else {
             guard !adapters.isEmpty else {
-                throw BluetoothError(.noAdapter, "BlueZ has no Bluetooth adapter",
+                throw BlueZError(.noAdapter, "BlueZ has no Bluetooth adapter",
                                      advice: "plug one in (bluetoothctl list shows them; rfkill list shows a blocked one: rfkill unblock bluetooth)")
             }
             guard adapters.contains(where: \.powered) else {
-                throw BluetoothError(.adapterOff, "the Bluetooth adapter is powered off (\(adapters.map(\.name).joined(separator: ", ")))",
+                throw BlueZError(.adapterOff, "the Bluetooth adapter is powered off (\(adapters.map(\.name).joined(separator: ", ")))",
                                      advice: "power it on: bluetoothctl power on (rfkill unblock bluetooth if it is blocked)")
             }
         }
     }
 
     /// BlueZ's objects: path → interface → properties.
-    func managedObjects(doing what: String) async throws(BluetoothError) -> [String: [String: BusValue]] {
+    func managedObjects(doing what: String) async throws(BlueZError) -> [String: [String: BusValue]] {
         let reply: [BusValue]
         do {
             reply = try await bus.call(destination: Self.bluezService, path: "/", interface: "org.freedesktop.DBus.ObjectManager",
                                        member: "GetManagedObjects", timeout: options.callTimeout)
         } catch {
-            throw BluetoothError.bluez(error, doing: what)
+            throw BlueZError.bluez(error, doing: what)
         }
         var objects: [String: [String: BusValue]] = [:]
         for (path, interfaces) in reply.first?.dictionary ?? [:] {
@@ -299,19 +299,19 @@ public final class BluetoothProfile: Sendable {
         return objects
     }
 
-    /// The devices BlueZ knows (on ``BluetoothOptions/adapter`` when set), sorted by address.
+    /// The devices BlueZ knows (on ``BluetoothProfileOptions/adapter`` when set), sorted by address.
     ///
-    /// - Throws: ``BluetoothError`` when BlueZ cannot be asked.
-    public func devices() async throws(BluetoothError) -> [BluetoothDevice] {
+    /// - Throws: ``BlueZError`` when BlueZ cannot be asked.
+    package func devices() async throws(BlueZError) -> [BlueZDevice] {
         let objects = try await managedObjects(doing: "listing devices")
-        var devices: [BluetoothDevice] = []
+        var devices: [BlueZDevice] = []
         for (path, interfaces) in objects {
             guard let device = interfaces["org.bluez.Device1"]?.dictionary,
                   let address = device["Address"]?.string.flatMap({ BluetoothAddress($0) }) ?? BluetoothAddress(devicePath: path)
             else { continue }
             if let adapter = options.adapter, !path.hasPrefix("/org/bluez/\(adapter)/") { continue }
             let uuids = (device["UUIDs"]?.elements ?? []).compactMap(\.string).map { $0.lowercased() }
-            devices.append(BluetoothDevice(address: address, name: device["Alias"]?.string ?? device["Name"]?.string ?? "",
+            devices.append(BlueZDevice(address: address, name: device["Alias"]?.string ?? device["Name"]?.string ?? "",
                                            paired: device["Paired"]?.bool ?? false, connected: device["Connected"]?.bool ?? false,
                                            iAP2ServiceUUIDs: Self.iAP2UUIDs.filter(uuids.contains), path: path))
         }
@@ -328,22 +328,22 @@ public final class BluetoothProfile: Sendable {
     /// second is tried only when BlueZ says the first is not available there.
     ///
     /// - Returns: the UUID connected through.
-    /// - Throws: ``BluetoothError``: not known or not paired (with the `bluetoothctl` commands),
+    /// - Throws: ``BlueZError``: not known or not paired (with the `bluetoothctl` commands),
     ///   pairing refused, iAP2 not offered, not answering; or the profile registered without
-    ///   ``BluetoothOptions/connectsOut``.
+    ///   ``BluetoothProfileOptions/connectsOut``.
     @discardableResult
-    public func connect(to address: BluetoothAddress) async throws(BluetoothError) -> String {
+    package func connect(to address: BluetoothAddress) async throws(BlueZError) -> String {
         guard options.connectsOut else {
-            throw BluetoothError(.failed, "the iAP2 profile was registered to accept connections only",
+            throw BlueZError(.failed, "the iAP2 profile was registered to accept connections only",
                                  advice: "start Bluetooth with connectsOut (iapctl --bluetooth-connect does)")
         }
         let known = try await devices()
         guard let device = known.first(where: { $0.address == address }) else {
-            throw BluetoothError(.unknownDevice, "BlueZ knows no device \(address)",
+            throw BlueZError(.unknownDevice, "BlueZ knows no device \(address)",
                                  advice: "pair it first: bluetoothctl scan on, then bluetoothctl pair \(address) and bluetoothctl trust \(address)")
         }
         guard device.paired else {
-            throw BluetoothError(.notPaired, "\(address) (\(device.name)) is not paired",
+            throw BlueZError(.notPaired, "\(address) (\(device.name)) is not paired",
                                  advice: "pair it: bluetoothctl pair \(address), then bluetoothctl trust \(address)")
         }
         let uuids = device.offersIAP2 ? device.iAP2ServiceUUIDs : Self.iAP2UUIDs
@@ -354,11 +354,11 @@ public final class BluetoothProfile: Sendable {
                                        arguments: [.string(uuid)], timeout: options.callTimeout)
                 return uuid
             } catch {
-                let failure = BluetoothError.bluez(error, doing: "connecting to \(address) (service \(uuid))", device: address)
+                let failure = BlueZError.bluez(error, doing: "connecting to \(address) (service \(uuid))", device: address)
                 guard failure.kind == .notAdvertised else { throw failure }
                 refusals.append("\(uuid): \(error.message)")
                 if uuid == uuids.last {
-                    throw BluetoothError(.notAdvertised, "\(address) (\(device.name)) offers no iAP2 service BlueZ can connect to (\(refusals.joined(separator: "; ")))",
+                    throw BlueZError(.notAdvertised, "\(address) (\(device.name)) offers no iAP2 service BlueZ can connect to (\(refusals.joined(separator: "; ")))",
                                          advice: "check that the accessory is on and in iAP2 mode; bluetoothctl info \(address) lists its "
                                              + "service UUIDs (accessories advertise \(Self.accessoryIAP2UUID)); if it was paired before "
                                              + "it advertised one, pair it again: bluetoothctl remove \(address), then bluetoothctl pair \(address)",
@@ -366,28 +366,28 @@ public final class BluetoothProfile: Sendable {
                 }
             }
         }
-        throw BluetoothError(.notAdvertised, "\(address) offers no iAP2 service", advice: "check that the accessory is in iAP2 mode")
+        throw BlueZError(.notAdvertised, "\(address) offers no iAP2 service", advice: "check that the accessory is in iAP2 mode")
     }
 
     /// Whether BlueZ released the profile (`Release`): no more connections come.
-    public var isReleased: Bool { state.withLock { $0.released } }
+    package var isReleased: Bool { state.withLock { $0.released } }
 
     /// The devices with a connection BlueZ handed over that is still open (identified or not
     /// yet), sorted.
-    public var connectedAddresses: [BluetoothAddress] {
+    package var connectedAddresses: [BluetoothAddress] {
         state.withLock { state in state.transports.keys.compactMap { BluetoothAddress(devicePath: $0) } }.sorted()
     }
 
     /// Leaves the bus and keeps the connections already handed over open: for a registration
     /// BlueZ no longer holds (``checkRegistration()`` false) that a new one replaces; the
     /// RFCOMM sockets are the kernel's and outlive a restarted bluetoothd.
-    public func retire() {
+    package func retire() {
         state.withLock { $0.released = true }
         bus.close()
     }
 
     /// Closes every transport and leaves the bus (BlueZ then drops the profile).
-    public func stop() {
+    package func stop() {
         let transports = state.withLock { state -> [BluetoothTransport] in
             state.stopped = true
             defer { state.transports.removeAll() }

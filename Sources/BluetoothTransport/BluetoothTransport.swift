@@ -1,5 +1,5 @@
-public import Dispatch
-public import IAPTransport
+package import Dispatch
+package import IAPTransport
 internal import Glibc
 
 /// iAP2 over one RFCOMM connection: the socket BlueZ handed over in `NewConnection` (or one
@@ -12,13 +12,13 @@ internal import Glibc
 /// kernel takes is queued and bounded). Errors say what to do in Bluetooth's terms.
 ///
 /// ``capability(_:)`` gives its ``BluetoothPeer``.
-public final class BluetoothTransport: Transport {
+package final class BluetoothTransport: Transport {
     /// What a person reads, e.g. `bluetooth 00:1A:7D:DA:71:13 (hci0)`.
-    public let description: String
+    package let description: String
     /// Always ``TransportKind/bluetooth``.
-    public var kind: TransportKind { .bluetooth }
+    package var kind: TransportKind { .bluetooth }
     /// Who is at the other end.
-    public let peer: BluetoothPeer
+    package let peer: BluetoothPeer
     private let base: SerialTransport
     private let closed: @Sendable () -> Void
 
@@ -26,7 +26,7 @@ public final class BluetoothTransport: Transport {
     /// in tests), which it now owns; `closed` runs once when the transport has closed.
     ///
     /// - Throws: ``TransportError`` when the descriptor cannot be used (it is then closed).
-    public init(descriptor: Int32, peer: BluetoothPeer, closed: @escaping @Sendable () -> Void = {}) throws(TransportError) {
+    package init(descriptor: Int32, peer: BluetoothPeer, closed: @escaping @Sendable () -> Void = {}) throws(TransportError) {
         let description = "bluetooth \(peer.address)" + (peer.adapter.isEmpty ? "" : " (\(peer.adapter))")
         do {
             base = try SerialTransport(fileDescriptor: descriptor, description: description, ownsDescriptor: true)
@@ -40,7 +40,7 @@ public final class BluetoothTransport: Transport {
     }
 
     /// Starts delivering events to `handler` on `queue` (serial); a close carries Bluetooth advice.
-    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+    package func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
         let closed = self.closed
         let address = peer.address
         base.activate(queue: queue) { event in
@@ -51,17 +51,17 @@ public final class BluetoothTransport: Transport {
     }
 
     /// Writes `frame` now as far as the socket takes it and queues the rest; never blocks.
-    public func send(_ frame: [UInt8]) { base.send(frame) }
+    package func send(_ frame: [UInt8]) { base.send(frame) }
 
     /// Writes `frame` (a bare ACK) ahead of the data waiting for the socket, once the frame being
     /// written is whole.
-    public func sendAhead(_ frame: [UInt8]) { base.sendAhead(frame) }
+    package func sendAhead(_ frame: [UInt8]) { base.sendAhead(frame) }
 
     /// Closes the connection (the RFCOMM channel goes down); the handler receives `.closed(nil)`.
-    public func cancel() { base.cancel() }
+    package func cancel() { base.cancel() }
 
     /// Its ``BluetoothPeer``, and what its socket's transport gives (its output progress).
-    public func capability<Value>(_ type: Value.Type) -> Value? {
+    package func capability<Value>(_ type: Value.Type) -> Value? {
         type == BluetoothPeer.self ? peer as? Value : base.capability(type)
     }
 

@@ -1,6 +1,6 @@
 internal import Dispatch
 internal import Glibc
-public import IAPTransport
+package import IAPTransport
 internal import SystemCalls
 
 /// RFCOMM sockets opened directly (`AF_BLUETOOTH`, `BTPROTO_RFCOMM`), without BlueZ's profile
@@ -10,7 +10,7 @@ internal import SystemCalls
 ///
 /// The one place of the project where `sockaddr_rc` is laid out by hand: a 2-byte family, the
 /// address in `bdaddr_t` order (least significant byte first), the channel, one byte of padding.
-public enum RFCOMMSocket {
+package enum RFCOMMSocket {
     /// The socket family (`AF_BLUETOOTH`).
     static let family: Int32 = 31
     /// The RFCOMM protocol number (`BTPROTO_RFCOMM`).
@@ -20,11 +20,11 @@ public enum RFCOMMSocket {
     /// a Dispatch queue of its own (connecting pages the device: seconds when it is away).
     /// Returns the connected socket (blocking mode off) and the local adapter's address.
     ///
-    /// - Throws: ``BluetoothError``: no Bluetooth in the kernel, permission, refused (no such
+    /// - Throws: ``BlueZError``: no Bluetooth in the kernel, permission, refused (no such
     ///   channel), not answering.
-    public static func connect(to address: BluetoothAddress, channel: UInt8, from local: BluetoothAddress? = nil) async throws(BluetoothError)
+    package static func connect(to address: BluetoothAddress, channel: UInt8, from local: BluetoothAddress? = nil) async throws(BlueZError)
         -> (descriptor: Int32, local: BluetoothAddress) {
-        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<(Int32, BluetoothAddress), BluetoothError>, Never>) in
+        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<(Int32, BluetoothAddress), BlueZError>, Never>) in
             DispatchQueue(label: "RFCOMMSocket.connect").async {
                 continuation.resume(returning: connectBlocking(to: address, channel: channel, from: local))
             }
@@ -34,12 +34,12 @@ public enum RFCOMMSocket {
     }
 
     private static func connectBlocking(to address: BluetoothAddress, channel: UInt8, from local: BluetoothAddress?)
-        -> Result<(Int32, BluetoothAddress), BluetoothError> {
+        -> Result<(Int32, BluetoothAddress), BlueZError> {
         let descriptor = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), rfcomm)
         guard descriptor >= 0 else {
             let code = errno
             if code == EAFNOSUPPORT || code == EPROTONOSUPPORT {
-                return .failure(BluetoothError(.noAdapter, "this kernel has no Bluetooth RFCOMM sockets",
+                return .failure(BlueZError(.noAdapter, "this kernel has no Bluetooth RFCOMM sockets",
                                                advice: "load the modules: modprobe bluetooth rfcomm (and a controller's driver)"))
             }
             return .failure(systemError(code, "cannot make an RFCOMM socket", address: address))
@@ -49,7 +49,7 @@ public enum RFCOMMSocket {
             guard withSocketAddress(bound, { bind(descriptor, $0, $1) }) == 0 else {
                 let code = errno
                 _ = close(descriptor)
-                return .failure(BluetoothError(.noAdapter, "no local adapter has the address \(local): \(SystemError(code).text)",
+                return .failure(BlueZError(.noAdapter, "no local adapter has the address \(local): \(SystemError(code).text)",
                                                advice: "bluetoothctl list shows the adapters' addresses"))
             }
         }
@@ -73,14 +73,14 @@ public enum RFCOMMSocket {
     /// (`iapbench bluetooth`'s baseline echo), never for the iAP2 service itself, which BlueZ
     /// serves (``BluetoothProfile``).
     ///
-    /// - Throws: ``BluetoothError``: no Bluetooth in the kernel, no adapter with that address,
+    /// - Throws: ``BlueZError``: no Bluetooth in the kernel, no adapter with that address,
     ///   the channel taken, permission.
-    public static func listen(on local: BluetoothAddress, channel: UInt8) throws(BluetoothError) -> Int32 {
+    package static func listen(on local: BluetoothAddress, channel: UInt8) throws(BlueZError) -> Int32 {
         let descriptor = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), rfcomm)
         guard descriptor >= 0 else {
             let code = errno
             if code == EAFNOSUPPORT || code == EPROTONOSUPPORT {
-                throw BluetoothError(.noAdapter, "this kernel has no Bluetooth RFCOMM sockets",
+                throw BlueZError(.noAdapter, "this kernel has no Bluetooth RFCOMM sockets",
                                      advice: "load the modules: modprobe bluetooth rfcomm (and a controller's driver)")
             }
             throw systemError(code, "cannot make an RFCOMM socket", address: local)
@@ -89,9 +89,9 @@ public enum RFCOMMSocket {
             let code = errno
             _ = close(descriptor)
             if code == EADDRINUSE {
-                throw BluetoothError(.failed, "RFCOMM channel \(channel) of \(local) is taken", advice: "choose another channel (1-30)")
+                throw BlueZError(.failed, "RFCOMM channel \(channel) of \(local) is taken", advice: "choose another channel (1-30)")
             }
-            throw BluetoothError(.noAdapter, "cannot listen on \(local) channel \(channel): \(SystemError(code).text)",
+            throw BlueZError(.noAdapter, "cannot listen on \(local) channel \(channel): \(SystemError(code).text)",
                                  advice: "bluetoothctl list shows the adapters' addresses")
         }
         guard Glibc.listen(descriptor, 1) == 0 else {
@@ -105,8 +105,8 @@ public enum RFCOMMSocket {
     /// Waits for one connection on `listener` (from ``listen(on:channel:)``) and returns it, in
     /// blocking mode, with the peer's address. Blocks: call it on a thread of its own.
     ///
-    /// - Throws: ``BluetoothError`` when the wait fails (the listener closed).
-    public static func accept(_ listener: Int32) throws(BluetoothError) -> (descriptor: Int32, peer: BluetoothAddress) {
+    /// - Throws: ``BlueZError`` when the wait fails (the listener closed).
+    package static func accept(_ listener: Int32) throws(BlueZError) -> (descriptor: Int32, peer: BluetoothAddress) {
         var peer = [UInt8](repeating: 0, count: 10)
         var length = socklen_t(peer.count)
         let descriptor = peer.withUnsafeMutableBytes { raw in
@@ -114,7 +114,7 @@ public enum RFCOMMSocket {
         }
         if descriptor >= 0 { _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC) }
         guard descriptor >= 0 else {
-            throw BluetoothError(.failed, "accepting an RFCOMM connection failed: \(SystemError.last.text)",
+            throw BlueZError(.failed, "accepting an RFCOMM connection failed: \(SystemError.last.text)",
                                  advice: "dmesg shows what the kernel reports")
         }
         return (descriptor, BluetoothAddress(bytes: Array(peer[2..<8].reversed())) ?? BluetoothAddress(bytes: [0, 0, 0, 0, 0, 0])!)
@@ -134,22 +134,22 @@ public enum RFCOMMSocket {
         return bytes
     }
 
-    private static func systemError(_ code: Int32, _ what: String, address: BluetoothAddress) -> BluetoothError {
+    private static func systemError(_ code: Int32, _ what: String, address: BluetoothAddress) -> BlueZError {
         let text = SystemError(code).text
         switch code {
         case EACCES, EPERM:
-            return BluetoothError(.permission, "\(what): \(text)", advice: "run as root, or give the program CAP_NET_RAW")
+            return BlueZError(.permission, "\(what): \(text)", advice: "run as root, or give the program CAP_NET_RAW")
         case ECONNREFUSED:
-            return BluetoothError(.notAdvertised, "\(what): \(text)",
+            return BlueZError(.notAdvertised, "\(what): \(text)",
                                   advice: "nothing listens on that channel; sdptool browse \(address) (or bluetoothctl info) shows the iAP2 record's channel")
         case EHOSTDOWN, EHOSTUNREACH, ETIMEDOUT:
-            return BluetoothError(.unreachable, "\(what): \(text)", advice: "check that the host is on, in range and its adapter powered (bluetoothctl power on)")
+            return BlueZError(.unreachable, "\(what): \(text)", advice: "check that the host is on, in range and its adapter powered (bluetoothctl power on)")
         case ENETDOWN, ENODEV:
-            return BluetoothError(.adapterOff, "\(what): \(text)", advice: "power the adapter on: bluetoothctl power on")
+            return BlueZError(.adapterOff, "\(what): \(text)", advice: "power the adapter on: bluetoothctl power on")
         case 52 /* EBADE: the link's authentication failed */:
-            return BluetoothError(.pairingRefused, "\(what): \(text)", advice: "pair the two: bluetoothctl pair \(address)")
+            return BlueZError(.pairingRefused, "\(what): \(text)", advice: "pair the two: bluetoothctl pair \(address)")
         default:
-            return BluetoothError(.failed, "\(what): \(text)", advice: "dmesg and journalctl -u bluetooth show what the kernel and bluetoothd report")
+            return BlueZError(.failed, "\(what): \(text)", advice: "dmesg and journalctl -u bluetooth show what the kernel and bluetoothd report")
         }
     }
 }

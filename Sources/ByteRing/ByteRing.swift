@@ -5,7 +5,7 @@ internal import Synchronization
 /// The USB layer hands out memory that usbfs maps for DMA (`libusb_dev_mem_alloc`), so a bulk
 /// transfer lands directly in the slot the reader looks at. Any slot the allocator cannot serve
 /// (`allocate` returns nil) comes from one ordinary heap block instead.
-public protocol SlotAllocator: AnyObject, Sendable {
+package protocol SlotAllocator: AnyObject, Sendable {
     /// Memory for one slot of `byteCount` bytes, or nil to use the heap for this slot.
     func allocate(byteCount: Int) -> UnsafeMutableRawPointer?
     /// Gives back what ``allocate(byteCount:)`` returned.
@@ -38,7 +38,7 @@ public protocol SlotAllocator: AnyObject, Sendable {
 /// This is one of the few types that hold unsafe pointers; the memory stays valid until the ring
 /// is deinitialised or ``releaseMemory()`` is called, and the views it hands out are valid only
 /// while the slot is reserved (producer) or until it is consumed (consumer).
-public final class ByteRing: @unchecked Sendable {
+package final class ByteRing: @unchecked Sendable {
     // Sendability: `published` and `released` are atomics; `slotAddresses`, `external` and the
     // memory are written only in `init`/`releaseMemory`; `lengths[i]` is written by the producer
     // before the release-store of `published` that makes slot i visible, and read by the
@@ -46,9 +46,9 @@ public final class ByteRing: @unchecked Sendable {
     // `consumer*` to the consumer.
 
     /// Number of slots.
-    public let slotCount: Int
+    package let slotCount: Int
     /// Bytes per slot.
-    public let slotCapacity: Int
+    package let slotCapacity: Int
 
     private let heap: UnsafeMutableRawPointer?
     private let slotAddresses: UnsafeMutablePointer<UnsafeMutableRawPointer>
@@ -67,7 +67,7 @@ public final class ByteRing: @unchecked Sendable {
     private var consumerOffset = 0
 
     /// How many slots got their memory from the allocator rather than the heap.
-    public let externalSlotCount: Int
+    package let externalSlotCount: Int
 
     /// Creates a ring of `slotCount` slots of `slotCapacity` bytes.
     ///
@@ -78,7 +78,7 @@ public final class ByteRing: @unchecked Sendable {
     ///   - allocator: asked once per slot; slots it declines come from one heap block. Nil puts
     ///     every slot on the heap.
     ///   - alignment: alignment of the heap block and of each heap slot's capacity rounding.
-    public init(slotCount: Int, slotCapacity: Int, allocator: (any SlotAllocator)? = nil, alignment: Int = 64) {
+    package init(slotCount: Int, slotCapacity: Int, allocator: (any SlotAllocator)? = nil, alignment: Int = 64) {
         precondition(slotCount > 0 && slotCapacity > 0, "a ByteRing needs at least one slot of at least one byte")
         self.slotCount = slotCount
         self.slotCapacity = slotCapacity
@@ -120,7 +120,7 @@ public final class ByteRing: @unchecked Sendable {
     /// Gives the slots' memory back (to the allocator and the heap) now rather than at deinit;
     /// the ring is unusable afterwards. The USB layer calls this before it closes the device
     /// whose memory the slots are. Idempotent.
-    public func releaseMemory() {
+    package func releaseMemory() {
         guard !memoryReleased else { return }
         memoryReleased = true
         for index in 0..<slotCount where external[index] {
@@ -130,12 +130,12 @@ public final class ByteRing: @unchecked Sendable {
     }
 
     /// Whether slot `index` lives in allocator memory (for USB: memory the kernel maps for DMA).
-    public func isExternal(_ index: Int) -> Bool { external[index] }
+    package func isExternal(_ index: Int) -> Bool { external[index] }
 
     // MARK: Producer
 
     /// Reserves the oldest free slot, or nil when every slot is reserved or unread.
-    public func reserve() -> Int? {
+    package func reserve() -> Int? {
         guard !memoryReleased, producerReserved - released.load(ordering: .acquiring) < slotCount else { return nil }
         let index = producerReserved % slotCount
         producerReserved += 1
@@ -144,19 +144,19 @@ public final class ByteRing: @unchecked Sendable {
     }
 
     /// How many more slots ``reserve()`` would hand out now.
-    public var freeSlots: Int { slotCount - (producerReserved - released.load(ordering: .acquiring)) }
+    package var freeSlots: Int { slotCount - (producerReserved - released.load(ordering: .acquiring)) }
 
     /// Slots reserved and not yet committed.
-    public var reservedSlots: Int { producerReserved - published.load(ordering: .relaxed) }
+    package var reservedSlots: Int { producerReserved - published.load(ordering: .relaxed) }
 
     /// The memory of reserved slot `index`, to fill.
-    public func writableBytes(of index: Int) -> UnsafeMutableRawBufferPointer {
+    package func writableBytes(of index: Int) -> UnsafeMutableRawBufferPointer {
         UnsafeMutableRawBufferPointer(start: slotAddresses[index], count: slotCapacity)
     }
 
     /// Marks reserved slot `index` as holding `length` bytes. The consumer sees it once every
     /// slot reserved before it is committed too.
-    public func commit(_ index: Int, length: Int) {
+    package func commit(_ index: Int, length: Int) {
         precondition(length >= 0 && length <= slotCapacity, "commit of \(length) bytes into a slot of \(slotCapacity)")
         lengths[index] = length
         committed[index] = true
@@ -171,11 +171,11 @@ public final class ByteRing: @unchecked Sendable {
     // MARK: Consumer
 
     /// Slots committed and not yet consumed.
-    public var readableSlots: Int { published.load(ordering: .acquiring) - released.load(ordering: .relaxed) }
+    package var readableSlots: Int { published.load(ordering: .acquiring) - released.load(ordering: .relaxed) }
 
     /// The unread bytes of the oldest committed slot, or nil when none is committed. Skips empty
     /// slots. The view stays valid until those bytes are consumed.
-    public func peek() -> UnsafeRawBufferPointer? {
+    package func peek() -> UnsafeRawBufferPointer? {
         while true {
             let front = released.load(ordering: .relaxed)
             guard front < published.load(ordering: .acquiring) else { return nil }
@@ -192,7 +192,7 @@ public final class ByteRing: @unchecked Sendable {
 
     /// Runs `body` with the unread bytes of the oldest committed slot and consumes as many as it
     /// returns; nil (and `body` is not called) when no slot is committed.
-    public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+    package func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         guard let view = peek() else { return nil }
         let outcome = try body(RawSpan(_unsafeBytes: view))
         if outcome.consumed > 0 { consume(outcome.consumed) }
@@ -201,7 +201,7 @@ public final class ByteRing: @unchecked Sendable {
 
     /// Consumes `count` bytes of the oldest committed slot; the slot is released when none are
     /// left.
-    public func consume(_ count: Int) {
+    package func consume(_ count: Int) {
         let front = released.load(ordering: .relaxed)
         precondition(front < published.load(ordering: .acquiring), "consume with nothing committed")
         let length = lengths[front % slotCount]
@@ -215,22 +215,22 @@ public final class ByteRing: @unchecked Sendable {
 
     /// Index of the slot ``peek()`` looks at (for a consumer that hands slots back whole, such as
     /// a USB OUT completion), or nil when none is committed.
-    public var frontSlot: Int? {
+    package var frontSlot: Int? {
         let front = released.load(ordering: .relaxed)
         return front < published.load(ordering: .acquiring) ? front % slotCount : nil
     }
 
     /// The committed length of slot `index`.
-    public func length(of index: Int) -> Int { lengths[index] }
+    package func length(of index: Int) -> Int { lengths[index] }
 
     /// The committed bytes of slot `index` whole (not advanced by ``consume(_:)``): for a consumer
     /// that submits the slot as it is.
-    public func committedBytes(of index: Int) -> UnsafeRawBufferPointer {
+    package func committedBytes(of index: Int) -> UnsafeRawBufferPointer {
         UnsafeRawBufferPointer(start: slotAddresses[index], count: lengths[index])
     }
 
     /// Releases the oldest committed slot whole, whatever was consumed of it.
-    public func releaseFront() {
+    package func releaseFront() {
         let front = released.load(ordering: .relaxed)
         precondition(front < published.load(ordering: .acquiring), "release with nothing committed")
         consumerOffset = 0
@@ -242,7 +242,7 @@ extension ByteRing {
     /// The index of the `position`-th committed slot not yet released, counting from the oldest
     /// (0 is ``frontSlot``), or nil when fewer are committed: for a consumer that lends slots
     /// whole (``SlotLease``) and releases them later, in order.
-    public func committedSlot(at position: Int) -> Int? {
+    package func committedSlot(at position: Int) -> Int? {
         guard !memoryReleased else { return nil }
         let front = released.load(ordering: .relaxed)
         guard position >= 0, front + position < published.load(ordering: .acquiring) else { return nil }
@@ -263,17 +263,17 @@ extension ByteRing {
 /// Confinement: a lease is read, lent and evacuated on one queue, its lender's (for USB, the
 /// context's event queue, where the link and its sessions run); it may be released anywhere.
 /// This is one of the few types that hold unsafe pointers.
-public final class SlotLease: @unchecked Sendable {
+package final class SlotLease: @unchecked Sendable {
     // Sendability: `base`, `count` and `owned` change only on the lender's queue, where every
     // reader runs; ARC's atomic reference count is all other threads touch.
     private var base: UnsafeRawPointer?
     /// The number of bytes lent.
-    public private(set) var count = 0
+    package private(set) var count = 0
     /// Memory of the lease's own after ``evacuate()``, freed with the lease.
     private var owned: UnsafeMutableRawPointer?
 
     /// A lease lending nothing yet.
-    public init() {}
+    package init() {}
 
     deinit { owned?.deallocate() }
 
@@ -288,17 +288,17 @@ public final class SlotLease: @unchecked Sendable {
     }
 
     /// Runs `body` with the lent bytes in place.
-    public func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
+    package func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
         try body(UnsafeRawBufferPointer(start: base, count: count))
     }
 
     /// Runs `body` with the lent bytes in place, as a span.
-    public func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
+    package func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
         try body(RawSpan(_unsafeBytes: UnsafeRawBufferPointer(start: base, count: count)))
     }
 
     /// Whether the bytes were moved out of the slot into the lease's own memory.
-    public var isEvacuated: Bool { owned != nil }
+    package var isEvacuated: Bool { owned != nil }
 
     /// Moves the bytes out of the slot into memory of the lease's own (one copy), so that the
     /// lender can take the slot back while readers still hold views of them. Returns the bytes

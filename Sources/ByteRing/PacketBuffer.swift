@@ -12,26 +12,26 @@
 /// Confinement: filled, finished, submitted and evacuated on one queue (for USB, the context's
 /// event queue, where the link runs); it may be released anywhere. This is one of the few types
 /// that hold unsafe pointers.
-public final class PacketBuffer: @unchecked Sendable {
+package final class PacketBuffer: @unchecked Sendable {
     // Sendability: `base`, `count`, `owned` and `pendingTransmissions` change only on the
     // queue the buffer is confined to; ARC's atomic reference count is all other threads touch.
     private var base: UnsafeMutableRawPointer
     /// Memory of the buffer's own (the heap), freed with it; nil while it uses a pool's memory.
     private var owned: UnsafeMutableRawPointer?
     /// Whether the memory is the allocator's (device memory), not the heap.
-    public private(set) var isExternal: Bool
+    package private(set) var isExternal: Bool
     /// The bytes the buffer can hold.
-    public let capacity: Int
+    package let capacity: Int
     /// The bytes laid out so far.
-    public private(set) var count = 0
+    package private(set) var count = 0
     /// Transmissions of this buffer a transport has taken and not yet finished (queued or in
     /// flight). While it is not 0 the memory may be read by the kernel at any moment, so the
     /// packet must not be rewritten (a retransmission with a newer acknowledgement waits).
     /// Kept by the transport (hence `package`); read by the link.
-    public package(set) var pendingTransmissions = 0
+    package package(set) var pendingTransmissions = 0
 
     /// A buffer of `capacity` bytes on the heap.
-    public init(capacity: Int) {
+    package init(capacity: Int) {
         precondition(capacity > 0, "a packet buffer needs room for at least one byte")
         self.capacity = capacity
         let memory = UnsafeMutableRawPointer.allocate(byteCount: capacity, alignment: 64)
@@ -52,27 +52,27 @@ public final class PacketBuffer: @unchecked Sendable {
     deinit { owned?.deallocate() }
 
     /// Room left after what is laid out.
-    public var freeCapacity: Int { capacity - count }
+    package var freeCapacity: Int { capacity - count }
 
     /// Empties the buffer (the memory stays).
-    public func removeAll() { count = 0 }
+    package func removeAll() { count = 0 }
 
     /// Appends `count` zero bytes (header headroom, a checksum's place). Precondition: they fit.
-    public func appendZeros(_ count: Int) {
+    package func appendZeros(_ count: Int) {
         precondition(count >= 0 && count <= freeCapacity, "\(count) bytes do not fit in \(freeCapacity) free")
         (base + self.count).initializeMemory(as: UInt8.self, repeating: 0, count: count)
         self.count += count
     }
 
     /// Appends one byte. Precondition: it fits.
-    public func append(_ byte: UInt8) {
+    package func append(_ byte: UInt8) {
         precondition(count < capacity, "a byte does not fit in a full packet buffer")
         base.storeBytes(of: byte, toByteOffset: count, as: UInt8.self)
         count += 1
     }
 
     /// Copies `bytes` after what is laid out. Precondition: they fit.
-    public func append(_ bytes: RawSpan) {
+    package func append(_ bytes: RawSpan) {
         let length = bytes.byteCount
         precondition(length <= freeCapacity, "\(length) bytes do not fit in \(freeCapacity) free")
         bytes.withUnsafeBytes { source in
@@ -82,13 +82,13 @@ public final class PacketBuffer: @unchecked Sendable {
     }
 
     /// Runs `body` with the bytes laid out, in place.
-    public func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
+    package func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
         try body(RawSpan(_unsafeBytes: UnsafeRawBufferPointer(start: base, count: count)))
     }
 
     /// Runs `body` with the bytes laid out, in place, to rewrite them (a header). Precondition:
     /// no transmission is pending (the kernel may be reading the memory).
-    public func withMutableSpan<Result>(_ body: (inout MutableRawSpan) throws -> Result) rethrows -> Result {
+    package func withMutableSpan<Result>(_ body: (inout MutableRawSpan) throws -> Result) rethrows -> Result {
         precondition(pendingTransmissions == 0, "a packet rewritten while a transport is sending it")
         var span = MutableRawSpan(_unsafeBytes: UnsafeMutableRawBufferPointer(start: base, count: count))
         return try body(&span)
@@ -99,7 +99,7 @@ public final class PacketBuffer: @unchecked Sendable {
     package var unsafeBytes: UnsafeMutableRawBufferPointer { UnsafeMutableRawBufferPointer(start: base, count: count) }
 
     /// A copy of the bytes laid out, as an array (for a transport that takes arrays).
-    public func copiedBytes() -> [UInt8] { withSpan { $0.withUnsafeBytes { Array($0) } } }
+    package func copiedBytes() -> [UInt8] { withSpan { $0.withUnsafeBytes { Array($0) } } }
 
     /// Moves the bytes out of the pool's memory into memory of the buffer's own (one copy of
     /// what is laid out; room for the whole capacity), so the pool can give its memory back
@@ -124,7 +124,7 @@ public final class PacketBuffer: @unchecked Sendable {
 /// kernel's usbfs memory limit), it grows no more.
 ///
 /// Confined to one queue, like its buffers.
-public final class PacketBufferPool: @unchecked Sendable {
+package final class PacketBufferPool: @unchecked Sendable {
     // Sendability: every stored var is touched on the owner's queue only.
     private var buffers: [PacketBuffer]
     private var memory: [UnsafeMutableRawPointer]
@@ -133,27 +133,27 @@ public final class PacketBufferPool: @unchecked Sendable {
     /// The allocator declined once: no more growing.
     private var declined = false
     /// The most buffers the pool grows to.
-    public let limit: Int
+    package let limit: Int
     /// Where the search for a free buffer starts (the one after the last handed out: buffers
     /// come back in about the order they went out).
     private var cursor = 0
     /// Bytes per buffer.
-    public let bufferCapacity: Int
+    package let bufferCapacity: Int
     /// Buffers the pool holds.
-    public var bufferCount: Int { buffers.count }
+    package var bufferCount: Int { buffers.count }
     /// Buffers handed out by ``take()``, and the times none was free.
-    public private(set) var taken = 0
+    package private(set) var taken = 0
     /// Times ``take()`` returned nil: every buffer was held and the pool could not grow (at its
     /// limit, or its allocator declined); the caller lays that packet out in an array instead.
-    public private(set) var exhausted = 0
+    package private(set) var exhausted = 0
     /// Bytes moved out of the pool's memory at ``releaseMemory()`` because the link still held
     /// the packet.
-    public private(set) var bytesEvacuated = 0
+    package private(set) var bytesEvacuated = 0
 
     /// A pool of buffers of `capacity` bytes, `initial` of them made now, growing to `limit`,
     /// each from `allocator` (on the heap when it is nil). When the allocator declines, the pool
     /// stays the size it has (possibly empty).
-    public init(initial: Int, limit: Int, capacity: Int, allocator: (any SlotAllocator)?) {
+    package init(initial: Int, limit: Int, capacity: Int, allocator: (any SlotAllocator)?) {
         bufferCapacity = capacity
         self.limit = max(0, limit)
         self.allocator = allocator
@@ -166,7 +166,7 @@ public final class PacketBufferPool: @unchecked Sendable {
 
     /// A pool of `count` buffers made now, as ``init(initial:limit:capacity:allocator:)`` with
     /// both at `count`.
-    public convenience init(count: Int, capacity: Int, allocator: (any SlotAllocator)?) {
+    package convenience init(count: Int, capacity: Int, allocator: (any SlotAllocator)?) {
         self.init(initial: count, limit: count, capacity: capacity, allocator: allocator)
     }
 
@@ -190,7 +190,7 @@ public final class PacketBufferPool: @unchecked Sendable {
 
     /// A free buffer, emptied (a new one when every buffer is held and the pool may grow), or
     /// nil when none is free (or the memory was released).
-    public func take() -> PacketBuffer? {
+    package func take() -> PacketBuffer? {
         guard !released else { return nil }
         for step in 0..<buffers.count {
             let index = (cursor + step) % buffers.count
@@ -212,7 +212,7 @@ public final class PacketBufferPool: @unchecked Sendable {
     }
 
     /// Buffers held outside the pool right now.
-    public var buffersInUse: Int {
+    package var buffersInUse: Int {
         var held = 0
         for index in buffers.indices where !isKnownUniquelyReferenced(&buffers[index]) { held += 1 }
         return held
@@ -221,7 +221,7 @@ public final class PacketBufferPool: @unchecked Sendable {
     /// Gives the memory back to the allocator now (the USB layer does it before it closes the
     /// device whose memory it is); buffers still held get their bytes moved to the heap first,
     /// so every holder's packet stays valid. The pool hands out nothing afterwards. Idempotent.
-    public func releaseMemory() {
+    package func releaseMemory() {
         guard !released else { return }
         released = true
         for index in buffers.indices where !isKnownUniquelyReferenced(&buffers[index]) {

@@ -29,50 +29,50 @@ internal import Glibc
 /// mapping. The creator seals the file's size, so the other process cannot shrink it under the
 /// mapping. One of the few types of the project that hold an unsafe pointer: the mapping lives
 /// as long as the object.
-public final class SharedRingMemory: @unchecked Sendable {
+package final class SharedRingMemory: @unchecked Sendable {
     // Sendability: `base`, `length` and `capacity` are set in `init` and never change; every
     // access to the mapping is an atomic word operation or a byte copy that the channel's
     // protocol orders (the producer writes bytes before it publishes the tail).
 
     /// `"IAPRING1"` read as a little-endian word.
-    public static let magic: UInt64 = 0x3147_4E49_5250_4149
+    package static let magic: UInt64 = 0x3147_4E49_5250_4149
     /// The layout described above.
-    public static let layoutVersion: UInt64 = 1
+    package static let layoutVersion: UInt64 = 1
     /// Bytes before the first ring.
-    public static let headerSize = 4096
+    package static let headerSize = 4096
     /// The smallest and largest ring capacity a mapping may declare.
-    public static let capacityRange = 4096...(64 << 20)
+    package static let capacityRange = 4096...(64 << 20)
 
     /// A 64-bit word of the header.
-    public struct Word: Sendable, Hashable {
+    package struct Word: Sendable, Hashable {
         /// Its byte offset in the header.
-        public let offset: Int
+        package let offset: Int
 
         /// Ring `ring`'s tail (bytes written to it, ever).
-        public static func tail(_ ring: Int) -> Word { Word(offset: 64 + 256 * ring) }
+        package static func tail(_ ring: Int) -> Word { Word(offset: 64 + 256 * ring) }
         /// Ring `ring`'s head (bytes taken from it, ever).
-        public static func head(_ ring: Int) -> Word { Word(offset: 128 + 256 * ring) }
+        package static func head(_ ring: Int) -> Word { Word(offset: 128 + 256 * ring) }
         /// Set by ring `ring`'s consumer when it found the ring empty and waits to be woken.
-        public static func consumerWaiting(_ ring: Int) -> Word { Word(offset: 192 + 256 * ring) }
+        package static func consumerWaiting(_ ring: Int) -> Word { Word(offset: 192 + 256 * ring) }
         /// Set by ring `ring`'s producer when it found the ring full and waits to be woken.
-        public static func producerWaiting(_ ring: Int) -> Word { Word(offset: 256 + 256 * ring) }
+        package static func producerWaiting(_ ring: Int) -> Word { Word(offset: 256 + 256 * ring) }
         /// Bytes of ring 0 the accessory acknowledged.
-        public static let acknowledged = Word(offset: 576)
+        package static let acknowledged = Word(offset: 576)
         /// Set by the client when it waits for ``acknowledged`` to move.
-        public static let acknowledgementWaiting = Word(offset: 640)
+        package static let acknowledgementWaiting = Word(offset: 640)
         static let magic = Word(offset: 0)
         static let version = Word(offset: 8)
         static let capacity = Word(offset: 16)
     }
 
     /// Why a mapping could not be made or used.
-    public struct Failure: Error, Sendable, CustomStringConvertible {
+    package struct Failure: Error, Sendable, CustomStringConvertible {
         /// What went wrong, in a sentence.
-        public let description: String
+        package let description: String
     }
 
     /// Bytes of each ring.
-    public let capacity: Int
+    package let capacity: Int
     private let base: UnsafeMutableRawPointer
     private let length: Int
 
@@ -87,7 +87,7 @@ public final class SharedRingMemory: @unchecked Sendable {
     /// Makes the memory of a new session (`capacity` rounded up to a power of two within
     /// ``capacityRange``): a sealed memfd, mapped and initialised. The descriptor is the caller's
     /// to pass on and close; the mapping does not need it.
-    public static func create(capacity requested: Int, name: String = "iapd-session") -> Result<(memory: SharedRingMemory, descriptor: Int32), Failure> {
+    package static func create(capacity requested: Int, name: String = "iapd-session") -> Result<(memory: SharedRingMemory, descriptor: Int32), Failure> {
         var capacity = capacityRange.lowerBound
         while capacity < min(requested, capacityRange.upperBound) { capacity <<= 1 }
         let descriptor = iap_memfd_create(name)
@@ -112,7 +112,7 @@ public final class SharedRingMemory: @unchecked Sendable {
 
     /// Maps the memory another process made and passed over (`descriptor` stays the caller's):
     /// checks the file's size against the layout the header declares.
-    public static func attach(descriptor: Int32) -> Result<SharedRingMemory, Failure> {
+    package static func attach(descriptor: Int32) -> Result<SharedRingMemory, Failure> {
         var info = stat()
         guard fstat(descriptor, &info) == 0 else { return .failure(Failure(description: "fstat of the session's shared memory failed: \(String(cString: strerror(errno)))")) }
         let size = Int(info.st_size)
@@ -146,13 +146,13 @@ public final class SharedRingMemory: @unchecked Sendable {
     }
 
     /// The word's value now (sequentially consistent with every other word access).
-    public func load(_ word: Word) -> UInt64 { iap_shared_load(pointer(word)) }
+    package func load(_ word: Word) -> UInt64 { iap_shared_load(pointer(word)) }
 
     /// Sets the word (sequentially consistent).
-    public func store(_ word: Word, _ value: UInt64) { iap_shared_store(pointer(word), value) }
+    package func store(_ word: Word, _ value: UInt64) { iap_shared_store(pointer(word), value) }
 
     /// Sets the word and returns what it was (sequentially consistent).
-    public func exchange(_ word: Word, _ value: UInt64) -> UInt64 { iap_shared_exchange(pointer(word), value) }
+    package func exchange(_ word: Word, _ value: UInt64) -> UInt64 { iap_shared_exchange(pointer(word), value) }
 
     // MARK: Bytes
 
@@ -164,13 +164,13 @@ public final class SharedRingMemory: @unchecked Sendable {
     /// Lends `count` bytes of ring `ring` from `offset` (not wrapping) to `body`. The other
     /// process may write them meanwhile only if it breaks the protocol: the bytes are then
     /// garbage, never memory outside the ring.
-    public func withBytes<Result>(ring: Int, offset: Int, count: Int, _ body: (RawSpan) throws -> Result) rethrows -> Result {
+    package func withBytes<Result>(ring: Int, offset: Int, count: Int, _ body: (RawSpan) throws -> Result) rethrows -> Result {
         let start = address(ring: ring, offset: offset, count: count)
         return try body(RawSpan(_unsafeBytes: UnsafeRawBufferPointer(start: start, count: count)))
     }
 
     /// Copies `bytes` into ring `ring` at `offset` (not wrapping).
-    public func copy(_ bytes: UnsafeRawBufferPointer, ring: Int, offset: Int) {
+    package func copy(_ bytes: UnsafeRawBufferPointer, ring: Int, offset: Int) {
         guard let source = bytes.baseAddress, bytes.count > 0 else { return }
         address(ring: ring, offset: offset, count: bytes.count).copyMemory(from: source, byteCount: bytes.count)
     }

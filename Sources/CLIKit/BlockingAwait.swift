@@ -5,7 +5,7 @@ internal import Synchronization
 ///
 /// The work runs as a `Task` on the cooperative pool while the calling thread waits, so call it
 /// only from a thread that is not part of that pool (a tool's main thread, a Dispatch queue).
-public func blockingAwait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+package func blockingAwait<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
     let result = Mutex<Result<T, any Error>?>(nil)
     let done = DispatchSemaphore(value: 0)
     Task {

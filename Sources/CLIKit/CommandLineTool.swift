@@ -19,13 +19,13 @@ internal import Glibc
 /// Messages and descriptions are escaped for the terminal (`escapedForTerminal` of
 /// AccessoryLogging): an error that quotes an accessory's name stays on its one line and sends
 /// the terminal no controls. Code that builds an error message should not escape it again.
-public enum CommandLineTool {
+package enum CommandLineTool {
     /// Parses `arguments` against `spec`, runs `body` when a command is selected, writes what
     /// the outcome calls for (see the table on ``CommandLineTool``) and exits the process.
     ///
     /// Help is wrapped to the terminal's width when standard output is one, else to 80
     /// columns. `manPageDate` goes into the man page's header.
-    public static func run(
+    package static func run(
         _ spec: CommandSpec,
         arguments: [String] = Array(CommandLine.arguments.dropFirst()),
         manPageDate: String = "",
@@ -41,7 +41,7 @@ public enum CommandLineTool {
     /// Does what ``run(_:arguments:manPageDate:body:)`` does, but returns the exit status and the text the
     /// tool itself would print instead of printing it and exiting. What `body` prints goes
     /// where it would anyway. Intended for tests.
-    public static func evaluate(
+    package static func evaluate(
         _ spec: CommandSpec,
         arguments: [String],
         helpWidth: Int = HelpRenderer.defaultWidth,

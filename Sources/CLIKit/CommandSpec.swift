@@ -6,32 +6,32 @@
 /// its subcommands, at any depth (typical: `-v/--verbose`, `--json`, `--trace` on the root).
 /// `-h/--help` is always available; `--version` is available at every level when the root has a
 /// ``version``.
-public struct CommandSpec: Sendable {
+package struct CommandSpec: Sendable {
     /// The command's name: the tool name for the root, the word that selects it otherwise.
-    public var name: String
+    package var name: String
     /// A one-line description, shown after `OVERVIEW:` and in the parent's `SUBCOMMANDS:` list.
-    public var abstract: String
+    package var abstract: String
     /// Longer text shown in this command's help after the overview.
-    public var discussion: String
+    package var discussion: String
     /// The options this command accepts (besides the inherited options of its ancestors).
-    public var options: [OptionSpec]
+    package var options: [OptionSpec]
     /// The positional arguments, in order; only the last may be variadic.
-    public var positionals: [PositionalSpec]
+    package var positionals: [PositionalSpec]
     /// The commands selected by a word after this one.
-    public var subcommands: [CommandSpec]
+    package var subcommands: [CommandSpec]
     /// The version string printed by `--version`; only read on the root spec.
-    public var version: String?
+    package var version: String?
     /// Groups of inherited options (``OptionSpec/group``) that do not apply to this command nor
     /// to its subcommands: given anyway (before or after the command's name), they are a usage
     /// error that says so, rather than being accepted and ignored.
-    public var refusedGroups: Set<String>
+    package var refusedGroups: Set<String>
     /// Command lines worth copying, shown under `EXAMPLES:` in help and in the man page.
-    public var examples: [CommandExample]
+    package var examples: [CommandExample]
     /// What each exit status means, shown under `EXIT STATUS:` in help and in the man page.
-    public var exitStatuses: [ExitStatusDescription]
+    package var exitStatuses: [ExitStatusDescription]
 
     /// Describes a command; every part but the name may be left out.
-    public init(
+    package init(
         name: String,
         abstract: String = "",
         discussion: String = "",
@@ -56,7 +56,7 @@ public struct CommandSpec: Sendable {
     }
 
     /// The subcommand with the given name, if this command has one.
-    public func subcommand(named name: String) -> CommandSpec? {
+    package func subcommand(named name: String) -> CommandSpec? {
         subcommands.first { $0.name == name }
     }
 }
@@ -65,9 +65,9 @@ public struct CommandSpec: Sendable {
 /// optional.
 ///
 /// Options are looked up in a ``ParsedCommand`` by their ``long`` name (without the dashes).
-public struct OptionSpec: Sendable {
+package struct OptionSpec: Sendable {
     /// What an option takes on the command line.
-    public enum Kind: Sendable, Equatable, Hashable {
+    package enum Kind: Sendable, Equatable, Hashable {
         /// A boolean switch that takes no value (`--json`, `-v`). Every occurrence is counted,
         /// so `-vvv` counts 3.
         case flag
@@ -80,37 +80,37 @@ public struct OptionSpec: Sendable {
     }
 
     /// The long name without the leading `--` (`"verbose"`); the key for lookups.
-    public var long: String
+    package var long: String
     /// The optional one-character short name (`v` for `-v`).
-    public var short: Character?
+    package var short: Character?
     /// Whether the option is a flag or takes a value.
-    public var kind: Kind
+    package var kind: Kind
     /// The text shown for the option in help.
-    public var help: String
+    package var help: String
     /// The value reported when the option is not given, shown in help as `(default: x)`.
-    public var defaultValue: String?
+    package var defaultValue: String?
     /// When set, the only accepted values; help shows them as `(values: a, b)`.
-    public var allowedValues: [String]?
+    package var allowedValues: [String]?
     /// Whether the option may usefully be given several times: for value options, whether
     /// ``ParsedCommand/values(_:)`` collects all of them (otherwise the last one wins). Help
     /// shows repeatable options with `...`. Flags are always counted.
-    public var repeatable: Bool
+    package var repeatable: Bool
     /// Whether the option also applies to every subcommand of the command that declares it.
-    public var inherited: Bool
+    package var inherited: Bool
     /// The heading the option is listed under in help (`"accessory"` lists it under
     /// `ACCESSORY OPTIONS:`); a command refuses a whole group with ``CommandSpec/refusedGroups``.
-    public var group: String?
+    package var group: String?
     /// What a value must look like; checked while parsing, so a bad value is a usage error
     /// before the command runs.
-    public var check: ValueCheck?
+    package var check: ValueCheck?
     /// What shell completion offers for the value (files, directories, nothing); the
     /// ``allowedValues`` are offered whatever this says.
-    public var completion: ValueCompletion
+    package var completion: ValueCompletion
 
     /// Describes an option; prefer the ``flag(_:short:help:repeatable:inherited:)``,
     /// ``value(_:short:valueName:help:defaultValue:allowedValues:repeatable:inherited:)`` and
     /// ``optionalValue(_:short:valueName:help:defaultValue:allowedValues:inherited:)`` shorthands.
-    public init(
+    package init(
         long: String,
         short: Character? = nil,
         kind: Kind = .flag,
@@ -137,28 +137,28 @@ public struct OptionSpec: Sendable {
     }
 
     /// This option with its value checked as `check` (see ``ValueCheck``).
-    public func checked(_ check: ValueCheck) -> OptionSpec {
+    package func checked(_ check: ValueCheck) -> OptionSpec {
         var copy = self
         copy.check = check
         return copy
     }
 
     /// This option with shell completion offering `completion` for its value.
-    public func completing(_ completion: ValueCompletion) -> OptionSpec {
+    package func completing(_ completion: ValueCompletion) -> OptionSpec {
         var copy = self
         copy.completion = completion
         return copy
     }
 
     /// This option in the group `name` (listed under its heading; see ``group``).
-    public func inGroup(_ name: String) -> OptionSpec {
+    package func inGroup(_ name: String) -> OptionSpec {
         var copy = self
         copy.group = name
         return copy
     }
 
     /// A flag (`--long`, `-s`); `repeatable` marks counted flags like `-vvv` in help.
-    public static func flag(
+    package static func flag(
         _ long: String,
         short: Character? = nil,
         help: String = "",
@@ -169,7 +169,7 @@ public struct OptionSpec: Sendable {
     }
 
     /// An option that requires a value (`--long <valueName>`).
-    public static func value(
+    package static func value(
         _ long: String,
         short: Character? = nil,
         valueName: String = "value",
@@ -187,7 +187,7 @@ public struct OptionSpec: Sendable {
     }
 
     /// An option given alone or as `--long=<valueName>`.
-    public static func optionalValue(
+    package static func optionalValue(
         _ long: String,
         short: Character? = nil,
         valueName: String = "value",
@@ -229,20 +229,20 @@ public struct OptionSpec: Sendable {
 }
 
 /// One positional argument of a command.
-public struct PositionalSpec: Sendable {
+package struct PositionalSpec: Sendable {
     /// The name used for lookups and shown in help as `<name>`.
-    public var name: String
+    package var name: String
     /// The text shown for the argument in help.
-    public var help: String
+    package var help: String
     /// Whether the argument may be left out.
-    public var isOptional: Bool
+    package var isOptional: Bool
     /// Whether the argument collects all remaining positional words; only the last may be.
-    public var isVariadic: Bool
+    package var isVariadic: Bool
     /// What shell completion offers for the argument.
-    public var completion: ValueCompletion
+    package var completion: ValueCompletion
 
     /// Describes a positional argument; required and single unless told otherwise.
-    public init(_ name: String, help: String = "", optional: Bool = false, variadic: Bool = false,
+    package init(_ name: String, help: String = "", optional: Bool = false, variadic: Bool = false,
                 completion: ValueCompletion = .none) {
         self.name = name
         self.help = help
@@ -261,7 +261,7 @@ public struct PositionalSpec: Sendable {
 /// What an option's value must look like (``OptionSpec/check``). The parser checks every value
 /// given, so `--timeout abc` or `--timeout -1` is a usage error (exit 64) naming the option and
 /// the accepted range, never a silent default.
-public enum ValueCheck: Sendable, Equatable {
+package enum ValueCheck: Sendable, Equatable {
     /// A whole number (decimal, or hexadecimal with `0x`) in the range.
     case integer(ClosedRange<Int>)
     /// A decimal number (`2`, `0.5`) in the range: seconds, rates, sizes with a fraction.
@@ -293,7 +293,7 @@ public enum ValueCheck: Sendable, Equatable {
 
 /// What shell completion offers for a value (``OptionSpec/completion``,
 /// ``PositionalSpec/completion``).
-public enum ValueCompletion: Sendable, Equatable {
+package enum ValueCompletion: Sendable, Equatable {
     /// Nothing: the value is free text (a name, a number).
     case none
     /// File names (and directories to walk into).
@@ -305,28 +305,28 @@ public enum ValueCompletion: Sendable, Equatable {
 }
 
 /// A command line shown as an example in help and in the man page.
-public struct CommandExample: Sendable, Equatable {
+package struct CommandExample: Sendable, Equatable {
     /// The command line, as typed (`iapctl --simulate list`).
-    public var command: String
+    package var command: String
     /// What it does, in a few words.
-    public var summary: String
+    package var summary: String
 
     /// An example: `command`, then `summary`.
-    public init(_ command: String, _ summary: String) {
+    package init(_ command: String, _ summary: String) {
         self.command = command
         self.summary = summary
     }
 }
 
 /// What one exit status of a command means.
-public struct ExitStatusDescription: Sendable, Equatable {
+package struct ExitStatusDescription: Sendable, Equatable {
     /// The status.
-    public var code: ExitCode
+    package var code: ExitCode
     /// When the command exits with it.
-    public var meaning: String
+    package var meaning: String
 
     /// Describes `code`.
-    public init(_ code: ExitCode, _ meaning: String) {
+    package init(_ code: ExitCode, _ meaning: String) {
         self.code = code
         self.meaning = meaning
     }

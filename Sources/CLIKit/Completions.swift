@@ -1,5 +1,5 @@
 /// The shells ``CommandSpec/completionScript(for:)`` writes completion for.
-public enum CompletionShell: String, Sendable, CaseIterable {
+package enum CompletionShell: String, Sendable, CaseIterable {
     /// bash: a function registered with `complete -F`; needs no bash-completion package.
     case bash
     /// zsh: a `#compdef` function for a directory on `fpath`.
@@ -17,7 +17,7 @@ extension CommandSpec {
     ///
     /// Install as `share/bash-completion/completions/<name>`, `share/zsh/site-functions/_<name>`
     /// or `share/fish/vendor_completions.d/<name>.fish`.
-    public func completionScript(for shell: CompletionShell) -> String {
+    package func completionScript(for shell: CompletionShell) -> String {
         switch shell {
         case .bash: return CompletionWriter(root: self).bash()
         case .zsh: return CompletionWriter(root: self).zsh()

@@ -45,10 +45,10 @@ enum EditDistance {
 
 /// "Did you mean …?" for a tool's own errors (a protocol string, a profile name), with the
 /// rule the parser uses for options and subcommands.
-public enum Suggestion {
+package enum Suggestion {
     /// The candidate closest to `word` when it is close enough to be a typo of it (at most one
     /// edit per three characters, at most three), else nil.
-    public static func closest(to word: String, among candidates: [String]) -> String? {
+    package static func closest(to word: String, among candidates: [String]) -> String? {
         EditDistance.closest(to: word, among: candidates)
     }
 }

@@ -3,53 +3,53 @@
 /// A body passed to ``CommandLineTool/run(_:arguments:manPageDate:body:)`` returns one of these. An
 /// `ExitCode` is also an `Error`: throwing one from a body ends the tool with that status and
 /// prints nothing more (the body is expected to have said what went wrong itself).
-public struct ExitCode: RawRepresentable, Sendable, Equatable, Hashable, Error, CustomStringConvertible {
+package struct ExitCode: RawRepresentable, Sendable, Equatable, Hashable, Error, CustomStringConvertible {
     /// The numeric status handed to `exit(3)`.
-    public var rawValue: Int32
+    package var rawValue: Int32
 
     /// Wraps a numeric exit status.
-    public init(rawValue: Int32) {
+    package init(rawValue: Int32) {
         self.rawValue = rawValue
     }
 
     /// Wraps a numeric exit status.
-    public init(_ rawValue: Int32) {
+    package init(_ rawValue: Int32) {
         self.rawValue = rawValue
     }
 
     /// `0`: the tool did what was asked.
-    public static let success = ExitCode(0)
+    package static let success = ExitCode(0)
     /// `1`: a general failure that no more specific code describes (an operation failed).
-    public static let failure = ExitCode(1)
+    package static let failure = ExitCode(1)
     /// `64` (`EX_USAGE`): the command line was wrong: unknown option, missing argument, bad value.
-    public static let usage = ExitCode(64)
+    package static let usage = ExitCode(64)
     /// `65` (`EX_DATAERR`): the input data was malformed (a capture that does not decode).
-    public static let dataError = ExitCode(65)
+    package static let dataError = ExitCode(65)
     /// `66` (`EX_NOINPUT`): an input file did not exist or could not be read.
-    public static let noInput = ExitCode(66)
+    package static let noInput = ExitCode(66)
     /// `69` (`EX_UNAVAILABLE`): a service or device the tool needs is not there (no accessory attached).
-    public static let unavailable = ExitCode(69)
+    package static let unavailable = ExitCode(69)
     /// `70` (`EX_SOFTWARE`): an internal error was detected: a bug in the tool, not in its input.
-    public static let software = ExitCode(70)
+    package static let software = ExitCode(70)
     /// `71` (`EX_OSERR`): the operating system refused something the tool needs that is not a
     /// file or a device of the user's (a pseudo-terminal cannot be created, a gadget cannot be built).
-    public static let osError = ExitCode(71)
+    package static let osError = ExitCode(71)
     /// `73` (`EX_CANTCREAT`): an output file or socket the user named cannot be created.
-    public static let cannotCreate = ExitCode(73)
+    package static let cannotCreate = ExitCode(73)
     /// `74` (`EX_IOERR`): reading or writing a file or device failed part way.
-    public static let ioError = ExitCode(74)
+    package static let ioError = ExitCode(74)
     /// `75` (`EX_TEMPFAIL`): a temporary failure (timeout, device busy); trying again later may work.
-    public static let tempFail = ExitCode(75)
+    package static let tempFail = ExitCode(75)
     /// `77` (`EX_NOPERM`): the tool lacks the permission it needs (e.g. to open a USB device node).
-    public static let noPermission = ExitCode(77)
+    package static let noPermission = ExitCode(77)
     /// `130` (128 + `SIGINT`): interrupted by Ctrl-C, as shells report it.
-    public static let interrupted = ExitCode(130)
+    package static let interrupted = ExitCode(130)
 
     /// True for status `0`.
-    public var isSuccess: Bool { rawValue == 0 }
+    package var isSuccess: Bool { rawValue == 0 }
 
     /// The symbolic name for the known codes (`"usage (64)"`), the bare number otherwise.
-    public var description: String {
+    package var description: String {
         switch rawValue {
         case 0: return "success (0)"
         case 1: return "failure (1)"
@@ -73,7 +73,7 @@ public struct ExitCode: RawRepresentable, Sendable, Equatable, Hashable, Error, 
 ///
 /// ``CommandLineTool`` prints such an error as `error: <description>` and exits with
 /// ``exitCode`` instead of ``ExitCode/failure``.
-public protocol ExitCodeProviding: Error {
+package protocol ExitCodeProviding: Error {
     /// The status the tool exits with when this error ends it.
     var exitCode: ExitCode { get }
 }

@@ -6,14 +6,14 @@ extension CommandSpec {
     /// per option group), `SUBCOMMANDS:`, `EXAMPLES:` and `EXIT STATUS:` sections (the empty
     /// ones left out) separated by blank lines, with option and argument descriptions starting
     /// at column 26, every line wrapped at `width` columns between words, and no trailing newline.
-    public func helpText(for subcommandPath: [String] = [], width: Int = HelpRenderer.defaultWidth) -> String? {
+    package func helpText(for subcommandPath: [String] = [], width: Int = HelpRenderer.defaultWidth) -> String? {
         guard let chain = chain(following: subcommandPath) else { return nil }
         return HelpRenderer.help(for: chain, width: width)
     }
 
     /// The usage line (without `USAGE: `) of this command, or of the subcommand reached by
     /// following `subcommandPath`; `nil` when a name on the path is not a subcommand.
-    public func usageLine(for subcommandPath: [String] = []) -> String? {
+    package func usageLine(for subcommandPath: [String] = []) -> String? {
         guard let chain = chain(following: subcommandPath) else { return nil }
         return HelpRenderer.usage(for: chain)
     }
@@ -30,9 +30,9 @@ extension CommandSpec {
 }
 
 /// Renders usage lines and help texts for a chain of commands (root first).
-public enum HelpRenderer {
+package enum HelpRenderer {
     /// The width help is wrapped to when the output is not a terminal.
-    public static let defaultWidth = 80
+    package static let defaultWidth = 80
     /// The column at which descriptions start in the `ARGUMENTS`, `OPTIONS` and `SUBCOMMANDS` lists.
     static let descriptionColumn = 26
 

@@ -5,7 +5,7 @@ extension CommandSpec {
     ///
     /// Read it with `man -l FILE`; install it as `share/man/man1/<name>.1`. `date` goes into
     /// the page's header (`2026-12-01`); the version shown is ``version``.
-    public func manPage(section: Int = 1, date: String = "") -> String {
+    package func manPage(section: Int = 1, date: String = "") -> String {
         var out = ManPageWriter()
         let title = name.uppercased()
         out.line(".TH \(ManPageWriter.quoted(title)) \(section) \(ManPageWriter.quoted(date)) "

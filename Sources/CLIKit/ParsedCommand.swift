@@ -1,5 +1,5 @@
 /// What a command line asks for: run a command, show help, or show the version.
-public enum ParseOutcome: Sendable {
+package enum ParseOutcome: Sendable {
     /// Run the command described by the parsed arguments.
     case run(ParsedCommand)
     /// Print this help text (of the command the user asked about) and exit successfully.
@@ -13,9 +13,9 @@ public enum ParseOutcome: Sendable {
 /// Lookups use the names declared in the ``CommandSpec``s along ``path``: an option's
 /// ``OptionSpec/long`` name, a ``PositionalSpec/name``. Asking for a name that is not declared
 /// there is a programmer error and traps.
-public struct ParsedCommand: Sendable {
+package struct ParsedCommand: Sendable {
     /// The command names from the root to the selected command (`["iapctl", "decode"]`).
-    public let path: [String]
+    package let path: [String]
     /// The options declared by the commands along `path`, by long name.
     let declaredOptions: [String: OptionSpec]
     /// How many times each option was given, by long name.
@@ -62,12 +62,12 @@ public struct ParsedCommand: Sendable {
     }
 
     /// Whether the option was given at least once (in any form).
-    public func flag(_ long: String) -> Bool {
+    package func flag(_ long: String) -> Bool {
         count(long) > 0
     }
 
     /// How many times the option was given (`-vvv` → 3); 0 when absent.
-    public func count(_ long: String) -> Int {
+    package func count(_ long: String) -> Int {
         _ = option(long)
         return counts[long] ?? 0
     }
@@ -75,14 +75,14 @@ public struct ParsedCommand: Sendable {
     /// The option's last given value, else its default value, else `nil`. An
     /// ``OptionSpec/Kind/optionalValue(valueName:)`` option given without `=value` reports its
     /// default here; use ``flag(_:)`` to know whether it was given.
-    public func value(_ long: String) -> String? {
+    package func value(_ long: String) -> String? {
         let spec = option(long)
         return givenValues[long]?.last ?? spec.defaultValue
     }
 
     /// All values given to a repeatable option, in order (only the last one for a
     /// non-repeatable option); the default value alone when none was given; else empty.
-    public func values(_ long: String) -> [String] {
+    package func values(_ long: String) -> [String] {
         let spec = option(long)
         if let given = givenValues[long], let last = given.last {
             return spec.repeatable ? given : [last]
@@ -92,13 +92,13 @@ public struct ParsedCommand: Sendable {
 
     /// The word given for the positional argument (the first one for a variadic argument), or
     /// `nil` when an optional argument was left out.
-    public func positional(_ name: String) -> String? {
+    package func positional(_ name: String) -> String? {
         checkPositional(name)
         return positionalValues[name]?.first
     }
 
     /// All words given for the positional argument (several only for a variadic one).
-    public func positionals(_ name: String) -> [String] {
+    package func positionals(_ name: String) -> [String] {
         checkPositional(name)
         return positionalValues[name] ?? []
     }
@@ -108,7 +108,7 @@ public struct ParsedCommand: Sendable {
     /// Accepts an optional sign and decimal digits, or hexadecimal with a `0x` prefix (handy for
     /// USB vendor and product IDs). Throws a ``UsageError`` when the value is not an integer or
     /// lies outside `range`.
-    public func integer(_ long: String, in range: ClosedRange<Int>? = nil) throws(UsageError) -> Int? {
+    package func integer(_ long: String, in range: ClosedRange<Int>? = nil) throws(UsageError) -> Int? {
         let spec = option(long)
         guard let text = value(long) else { return nil }
         let shown = spec.display(as: "--\(long)")

@@ -16,7 +16,7 @@ extension CommandSpec {
     ///
     /// Help and version requests win over usage errors in the same command line. Help text is
     /// wrapped to `helpWidth` columns.
-    public func parse(_ arguments: [String], helpWidth: Int = HelpRenderer.defaultWidth) throws(UsageError) -> ParseOutcome {
+    package func parse(_ arguments: [String], helpWidth: Int = HelpRenderer.defaultWidth) throws(UsageError) -> ParseOutcome {
         var engine = ParseEngine(root: self, arguments: arguments, width: helpWidth)
         return try engine.parse()
     }

@@ -2,16 +2,16 @@ internal import AccessoryLogging
 internal import Glibc
 
 /// Facts about the terminal a file descriptor is connected to.
-public enum Terminal {
+package enum Terminal {
     /// Whether `fd` refers to a terminal (`isatty(3)`); use it to decide on colours or
     /// progress lines.
-    public static func isTTY(_ fd: Int32) -> Bool {
+    package static func isTTY(_ fd: Int32) -> Bool {
         isatty(fd) == 1
     }
 
     /// The width in columns of the terminal on `fd` (`ioctl(TIOCGWINSZ)`), or 80 when `fd`
     /// is not a terminal or reports no width.
-    public static func columns(_ fd: Int32) -> Int {
+    package static func columns(_ fd: Int32) -> Int {
         var size = winsize()
         let status = withUnsafeMutablePointer(to: &size) { pointer in
             ioctl(fd, UInt(TIOCGWINSZ), UnsafeMutableRawPointer(pointer))
@@ -22,21 +22,21 @@ public enum Terminal {
 }
 
 /// Unbuffered writes to standard output (file descriptor 1).
-public enum StandardOutput {
+package enum StandardOutput {
     /// Writes all of `text` with `write(2)`, retrying after partial writes and `EINTR`.
     /// Returns `false` when the descriptor refuses the data (closed pipe, full disk).
     @discardableResult
-    public static func write(_ text: String) -> Bool {
+    package static func write(_ text: String) -> Bool {
         FileDescriptorWriter.writeAll(text, to: 1)
     }
 }
 
 /// Unbuffered writes to standard error (file descriptor 2).
-public enum StandardError {
+package enum StandardError {
     /// Writes all of `text` with `write(2)`, retrying after partial writes and `EINTR`.
     /// Returns `false` when the descriptor refuses the data.
     @discardableResult
-    public static func write(_ text: String) -> Bool {
+    package static func write(_ text: String) -> Bool {
         FileDescriptorWriter.writeAll(text, to: 2)
     }
 }

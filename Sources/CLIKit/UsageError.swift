@@ -8,23 +8,23 @@
 ///     See '<command path> --help'.
 ///
 /// and exits with ``ExitCode/usage``.
-public struct UsageError: Error, Sendable, Equatable, CustomStringConvertible {
+package struct UsageError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What was wrong, in one line without a trailing period (`unknown option '--jsn'; did you mean '--json'?`).
-    public var message: String
+    package var message: String
     /// The usage line of the command the error concerns, without the `USAGE: ` prefix.
-    public var usage: String
+    package var usage: String
     /// The names from the root to the command the error concerns (`["iapctl", "decode"]`).
-    public var commandPath: [String]
+    package var commandPath: [String]
 
     /// Makes an error about the command at `commandPath` whose usage line is `usage`.
-    public init(_ message: String, usage: String, commandPath: [String]) {
+    package init(_ message: String, usage: String, commandPath: [String]) {
         self.message = message
         self.usage = usage
         self.commandPath = commandPath
     }
 
     /// The message, the usage line and a pointer to the command's help, one per line.
-    public var description: String {
+    package var description: String {
         "\(message)\nUSAGE: \(usage)\nSee '\(commandPath.joined(separator: " ")) --help'."
     }
 }

@@ -1,4 +1,4 @@
-public import Dispatch
+package import Dispatch
 internal import CDBus
 internal import Glibc
 internal import QueueConfinement
@@ -18,11 +18,11 @@ internal import Synchronization
 /// Thread safety: every method may be called from any thread; libdbus is only touched on
 /// ``queue``. Handlers and completions run on ``queue``. ``close()`` (or releasing the
 /// connection) ends it: pending calls fail with ``BusError/disconnected``.
-public final class BusConnection: Sendable {
+package final class BusConnection: Sendable {
     /// The queue every handler and completion runs on, and the only one that touches libdbus.
-    public let queue: DispatchQueue
+    package let queue: DispatchQueue
     /// This connection's unique name on the bus, e.g. `:1.42`.
-    public let uniqueName: String
+    package let uniqueName: String
     private let core: ConnectionCore
 
     private init(core: ConnectionCore, uniqueName: String) {
@@ -38,7 +38,7 @@ public final class BusConnection: Sendable {
 
     /// The system bus's address: `DBUS_SYSTEM_BUS_ADDRESS` from the environment, else
     /// `unix:path=/var/run/dbus/system_bus_socket`.
-    public static var systemBusAddress: String {
+    package static var systemBusAddress: String {
         if let value = getenv("DBUS_SYSTEM_BUS_ADDRESS"), let address = String(validatingCString: value), !address.isEmpty {
             return address
         }
@@ -53,7 +53,7 @@ public final class BusConnection: Sendable {
     ///
     /// - Throws: ``BusError``: ``BusError/fileNotFound`` or ``BusError/noServer`` when no bus
     ///   listens there, ``BusError/accessDenied`` when its socket refuses this user.
-    public static func connect(address: String, queue: DispatchQueue) async throws(BusError) -> BusConnection {
+    package static func connect(address: String, queue: DispatchQueue) async throws(BusError) -> BusConnection {
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<BusConnection, BusError>, Never>) in
             DispatchQueue(label: "DBus.connect").async {
                 continuation.resume(returning: open(address: address, queue: queue))
@@ -84,7 +84,7 @@ public final class BusConnection: Sendable {
     /// Calls `member` of `interface` on the object at `path` of `destination` (a bus name, or nil
     /// on a peer-to-peer connection); `completion` gets the reply's values or the error, on
     /// ``queue``, within `timeout` (then ``BusError/noReply``).
-    public func call(destination: String?, path: String, interface: String, member: String, arguments: [BusValue] = [],
+    package func call(destination: String?, path: String, interface: String, member: String, arguments: [BusValue] = [],
                      timeout: Duration = .seconds(25), completion: @escaping @Sendable (Result<[BusValue], BusError>) -> Void) {
         let core = self.core
         queue.async {
@@ -95,7 +95,7 @@ public final class BusConnection: Sendable {
 
     /// ``call(destination:path:interface:member:arguments:timeout:completion:)`` for async code:
     /// suspends (never blocks) until the reply.
-    public func call(destination: String?, path: String, interface: String, member: String, arguments: [BusValue] = [],
+    package func call(destination: String?, path: String, interface: String, member: String, arguments: [BusValue] = [],
                      timeout: Duration = .seconds(25)) async throws(BusError) -> [BusValue] {
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<[BusValue], BusError>, Never>) in
             call(destination: destination, path: path, interface: interface, member: member, arguments: arguments, timeout: timeout) {
@@ -109,7 +109,7 @@ public final class BusConnection: Sendable {
     ///
     /// - Throws: ``BusError`` when the bus refuses it (policy) or another connection owns it
     ///   (name `org.freedesktop.DBus.Error.AddressInUse`).
-    public func requestName(_ name: String) async throws(BusError) {
+    package func requestName(_ name: String) async throws(BusError) {
         let reply = try await call(destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
                                    member: "RequestName", arguments: [.string(name), .uint32(4 /* DBUS_NAME_FLAG_DO_NOT_QUEUE */)])
         // 1: the primary owner now; 4: this connection owned it already.
@@ -122,30 +122,30 @@ public final class BusConnection: Sendable {
     /// ``queue``, whose answer is sent back (unless the caller asked for none).
     ///
     /// - Throws: ``BusError`` when `path` is not a valid object path or is exported already.
-    public func export(path: String, handler: @escaping @Sendable (BusMethodCall) -> BusReply) throws(BusError) {
+    package func export(path: String, handler: @escaping @Sendable (BusMethodCall) -> BusReply) throws(BusError) {
         let core = self.core
         try onQueue { () throws(BusError) in try core.export(path: path, handler: handler) }
     }
 
     /// Stops serving the object at `path` (calls to it are then answered UnknownObject).
-    public func unexport(path: String) {
+    package func unexport(path: String) {
         let core = self.core
         queue.async { core.unexport(path: path) }
     }
 
     /// Runs `handler` on ``queue`` once, when the connection ends (the bus went away, or
     /// ``close()``); at once (on the queue) when it has ended already.
-    public func onDisconnect(_ handler: @escaping @Sendable () -> Void) {
+    package func onDisconnect(_ handler: @escaping @Sendable () -> Void) {
         let core = self.core
         queue.async { core.addDisconnectHandler(handler) }
     }
 
     /// Whether the connection is still up.
-    public var isConnected: Bool { core.connected.load(ordering: .acquiring) }
+    package var isConnected: Bool { core.connected.load(ordering: .acquiring) }
 
     /// Ends the connection: pending calls fail with ``BusError/disconnected``, exported objects
     /// go away, the disconnect handlers run. Idempotent.
-    public func close() {
+    package func close() {
         let core = self.core
         queue.async { core.close() }
     }

@@ -4,65 +4,65 @@
 ///
 /// Decide on ``name`` (the D-Bus error name, stable) or the well-known names below, never on the
 /// message.
-public struct BusError: Error, Hashable, Sendable, CustomStringConvertible {
+package struct BusError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The D-Bus error name.
-    public var name: String
+    package var name: String
     /// What the peer (or this side) said, for people.
-    public var message: String
+    package var message: String
 
     /// An error named `name` saying `message`.
-    public init(name: String, message: String) {
+    package init(name: String, message: String) {
         self.name = name
         self.message = message
     }
 
     /// `name: message`.
-    public var description: String { message.isEmpty ? name : "\(name): \(message)" }
+    package var description: String { message.isEmpty ? name : "\(name): \(message)" }
 
     /// No program owns the destination name (a service that is not running).
-    public static let serviceUnknown = "org.freedesktop.DBus.Error.ServiceUnknown"
+    package static let serviceUnknown = "org.freedesktop.DBus.Error.ServiceUnknown"
     /// The bus's policy refuses the call (a missing group or configuration).
-    public static let accessDenied = "org.freedesktop.DBus.Error.AccessDenied"
+    package static let accessDenied = "org.freedesktop.DBus.Error.AccessDenied"
     /// No answer within the call's timeout.
-    public static let noReply = "org.freedesktop.DBus.Error.NoReply"
+    package static let noReply = "org.freedesktop.DBus.Error.NoReply"
     /// The connection to the bus is gone.
-    public static let disconnected = "org.freedesktop.DBus.Error.Disconnected"
+    package static let disconnected = "org.freedesktop.DBus.Error.Disconnected"
     /// Nothing listens at the bus address.
-    public static let noServer = "org.freedesktop.DBus.Error.NoServer"
+    package static let noServer = "org.freedesktop.DBus.Error.NoServer"
     /// The bus address's socket file does not exist.
-    public static let fileNotFound = "org.freedesktop.DBus.Error.FileNotFound"
+    package static let fileNotFound = "org.freedesktop.DBus.Error.FileNotFound"
     /// A value or name this side refused to send (not valid for D-Bus).
-    public static let invalidArgs = "org.freedesktop.DBus.Error.InvalidArgs"
+    package static let invalidArgs = "org.freedesktop.DBus.Error.InvalidArgs"
     /// The object or method does not exist at the destination.
-    public static let unknownMethod = "org.freedesktop.DBus.Error.UnknownMethod"
+    package static let unknownMethod = "org.freedesktop.DBus.Error.UnknownMethod"
     /// The object does not exist at the destination.
-    public static let unknownObject = "org.freedesktop.DBus.Error.UnknownObject"
+    package static let unknownObject = "org.freedesktop.DBus.Error.UnknownObject"
     /// Something failed; see the message.
-    public static let failed = "org.freedesktop.DBus.Error.Failed"
+    package static let failed = "org.freedesktop.DBus.Error.Failed"
 }
 
 /// A method call that arrived for an object exported with
 /// ``BusConnection/export(path:handler:)``.
-public struct BusMethodCall: Sendable {
+package struct BusMethodCall: Sendable {
     /// The object path it was sent to.
-    public var path: String
+    package var path: String
     /// The interface named, e.g. `org.bluez.Profile1` (empty when the caller named none).
-    public var interface: String
+    package var interface: String
     /// The method, e.g. `NewConnection`.
-    public var member: String
+    package var member: String
     /// The unique bus name of the caller (e.g. `:1.42`).
-    public var sender: String
+    package var sender: String
     /// The arguments, in order.
-    public var arguments: [BusValue]
+    package var arguments: [BusValue]
 }
 
 /// What a handler answers a method call with.
-public enum BusReply: Sendable {
+package enum BusReply: Sendable {
     /// A method return with these values (none for a `void` method).
     case values([BusValue])
     /// An error reply: a D-Bus error name (e.g. `org.bluez.Error.Rejected`) and a message.
     case error(name: String, message: String)
 
     /// An empty method return.
-    public static var empty: BusReply { .values([]) }
+    package static var empty: BusReply { .values([]) }
 }

@@ -8,7 +8,7 @@ internal import Synchronization
 /// (``dictionary(_:)`` builds that one). Values are checked before they are sent (``signature``,
 /// strings without NUL, valid object paths): a value libdbus would refuse is a ``BusError``, not
 /// a crash.
-public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
+package indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
     /// `y`
     case byte(UInt8)
     /// `b`
@@ -46,12 +46,12 @@ public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
 
     /// A dictionary of strings to variants (`a{sv}`), entries sorted by key: the options and
     /// property maps of most D-Bus APIs.
-    public static func dictionary(_ entries: [String: BusValue]) -> BusValue {
+    package static func dictionary(_ entries: [String: BusValue]) -> BusValue {
         .array("{sv}", entries.sorted { $0.key < $1.key }.map { .dictionaryEntry(.string($0.key), .variant($0.value)) })
     }
 
     /// The value's D-Bus signature, e.g. `a{sv}`.
-    public var signature: String {
+    package var signature: String {
         switch self {
         case .byte: "y"
         case .bool: "b"
@@ -74,7 +74,7 @@ public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// The string of a `s`, `o` or `g` value (looking through a variant); nil otherwise.
-    public var string: String? {
+    package var string: String? {
         switch self {
         case let .string(text), let .objectPath(text), let .signature(text): text
         case let .variant(inner): inner.string
@@ -83,7 +83,7 @@ public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// The value of a `b` (looking through a variant); nil otherwise.
-    public var bool: Bool? {
+    package var bool: Bool? {
         switch self {
         case let .bool(value): value
         case let .variant(inner): inner.bool
@@ -92,7 +92,7 @@ public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// Any unsigned or signed integer that fits (looking through a variant); nil otherwise.
-    public var integer: Int? {
+    package var integer: Int? {
         switch self {
         case let .byte(value): Int(value)
         case let .int16(value): Int(value)
@@ -107,7 +107,7 @@ public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// The elements of an array (looking through a variant); nil otherwise.
-    public var elements: [BusValue]? {
+    package var elements: [BusValue]? {
         switch self {
         case let .array(_, elements): elements
         case let .variant(inner): inner.elements
@@ -118,7 +118,7 @@ public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
     /// A dictionary with string or object-path keys (`a{sv}`, `a{oa{sa{sv}}}`…) as a Swift
     /// dictionary; variants are unwrapped. Nil for anything else. A repeated key keeps its last
     /// value.
-    public var dictionary: [String: BusValue]? {
+    package var dictionary: [String: BusValue]? {
         guard let elements else { return nil }
         var result: [String: BusValue] = [:]
         for element in elements {
@@ -129,7 +129,7 @@ public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// A short rendering for logs and test failures, e.g. `s "hello"`.
-    public var description: String {
+    package var description: String {
         switch self {
         case let .string(text): "\"\(text)\""
         case let .objectPath(path): path
@@ -151,11 +151,11 @@ public indirect enum BusValue: Sendable, Equatable, CustomStringConvertible {
 ///
 /// Received descriptors are the receiver's (libdbus duplicates them out of the message); a
 /// descriptor sent is duplicated into the message, so the sender keeps its own.
-public final class BusFileDescriptor: Sendable, Equatable, CustomStringConvertible {
+package final class BusFileDescriptor: Sendable, Equatable, CustomStringConvertible {
     private let descriptor: Mutex<Int32?>
 
     /// Takes ownership of `descriptor`.
-    public init(owning descriptor: Int32) {
+    package init(owning descriptor: Int32) {
         self.descriptor = Mutex(descriptor)
     }
 
@@ -164,10 +164,10 @@ public final class BusFileDescriptor: Sendable, Equatable, CustomStringConvertib
     }
 
     /// The descriptor, still owned here (nil once taken).
-    public var value: Int32? { descriptor.withLock { $0 } }
+    package var value: Int32? { descriptor.withLock { $0 } }
 
     /// The descriptor, now the caller's to close; nil when already taken.
-    public func take() -> Int32? {
+    package func take() -> Int32? {
         descriptor.withLock { current in
             defer { current = nil }
             return current
@@ -175,8 +175,8 @@ public final class BusFileDescriptor: Sendable, Equatable, CustomStringConvertib
     }
 
     /// The same object.
-    public static func == (lhs: BusFileDescriptor, rhs: BusFileDescriptor) -> Bool { lhs === rhs }
+    package static func == (lhs: BusFileDescriptor, rhs: BusFileDescriptor) -> Bool { lhs === rhs }
 
     /// The number, or "taken".
-    public var description: String { value.map(String.init) ?? "taken" }
+    package var description: String { value.map(String.init) ?? "taken" }
 }

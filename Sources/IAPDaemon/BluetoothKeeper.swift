@@ -1,9 +1,9 @@
-public import AccessoryHost
-internal import AccessoryHostBluetooth
-public import AccessoryLogging
-public import BluetoothTransport
+package import AccessoryHost
+package import AccessoryHostBluetooth
+package import AccessoryLogging
+package import BluetoothTransport
 internal import Dispatch
-public import IAPTransport
+package import IAPTransport
 internal import Synchronization
 
 /// Keeps iapd's Bluetooth service up: registers the iAP2 profile with BlueZ at start, and
@@ -18,7 +18,7 @@ internal import Synchronization
 /// does nothing.
 ///
 /// Thread safety: the methods may be called from any thread.
-public final class BluetoothKeeper: Sendable {
+package final class BluetoothKeeper: Sendable {
     private let manager: AccessoryManager
     private let options: BluetoothOptions
     private let targets: [BluetoothAddress]
@@ -35,12 +35,12 @@ public final class BluetoothKeeper: Sendable {
     }
 
     /// How often a registration or a connection that is missing is tried again.
-    public let interval: Duration
+    package let interval: Duration
 
     /// Keeps the iAP2 profile registered on `manager` with `options` and connects out to each
     /// of `targets` that is not connected (they need `options.connectsOut`), trying every
     /// `interval` (5 s for iapd).
-    public init(manager: AccessoryManager, options: BluetoothOptions, targets: [BluetoothAddress] = [], interval: Duration = .seconds(5),
+    package init(manager: AccessoryManager, options: BluetoothOptions, targets: [BluetoothAddress] = [], interval: Duration = .seconds(5),
                 logger: Logger) {
         var options = options
         if !targets.isEmpty { options.connectsOut = true }
@@ -53,16 +53,16 @@ public final class BluetoothKeeper: Sendable {
     }
 
     /// How many times the profile was registered so far.
-    public var registrationCount: Int { state.withLock { $0.registrations } }
+    package var registrationCount: Int { state.withLock { $0.registrations } }
 
     /// Tries now and then every ``interval`` (once; later calls do nothing).
-    public func start() {
+    package func start() {
         timer.start(every: interval) { [weak self] in self?.tick() }
     }
 
     /// Stops trying (the registration and connections stay with the manager, whose `stop()`
     /// ends them). Once stopped, a keeper does not start again.
-    public func stop() {
+    package func stop() {
         state.withLock { $0.stopped = true }
         timer.stop()
     }

@@ -1,9 +1,9 @@
-public import AccessoryHost
-public import AccessoryLogging
+package import AccessoryHost
+package import AccessoryLogging
 internal import ByteRing
 internal import Dispatch
 internal import Glibc
-public import IAPDaemonProtocol
+package import IAPDaemonProtocol
 internal import IAPLink
 internal import IAPTransport
 internal import Synchronization
@@ -29,44 +29,44 @@ internal import SystemCalls
 ///
 /// Everything runs on the manager's queue. Thread safety: the methods may be called from any
 /// thread; they hop to that queue.
-public final class DaemonServer: Sendable {
+package final class DaemonServer: Sendable {
     /// Limits and policy.
-    public struct Options: Sendable {
+    package struct Options: Sendable {
         /// A client must be root, the daemon's own user, or a member of this group (nil: the
         /// socket file's permissions decide alone).
-        public var group: UInt32?
+        package var group: UInt32?
         /// Clients served at once; more are refused.
-        public var maximumClients: Int = 1_024
+        package var maximumClients: Int = 1_024
         /// Sessions one client may hold at once.
-        public var maximumSessionsPerClient: Int = 64
+        package var maximumSessionsPerClient: Int = 64
         /// Bytes of replies and events queued for a client that does not read them; past it
         /// the client is dropped.
-        public var maximumQueuedOutput: Int = 4 * 1024 * 1024
+        package var maximumQueuedOutput: Int = 4 * 1024 * 1024
         /// The daemon's name and version, sent in the welcome.
-        public var name: String = "iapd"
+        package var name: String = "iapd"
         /// Bytes of each of a session's two shared rings (rounded up to a power of two): what a
         /// client may write ahead of the accessory, and what the accessory may send ahead of
         /// the client's reads. Pages are resident only once used. 4 MiB, the direct path's
         /// session buffer: with 1 MiB the echo through iapd ran at about 0.55× direct, with
         /// 4 MiB about 0.8× (docs/2026-12-03-daemon-rings.md).
-        public var sessionRingCapacity: Int = 4 << 20
+        package var sessionRingCapacity: Int = 4 << 20
 
         /// Options with the defaults.
-        public init(group: UInt32? = nil) {
+        package init(group: UInt32? = nil) {
             self.group = group
         }
     }
 
     /// The manager whose accessories are served.
-    public let manager: AccessoryManager
+    package let manager: AccessoryManager
     /// How it serves them.
-    public let options: Options
+    package let options: Options
     private let logger: Logger
     private let core: Core
 
     /// A server for `manager`'s accessories; it serves nothing until given a listening socket
     /// (``listen(descriptor:)``) or a connected one (``serve(descriptor:)``).
-    public init(manager: AccessoryManager, options: Options = Options(), logger: Logger) {
+    package init(manager: AccessoryManager, options: Options = Options(), logger: Logger) {
         self.manager = manager
         self.options = options
         self.logger = logger
@@ -81,41 +81,41 @@ public final class DaemonServer: Sendable {
     }
 
     /// Accepts clients on `descriptor`, a listening Unix stream socket (the server owns it).
-    public func listen(descriptor: Int32) {
+    package func listen(descriptor: Int32) {
         let core = self.core
         manager.queue.async { core.listen(descriptor) }
     }
 
     /// Serves one already connected client socket (a socket pair's end in tests).
-    public func serve(descriptor: Int32) {
+    package func serve(descriptor: Int32) {
         let core = self.core
         manager.queue.async { core.accepted(descriptor) }
     }
 
     /// How many clients are connected now.
-    public var clientCount: Int { QueueRun.sync(manager.queue) { core.clients.count } }
+    package var clientCount: Int { QueueRun.sync(manager.queue) { core.clients.count } }
 
     /// How many sessions clients hold now.
-    public var sessionCount: Int { QueueRun.sync(manager.queue) { core.clients.values.reduce(0) { $0 + $1.bridges.count } } }
+    package var sessionCount: Int { QueueRun.sync(manager.queue) { core.clients.values.reduce(0) { $0 + $1.bridges.count } } }
 
     /// The daemon's counters and gauges now. Waits for the manager's queue: from a Swift task,
     /// use ``currentStatistics()``, which suspends instead.
-    public var statistics: DaemonStatistics { QueueRun.sync(manager.queue) { core.statistics() } }
+    package var statistics: DaemonStatistics { QueueRun.sync(manager.queue) { core.statistics() } }
 
     /// Reads the counters and gauges on the manager's queue and hands them to `deliver` there
     /// (keep it short: every accessory waits for it). Accessories' link counters are read then.
-    public func statistics(_ deliver: @escaping @Sendable (DaemonStatistics) -> Void) {
+    package func statistics(_ deliver: @escaping @Sendable (DaemonStatistics) -> Void) {
         let core = self.core
         manager.queue.async { deliver(core.statistics()) }
     }
 
     /// The daemon's counters and gauges now, read on the manager's queue without blocking a thread.
-    public func currentStatistics() async -> DaemonStatistics {
+    package func currentStatistics() async -> DaemonStatistics {
         await withCheckedContinuation { continuation in statistics { continuation.resume(returning: $0) } }
     }
 
     /// Stops accepting and drops every client (their sessions close); the manager runs on.
-    public func stop() {
+    package func stop() {
         let core = self.core
         QueueRun.sync(manager.queue) { core.stop() }
     }
@@ -285,8 +285,8 @@ final class Core: @unchecked Sendable {
         AccessoryRecord(id: accessory.connectionID, identity: accessory.identity, transportKind: accessory.transportKind.rawValue,
                         location: accessory.location,
                         usb: accessory.usbDevice.map { usb in
-                            USBDeviceRecord(bus: usb.bus, address: usb.address, portPath: usb.portPath, vendorID: usb.descriptor.vendorID,
-                                            productID: usb.descriptor.productID, release: usb.descriptor.release,
+                            USBDeviceRecord(bus: usb.bus, address: usb.address, portPath: usb.portPath, vendorID: usb.vendorID,
+                                            productID: usb.productID, release: usb.release,
                                             manufacturer: usb.manufacturer, product: usb.product, serialNumber: usb.serialNumber)
                         },
                         bluetoothAddress: accessory.bluetoothAddress?.description)

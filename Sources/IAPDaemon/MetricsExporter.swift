@@ -1,4 +1,4 @@
-public import AccessoryLogging
+package import AccessoryLogging
 internal import Dispatch
 internal import Glibc
 internal import IAPDaemonProtocol
@@ -24,28 +24,28 @@ internal import SystemCalls
 /// `node_textfile_mtime_seconds` tells the age of a file that stays).
 ///
 /// Thread safety: the methods may be called from any thread.
-public final class MetricsExporter: Sendable {
+package final class MetricsExporter: Sendable {
     /// Where and how often.
-    public struct Options: Sendable {
+    package struct Options: Sendable {
         /// The directory node_exporter's textfile collector reads.
-        public var directory: String
+        package var directory: String
         /// The file's name in it (it must end in `.prom` for the collector to read it).
-        public var fileName: String = "iapd.prom"
+        package var fileName: String = "iapd.prom"
         /// How often the file is replaced (at least 10 ms).
-        public var interval: Duration
+        package var interval: Duration
 
         /// Options writing `iapd.prom` in `directory` every `interval` (5 s by default).
-        public init(directory: String, interval: Duration = .seconds(5)) {
+        package init(directory: String, interval: Duration = .seconds(5)) {
             self.directory = directory
             self.interval = interval
         }
     }
 
     /// The directory Debian's prometheus-node-exporter package reads `.prom` files from.
-    public static let debianTextfileDirectory = "/var/lib/prometheus/node-exporter"
+    package static let debianTextfileDirectory = "/var/lib/prometheus/node-exporter"
 
     /// Where and how often.
-    public let options: Options
+    package let options: Options
     private let server: DaemonServer
     private let logger: Logger
     private let queue = DispatchQueue(label: "iapd.metrics", qos: .utility)
@@ -62,7 +62,7 @@ public final class MetricsExporter: Sendable {
     }
 
     /// An exporter of `server`'s statistics; it writes nothing until ``start()`` or ``writeNow(completion:)``.
-    public init(server: DaemonServer, options: Options, logger: Logger) {
+    package init(server: DaemonServer, options: Options, logger: Logger) {
         self.server = server
         self.options = options
         self.logger = logger
@@ -70,13 +70,13 @@ public final class MetricsExporter: Sendable {
     }
 
     /// The file written: ``Options/directory`` and ``Options/fileName``.
-    public var path: String { Self.join(options.directory, options.fileName) }
+    package var path: String { Self.join(options.directory, options.fileName) }
 
     /// How many writes succeeded so far.
-    public var writeCount: Int { state.withLock { $0.written } }
+    package var writeCount: Int { state.withLock { $0.written } }
 
     /// Writes now and then every ``Options/interval`` (once; later calls do nothing).
-    public func start() {
+    package func start() {
         timer.start(every: max(options.interval, .milliseconds(10))) { [weak self] in
             guard let self, state.withLock({ $0.pending == 0 }) else { return }
             writeNow()
@@ -85,7 +85,7 @@ public final class MetricsExporter: Sendable {
 
     /// Stops writing for good and removes the file (a write under way finishes first). Not from
     /// a completion of ``writeNow(completion:)``: it waits for the queue those run on.
-    public func stop() {
+    package func stop() {
         timer.stop()
         state.withLock { $0.stopped = true }
         let path = self.path
@@ -95,7 +95,7 @@ public final class MetricsExporter: Sendable {
     /// Reads the statistics and writes the file now, then calls `completion` (on the exporter's
     /// queue) with the outcome; failures are logged as the periodic writes' are. After
     /// ``stop()`` nothing is written and the outcome is a failure of kind ``MetricsWriteError/Kind/stopped``.
-    public func writeNow(completion: (@Sendable (Result<Void, MetricsWriteError>) -> Void)? = nil) {
+    package func writeNow(completion: (@Sendable (Result<Void, MetricsWriteError>) -> Void)? = nil) {
         state.withLock { $0.pending += 1 }
         let queue = self.queue
         server.statistics { statistics in
@@ -108,7 +108,7 @@ public final class MetricsExporter: Sendable {
     }
 
     /// ``writeNow(completion:)`` for a Swift task: suspends until the file is written (no thread waits).
-    public func write() async -> Result<Void, MetricsWriteError> {
+    package func write() async -> Result<Void, MetricsWriteError> {
         await withCheckedContinuation { continuation in writeNow { continuation.resume(returning: $0) } }
     }
 
@@ -141,7 +141,7 @@ public final class MetricsExporter: Sendable {
     /// hidden `.NAME.tmp` beside it (mode 0644, so node_exporter's user reads it), which is
     /// then renamed over the file. On a failure the temporary file is removed and the old file,
     /// if any, is left as it was.
-    public static func replace(fileName: String, in directory: String, with text: String) -> Result<Void, MetricsWriteError> {
+    package static func replace(fileName: String, in directory: String, with text: String) -> Result<Void, MetricsWriteError> {
         let path = join(directory, fileName)
         let temporary = join(directory, "." + fileName + ".tmp")
         let descriptor: Int32
@@ -171,9 +171,9 @@ public final class MetricsExporter: Sendable {
 }
 
 /// Why the metrics file could not be written, with what to do about it.
-public struct MetricsWriteError: Error, Sendable, Hashable, CustomStringConvertible {
+package struct MetricsWriteError: Error, Sendable, Hashable, CustomStringConvertible {
     /// What kind of problem.
-    public enum Kind: Sendable, Hashable {
+    package enum Kind: Sendable, Hashable {
         /// The directory does not exist (or a part of its path is not a directory).
         case noDirectory
         /// iapd may not write in the directory (or the file system is read-only).
@@ -185,14 +185,14 @@ public struct MetricsWriteError: Error, Sendable, Hashable, CustomStringConverti
     }
 
     /// What kind of problem.
-    public var kind: Kind
+    package var kind: Kind
     /// The file that was to be written.
-    public var path: String
+    package var path: String
     /// The problem in a sentence, with what to do.
-    public var detail: String
+    package var detail: String
 
     /// A failure of `kind` writing `path`.
-    public init(kind: Kind, path: String, detail: String) {
+    package init(kind: Kind, path: String, detail: String) {
         self.kind = kind
         self.path = path
         self.detail = detail
@@ -220,5 +220,5 @@ public struct MetricsWriteError: Error, Sendable, Hashable, CustomStringConverti
     }
 
     /// The detail.
-    public var description: String { detail }
+    package var description: String { detail }
 }

@@ -1,4 +1,4 @@
-public import IAPDaemonProtocol
+package import IAPDaemonProtocol
 
 /// iapd's statistics in Prometheus's text exposition format (version 0.0.4): what
 /// ``MetricsExporter`` writes for node_exporter's textfile collector.
@@ -7,12 +7,12 @@ public import IAPDaemonProtocol
 /// with `iapd_`. Each family lists every value of its labels, zeros included, so the series are
 /// the same from one file to the next and 64 accessories cost no more than one (no series is
 /// per accessory). The families are in docs/DAEMON.md, "Metrics".
-public enum PrometheusText {
+package enum PrometheusText {
     /// The content type node_exporter and Prometheus read this format as.
-    public static let contentType = "text/plain; version=0.0.4"
+    package static let contentType = "text/plain; version=0.0.4"
 
     /// `statistics` as a complete exposition, ending in a newline.
-    public static func render(_ statistics: DaemonStatistics) -> String {
+    package static func render(_ statistics: DaemonStatistics) -> String {
         var out = Writer()
         out.family("iapd_info", .gauge, "The daemon's name and version, and the client protocol it speaks (always 1).",
                    [([("daemon", statistics.daemon), ("protocol", String(DaemonProtocol.version))], 1)])
@@ -62,7 +62,7 @@ public enum PrometheusText {
     }
 
     /// The type of a metric family.
-    public enum MetricType: String, Sendable {
+    package enum MetricType: String, Sendable {
         /// Only grows (a reset is the process starting again).
         case counter
         /// Goes up and down.
@@ -71,7 +71,7 @@ public enum PrometheusText {
 
     /// A label value as the format wants it between double quotes: backslash, double quote and
     /// line feed escaped (`\\`, `\"`, `\n`); everything else, UTF-8 included, as it is.
-    public static func escapeLabelValue(_ value: String) -> String {
+    package static func escapeLabelValue(_ value: String) -> String {
         guard value.utf8.contains(where: { $0 == UInt8(ascii: "\\") || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\n") }) else {
             return value
         }
@@ -89,7 +89,7 @@ public enum PrometheusText {
     }
 
     /// A help text as the format wants it: backslash and line feed escaped (`\\`, `\n`).
-    public static func escapeHelp(_ text: String) -> String {
+    package static func escapeHelp(_ text: String) -> String {
         var out = ""
         out.reserveCapacity(text.utf8.count)
         for character in text.unicodeScalars {

@@ -1,7 +1,7 @@
-public import AccessoryHost
-public import AccessoryLogging
+package import AccessoryHost
+package import AccessoryLogging
 internal import Dispatch
-public import IAPTransport
+package import IAPTransport
 internal import Synchronization
 
 /// Keeps the serial ports of iapd's configuration open: each is opened at start and opened again
@@ -14,7 +14,7 @@ internal import Synchronization
 /// time and `debug` after, so a port that stays away does not fill the journal.
 ///
 /// Thread safety: the methods may be called from any thread.
-public final class SerialPortKeeper: Sendable {
+package final class SerialPortKeeper: Sendable {
     private let manager: AccessoryManager
     private let specs: [SerialPortSpec]
     private let logger: Logger
@@ -23,10 +23,10 @@ public final class SerialPortKeeper: Sendable {
     private let timer: RepeatingTimer
 
     /// How often a port that is not open is tried again.
-    public let interval: Duration
+    package let interval: Duration
 
     /// Keeps `specs` open on `manager`, trying every `interval` (2 s for iapd).
-    public init(manager: AccessoryManager, specs: [SerialPortSpec], interval: Duration = .seconds(2), logger: Logger) {
+    package init(manager: AccessoryManager, specs: [SerialPortSpec], interval: Duration = .seconds(2), logger: Logger) {
         self.manager = manager
         self.specs = specs
         self.interval = interval
@@ -35,17 +35,17 @@ public final class SerialPortKeeper: Sendable {
     }
 
     /// How many times a port was opened so far (each open is one new transport on the manager).
-    public var openCount: Int { state.withLock { $0.opened.values.reduce(0, +) } }
+    package var openCount: Int { state.withLock { $0.opened.values.reduce(0, +) } }
 
     /// Opens the ports now and starts trying again every ``interval`` (once; later calls do nothing).
-    public func start() {
+    package func start() {
         guard !specs.isEmpty else { return }
         timer.start(every: interval) { [weak self] in self?.tryAll() }
     }
 
     /// Stops trying (ports already open stay with the manager). Once stopped, a keeper does not
     /// start again.
-    public func stop() {
+    package func stop() {
         timer.stop()
     }
 

@@ -1,14 +1,14 @@
 internal import FoundationEssentials
 
 /// Why bytes from the other side are not a valid message.
-public enum DaemonProtocolError: Error, Sendable, Hashable, CustomStringConvertible {
+package enum DaemonProtocolError: Error, Sendable, Hashable, CustomStringConvertible {
     /// A length prefix larger than the limit (the connection cannot be trusted further).
     case tooLong(length: Int, limit: Int)
     /// The JSON is not a message of the protocol.
     case malformed(String)
 
     /// The error in a sentence.
-    public var description: String {
+    package var description: String {
         switch self {
         case let .tooLong(length, limit): return "a message of \(length) bytes announced, more than the \(limit) allowed"
         case let .malformed(reason): return "a malformed message: \(reason)"
@@ -19,22 +19,22 @@ public enum DaemonProtocolError: Error, Sendable, Hashable, CustomStringConverti
 /// Encodes messages, and cuts a byte stream into messages: a 4-byte big-endian length, then
 /// that many bytes of JSON. Holds at most one message's bytes (bounded by `limit`) plus what a
 /// read brought; a length over the limit is an error before anything is buffered.
-public struct MessageFramer: Sendable {
+package struct MessageFramer: Sendable {
     /// The longest message accepted.
-    public let limit: Int
+    package let limit: Int
     private var buffer: [UInt8] = []
     private var start = 0
 
     /// A framer accepting messages of at most `limit` bytes.
-    public init(limit: Int) {
+    package init(limit: Int) {
         self.limit = limit
     }
 
     /// Bytes received and not yet cut into a message.
-    public var bufferedCount: Int { buffer.count - start }
+    package var bufferedCount: Int { buffer.count - start }
 
     /// Adds received bytes.
-    public mutating func append(_ bytes: some Collection<UInt8>) {
+    package mutating func append(_ bytes: some Collection<UInt8>) {
         if start > 0, start == buffer.count {
             buffer.removeAll(keepingCapacity: true)
             start = 0
@@ -44,7 +44,7 @@ public struct MessageFramer: Sendable {
 
     /// The next complete message's JSON bytes, nil when it has not all arrived.
     /// - Throws: ``DaemonProtocolError/tooLong(length:limit:)``.
-    public mutating func nextPayload() throws(DaemonProtocolError) -> [UInt8]? {
+    package mutating func nextPayload() throws(DaemonProtocolError) -> [UInt8]? {
         guard buffer.count - start >= 4 else { return nil }
         let length = buffer[start..<start + 4].reduce(0) { $0 << 8 | Int($1) }
         guard length <= limit else { throw .tooLong(length: length, limit: limit) }
@@ -59,13 +59,13 @@ public struct MessageFramer: Sendable {
     }
 
     /// The next complete message decoded as `Message`, nil when it has not all arrived.
-    public mutating func next<Message: Decodable>(_ type: Message.Type) throws(DaemonProtocolError) -> Message? {
+    package mutating func next<Message: Decodable>(_ type: Message.Type) throws(DaemonProtocolError) -> Message? {
         guard let payload = try nextPayload() else { return nil }
         return try Self.decode(type, from: payload)
     }
 
     /// Decodes one payload.
-    public static func decode<Message: Decodable>(_ type: Message.Type, from payload: [UInt8]) throws(DaemonProtocolError) -> Message {
+    package static func decode<Message: Decodable>(_ type: Message.Type, from payload: [UInt8]) throws(DaemonProtocolError) -> Message {
         do {
             return try JSONDecoder().decode(type, from: Data(payload))
         } catch let error as DecodingError {
@@ -76,7 +76,7 @@ public struct MessageFramer: Sendable {
     }
 
     /// One message as it goes on the wire: the length, then the JSON.
-    public static func encode(_ message: some Encodable) -> [UInt8] {
+    package static func encode(_ message: some Encodable) -> [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         // Every message type of the protocol encodes (plain structs, strings, numbers).

@@ -1,4 +1,4 @@
-public import IAPLink
+package import IAPLink
 
 /// The client protocol of `iapd`, the daemon that owns accessories and shares them between
 /// processes (docs/DAEMON.md describes it for people writing other clients).
@@ -12,52 +12,52 @@ public import IAPLink
 /// holding the session's two byte rings and their counters (docs/DAEMON.md, "Session rings";
 /// `SharedRingMemory` lays it out). The rings carry the bytes; the socket carries wake-ups and
 /// is the session's lifetime: closing it closes the session.
-public enum DaemonProtocol {
+package enum DaemonProtocol {
     /// The version this build speaks. Version 2 added ``DaemonReply/appLaunchRequested(accessory:bundleIdentifier:)``
     /// and ``DaemonReply/transportFailed(location:reason:)``; version 3 carries sessions in
     /// shared rings, with the accessory's acknowledgements, instead of in the socket's bytes.
-    public static let version = 3
+    package static let version = 3
     /// The oldest client version a daemon of this build serves. A daemon refuses a client
     /// outside ``oldestVersion`` … ``version``, naming both versions (a version 2 client would
     /// read its session from the socket, which carries none of its bytes now).
-    public static let oldestVersion = 3
+    package static let oldestVersion = 3
 
     /// The failure's message when a client's version is not served: both versions, and what to do.
-    public static func versionMismatch(daemon: ClosedRange<Int>, client: Int) -> String {
+    package static func versionMismatch(daemon: ClosedRange<Int>, client: Int) -> String {
         let served = daemon.count == 1 ? "protocol \(daemon.lowerBound)" : "protocol \(daemon.lowerBound) to \(daemon.upperBound)"
         let advice = client < daemon.lowerBound ? "update the client (its library) to the release of this iapd" : "update iapd to the client's release"
         return "this iapd speaks \(served), the client protocol \(client): \(advice)"
     }
     /// Where the daemon listens unless configured otherwise.
-    public static let defaultSocketPath = "/run/iapd/iapd.sock"
+    package static let defaultSocketPath = "/run/iapd/iapd.sock"
     /// The environment variable that names another socket (for clients and the daemon).
-    public static let socketEnvironmentVariable = "IAPD_SOCKET"
+    package static let socketEnvironmentVariable = "IAPD_SOCKET"
     /// The longest request the daemon reads (a request is small: hello, list, open, stats).
-    public static let maximumRequestLength = 16 * 1024
+    package static let maximumRequestLength = 16 * 1024
     /// The longest message a client reads (a list of many accessories).
-    public static let maximumReplyLength = 8 * 1024 * 1024
+    package static let maximumReplyLength = 8 * 1024 * 1024
     /// The longest protocol string a request may name (iAP2 strings are short reverse-DNS names).
-    public static let maximumProtocolStringLength = 255
+    package static let maximumProtocolStringLength = 255
     /// The longest client name a hello may carry.
-    public static let maximumClientNameLength = 256
+    package static let maximumClientNameLength = 256
 }
 
 /// A request from a client, with the number the client gave it (echoed in the reply).
-public struct ClientMessage: Codable, Sendable, Hashable {
+package struct ClientMessage: Codable, Sendable, Hashable {
     /// Chosen by the client; the reply carries it back.
-    public var id: UInt32
+    package var id: UInt32
     /// What the client asks for.
-    public var request: ClientRequest
+    package var request: ClientRequest
 
     /// A request numbered `id`.
-    public init(id: UInt32, request: ClientRequest) {
+    package init(id: UInt32, request: ClientRequest) {
         self.id = id
         self.request = request
     }
 }
 
 /// What a client can ask of the daemon.
-public enum ClientRequest: Codable, Sendable, Hashable {
+package enum ClientRequest: Codable, Sendable, Hashable {
     /// The first message: the protocol version the client speaks and a name for the logs.
     case hello(version: Int, client: String)
     /// The accessories connected now.
@@ -73,7 +73,7 @@ public enum ClientRequest: Codable, Sendable, Hashable {
     case stats
 
     /// Checks the request's fields against the protocol's limits; nil when they hold, else why not.
-    public var invalidity: String? {
+    package var invalidity: String? {
         switch self {
         case let .hello(version, client):
             if version < 1 { return "hello: version \(version) is not a protocol version" }
@@ -95,21 +95,21 @@ public enum ClientRequest: Codable, Sendable, Hashable {
 }
 
 /// A message from the daemon: a reply (with the request's id) or an event (id nil).
-public struct DaemonMessage: Codable, Sendable, Hashable {
+package struct DaemonMessage: Codable, Sendable, Hashable {
     /// The request this answers; nil for events.
-    public var id: UInt32?
+    package var id: UInt32?
     /// The reply or event.
-    public var reply: DaemonReply
+    package var reply: DaemonReply
 
     /// A reply to request `id`, or an event when `id` is nil.
-    public init(id: UInt32?, reply: DaemonReply) {
+    package init(id: UInt32?, reply: DaemonReply) {
         self.id = id
         self.reply = reply
     }
 }
 
 /// What the daemon says.
-public enum DaemonReply: Codable, Sendable, Hashable {
+package enum DaemonReply: Codable, Sendable, Hashable {
     /// Answers hello: the daemon's protocol version, its build, and the accessories now.
     case welcome(version: Int, daemon: String, accessories: [AccessoryRecord])
     /// Answers list.
@@ -136,9 +136,9 @@ public enum DaemonReply: Codable, Sendable, Hashable {
 }
 
 /// Why a request failed, in a form a client can act on and a person can read.
-public struct DaemonFailure: Codable, Sendable, Hashable, Error, CustomStringConvertible {
+package struct DaemonFailure: Codable, Sendable, Hashable, Error, CustomStringConvertible {
     /// What kind of failure.
-    public enum Code: String, Codable, Sendable, Hashable {
+    package enum Code: String, Codable, Sendable, Hashable {
         /// The request was malformed or broke a limit; the client is dropped.
         case badRequest = "bad-request"
         /// The client speaks another protocol version.
@@ -160,61 +160,61 @@ public struct DaemonFailure: Codable, Sendable, Hashable, Error, CustomStringCon
     }
 
     /// What kind of failure.
-    public var code: Code
+    package var code: Code
     /// The failure in a sentence, with what to do.
-    public var message: String
+    package var message: String
     /// For ``Code/protocolInUse``: who holds the session (pid and command line).
-    public var holder: SessionHolder?
+    package var holder: SessionHolder?
 
     /// A failure.
-    public init(_ code: Code, _ message: String, holder: SessionHolder? = nil) {
+    package init(_ code: Code, _ message: String, holder: SessionHolder? = nil) {
         self.code = code
         self.message = message
         self.holder = holder
     }
 
     /// The message.
-    public var description: String { message }
+    package var description: String { message }
 }
 
 /// The process that holds a session, as the kernel identified it when it connected.
-public struct SessionHolder: Codable, Sendable, Hashable, CustomStringConvertible {
+package struct SessionHolder: Codable, Sendable, Hashable, CustomStringConvertible {
     /// Its process id.
-    public var pid: Int32
+    package var pid: Int32
     /// Its user id.
-    public var uid: UInt32
+    package var uid: UInt32
     /// Its command line (arguments joined by spaces), or empty when it could not be read.
-    public var command: String
+    package var command: String
 
     /// A holder.
-    public init(pid: Int32, uid: UInt32, command: String) {
+    package init(pid: Int32, uid: UInt32, command: String) {
         self.pid = pid
         self.uid = uid
         self.command = command
     }
 
     /// `pid 1234 (iapctl open com.example.echo)`.
-    public var description: String { command.isEmpty ? "pid \(pid)" : "pid \(pid) (\(command))" }
+    package var description: String { command.isEmpty ? "pid \(pid)" : "pid \(pid) (\(command))" }
 }
 
 /// An accessory as the daemon describes it to clients.
-public struct AccessoryRecord: Codable, Sendable, Hashable {
+package struct AccessoryRecord: Codable, Sendable, Hashable {
     /// The daemon's id for it (unique while the daemon runs; a reconnection gets a new one).
-    public var id: Int
+    package var id: Int
     /// Everything it declared in identification, and its authentication outcome.
-    public var identity: AccessoryIdentity
+    package var identity: AccessoryIdentity
     /// The kind of wire (`usb`, `serial`, `memory`, `gadget`, `bluetooth`).
-    public var transportKind: String
+    package var transportKind: String
     /// Where it is attached, as the daemon names it.
-    public var location: String
+    package var location: String
     /// The USB device, for accessories on USB.
-    public var usb: USBDeviceRecord?
+    package var usb: USBDeviceRecord?
     /// The accessory's Bluetooth address (`00:1A:7D:DA:71:13`), for accessories on Bluetooth;
     /// absent from older daemons' records.
-    public var bluetoothAddress: String?
+    package var bluetoothAddress: String?
 
     /// A record.
-    public init(id: Int, identity: AccessoryIdentity, transportKind: String, location: String, usb: USBDeviceRecord? = nil,
+    package init(id: Int, identity: AccessoryIdentity, transportKind: String, location: String, usb: USBDeviceRecord? = nil,
                 bluetoothAddress: String? = nil) {
         self.id = id
         self.identity = identity
@@ -226,28 +226,28 @@ public struct AccessoryRecord: Codable, Sendable, Hashable {
 }
 
 /// The USB facts of an accessory a client may want (to follow a device that re-enumerates).
-public struct USBDeviceRecord: Codable, Sendable, Hashable {
+package struct USBDeviceRecord: Codable, Sendable, Hashable {
     /// Bus number.
-    public var bus: UInt8
+    package var bus: UInt8
     /// Address on the bus.
-    public var address: UInt8
+    package var address: UInt8
     /// Hub ports from the root.
-    public var portPath: [UInt8]
+    package var portPath: [UInt8]
     /// idVendor.
-    public var vendorID: UInt16
+    package var vendorID: UInt16
     /// idProduct.
-    public var productID: UInt16
+    package var productID: UInt16
     /// bcdDevice.
-    public var release: UInt16
+    package var release: UInt16
     /// The iManufacturer string.
-    public var manufacturer: String?
+    package var manufacturer: String?
     /// The iProduct string.
-    public var product: String?
+    package var product: String?
     /// The iSerialNumber string.
-    public var serialNumber: String?
+    package var serialNumber: String?
 
     /// A record of the given facts.
-    public init(bus: UInt8, address: UInt8, portPath: [UInt8], vendorID: UInt16, productID: UInt16, release: UInt16,
+    package init(bus: UInt8, address: UInt8, portPath: [UInt8], vendorID: UInt16, productID: UInt16, release: UInt16,
                 manufacturer: String?, product: String?, serialNumber: String?) {
         self.bus = bus
         self.address = address

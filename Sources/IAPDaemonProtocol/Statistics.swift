@@ -6,61 +6,61 @@
 /// an accessory counted is kept after it goes away, and a reconnection adds to it. Gauges
 /// (`…Now`, ``accessories``) are the state at the moment. Every list holds every kind it is
 /// keyed by, zeros included, in a fixed order, so that a reader sees the same series each time.
-public struct DaemonStatistics: Codable, Sendable, Hashable {
+package struct DaemonStatistics: Codable, Sendable, Hashable {
     /// The daemon's name and version (`iapd 0.2.0`).
-    public var daemon: String
+    package var daemon: String
     /// When the daemon started, seconds since the Unix epoch.
-    public var startTime: Double
+    package var startTime: Double
     /// Per kind of transport (``TransportStatistics/transports``, in that order).
-    public var transports: [TransportStatistics]
+    package var transports: [TransportStatistics]
     /// Accessories identified, by the verdict of their authentication (``authenticationOutcomes``,
     /// in that order): `verified`, `not-verified` (let in by a recording policy), `not-checked`.
     /// One a `require` policy refused is never identified: it counts as a transport failure.
-    public var authentications: [Count]
+    package var authentications: [Count]
     /// Sessions open now.
-    public var sessionsNow: Int
+    package var sessionsNow: Int
     /// Sessions opened since the daemon started.
-    public var sessionsOpenedTotal: Int
+    package var sessionsOpenedTotal: Int
     /// Session bytes the accessories took from clients (handed to their links).
-    public var bytesClientToAccessoryTotal: Int
+    package var bytesClientToAccessoryTotal: Int
     /// Session bytes the accessories sent that went into clients' rings.
-    public var bytesAccessoryToClientTotal: Int
+    package var bytesAccessoryToClientTotal: Int
     /// Clients connected now.
-    public var clientsNow: Int
+    package var clientsNow: Int
     /// Clients served since the daemon started (refused ones not included).
-    public var clientsAcceptedTotal: Int
+    package var clientsAcceptedTotal: Int
     /// Clients refused, by reason (``clientRefusalReasons``): `permission` (not root, not in the
     /// group), `too-many-clients`.
-    public var clientsRefused: [Count]
+    package var clientsRefused: [Count]
     /// Opens that failed, by ``DaemonFailure/Code`` (``openFailureCodes``, in that order).
-    public var openFailures: [Count]
+    package var openFailures: [Count]
     /// Other failures, by kind (``failureKinds``, in that order): `transport` (a transport failed
     /// before its accessory was identified: a failed handshake, a USB device reset, a refused
     /// authentication), `bad-request` (a client dropped for breaking the protocol),
     /// `slow-client` (one dropped for leaving its events unread), `broken-ring` (a session
     /// closed because its client broke the shared ring), `accept` (a client could not be
     /// accepted: out of descriptors…).
-    public var failures: [Count]
+    package var failures: [Count]
 
     /// The transport labels, in the order of ``transports``: `usb`, `serial`, `bluetooth`,
     /// `simulated` (the built-in simulator, whose transport is `memory`).
-    public static let transportNames = ["usb", "serial", "bluetooth", "simulated"]
+    package static let transportNames = ["usb", "serial", "bluetooth", "simulated"]
     /// The states an accessory is counted in: `identified` (authenticated and identified: what
     /// clients see) and `connecting` (its transport is attached; link, authentication or
     /// identification under way).
-    public static let accessoryStates = ["identified", "connecting"]
+    package static let accessoryStates = ["identified", "connecting"]
     /// The outcomes of ``authentications``.
-    public static let authenticationOutcomes = ["verified", "not-verified", "not-checked"]
+    package static let authenticationOutcomes = ["verified", "not-verified", "not-checked"]
     /// The reasons of ``clientsRefused``.
-    public static let clientRefusalReasons = ["permission", "too-many-clients"]
+    package static let clientRefusalReasons = ["permission", "too-many-clients"]
     /// The codes of ``openFailures``: those an open can fail with.
-    public static let openFailureCodes: [DaemonFailure.Code] = [.noSuchAccessory, .unsupportedProtocol, .protocolInUse, .refused,
+    package static let openFailureCodes: [DaemonFailure.Code] = [.noSuchAccessory, .unsupportedProtocol, .protocolInUse, .refused,
                                                                 .tooManySessions, .failed]
     /// The kinds of ``failures``.
-    public static let failureKinds = ["transport", "bad-request", "slow-client", "broken-ring", "accept"]
+    package static let failureKinds = ["transport", "bad-request", "slow-client", "broken-ring", "accept"]
 
     /// Statistics of a daemon that started at `startTime` and has counted nothing yet.
-    public init(daemon: String, startTime: Double) {
+    package init(daemon: String, startTime: Double) {
         self.daemon = daemon
         self.startTime = startTime
         transports = Self.transportNames.map { TransportStatistics(transport: $0) }
@@ -77,21 +77,21 @@ public struct DaemonStatistics: Codable, Sendable, Hashable {
     }
 
     /// The transport's statistics, by its label.
-    public func transport(_ name: String) -> TransportStatistics? { transports.first { $0.transport == name } }
+    package func transport(_ name: String) -> TransportStatistics? { transports.first { $0.transport == name } }
 
     /// Accessories identified now, on every transport.
-    public var accessoriesIdentifiedNow: Int { transports.reduce(0) { $0 + $1.identifiedNow } }
+    package var accessoriesIdentifiedNow: Int { transports.reduce(0) { $0 + $1.identifiedNow } }
 }
 
 /// A count under a name (a label value: a transport, an outcome, a failure code or kind).
-public struct Count: Codable, Sendable, Hashable {
+package struct Count: Codable, Sendable, Hashable {
     /// What is counted.
-    public var name: String
+    package var name: String
     /// How many.
-    public var count: Int
+    package var count: Int
 
     /// `count` of `name`.
-    public init(_ name: String, _ count: Int = 0) {
+    package init(_ name: String, _ count: Int = 0) {
         self.name = name
         self.count = count
     }
@@ -99,7 +99,7 @@ public struct Count: Codable, Sendable, Hashable {
 
 extension [Count] {
     /// The count named `name` (0 when it is not listed).
-    public subscript(named name: String) -> Int {
+    package subscript(named name: String) -> Int {
         get { first { $0.name == name }?.count ?? 0 }
         set {
             if let index = firstIndex(where: { $0.name == name }) { self[index].count = newValue } else { append(Count(name, newValue)) }
@@ -109,7 +109,7 @@ extension [Count] {
 
 extension [TransportStatistics] {
     /// The statistics of the transport labelled `name` (a new one at zero when it is not listed).
-    public subscript(named name: String) -> TransportStatistics {
+    package subscript(named name: String) -> TransportStatistics {
         get { first { $0.transport == name } ?? TransportStatistics(transport: name) }
         set {
             if let index = firstIndex(where: { $0.transport == name }) { self[index] = newValue } else { append(newValue) }
@@ -118,31 +118,31 @@ extension [TransportStatistics] {
 }
 
 /// The accessories and link counters of one kind of transport.
-public struct TransportStatistics: Codable, Sendable, Hashable {
+package struct TransportStatistics: Codable, Sendable, Hashable {
     /// `usb`, `serial`, `bluetooth` or `simulated` (``DaemonStatistics/transportNames``).
-    public var transport: String
+    package var transport: String
     /// Accessories identified now.
-    public var identifiedNow = 0
+    package var identifiedNow = 0
     /// Transports attached now whose accessory is not identified yet.
-    public var connectingNow = 0
+    package var connectingNow = 0
     /// Accessories identified since the daemon started (each reconnection counts).
-    public var identifiedTotal = 0
+    package var identifiedTotal = 0
     /// Accessories that went away since the daemon started.
-    public var disconnectedTotal = 0
+    package var disconnectedTotal = 0
     /// iAP2 link packets sent (SYN and data, retransmissions included).
-    public var linkPacketsSentTotal = 0
+    package var linkPacketsSentTotal = 0
     /// iAP2 link packets received whose checksums verified.
-    public var linkPacketsReceivedTotal = 0
+    package var linkPacketsReceivedTotal = 0
     /// Data packets the host sent again (the accessory did not acknowledge them in time, or
     /// asked for them again). On a reliable wire (USB, RFCOMM) they mean the host sends faster
     /// than the accessory acknowledges.
-    public var linkRetransmissionsTotal = 0
+    package var linkRetransmissionsTotal = 0
     /// Times a link started over after it was up (the accessory restarted it, or the host
     /// reset it); the accessory is identified again after each.
-    public var linkResetsTotal = 0
+    package var linkResetsTotal = 0
 
     /// A transport that counted nothing yet.
-    public init(transport: String) {
+    package init(transport: String) {
         self.transport = transport
     }
 }

@@ -1,5 +1,5 @@
 public import IAPWire
-public import ByteRing
+package import ByteRing
 
 /// One side of an iAP2 connection: the link, the control session (authentication,
 /// identification, power) and the EA session router, as one deterministic state machine.
@@ -135,7 +135,8 @@ public struct IAP2Endpoint: Sendable {
 
     /// Feeds received bytes lent by the transport (a USB IN slot): EA data that lies whole in
     /// them is kept as a view of the lease (no copy) until read.
-    public mutating func receive(lent lease: SlotLease, now: LinkTime) {
+    public mutating func receive(lent bytes: LentBytes, now: LinkTime) {
+        let lease = bytes.lease
         upper.now = now
         link.receive(lent: lease, now: now, sink: &upper)
         settle(now: now)
@@ -176,7 +177,7 @@ public struct IAP2Endpoint: Sendable {
     /// Whether packets are waiting.
     public var hasOutput: Bool { link.hasOutput }
     /// Buffers the transport lends for outgoing packets (see ``IAP2Link/transmitBuffers``).
-    public var transmitBuffers: PacketBufferPool? {
+    package var transmitBuffers: PacketBufferPool? {
         get { link.transmitBuffers }
         set { link.transmitBuffers = newValue }
     }

@@ -1,5 +1,5 @@
 public import IAPWire
-public import ByteRing
+package import ByteRing
 
 /// One side of a connection whichever protocol it speaks: an ``IAP2Endpoint`` or an
 /// ``IAP1Endpoint`` behind the same calls and the same ``EndpointEvent``s.
@@ -171,9 +171,10 @@ public struct IAPEndpoint: Sendable {
 
     /// Feeds bytes lent by the transport (a USB IN slot; iAP2 keeps views of the lease instead
     /// of copying).
-    public mutating func receive(lent lease: SlotLease, now: LinkTime) {
+    public mutating func receive(lent bytes: LentBytes, now: LinkTime) {
+        let lease = bytes.lease
         switch running {
-        case .iap2: two.receive(lent: lease, now: now)
+        case .iap2: two.receive(lent: bytes, now: now)
         case let .iap1(one): change(one) { one in lease.withSpan { one.receive($0, now: now) } }
         }
         if switches { switchIfNeeded(now: now) }
@@ -248,7 +249,7 @@ public struct IAPEndpoint: Sendable {
 
     /// Buffers the transport lends for outgoing iAP2 packets (see ``IAP2Link/transmitBuffers``);
     /// kept across a switch of protocol. iAP1 does not use them.
-    public var transmitBuffers: PacketBufferPool? {
+    package var transmitBuffers: PacketBufferPool? {
         get { transmitBufferPool }
         set {
             transmitBufferPool = newValue

@@ -1,4 +1,4 @@
-public import ByteRing
+package import ByteRing
 public import IAPWire
 
 /// The iAP2 link layer as a deterministic state machine, for both roles.
@@ -177,7 +177,7 @@ public struct IAP2Link: Sendable {
     /// sends from as it is (usbfs device memory), so a packet laid out there is never copied
     /// again. Used for payloads of at least ``transmitBufferThreshold`` bytes while one is free;
     /// arrays otherwise.
-    public var transmitBuffers: PacketBufferPool?
+    package var transmitBuffers: PacketBufferPool?
     /// The smallest payload given a transmit buffer: shorter ones (control messages, short
     /// writes) are copied into arrays, where a copy costs little and a whole buffer would be
     /// wasted.
@@ -367,7 +367,7 @@ public struct IAP2Link: Sendable {
         if payloadCapacity >= Self.transmitBufferThreshold, let pool = transmitBuffers, needed <= pool.bufferCapacity,
            let buffer = pool.take() {
             buffer.appendZeros(LinkPacketHeader.size)
-            return .buffer(buffer)
+            return .buffer(TransmitBuffer(buffer))
         }
         return .bytes(framedBuffer(payloadCapacity: payloadCapacity))
     }

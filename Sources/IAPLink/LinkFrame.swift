@@ -1,15 +1,14 @@
-public import ByteRing
 internal import IAPWire
 
-/// One frame for the transport to send, as the link holds it: an array, or a ``PacketBuffer``
+/// One frame for the transport to send, as the link holds it: an array, or a ``TransmitBuffer``
 /// the transport lent (memory it can submit as it is: usbfs device memory for USB). A link
 /// packet in a buffer was laid out there by the writer and finished there by the link; the
 /// transport sends it without copying it and the link keeps it until the peer acknowledges it.
 public enum LinkFrame: Sendable {
     /// A frame in an array (control frames, and every frame of a transport that lends no buffers).
     case bytes([UInt8])
-    /// A frame in a buffer from the transport's ``PacketBufferPool``.
-    case buffer(PacketBuffer)
+    /// A frame in a buffer from the transport's ``TransmitBuffers``.
+    case buffer(TransmitBuffer)
 
     /// The frame's length in bytes.
     public var count: Int {
@@ -71,7 +70,7 @@ extension LinkFrame {
     var capacity: Int {
         switch self {
         case let .bytes(bytes): bytes.capacity
-        case let .buffer(buffer): buffer.capacity
+        case let .buffer(buffer): buffer.packet.capacity
         }
     }
 
@@ -83,7 +82,7 @@ extension LinkFrame {
             bytes.withUnsafeBytes { array.append(contentsOf: $0) }
             self = .bytes(array)
         case let .buffer(buffer):
-            buffer.append(bytes)
+            buffer.packet.append(bytes)
         }
     }
 
@@ -95,7 +94,7 @@ extension LinkFrame {
             array.append(byte)
             self = .bytes(array)
         case let .buffer(buffer):
-            buffer.append(byte)
+            buffer.packet.append(byte)
         }
     }
 }

@@ -1,4 +1,4 @@
-public import ByteRing
+package import ByteRing
 internal import IAPWire
 
 // Input of the link: received bytes scanned into frames, each handled by its kind and control
@@ -18,7 +18,7 @@ extension IAP2Link {
     /// Feeds received bytes lent by the transport (a USB IN slot). Payloads that lie whole in
     /// them are offered to the sink as views of the lease too, which the sink may keep instead of
     /// copying them.
-    public mutating func receive<Sink: LinkSink>(lent lease: SlotLease, now: LinkTime, sink: inout Sink) {
+    package mutating func receive<Sink: LinkSink>(lent lease: SlotLease, now: LinkTime, sink: inout Sink) {
         lease.withSpan { receive($0, backing: .lease(lease), now: now, sink: &sink) }
     }
 

@@ -69,7 +69,8 @@ extension IAP2Link {
                 statistics.packetsSent += 1
             }
             packet = .bytes(array)
-        case let .buffer(buffer):
+        case let .buffer(frame):
+            let buffer = frame.packet
             guard buffer.pendingTransmissions == 0 else { return false }
             if !checksummed { buffer.append(0) }
             let finished = buffer.withMutableSpan { span in
@@ -77,7 +78,7 @@ extension IAP2Link {
                                   sessionID: sessionID, checksummed: checksummed)
             }
             if finished {
-                outbox.append(.buffer(buffer))
+                outbox.append(.buffer(frame))
                 statistics.packetsSent += 1
             }
         }

@@ -1,4 +1,4 @@
-public import ByteRing
+package import ByteRing
 
 /// Received bytes kept where they arrived, without a copy: a view of the array a transport
 /// delivered, or of a USB IN slot lent by the transport (``SlotLease``). What a session queues
@@ -17,7 +17,7 @@ public struct ReceivedBytes: Sendable {
     public init(_ bytes: ArraySlice<UInt8>) { storage = .array(bytes) }
 
     /// A view of `range` of the bytes `lease` lends.
-    public init(_ lease: SlotLease, range: Range<Int>) {
+    package init(_ lease: SlotLease, range: Range<Int>) {
         precondition(range.lowerBound >= 0 && range.upperBound <= lease.count, "a view beyond the lent bytes")
         storage = .lease(lease, range)
     }

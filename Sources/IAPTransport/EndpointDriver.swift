@@ -1,4 +1,4 @@
-public import ByteRing
+internal import ByteRing
 public import Dispatch
 public import IAPLink
 
@@ -16,7 +16,7 @@ public protocol DrivenMachine: SendableMetatype {
     mutating func receive(_ bytes: RawSpan, now: LinkTime)
     /// Bytes lent by the transport beyond the call (a USB IN slot), which the machine may keep
     /// views of; the default reads them in place.
-    mutating func receive(lent lease: SlotLease, now: LinkTime)
+    mutating func receive(lent bytes: LentBytes, now: LinkTime)
     /// Lets time pass to `now`: retransmissions, acknowledgement and answer timeouts that are due
     /// run here. The driver calls it when ``nextDeadline`` is reached (possibly a little later).
     mutating func advance(to now: LinkTime)
@@ -41,9 +41,9 @@ public protocol DrivenMachine: SendableMetatype {
     /// update queues carries it (the driver takes the frames again after the update, with
     /// ``DrivenMachine/takeFrames(into:)``). The default is ``DrivenMachine/takeFrames(into:)``.
     mutating func takeFramesBeforeUpdate(into frames: inout [LinkFrame])
-    /// Told the transport's transmit buffers (``PacketBufferPool``), when it lends any, to lay
+    /// Told the transport's transmit buffers (``TransmitBuffers``), when it lends any, to lay
     /// outgoing packets out in; the default ignores them.
-    mutating func useTransmitBuffers(_ pool: PacketBufferPool)
+    mutating func useTransmitBuffers(_ buffers: TransmitBuffers)
     /// Told, before each ``DrivenMachine/advance(to:)``, how far a byte-stream transport has got with its
     /// output (its ``Transport/capability(_:)`` for ``TransportOutputProgress``), so that
     /// retransmission timers do not count time spent in the transport's queue; the default
@@ -58,7 +58,7 @@ extension DrivenMachine {
 
     public mutating func takeFramesBeforeUpdate(into frames: inout [LinkFrame]) { takeFrames(into: &frames) }
 
-    public mutating func useTransmitBuffers(_ pool: PacketBufferPool) {}
+    public mutating func useTransmitBuffers(_ buffers: TransmitBuffers) {}
 
     public mutating func noteOutputProgress(_ progress: TransportOutputProgress) {}
 
@@ -68,16 +68,16 @@ extension DrivenMachine {
         receive(bytes.withUnsafeBytes { Array($0) }, now: now)
     }
 
-    public mutating func receive(lent lease: SlotLease, now: LinkTime) {
-        lease.withSpan { receive($0, now: now) }
+    public mutating func receive(lent bytes: LentBytes, now: LinkTime) {
+        bytes.withSpan { receive($0, now: now) }
     }
 }
 
 extension IAP2Endpoint: DrivenMachine {
-    public mutating func useTransmitBuffers(_ pool: PacketBufferPool) { transmitBuffers = pool }
+    public mutating func useTransmitBuffers(_ buffers: TransmitBuffers) { transmitBuffers = buffers.pool }
 }
 extension IAPEndpoint: DrivenMachine {
-    public mutating func useTransmitBuffers(_ pool: PacketBufferPool) { transmitBuffers = pool }
+    public mutating func useTransmitBuffers(_ buffers: TransmitBuffers) { transmitBuffers = buffers.pool }
 }
 
 /// Runs a ``DrivenMachine`` over a ``Transport`` on one serial Dispatch queue: the event loop.
@@ -144,7 +144,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         timer = clock.makeTimer(queue: queue) { [weak self] in self?.timerFired() }
         scheduledDeadline = nil
         transport.activate(queue: queue) { [weak self] event in self?.handle(event) }
-        if let pool = transport.capability(PacketBufferPool.self) { machine.useTransmitBuffers(pool) }
+        if let pool = transport.capability(PacketBufferPool.self) { machine.useTransmitBuffers(TransmitBuffers(pool)) }
         let now = self.now
         machine.start(now: now)
         settle(now: now)
@@ -181,7 +181,7 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         dispatchPrecondition(condition: .onQueue(queue))
         self.machine = machine
         guard running else { return }
-        if let pool = transport.capability(PacketBufferPool.self) { self.machine.useTransmitBuffers(pool) }
+        if let pool = transport.capability(PacketBufferPool.self) { self.machine.useTransmitBuffers(TransmitBuffers(pool)) }
         let now = self.now
         self.machine.start(now: now)
         settle(now: now)
@@ -216,8 +216,8 @@ public final class EndpointDriver<Machine: DrivenMachine>: @unchecked Sendable {
         case let .borrowed(bytes):
             bytes.withSpan { machine.receive($0, now: now) }
             settle(now: now)
-        case let .lent(lease):
-            machine.receive(lent: lease, now: now)
+        case let .lent(bytes):
+            machine.receive(lent: bytes, now: now)
             settle(now: now)
         case let .closed(error):
             running = false

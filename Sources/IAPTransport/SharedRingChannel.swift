@@ -1,4 +1,4 @@
-public import ByteRing
+package import ByteRing
 public import Dispatch
 internal import Glibc
 internal import SystemCalls
@@ -73,7 +73,7 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
 
     /// A channel on `memory` for `role`, woken through `socket` (a connected stream socket, made
     /// non-blocking here, which the channel now owns).
-    public init(memory: SharedRingMemory, socket: Int32, role: Role, description: String) {
+    package init(memory: SharedRingMemory, socket: Int32, role: Role, description: String) {
         self.memory = memory
         self.descriptor = socket
         self.role = role

@@ -41,7 +41,7 @@ public final class TracingTransport: Transport {
             switch event {
             case let .received(bytes): observer(.in, bytes)
             case let .borrowed(bytes): observer(.in, bytes.copied())
-            case let .lent(lease): observer(.in, lease.withUnsafeBytes { Array($0) })
+            case let .lent(bytes): observer(.in, bytes.copied())
             case .closed: break
             }
             handler(event)

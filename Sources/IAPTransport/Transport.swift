@@ -1,4 +1,3 @@
-public import ByteRing
 public import Dispatch
 public import IAPLink
 
@@ -27,7 +26,7 @@ public enum TransportEvent: Sendable {
     /// slot): keep the lease (or views of it, ``ReceivedBytes``) as long as they are needed and
     /// read it on the transport's queue; the buffer goes back after the last reference went (or
     /// the transport moves the bytes out of it, for a reader that holds it too long).
-    case lent(SlotLease)
+    case lent(LentBytes)
     /// The transport closed: `nil` when asked to, otherwise why (the device vanished, a read
     /// failed…). No event follows.
     case closed(TransportError?)

@@ -3,9 +3,9 @@
 ///
 /// A release changes ``string`` and ``releaseDate`` together with CHANGELOG.md's newest
 /// version heading (`## [0.2.0] - 2026-12-01`); a test keeps the three in step.
-public enum AccessoryHostVersion {
+package enum AccessoryHostVersion {
     /// The semantic version, e.g. `0.2.0`.
-    public static let string = "0.2.0"
+    package static let string = "0.2.0"
     /// The day ``string`` was released, `YYYY-MM-DD`.
-    public static let releaseDate = "2026-12-01"
+    package static let releaseDate = "2026-12-01"
 }

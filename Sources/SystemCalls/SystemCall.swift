@@ -1,33 +1,33 @@
-public import Glibc
+package import Glibc
 
 /// A failed system call's `errno`, with its name and text.
 ///
 /// Compare errors by ``code`` (or the ``kind`` shortcuts); the text is for people.
-public struct SystemError: Error, Hashable, Sendable, CustomStringConvertible {
+package struct SystemError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The `errno` value.
-    public let code: Int32
+    package let code: Int32
 
     /// Wraps an `errno` value.
-    public init(_ code: Int32) { self.code = code }
+    package init(_ code: Int32) { self.code = code }
 
     /// The error of the last failed system call on this thread.
-    public static var last: SystemError { SystemError(errno) }
+    package static var last: SystemError { SystemError(errno) }
 
     /// The errno's symbolic name, e.g. `ENOENT`, or `errno 123` for one not in the table.
-    public var name: String {
+    package var name: String {
         SystemError.names[code] ?? "errno \(code)"
     }
 
     /// `strerror(3)`'s text, e.g. "No such file or directory".
-    public var text: String {
+    package var text: String {
         strerror(code).map { String(cString: $0) } ?? "error \(code)"
     }
 
     /// The text with the name, e.g. "No such file or directory (ENOENT)".
-    public var description: String { "\(text) (\(name))" }
+    package var description: String { "\(text) (\(name))" }
 
     /// What the error means to a caller that only needs to decide what to do next.
-    public var kind: Kind {
+    package var kind: Kind {
         switch code {
         case EINTR: .interrupted
         case EAGAIN, EWOULDBLOCK: .wouldBlock
@@ -41,7 +41,7 @@ public struct SystemError: Error, Hashable, Sendable, CustomStringConvertible {
     }
 
     /// Coarse classes of ``SystemError`` that callers decide on.
-    public enum Kind: Sendable, Hashable {
+    package enum Kind: Sendable, Hashable {
         /// `EINTR`: a signal interrupted the call (returned only when the caller asked to stop retrying).
         case interrupted
         /// `EAGAIN` / `EWOULDBLOCK`: a non-blocking descriptor has nothing now.
@@ -75,11 +75,11 @@ public struct SystemError: Error, Hashable, Sendable, CustomStringConvertible {
 ///
 /// Each takes `retry`, asked after every `EINTR`: `true` (the default) calls again; `false`
 /// returns ``SystemError/Kind/interrupted``, for a thread that is woken by a signal to stop.
-public enum SystemCall {
+package enum SystemCall {
     /// Calls `body` until it returns a non-negative value or fails with something other than
     /// `EINTR` (or with `EINTR` once `retry()` says no).
     @inline(__always)
-    public static func retrying<Value: SignedInteger>(
+    package static func retrying<Value: SignedInteger>(
         retry: () -> Bool = { true }, _ body: () -> Value
     ) -> Result<Value, SystemError> {
         while true {
@@ -92,13 +92,13 @@ public enum SystemCall {
     }
 
     /// `read(2)` into `buffer`: the count read (0 at the end of the file), or the error.
-    public static func read(_ descriptor: Int32, into buffer: UnsafeMutableRawBufferPointer,
+    package static func read(_ descriptor: Int32, into buffer: UnsafeMutableRawBufferPointer,
                             retry: () -> Bool = { true }) -> Result<Int, SystemError> {
         retrying(retry: retry) { Glibc.read(descriptor, buffer.baseAddress, buffer.count) }
     }
 
     /// One `write(2)` of `bytes`: the count written (perhaps fewer), or the error.
-    public static func write(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer,
+    package static func write(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer,
                              retry: () -> Bool = { true }) -> Result<Int, SystemError> {
         retrying(retry: retry) { Glibc.write(descriptor, bytes.baseAddress, bytes.count) }
     }
@@ -106,7 +106,7 @@ public enum SystemCall {
     /// Writes all of `bytes`, calling `write(2)` again after partial writes. A write that takes
     /// nothing fails with `EIO`. On a non-blocking descriptor it may fail with
     /// ``SystemError/Kind/wouldBlock`` part way: use ``write(_:_:retry:)`` there.
-    public static func writeAll(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer,
+    package static func writeAll(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer,
                                 retry: () -> Bool = { true }) -> Result<Void, SystemError> {
         var offset = 0
         while offset < bytes.count {
@@ -121,7 +121,7 @@ public enum SystemCall {
 
     /// `poll(2)` over `descriptors` for up to `timeout` milliseconds (-1: no limit): the number
     /// of descriptors with events, or the error. An interrupted wait is retried whole.
-    public static func poll(_ descriptors: inout [pollfd], timeout: Int32 = -1,
+    package static func poll(_ descriptors: inout [pollfd], timeout: Int32 = -1,
                             retry: () -> Bool = { true }) -> Result<Int32, SystemError> {
         retrying(retry: retry) {
             descriptors.withUnsafeMutableBufferPointer { Glibc.poll($0.baseAddress, nfds_t($0.count), timeout) }
@@ -129,12 +129,12 @@ public enum SystemCall {
     }
 
     /// `open(2)`: the new descriptor, or the error.
-    public static func open(_ path: String, _ flags: Int32, mode: mode_t = 0) -> Result<Int32, SystemError> {
+    package static func open(_ path: String, _ flags: Int32, mode: mode_t = 0) -> Result<Int32, SystemError> {
         retrying { Glibc.open(path, flags, mode) }
     }
 
     /// `ioctl(2)` with a pointer argument: its result, or the error.
-    public static func ioctl(_ descriptor: Int32, _ request: UInt, _ argument: UnsafeMutableRawPointer) -> Result<Int32, SystemError> {
+    package static func ioctl(_ descriptor: Int32, _ request: UInt, _ argument: UnsafeMutableRawPointer) -> Result<Int32, SystemError> {
         retrying { Glibc.ioctl(descriptor, request, argument) }
     }
 }

@@ -2,16 +2,16 @@ internal import Glibc
 
 /// The credentials of the process at the other end of a Unix socket, as the kernel recorded
 /// them when it connected (`SO_PEERCRED`): they cannot be forged by the peer.
-public struct PeerCredentials: Sendable, Hashable {
+package struct PeerCredentials: Sendable, Hashable {
     /// The peer's process id.
-    public var pid: Int32
+    package var pid: Int32
     /// The peer's effective user id.
-    public var uid: UInt32
+    package var uid: UInt32
     /// The peer's effective group id.
-    public var gid: UInt32
+    package var gid: UInt32
 
     /// Credentials as given.
-    public init(pid: Int32, uid: UInt32, gid: UInt32) {
+    package init(pid: Int32, uid: UInt32, gid: UInt32) {
         self.pid = pid
         self.uid = uid
         self.gid = gid
@@ -24,17 +24,17 @@ public struct PeerCredentials: Sendable, Hashable {
 /// `SIGPIPE` (`MSG_NOSIGNAL`): a peer that went away is the error `EPIPE`.
 ///
 /// The one place of the project where `sockaddr_un` and control messages are laid out by hand.
-public enum UnixSocket {
+package enum UnixSocket {
     /// The longest path a Unix socket address holds (`sun_path` less its terminating zero).
-    public static let maximumPathLength = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
+    package static let maximumPathLength = MemoryLayout.size(ofValue: sockaddr_un().sun_path) - 1
 
     /// The most descriptors one received message may carry; any beyond are closed.
-    public static let maximumPassedDescriptors = 4
+    package static let maximumPassedDescriptors = 4
 
     /// A non-blocking socket bound to `path` and listening. An existing socket file at `path`
     /// is replaced only when no one listens on it (a daemon that crashed left it): with someone
     /// listening, fails with `EADDRINUSE`.
-    public static func listen(path: String, backlog: Int32 = 128) -> Result<Int32, SystemError> {
+    package static func listen(path: String, backlog: Int32 = 128) -> Result<Int32, SystemError> {
         guard path.utf8.count <= maximumPathLength else { return .failure(SystemError(ENAMETOOLONG)) }
         if case .success(let probe) = connect(path: path) {
             _ = Glibc.close(probe)
@@ -53,7 +53,7 @@ public enum UnixSocket {
     }
 
     /// Connects to the socket at `path`; the descriptor is non-blocking once connected.
-    public static func connect(path: String) -> Result<Int32, SystemError> {
+    package static func connect(path: String) -> Result<Int32, SystemError> {
         guard path.utf8.count <= maximumPathLength else { return .failure(SystemError(ENAMETOOLONG)) }
         let made = SystemCall.retrying { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         guard case .success(let descriptor) = made else { return made }
@@ -68,7 +68,7 @@ public enum UnixSocket {
 
     /// Accepts one waiting connection: the new non-blocking descriptor, or `wouldBlock` when
     /// none waits.
-    public static func accept(_ listener: Int32) -> Result<Int32, SystemError> {
+    package static func accept(_ listener: Int32) -> Result<Int32, SystemError> {
         // accept4 is a GNU extension Swift's Glibc module does not show: the flags are set after.
         let accepted = SystemCall.retrying { Glibc.accept(listener, nil, nil) }
         guard case .success(let descriptor) = accepted else { return accepted }
@@ -78,7 +78,7 @@ public enum UnixSocket {
     }
 
     /// A connected pair of non-blocking stream sockets.
-    public static func pair() -> Result<(Int32, Int32), SystemError> {
+    package static func pair() -> Result<(Int32, Int32), SystemError> {
         var descriptors: [Int32] = [-1, -1]
         let made = descriptors.withUnsafeMutableBufferPointer { buffer in
             SystemCall.retrying {
@@ -90,13 +90,13 @@ public enum UnixSocket {
     }
 
     /// Puts a descriptor in non-blocking mode.
-    public static func setNonBlocking(_ descriptor: Int32) {
+    package static func setNonBlocking(_ descriptor: Int32) {
         let flags = fcntl(descriptor, F_GETFL)
         if flags >= 0 { _ = fcntl(descriptor, F_SETFL, flags | O_NONBLOCK) }
     }
 
     /// One `send(2)` of `bytes` (perhaps fewer taken), without `SIGPIPE`.
-    public static func send(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer) -> Result<Int, SystemError> {
+    package static func send(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer) -> Result<Int, SystemError> {
         SystemCall.retrying { Glibc.send(descriptor, bytes.baseAddress, bytes.count, Int32(MSG_NOSIGNAL)) }
     }
 
@@ -104,7 +104,7 @@ public enum UnixSocket {
     /// ``maximumPassedDescriptors``). The descriptors travel with the first byte: a stream socket
     /// takes all of a short message or none of it when it has room for it, and the receiver gets
     /// the descriptors with the bytes it reads first.
-    public static func send(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, passing passed: [Int32]) -> Result<Int, SystemError> {
+    package static func send(_ descriptor: Int32, _ bytes: UnsafeRawBufferPointer, passing passed: [Int32]) -> Result<Int, SystemError> {
         precondition((1...maximumPassedDescriptors).contains(passed.count), "1 to \(maximumPassedDescriptors) descriptors")
         let space = controlSpace(descriptors: passed.count)
         var control = [UInt8](repeating: 0, count: space)
@@ -131,7 +131,7 @@ public enum UnixSocket {
     /// One `recvmsg(2)` into `buffer`: the count read (0: the peer closed), and the descriptors
     /// that came with those bytes appended to `descriptors` (close-on-exec; more than
     /// ``maximumPassedDescriptors`` are closed and dropped).
-    public static func receive(_ descriptor: Int32, into buffer: UnsafeMutableRawBufferPointer,
+    package static func receive(_ descriptor: Int32, into buffer: UnsafeMutableRawBufferPointer,
                                descriptors: inout [Int32]) -> Result<Int, SystemError> {
         let space = controlSpace(descriptors: maximumPassedDescriptors)
         var control = [UInt8](repeating: 0, count: space)
@@ -172,7 +172,7 @@ public enum UnixSocket {
     }
 
     /// Who is at the other end of a connected Unix socket.
-    public static func peerCredentials(_ descriptor: Int32) -> Result<PeerCredentials, SystemError> {
+    package static func peerCredentials(_ descriptor: Int32) -> Result<PeerCredentials, SystemError> {
         // struct ucred (pid_t pid; uid_t uid; gid_t gid), three 32-bit fields; a GNU extension
         // Swift's Glibc module does not show, so it is read as three words.
         var words: [UInt32] = [0, 0, 0]
@@ -183,7 +183,7 @@ public enum UnixSocket {
     }
 
     /// Bytes written to the socket that its peer has not read yet (`SIOCOUTQ`), or nil.
-    public static func unreadByPeer(_ descriptor: Int32) -> Int? {
+    package static func unreadByPeer(_ descriptor: Int32) -> Int? {
         var count: Int32 = 0
         guard case .success = SystemCall.ioctl(descriptor, UInt(TIOCOUTQ), &count) else { return nil }
         return Int(count)
@@ -191,7 +191,7 @@ public enum UnixSocket {
 
     /// Sets the kernel's send and receive buffer sizes (the kernel doubles the value and caps
     /// it at its `wmem_max` / `rmem_max`).
-    public static func setBufferSizes(_ descriptor: Int32, bytes: Int32) {
+    package static func setBufferSizes(_ descriptor: Int32, bytes: Int32) {
         var value = bytes
         _ = setsockopt(descriptor, SOL_SOCKET, SO_SNDBUF, &value, socklen_t(MemoryLayout<Int32>.size))
         _ = setsockopt(descriptor, SOL_SOCKET, SO_RCVBUF, &value, socklen_t(MemoryLayout<Int32>.size))

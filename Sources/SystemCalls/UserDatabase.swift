@@ -2,9 +2,9 @@ internal import Glibc
 
 /// Users, groups and processes as the system names them: what a permission error names, and
 /// what the daemon checks a client against.
-public enum UserDatabase {
+package enum UserDatabase {
     /// The name of group `gid`, or nil when it has none.
-    public static func groupName(of gid: UInt32) -> String? {
+    package static func groupName(of gid: UInt32) -> String? {
         var group = Glibc.group()
         var result: UnsafeMutablePointer<Glibc.group>?
         var buffer = [CChar](repeating: 0, count: 16 * 1024)
@@ -14,7 +14,7 @@ public enum UserDatabase {
     }
 
     /// The id of the group named `name`, or nil when there is none.
-    public static func groupID(named name: String) -> UInt32? {
+    package static func groupID(named name: String) -> UInt32? {
         var group = Glibc.group()
         var result: UnsafeMutablePointer<Glibc.group>?
         var buffer = [CChar](repeating: 0, count: 16 * 1024)
@@ -25,7 +25,7 @@ public enum UserDatabase {
 
     /// Whether user `uid` (with primary group `gid`) belongs to group `member`: as its primary
     /// group, or as a supplementary one in the group database.
-    public static func user(_ uid: UInt32, primaryGroup gid: UInt32, isIn member: UInt32) -> Bool {
+    package static func user(_ uid: UInt32, primaryGroup gid: UInt32, isIn member: UInt32) -> Bool {
         if gid == member { return true }
         var password = passwd()
         var result: UnsafeMutablePointer<passwd>?
@@ -44,7 +44,7 @@ public enum UserDatabase {
 
     /// The command line of process `pid` (its arguments joined by spaces, at most `limit`
     /// bytes), or empty when it cannot be read (gone, or hidden by `hidepid`).
-    public static func commandLine(of pid: Int32, limit: Int = 512) -> String {
+    package static func commandLine(of pid: Int32, limit: Int = 512) -> String {
         guard case .success(let descriptor) = SystemCall.open("/proc/\(pid)/cmdline", O_RDONLY | O_CLOEXEC) else { return "" }
         defer { _ = close(descriptor) }
         var bytes = [UInt8](repeating: 0, count: limit)

@@ -4,28 +4,28 @@
 // libusb.
 
 /// Why descriptor bytes could not be parsed.
-public struct USBDescriptorError: Error, Hashable, Sendable, CustomStringConvertible {
+package struct USBDescriptorError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What was wrong, e.g. "configuration descriptor: wTotalLength 64 but 40 bytes".
-    public var message: String
+    package var message: String
     /// An error saying `message`, which names the descriptor, the offset and the field that is wrong.
-    public init(_ message: String) { self.message = message }
-    public var description: String { message }
+    package init(_ message: String) { self.message = message }
+    package var description: String { message }
 }
 
 /// Direction and type of a USB endpoint.
-public struct USBEndpointDescriptor: Hashable, Sendable, CustomStringConvertible {
+package struct USBEndpointDescriptor: Hashable, Sendable, CustomStringConvertible {
     /// bEndpointAddress: bit 7 set for IN.
-    public var address: UInt8
+    package var address: UInt8
     /// bmAttributes: bits 0–1 are the transfer type.
-    public var attributes: UInt8
+    package var attributes: UInt8
     /// wMaxPacketSize (bits 0–10 are the size).
-    public var maxPacketSize: UInt16
+    package var maxPacketSize: UInt16
     /// bInterval: the polling interval of interrupt and isochronous endpoints (in frames or
     /// microframes, by speed); bulk endpoints ignore it.
-    public var interval: UInt8
+    package var interval: UInt8
 
     /// An endpoint with the descriptor's raw fields (as parsed, or as a test or a gadget declares it).
-    public init(address: UInt8, attributes: UInt8, maxPacketSize: UInt16, interval: UInt8 = 0) {
+    package init(address: UInt8, attributes: UInt8, maxPacketSize: UInt16, interval: UInt8 = 0) {
         self.address = address
         self.attributes = attributes
         self.maxPacketSize = maxPacketSize
@@ -33,38 +33,38 @@ public struct USBEndpointDescriptor: Hashable, Sendable, CustomStringConvertible
     }
 
     /// Device-to-host.
-    public var isIn: Bool { address & 0x80 != 0 }
+    package var isIn: Bool { address & 0x80 != 0 }
     /// A bulk endpoint.
-    public var isBulk: Bool { attributes & 0x03 == 2 }
+    package var isBulk: Bool { attributes & 0x03 == 2 }
     /// The packet size in bytes (without the high-bandwidth multiplier bits).
-    public var packetSize: Int { Int(maxPacketSize & 0x07FF) }
+    package var packetSize: Int { Int(maxPacketSize & 0x07FF) }
 
-    public var description: String {
+    package var description: String {
         let kind = ["control", "isochronous", "bulk", "interrupt"][Int(attributes & 3)]
         return "EP 0x\(String(address, radix: 16, uppercase: true)) \(isIn ? "IN" : "OUT") \(kind) \(packetSize)"
     }
 }
 
 /// One alternate setting of one interface.
-public struct USBInterfaceDescriptor: Hashable, Sendable {
+package struct USBInterfaceDescriptor: Hashable, Sendable {
     /// bInterfaceNumber: what claiming and SET_INTERFACE name.
-    public var number: UInt8
+    package var number: UInt8
     /// bAlternateSetting: 0 is the setting in force after SET_CONFIGURATION; others are selected with
     /// SET_INTERFACE.
-    public var alternateSetting: UInt8
+    package var alternateSetting: UInt8
     /// bInterfaceClass (0xFF: vendor-specific, as iAP2's interfaces are).
-    public var interfaceClass: UInt8
+    package var interfaceClass: UInt8
     /// bInterfaceSubClass (0xF0 for iAP2's interfaces).
-    public var interfaceSubclass: UInt8
+    package var interfaceSubclass: UInt8
     /// bInterfaceProtocol (0x00 for the iAP2 link interface, 0x01 for an EA native transport).
-    public var interfaceProtocol: UInt8
+    package var interfaceProtocol: UInt8
     /// iInterface: index of the interface's name string, 0 for none.
-    public var nameIndex: UInt8
+    package var nameIndex: UInt8
     /// The endpoints of this alternate setting, in descriptor order (endpoint 0 is never listed).
-    public var endpoints: [USBEndpointDescriptor]
+    package var endpoints: [USBEndpointDescriptor]
 
     /// An alternate setting with the descriptor's raw fields and its endpoints.
-    public init(number: UInt8, alternateSetting: UInt8 = 0, interfaceClass: UInt8, interfaceSubclass: UInt8, interfaceProtocol: UInt8,
+    package init(number: UInt8, alternateSetting: UInt8 = 0, interfaceClass: UInt8, interfaceSubclass: UInt8, interfaceProtocol: UInt8,
                 nameIndex: UInt8 = 0, endpoints: [USBEndpointDescriptor] = []) {
         self.number = number
         self.alternateSetting = alternateSetting
@@ -76,32 +76,32 @@ public struct USBInterfaceDescriptor: Hashable, Sendable {
     }
 
     /// Its class, subclass and protocol.
-    public var classTriple: USBInterfaceClass {
+    package var classTriple: USBInterfaceClass {
         USBInterfaceClass(interfaceClass, interfaceSubclass, interfaceProtocol)
     }
     /// The first bulk IN endpoint.
-    public var bulkIn: USBEndpointDescriptor? { endpoints.first { $0.isBulk && $0.isIn } }
+    package var bulkIn: USBEndpointDescriptor? { endpoints.first { $0.isBulk && $0.isIn } }
     /// The first bulk OUT endpoint.
-    public var bulkOut: USBEndpointDescriptor? { endpoints.first { $0.isBulk && !$0.isIn } }
+    package var bulkOut: USBEndpointDescriptor? { endpoints.first { $0.isBulk && !$0.isIn } }
 }
 
 /// A configuration: its value and every interface alternate setting in it, in descriptor order.
-public struct USBConfigurationDescriptor: Hashable, Sendable {
+package struct USBConfigurationDescriptor: Hashable, Sendable {
     /// bConfigurationValue (what SET_CONFIGURATION takes).
-    public var value: UInt8
+    package var value: UInt8
     /// iConfiguration: index of the configuration's name string, 0 for none.
-    public var nameIndex: UInt8
+    package var nameIndex: UInt8
     /// bmAttributes: bit 7 is always set, bit 6 self-powered, bit 5 remote wake-up.
-    public var attributes: UInt8
+    package var attributes: UInt8
     /// bMaxPower in units of 2 mA (USB 2) or 8 mA (USB 3).
-    public var maxPower: UInt8
+    package var maxPower: UInt8
     /// Every alternate setting of every interface, in descriptor order (an interface with several
     /// settings appears once per setting).
-    public var interfaces: [USBInterfaceDescriptor]
+    package var interfaces: [USBInterfaceDescriptor]
 
     /// A configuration with the descriptor's raw fields and its interfaces (as a test or a gadget
     /// declares one).
-    public init(value: UInt8, nameIndex: UInt8 = 0, attributes: UInt8 = 0x80, maxPower: UInt8 = 0, interfaces: [USBInterfaceDescriptor]) {
+    package init(value: UInt8, nameIndex: UInt8 = 0, attributes: UInt8 = 0x80, maxPower: UInt8 = 0, interfaces: [USBInterfaceDescriptor]) {
         self.value = value
         self.nameIndex = nameIndex
         self.attributes = attributes
@@ -114,7 +114,7 @@ public struct USBConfigurationDescriptor: Hashable, Sendable {
     /// skipped; endpoints before the first interface are an error.
     ///
     /// - Throws: ``USBDescriptorError`` naming the offset and the field that is wrong.
-    public init(parsing bytes: [UInt8]) throws(USBDescriptorError) {
+    package init(parsing bytes: [UInt8]) throws(USBDescriptorError) {
         guard bytes.count >= 9 else { throw USBDescriptorError("configuration descriptor: \(bytes.count) bytes, need at least 9") }
         guard bytes[1] == 0x02 else { throw USBDescriptorError("configuration descriptor: type 0x\(String(bytes[1], radix: 16)) at offset 1, expected 0x02") }
         guard bytes[0] >= 9 else { throw USBDescriptorError("configuration descriptor: bLength \(bytes[0]), need at least 9") }
@@ -154,26 +154,26 @@ public struct USBConfigurationDescriptor: Hashable, Sendable {
 }
 
 /// The device descriptor's identifying fields.
-public struct USBDeviceDescriptor: Hashable, Sendable {
+package struct USBDeviceDescriptor: Hashable, Sendable {
     /// idVendor, the USB-IF vendor id.
-    public var vendorID: UInt16
+    package var vendorID: UInt16
     /// idProduct, the vendor's product id (an accessory's bootloader often has another one).
-    public var productID: UInt16
+    package var productID: UInt16
     /// bcdDevice, the device's release number.
-    public var release: UInt16
+    package var release: UInt16
     /// bDeviceClass: 0 when each interface names its own class (as iAP2 accessories do).
-    public var deviceClass: UInt8
+    package var deviceClass: UInt8
     /// iManufacturer: index of the manufacturer's name string, 0 for none.
-    public var manufacturerIndex: UInt8
+    package var manufacturerIndex: UInt8
     /// iProduct: index of the product's name string, 0 for none.
-    public var productIndex: UInt8
+    package var productIndex: UInt8
     /// iSerialNumber: index of the serial number string, 0 for none.
-    public var serialNumberIndex: UInt8
+    package var serialNumberIndex: UInt8
     /// bNumConfigurations: how many configurations the device offers.
-    public var configurationCount: UInt8
+    package var configurationCount: UInt8
 
     /// A device descriptor with the given fields (as a test or a gadget declares one).
-    public init(vendorID: UInt16, productID: UInt16, release: UInt16 = 0, deviceClass: UInt8 = 0, manufacturerIndex: UInt8 = 0,
+    package init(vendorID: UInt16, productID: UInt16, release: UInt16 = 0, deviceClass: UInt8 = 0, manufacturerIndex: UInt8 = 0,
                 productIndex: UInt8 = 0, serialNumberIndex: UInt8 = 0, configurationCount: UInt8 = 1) {
         self.vendorID = vendorID
         self.productID = productID
@@ -186,7 +186,7 @@ public struct USBDeviceDescriptor: Hashable, Sendable {
     }
 
     /// Parses the 18-byte device descriptor.
-    public init(parsing bytes: [UInt8]) throws(USBDescriptorError) {
+    package init(parsing bytes: [UInt8]) throws(USBDescriptorError) {
         guard bytes.count >= 18, bytes[0] >= 18 else { throw USBDescriptorError("device descriptor: \(bytes.count) bytes, need 18") }
         guard bytes[1] == 0x01 else { throw USBDescriptorError("device descriptor: type 0x\(String(bytes[1], radix: 16)) at offset 1, expected 0x01") }
         self.init(vendorID: UInt16(bytes[8]) | UInt16(bytes[9]) << 8, productID: UInt16(bytes[10]) | UInt16(bytes[11]) << 8,
@@ -195,10 +195,7 @@ public struct USBDeviceDescriptor: Hashable, Sendable {
     }
 
     /// `vvvv:pppp` in lower-case hex, as lsusb writes it.
-    public var idString: String { Self.hex4(vendorID) + ":" + Self.hex4(productID) }
-
-    /// The vendor and product ids.
-    public var usbID: USBID { USBID(vendorID: vendorID, productID: productID) }
+    package var idString: String { Self.hex4(vendorID) + ":" + Self.hex4(productID) }
 
     static func hex4(_ value: UInt16) -> String {
         let digits = String(value, radix: 16)
@@ -206,55 +203,24 @@ public struct USBDeviceDescriptor: Hashable, Sendable {
     }
 }
 
-/// A vendor and product id pair: what lsusb writes as `vvvv:pppp`.
-public struct USBID: Hashable, Sendable, CustomStringConvertible {
-    /// The vendor id (idVendor).
-    public var vendorID: UInt16
-    /// The product id (idProduct).
-    public var productID: UInt16
-
-    /// The pair `vendorID:productID`.
-    public init(vendorID: UInt16, productID: UInt16) {
-        self.vendorID = vendorID
-        self.productID = productID
-    }
-
-    /// Parses `VID:PID`: two hex numbers of 1 to 4 digits, each with an optional `0x`; nil
-    /// for anything else.
-    public init?(parsing text: String) {
-        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
-        guard parts.count == 2 else { return nil }
-        func number(_ part: Substring) -> UInt16? {
-            let digits = part.hasPrefix("0x") || part.hasPrefix("0X") ? part.dropFirst(2) : part
-            guard (1...4).contains(digits.count), digits.allSatisfy(\.isHexDigit) else { return nil }
-            return UInt16(digits, radix: 16)
-        }
-        guard let vendor = number(parts[0]), let product = number(parts[1]) else { return nil }
-        self.init(vendorID: vendor, productID: product)
-    }
-
-    /// `vvvv:pppp` in lower-case hex.
-    public var description: String { USBDeviceDescriptor.hex4(vendorID) + ":" + USBDeviceDescriptor.hex4(productID) }
-}
-
 /// An interface's class, subclass and protocol: what a function is recognised by.
-public struct USBInterfaceClass: Hashable, Sendable, CustomStringConvertible {
+package struct USBInterfaceClass: Hashable, Sendable, CustomStringConvertible {
     /// bInterfaceClass.
-    public var classCode: UInt8
+    package var classCode: UInt8
     /// bInterfaceSubClass.
-    public var subclass: UInt8
+    package var subclass: UInt8
     /// bInterfaceProtocol.
-    public var protocolCode: UInt8
+    package var protocolCode: UInt8
 
     /// The triple `classCode/subclass/protocolCode`.
-    public init(_ classCode: UInt8, _ subclass: UInt8, _ protocolCode: UInt8) {
+    package init(_ classCode: UInt8, _ subclass: UInt8, _ protocolCode: UInt8) {
         self.classCode = classCode
         self.subclass = subclass
         self.protocolCode = protocolCode
     }
 
     /// `FF/F0/00` in upper-case hex.
-    public var description: String {
+    package var description: String {
         [classCode, subclass, protocolCode].map { USBInterfaceClass.hex2($0) }.joined(separator: "/")
     }
 
@@ -268,38 +234,38 @@ public struct USBInterfaceClass: Hashable, Sendable, CustomStringConvertible {
 /// companion interfaces of another class in the same configuration, each opened by selecting an
 /// alternate setting that has a bulk pair. The host's protocol layer says which classes (the
 /// `USBTransport` module gives the iAP2 ones); this layer only matches them.
-public struct USBFunctionMatch: Hashable, Sendable {
+package struct USBFunctionMatch: Hashable, Sendable {
     /// The class of the interface the function runs over.
-    public var main: USBInterfaceClass
+    package var main: USBInterfaceClass
     /// The class of the companion interfaces, if the function has any.
-    public var companion: USBInterfaceClass?
+    package var companion: USBInterfaceClass?
 
     /// Matches `main` with a bulk pair, and `companion` interfaces beside it.
-    public init(main: USBInterfaceClass, companion: USBInterfaceClass? = nil) {
+    package init(main: USBInterfaceClass, companion: USBInterfaceClass? = nil) {
         self.main = main
         self.companion = companion
     }
 }
 
 /// Where a device's function is, as a ``USBFunctionMatch`` found it.
-public struct USBFunctionLocation: Hashable, Sendable {
+package struct USBFunctionLocation: Hashable, Sendable {
     /// The configuration that has the interface.
-    public var configurationValue: UInt8
+    package var configurationValue: UInt8
     /// Whether that configuration has to be selected first (it is not the active one).
-    public var needsConfigurationChange: Bool
+    package var needsConfigurationChange: Bool
     /// The main interface (alternate setting 0 unless only another one has the endpoints).
-    public var interface: USBInterfaceDescriptor
+    package var interface: USBInterfaceDescriptor
     /// Its bulk IN endpoint.
-    public var bulkIn: USBEndpointDescriptor
+    package var bulkIn: USBEndpointDescriptor
     /// Its bulk OUT endpoint.
-    public var bulkOut: USBEndpointDescriptor
+    package var bulkOut: USBEndpointDescriptor
     /// The companion interfaces of the same configuration, every alternate setting.
-    public var companions: [USBInterfaceDescriptor]
+    package var companions: [USBInterfaceDescriptor]
 
     /// The companion interfaces that can carry data: for each interface number, the alternate
     /// setting that has a bulk IN and a bulk OUT endpoint (normally 1; alternate setting 0 has
     /// none and means "closed"), in interface order.
-    public var nativeInterfaces: [NativeInterfaceLocation] {
+    package var nativeInterfaces: [NativeInterfaceLocation] {
         var found: [NativeInterfaceLocation] = []
         for number in Set(companions.map(\.number)).sorted() {
             let settings = companions.filter { $0.number == number && $0.alternateSetting != 0 }
@@ -317,7 +283,7 @@ public struct USBFunctionLocation: Hashable, Sendable {
     /// endpoint, in the active configuration if it has one, else in the first configuration that
     /// does (which the host then selects, as usbmuxd does for its interface). Nil when no
     /// configuration has one.
-    public static func find(_ match: USBFunctionMatch, in configurations: [USBConfigurationDescriptor],
+    package static func find(_ match: USBFunctionMatch, in configurations: [USBConfigurationDescriptor],
                             activeConfiguration: UInt8?) -> USBFunctionLocation? {
         func candidate(_ configuration: USBConfigurationDescriptor) -> USBFunctionLocation? {
             for interface in configuration.interfaces where interface.classTriple == match.main {
@@ -341,20 +307,20 @@ public struct USBFunctionLocation: Hashable, Sendable {
 /// A companion interface that carries data once opened (iAP's EA native transport, PROTOCOL.md
 /// §4.3): selecting ``alternateSetting`` (normally 1) opens the protocol's session and gives it
 /// the bulk pair; alternate setting 0, which has no endpoints, closes it.
-public struct NativeInterfaceLocation: Hashable, Sendable {
+package struct NativeInterfaceLocation: Hashable, Sendable {
     /// bInterfaceNumber.
-    public var number: UInt8
+    package var number: UInt8
     /// The alternate setting with the bulk pair.
-    public var alternateSetting: UInt8
+    package var alternateSetting: UInt8
     /// iInterface: the index of its name string (the EA protocol name, by convention), 0 for none.
-    public var nameIndex: UInt8
+    package var nameIndex: UInt8
     /// The bulk IN endpoint of that setting: the accessory's bytes for the session.
-    public var bulkIn: USBEndpointDescriptor
+    package var bulkIn: USBEndpointDescriptor
     /// The bulk OUT endpoint of that setting: the host's bytes for the session.
-    public var bulkOut: USBEndpointDescriptor
+    package var bulkOut: USBEndpointDescriptor
 
     /// A native interface at `number`, opened by selecting `alternateSetting`, with its bulk pair.
-    public init(number: UInt8, alternateSetting: UInt8, nameIndex: UInt8, bulkIn: USBEndpointDescriptor, bulkOut: USBEndpointDescriptor) {
+    package init(number: UInt8, alternateSetting: UInt8, nameIndex: UInt8, bulkIn: USBEndpointDescriptor, bulkOut: USBEndpointDescriptor) {
         self.number = number
         self.alternateSetting = alternateSetting
         self.nameIndex = nameIndex
@@ -364,7 +330,7 @@ public struct NativeInterfaceLocation: Hashable, Sendable {
 }
 
 /// Decodes a string descriptor (UTF-16LE after a 2-byte header); nil when it is not one.
-public func decodeStringDescriptor(_ bytes: [UInt8]) -> String? {
+package func decodeStringDescriptor(_ bytes: [UInt8]) -> String? {
     guard bytes.count >= 2, bytes[1] == 0x03 else { return nil }
     let length = min(Int(bytes[0]), bytes.count)
     guard length >= 2 else { return nil }

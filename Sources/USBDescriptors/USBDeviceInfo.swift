@@ -1,34 +1,34 @@
 /// A USB device as the host sees it: where it is, what its descriptors say, and where its iAP
 /// interface is (nil when it has none: not an accessory in USB host mode).
-public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
+package struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
     /// The bus number (as lsusb and `/dev/bus/usb/BUS/…` show it).
-    public var bus: UInt8
+    package var bus: UInt8
     /// The device address on its bus: assigned at enumeration, new after every replug or reset.
-    public var address: UInt8
+    package var address: UInt8
     /// Hub ports from the root, e.g. [1, 2].
-    public var portPath: [UInt8]
+    package var portPath: [UInt8]
     /// The device descriptor's identifying fields (vendor and product ids, string indexes).
-    public var descriptor: USBDeviceDescriptor
+    package var descriptor: USBDeviceDescriptor
     /// Every configuration the device offers, with its interfaces and endpoints.
-    public var configurations: [USBConfigurationDescriptor]
+    package var configurations: [USBConfigurationDescriptor]
     /// The bConfigurationValue in force, nil when the device is unconfigured (or it could not be read).
-    public var activeConfiguration: UInt8?
+    package var activeConfiguration: UInt8?
     /// Where the function the context looks for is, nil for other devices.
-    public var function: USBFunctionLocation?
+    package var function: USBFunctionLocation?
     /// The strings read at open (nil until then, or when the device has none).
-    public var manufacturer: String?
+    package var manufacturer: String?
     /// The product name string (iProduct), read at open.
-    public var product: String?
+    package var product: String?
     /// The serial number string (iSerialNumber), read at open; part of ``stableIdentity``.
-    public var serialNumber: String?
+    package var serialNumber: String?
     /// The names (iInterface strings) of the native-transport interfaces, by interface number,
     /// read at open: by convention each is the EA protocol the interface carries.
-    public var nativeInterfaceNames: [UInt8: String] = [:]
+    package var nativeInterfaceNames: [UInt8: String] = [:]
 
     /// A device as given: where it is and its device descriptor (configurations, function
     /// and strings empty until known): what a client of the accessory daemon rebuilds from the
     /// daemon's description.
-    public init(bus: UInt8, address: UInt8, portPath: [UInt8], descriptor: USBDeviceDescriptor,
+    package init(bus: UInt8, address: UInt8, portPath: [UInt8], descriptor: USBDeviceDescriptor,
                 configurations: [USBConfigurationDescriptor] = [], activeConfiguration: UInt8? = nil, function: USBFunctionLocation? = nil,
                 manufacturer: String? = nil, product: String? = nil, serialNumber: String? = nil) {
         self.bus = bus
@@ -45,17 +45,17 @@ public struct USBDeviceInfo: Sendable, Hashable, CustomStringConvertible {
 
     /// `bus-port.port…` as the kernel names the device in sysfs, e.g. `1-1.2`: stable while the
     /// device stays in the same port, unlike the address.
-    public var location: String {
+    package var location: String {
         portPath.isEmpty ? "usb\(bus)" : "\(bus)-" + portPath.map(String.init).joined(separator: ".")
     }
 
     /// The usbfs node, e.g. `/dev/bus/usb/001/005`.
-    public var devicePath: String { "/dev/bus/usb/\(Self.pad3(bus))/\(Self.pad3(address))" }
+    package var devicePath: String { "/dev/bus/usb/\(Self.pad3(bus))/\(Self.pad3(address))" }
 
     /// A stable identity: the port path and, once read, the serial number.
-    public var stableIdentity: String { serialNumber.map { "\(location)/\($0)" } ?? location }
+    package var stableIdentity: String { serialNumber.map { "\(location)/\($0)" } ?? location }
 
-    public var description: String {
+    package var description: String {
         var text = "usb \(location) \(descriptor.idString)"
         if let product { text += " \(product)" }
         if let serialNumber, !serialNumber.isEmpty { text += " (serial \(serialNumber))" }

@@ -1,3 +1,4 @@
+package import USBDescriptors
 internal import CLibUSB
 internal import Dispatch
 internal import Glibc
@@ -30,7 +31,7 @@ enum HotplugChange {
 /// never run on the event queue.
 protocol USBBackend: AnyObject, Sendable {
     /// Every device on the machine now.
-    func listDevices() -> Result<[DeviceSnapshot], USBError>
+    func listDevices() -> Result<[DeviceSnapshot], USBHostError>
     func releaseDevice(_ device: OpaquePointer)
     /// Whether hotplug notifications work here.
     var hasHotplug: Bool { get }
@@ -98,11 +99,11 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
         if debug { let line = "usb-loop: \(text())\n"; _ = line.withCString { write(2, $0, strlen($0)) } }
     }
 
-    init(queue: DispatchQueue) throws(USBError) {
+    init(queue: DispatchQueue) throws(USBHostError) {
         var context: OpaquePointer?
         let status = libusb_init(&context)
         guard status == 0, let context else {
-            throw USBError(.unavailable, "USB is not available on this machine (libusb_init: \(errorName(status)))",
+            throw USBHostError(.unavailable, "USB is not available on this machine (libusb_init: \(errorName(status)))",
                            advice: "check that usbfs is mounted at /dev/bus/usb; serial accessories (--serial) still work")
         }
         self.context = context
@@ -204,11 +205,11 @@ final class LibUSBBackend: USBBackend, @unchecked Sendable {
 
     // MARK: Devices
 
-    func listDevices() -> Result<[DeviceSnapshot], USBError> {
+    func listDevices() -> Result<[DeviceSnapshot], USBHostError> {
         var list: UnsafeMutablePointer<OpaquePointer?>?
         let count = libusb_get_device_list(context, &list)
         guard count >= 0, let list else {
-            return .failure(USBError(code: Int32(count), "cannot list USB devices"))
+            return .failure(USBHostError(code: Int32(count), "cannot list USB devices"))
         }
         defer { libusb_free_device_list(list, 1) }
         var snapshots: [DeviceSnapshot] = []

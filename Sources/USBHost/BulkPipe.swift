@@ -1,3 +1,4 @@
+package import USBDescriptors
 internal import ByteRing
 internal import CLibUSB
 internal import Dispatch
@@ -58,7 +59,7 @@ final class BulkPipe: @unchecked Sendable {
     let transmitBuffers: PacketBufferPool?
     /// Transfer counters (the owners add what they judge: errors, stalls, timeouts, and a
     /// zero-length packet sent as a transfer of its own…).
-    var statistics = USBPipeStatistics()
+    var statistics = USBPipeCounters()
     /// Whether every transfer could be allocated.
     let isComplete: Bool
     /// Told the end of every transfer, on the event queue.
@@ -203,7 +204,7 @@ final class BulkPipe: @unchecked Sendable {
 
     /// Gives lent IN slots back to the ring, oldest first, once their readers let go; when more
     /// than `maximumLent` are still lent, the bytes of the oldest move out of their slots into
-    /// memory of their lease's own (one copy, counted in ``USBPipeStatistics/bytesEvacuated``),
+    /// memory of their lease's own (one copy, counted in ``USBPipeCounters/bytesEvacuated``),
     /// so that at least `slotCount − maximumLent` transfers keep the pipe busy however slowly
     /// the reader reads. Call before ``refillIn()``.
     func reclaimLentIn(maximumLent: Int) {

@@ -1,10 +1,11 @@
+package import USBDescriptors
 internal import CLibUSB
 internal import Dispatch
 
 /// The events of a bulk pipe, whose last one says that it closed.
 protocol BulkPipeEvent: Sendable {
     /// The pipe closed: `nil` when asked to, otherwise why.
-    static func closed(_ error: USBError?) -> Self
+    static func closed(_ error: USBHostError?) -> Self
 }
 
 /// What a bulk pipe's owner decides at its end; the ``BulkPipeLifecycle`` asks.
@@ -17,16 +18,16 @@ protocol BulkPipePolicy: AnyObject {
     func willFree()
     /// The engine's memory and transfers are freed: release what the policy holds, then
     /// ``BulkPipeLifecycle/report(_:then:)``.
-    func freed(_ error: USBError?)
+    func freed(_ error: USBHostError?)
     /// The teardown deadline passed with transfers or calls still out (the engine is leaked,
     /// deaf): report the close anyway.
-    func abandoned(_ error: USBError?)
+    func abandoned(_ error: USBHostError?)
 }
 
 extension BulkPipePolicy {
     var closersPending: Int { 0 }
     func willFree() {}
-    func abandoned(_ error: USBError?) {}
+    func abandoned(_ error: USBHostError?) {}
 }
 
 /// The lifecycle both bulk pipes share, over their ``BulkPipe``: the state (idle, running,
@@ -39,7 +40,7 @@ extension BulkPipePolicy {
 /// Confined to the context's event queue, like its owner.
 final class BulkPipeLifecycle<Event: BulkPipeEvent>: @unchecked Sendable {
     // Sendability: every stored var is touched on the context's event queue only.
-    enum State { case idle, running, closing(USBError?), closed }
+    enum State { case idle, running, closing(USBHostError?), closed }
 
     /// Where the pipe is in its life.
     private(set) var state = State.idle
@@ -53,7 +54,7 @@ final class BulkPipeLifecycle<Event: BulkPipeEvent>: @unchecked Sendable {
     private(set) var handlerQueue: DispatchQueue?
     private var handler: (@Sendable (Event) -> Void)?
     /// Why the pipe closed, once closed.
-    private(set) var closedError: USBError?
+    private(set) var closedError: USBHostError?
     private var setupCallsInFlight = 0
     /// The owner, while libusb may still call back into the engine (it holds unretained
     /// pointers to it): from ``start(keeping:)`` until the close is reported.
@@ -128,7 +129,7 @@ final class BulkPipeLifecycle<Event: BulkPipeEvent>: @unchecked Sendable {
     /// Closes with `error`: runs `prepare` once the state says closing, cancels what is in flight
     /// and finishes once drained. With a deadline (milliseconds), transfers the kernel has not
     /// given back by then are abandoned (``BulkPipePolicy/abandoned(_:)``).
-    func beginClosing(_ error: USBError?, deadlineMilliseconds: Int? = nil, prepare: () -> Void = {}) {
+    func beginClosing(_ error: USBHostError?, deadlineMilliseconds: Int? = nil, prepare: () -> Void = {}) {
         state = .closing(error)
         prepare()
         engine.cancelAll()
@@ -173,7 +174,7 @@ final class BulkPipeLifecycle<Event: BulkPipeEvent>: @unchecked Sendable {
 
     /// The pipe is closed: the handler gets ``BulkPipeEvent/closed(_:)`` (and nothing after),
     /// then `finished` runs, then the owner is no longer kept alive.
-    func report(_ error: USBError?, then finished: (() -> Void)? = nil) {
+    func report(_ error: USBHostError?, then finished: (() -> Void)? = nil) {
         state = .closed
         closedError = error
         emit(.closed(error))

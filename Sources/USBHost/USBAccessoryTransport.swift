@@ -1,12 +1,13 @@
-public import ByteRing
+package import USBDescriptors
+package import ByteRing
 internal import CLibUSB
-public import Dispatch
+package import Dispatch
 internal import QueueConfinement
 
 /// The main bulk interface of one USB function (an accessory's iAP2 interface) as a pipe of
 /// frames out and bytes in; the `USBTransport` module makes it a `Transport`.
 ///
-/// IN: ``USBOptions/inTransfers`` bulk IN transfers are always queued, each over a slot of a
+/// IN: ``USBContextOptions/inTransfers`` bulk IN transfers are always queued, each over a slot of a
 /// ``ByteRing``; a completion publishes its slot and the bytes are handed to the event handler
 /// in place: lent beyond the call (``Event/lent(_:)``, the slot resubmitted once the reader let
 /// go, at most half the slots lent) or for the call only (``Event/borrowed(_:)``, the slot
@@ -18,11 +19,11 @@ internal import QueueConfinement
 /// back, then frees the slots, releases the interface and closes the device.
 ///
 /// Confined to the context's event queue (every method runs there).
-public final class USBAccessoryTransport: @unchecked Sendable {
+package final class USBAccessoryTransport: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only.
 
     /// Something that happened on the bulk pair.
-    public enum Event: Sendable {
+    package enum Event: Sendable {
         /// Bytes arrived, lent in place from the IN slot for the handler call only (when the
         /// handler runs on the context's queue).
         case borrowed(USBBorrowedBytes)
@@ -36,20 +37,20 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         /// Bytes arrived, copied (when the handler runs on another queue).
         case received([UInt8])
         /// The pipe closed: `nil` when asked to, otherwise why. No event follows.
-        case closed(USBError?)
+        case closed(USBHostError?)
     }
 
     /// What a person reads, e.g. `usb 1-1.2 2ca3:1002`.
-    public let description: String
+    package let description: String
     /// The device this transport talks to.
-    public let device: USBDeviceInfo
+    package let device: USBDeviceInfo
 
     /// The open device: claims, alternate settings, halts, the reset, the close.
     let deviceHandle: USBDeviceHandle
     let queue: DispatchQueue
     private let interface: UInt8
     // Internal, not private, where the opening of native pipes (USBNativeOpening.swift) uses it.
-    let options: USBOptions
+    let options: USBContextOptions
     /// The bulk pair's transfers and rings (the engine both bulk pipes share).
     let pipe: BulkPipe
     /// The state, the handler, the keep-alive, halts and the close (shared with the native pipes).
@@ -82,18 +83,18 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     private var deviceWentAway = false
     /// A device reset is under way (``resetDevice(completion:)``): nothing is submitted until it
     /// ends; its completion, once the reset ran.
-    private var pendingReset: (@Sendable (USBError?) -> Void)?
+    private var pendingReset: (@Sendable (USBHostError?) -> Void)?
     private var resetting: Bool { pendingReset != nil }
     private var resetStarted = false
 
     /// Counters since activation.
-    public var statistics: USBPipeStatistics {
+    package var statistics: USBPipeCounters {
         var statistics = pipe.statistics
         statistics.transmitBuffers = pipe.transmitBuffers?.bufferCount ?? 0
         return statistics
     }
 
-    init(device: USBDeviceInfo, handle deviceHandle: USBDeviceHandle, location: USBFunctionLocation, options: USBOptions,
+    init(device: USBDeviceInfo, handle deviceHandle: USBDeviceHandle, location: USBFunctionLocation, options: USBContextOptions,
          description: String, onFinished: @escaping () -> Void) {
         self.onFinished = onFinished
         self.device = device
@@ -107,7 +108,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
         let allocator = deviceHandle.slotAllocator(enabled: options.useDeviceMemory)
         pipe = BulkPipe(device: deviceHandle, inEndpoint: location.bulkIn.address, outEndpoint: location.bulkOut.address,
                         outPacketSize: location.bulkOut.packetSize,
-                        inCount: options.inTransfers, inSlotSize: options.inTransferSize ?? USBOptions.splitInTransferSize,
+                        inCount: options.inTransfers, inSlotSize: options.inTransferSize ?? USBContextOptions.splitInTransferSize,
                         outCount: options.outTransfers, outSlotSize: options.outTransferSize, allocator: allocator,
                         transmitBufferCount: options.transmitBuffers, description: description)
         lifecycle = BulkPipeLifecycle(engine: pipe, device: deviceHandle)
@@ -141,7 +142,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     ///     ``Event/borrowed(_:)`` (valid for the call only). At most half the IN slots stay lent:
     ///     past that, the oldest lease's bytes are copied out of its slot so the pipe keeps going.
     ///   - handler: gets every event of the pipe, in order, until ``Event/closed(_:)``.
-    public func activate(queue handlerQueue: DispatchQueue, lendingInSlots: Bool = false, handler: @escaping @Sendable (Event) -> Void) {
+    package func activate(queue handlerQueue: DispatchQueue, lendingInSlots: Bool = false, handler: @escaping @Sendable (Event) -> Void) {
         lifecycle.onQueue { [self] in
             guard case .idle = state else { return }
             lifecycle.listen(queue: handlerQueue, handler: handler)
@@ -165,28 +166,28 @@ public final class USBAccessoryTransport: @unchecked Sendable {
 
     /// Takes one frame; on the context's queue (where the manager calls it) it is submitted at
     /// once, from elsewhere it hops there first.
-    public func send(_ frame: [UInt8]) {
+    package func send(_ frame: [UInt8]) {
         onQueue { [self] in enqueue(.bytes(frame)) }
     }
 
     /// Buffers in device memory to lay frames out in and hand to ``send(buffer:)``, which sends
-    /// them without a copy: nil without device memory (or with ``USBOptions/transmitBuffers``
+    /// them without a copy: nil without device memory (or with ``USBContextOptions/transmitBuffers``
     /// 0). A buffer is free again once nobody holds it. Use them on the context's queue.
-    public var transmitBuffers: PacketBufferPool? { pipe.transmitBuffers }
+    package var transmitBuffers: PacketBufferPool? { pipe.transmitBuffers }
 
     /// Sends the frame laid out in `buffer` (one of ``transmitBuffers``) from where it lies, in
     /// one bulk OUT transfer, in order with the frames sent by ``send(_:)``. The buffer counts
     /// one more ``PacketBuffer/pendingTransmissions`` until the transfer ends (or the frame is
     /// dropped at close): until then its memory must not be rewritten. Call on the context's
     /// queue.
-    public func send(buffer: PacketBuffer) {
+    package func send(buffer: PacketBuffer) {
         dispatchPrecondition(condition: .onQueue(queue))
         buffer.pendingTransmissions += 1
         enqueue(.buffer(buffer))
     }
 
     /// Cancels what is in flight and closes the device; the handler then gets `.closed(nil)`.
-    public func cancel() {
+    package func cancel() {
         queue.async { [self] in
             switch state {
             case .idle:
@@ -449,7 +450,7 @@ public final class USBAccessoryTransport: @unchecked Sendable {
     /// did not come back as the same device (its descriptors changed, or it left the bus) the
     /// transport closes as disconnected: the context finds the device again when it returns.
     /// Refused while a native-transport session is open on the device.
-    public func resetDevice(completion: @escaping @Sendable (USBError?) -> Void) {
+    package func resetDevice(completion: @escaping @Sendable (USBHostError?) -> Void) {
         onQueue { [self] in
             guard case .running = state else { return completion(usbFailure("\(description) is closed")) }
             guard !resetting else { return completion(usbFailure("\(description) is being reset already")) }
@@ -510,12 +511,12 @@ public final class USBAccessoryTransport: @unchecked Sendable {
 
     // MARK: Teardown
 
-    private func fail(_ error: USBError) {
+    private func fail(_ error: USBHostError) {
         guard case .running = state else { return }
         beginClosing(error)
     }
 
-    private func beginClosing(_ error: USBError?) {
+    private func beginClosing(_ error: USBHostError?) {
         lifecycle.beginClosing(error, deadlineMilliseconds: options.teardownTimeoutMilliseconds) {
             for frame in waiting[waitingHead...] { drop(frame) }
             waiting.removeAll()
@@ -531,7 +532,7 @@ extension USBAccessoryTransport: BulkPipePolicy {
     var closersPending: Int { nativePipes.count }
 
     /// Releases the interface, closes the device and reports the close.
-    func freed(_ error: USBError?) {
+    func freed(_ error: USBHostError?) {
         deviceHandle.releaseInterface(interface)
         deviceHandle.close()
         report(error)
@@ -539,12 +540,12 @@ extension USBAccessoryTransport: BulkPipePolicy {
 
     /// Reports the close, leaking the device handle with the transfers, and keeps the context
     /// running: the kernel still owns them.
-    func abandoned(_ error: USBError?) {
+    func abandoned(_ error: USBHostError?) {
         onFinished = nil
         report(error ?? usbFailure("\(description): transfers did not finish within \(options.teardownTimeoutMilliseconds) ms of closing"))
     }
 
-    private func report(_ error: USBError?) {
+    private func report(_ error: USBHostError?) {
         lifecycle.report(error) { [self] in
             let finished = onFinished
             onFinished = nil

@@ -1,27 +1,28 @@
+package import USBDescriptors
 internal import CLibUSB
 internal import QueueConfinement
-public import Dispatch
+package import Dispatch
 
 /// How the USB layer behaves.
-public struct USBOptions: Sendable, Hashable {
+package struct USBContextOptions: Sendable, Hashable {
     /// Bulk IN transfers always queued per accessory (each over its own ring slot).
-    public var inTransfers = 4
+    package var inTransfers = 4
     /// Bytes per IN transfer, or `nil` to choose per device (the default): 65,536 where usbfs
     /// says the host controller does scatter-gather (one URB carries the whole transfer, and any
     /// link packet fits in one transfer, so the frame scanner reads every packet in place), and
     /// 16,384 elsewhere: there libusb splits larger transfers into chained 16 KiB URBs, which
     /// loses data on some controllers (the Raspberry Pi's dwc2) when a short packet ends them
-    /// (PROTOCOL.md §4.6). The size in use is in ``USBPipeStatistics/inTransferSize``.
-    public var inTransferSize: Int? = nil
+    /// (PROTOCOL.md §4.6). The size in use is in ``USBPipeCounters/inTransferSize``.
+    package var inTransferSize: Int? = nil
     /// The automatic ``inTransferSize`` with and without scatter-gather.
-    public static let largeInTransferSize = 65_536
+    package static let largeInTransferSize = 65_536
     /// The automatic ``inTransferSize`` where the host controller lacks scatter-gather (bytes):
     /// one 16 KiB URB per transfer, which libusb never splits.
-    public static let splitInTransferSize = 16_384
+    package static let splitInTransferSize = 16_384
     /// OUT transfers in flight at most; further frames wait in order.
-    public var outTransfers = 8
+    package var outTransfers = 8
     /// Bytes per OUT slot: one whole link packet (at most 65535 bytes).
-    public var outTransferSize = 65_536
+    package var outTransferSize = 65_536
     /// The most transmit buffers of ``outTransferSize`` bytes in usbfs DMA memory lent to the
     /// link for the packets it sends: a packet is laid out there by the writer, sent from there
     /// and kept there until acknowledged, so it is copied once. Eight are made at open, more
@@ -29,36 +30,36 @@ public struct USBOptions: Sendable, Hashable {
     /// this many. Packets that find none free (over the limit, without device memory, or past
     /// the kernel's usbfs memory limit, `usbfs_memory_mb`, 16 MiB for all devices by default) go
     /// through the OUT slots: one copy more. 0 turns them off.
-    public var transmitBuffers = 64
+    package var transmitBuffers = 64
     /// Take ring slots from usbfs DMA memory (`libusb_dev_mem_alloc`) when the kernel offers it.
-    public var useDeviceMemory = true
+    package var useDeviceMemory = true
     /// Detach a kernel driver bound to the iAP interface (none is expected) instead of failing.
-    public var detachKernelDriver = true
+    package var detachKernelDriver = true
     /// Use libusb hotplug notifications; false (or no hotplug support) polls the device list.
-    public var hotplug = true
+    package var hotplug = true
     /// How often the device list is polled without hotplug.
-    public var pollInterval: Duration = .seconds(1)
+    package var pollInterval: Duration = .seconds(1)
     /// OUT transfer timeout; doubles after each timeout up to the maximum, back after a success.
-    public var outTimeoutMilliseconds: UInt32 = 2_000
+    package var outTimeoutMilliseconds: UInt32 = 2_000
     /// The longest the OUT transfer timeout grows to by doubling, in milliseconds.
-    public var maxOutTimeoutMilliseconds: UInt32 = 30_000
+    package var maxOutTimeoutMilliseconds: UInt32 = 30_000
     /// Transfer errors in a row after which the transport gives up. The transfers in flight when
     /// one fails count as one; each round is retried after a back-off of 20 ms doubling to 1 s,
     /// so the default 8 spans about 2.3 s.
-    public var maxConsecutiveErrors = 8
+    package var maxConsecutiveErrors = 8
     /// Frames allowed to wait for a free OUT slot (the link window keeps it far below this).
-    public var maxQueuedFrames = 1_024
+    package var maxQueuedFrames = 1_024
     /// How long a teardown waits for libusb to give cancelled transfers back.
-    public var teardownTimeoutMilliseconds = 2_000
+    package var teardownTimeoutMilliseconds = 2_000
     /// Timeout of each string-descriptor read at open.
-    public var stringTimeoutMilliseconds: UInt32 = 1_000
+    package var stringTimeoutMilliseconds: UInt32 = 1_000
 
     /// The defaults, which suit accessories on any Linux host controller.
-    public init() {}
+    package init() {}
 }
 
 /// A device came or went.
-public enum USBDeviceEvent: Sendable {
+package enum USBDeviceEvent: Sendable {
     /// A device appeared (at start, every device already there arrives once).
     case arrived(USBDeviceInfo)
     /// A device went away (unplugged, reset or re-enumerated after a reboot): the info it arrived with.
@@ -80,15 +81,15 @@ extension USBDeviceInfo {
 /// calls `libusb_handle_events_timeout_completed` with a zero timeout when a source fires, and
 /// the calls that wait for the device (opening it, which reads its configuration;
 /// SET_CONFIGURATION, SET_INTERFACE, CLEAR_FEATURE(HALT)) run on a separate setup queue.
-public final class USBContext: @unchecked Sendable {
+package final class USBContext: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only.
 
     /// The queue that runs the event loop, every callback and every call that says "call on queue".
-    public let queue: DispatchQueue
+    package let queue: DispatchQueue
     /// The options the context was made with (transfer sizes and counts, hotplug, timeouts).
-    public let options: USBOptions
+    package let options: USBContextOptions
     /// The interfaces that make a device one this context opens.
-    public let function: USBFunctionMatch
+    package let function: USBFunctionMatch
     let backend: any USBBackend
     let setupQueue = DispatchQueue(label: "USBHost.setup")
     private var known: [DeviceKey: (OpaquePointer, USBDeviceInfo)] = [:]
@@ -104,18 +105,18 @@ public final class USBContext: @unchecked Sendable {
 
     /// Starts libusb and its event loop on `queue`.
     ///
-    /// - Throws: ``USBError`` of kind ``USBError/Kind/unavailable`` on a machine without USB.
+    /// - Throws: ``USBHostError`` of kind ``USBHostError/Kind/unavailable`` on a machine without USB.
     /// - Parameters:
     ///   - queue: the queue the event loop and every callback run on (give it the queue that
     ///     owns your protocol state, and no hop is needed).
     ///   - function: the interfaces that make a device one this context opens.
     ///   - options: transfer sizes and counts, hotplug or polling, timeouts.
-    public convenience init(queue: DispatchQueue, function: USBFunctionMatch, options: USBOptions = USBOptions()) throws(USBError) {
+    package convenience init(queue: DispatchQueue, function: USBFunctionMatch, options: USBContextOptions = USBContextOptions()) throws(USBHostError) {
         let backend = try LibUSBBackend(queue: queue)
         self.init(backend: backend, queue: queue, function: function, options: options)
     }
 
-    init(backend: any USBBackend, queue: DispatchQueue, function: USBFunctionMatch, options: USBOptions) {
+    init(backend: any USBBackend, queue: DispatchQueue, function: USBFunctionMatch, options: USBContextOptions) {
         self.backend = backend
         self.queue = queue
         self.function = function
@@ -124,13 +125,13 @@ public final class USBContext: @unchecked Sendable {
     }
 
     /// Whether devices are followed by hotplug notifications (else by polling).
-    public var usesHotplug: Bool { options.hotplug && backend.hasHotplug }
+    package var usesHotplug: Bool { options.hotplug && backend.hasHotplug }
 
     /// How many times the event loop has woken up so far (an idle open accessory should add none).
-    public var eventLoopWakeups: Int { backend.wakeups }
+    package var eventLoopWakeups: Int { backend.wakeups }
 
     /// Every USB device now, accessories or not. Call on ``queue``.
-    public func devices() throws(USBError) -> [USBDeviceInfo] {
+    package func devices() throws(USBHostError) -> [USBDeviceInfo] {
         dispatchPrecondition(condition: .onQueue(queue))
         let snapshots = try backend.listDevices().get()
         defer { for snapshot in snapshots { backend.releaseDevice(snapshot.device) } }
@@ -145,8 +146,8 @@ public final class USBContext: @unchecked Sendable {
 
     /// Reports every device present now, then arrivals and departures, to `handler` on
     /// ``queue``: through libusb hotplug when it works here, else by polling every
-    /// ``USBOptions/pollInterval``. Call on ``queue``, once.
-    public func startMonitoring(_ handler: @escaping (USBDeviceEvent) -> Void) throws(USBError) {
+    /// ``USBContextOptions/pollInterval``. Call on ``queue``, once.
+    package func startMonitoring(_ handler: @escaping (USBDeviceEvent) -> Void) throws(USBHostError) {
         dispatchPrecondition(condition: .onQueue(queue))
         precondition(monitor == nil, "startMonitoring is called once per context")
         // A context shut down meanwhile (its manager stopped as USB started) has let libusb go.
@@ -218,18 +219,18 @@ public final class USBContext: @unchecked Sendable {
     /// the iAP interface when another is active, detaches a kernel driver if one is bound (and
     /// the options allow), claims the interface, and hands back the transport (not yet
     /// activated). `completion` runs on ``queue``.
-    public func open(_ device: USBDeviceInfo, completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
+    package func open(_ device: USBDeviceInfo, completion: @escaping (Result<USBAccessoryTransport, USBHostError>) -> Void) {
         dispatchPrecondition(condition: .onQueue(queue))
         guard let location = device.function else {
-            return completion(.failure(USBError(.notAnAccessory, "\(device) has no interface of class \(function.main) with a bulk pair")))
+            return completion(.failure(USBHostError(.notAnAccessory, "\(device) has no interface of class \(function.main) with a bulk pair")))
         }
         guard known[device.key] != nil || findDevice(device.key) != nil else {
-            return completion(.failure(USBError(.noDevice, "\(device) is no longer connected")))
+            return completion(.failure(USBHostError(.noDevice, "\(device) is no longer connected")))
         }
         // An open in flight keeps the context alive as an open transport does: its steps use
         // libusb from the setup queue and from transfer callbacks until it ends.
         openTransports += 1
-        let completion: (Result<USBAccessoryTransport, USBError>) -> Void = { [self] result in
+        let completion: (Result<USBAccessoryTransport, USBHostError>) -> Void = { [self] result in
             if case .failure = result { transportFinished() }
             completion(result)
         }
@@ -247,9 +248,9 @@ public final class USBContext: @unchecked Sendable {
                 case let .failure(failure):
                     let status = failure.code
                     let error = status == LIBUSB_ERROR_ACCESS.rawValue
-                        ? USBError(.access, "cannot open \(device) (\(device.devicePath)): permission denied",
-                                   advice: USBError.accessAdvice(devicePath: device.devicePath), code: status)
-                        : USBError(code: status, "cannot open \(device) (\(device.devicePath))")
+                        ? USBHostError(.access, "cannot open \(device) (\(device.devicePath)): permission denied",
+                                   advice: USBHostError.accessAdvice(devicePath: device.devicePath), code: status)
+                        : USBHostError(code: status, "cannot open \(device) (\(device.devicePath))")
                     completion(.failure(error))
                 }
             }
@@ -259,7 +260,7 @@ public final class USBContext: @unchecked Sendable {
     /// Reads the device's strings (and the native interfaces' names) on a freshly opened handle,
     /// then configures and claims.
     private func readStrings(_ device: USBDeviceInfo, handle: OpaquePointer, location: USBFunctionLocation,
-                             completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
+                             completion: @escaping (Result<USBAccessoryTransport, USBHostError>) -> Void) {
         let native = location.nativeInterfaces
         StringReader(backend: backend, handle: handle, descriptor: device.descriptor, extra: native.map(\.nameIndex),
                      timeout: options.stringTimeoutMilliseconds).read { [self] strings in
@@ -292,7 +293,7 @@ public final class USBContext: @unchecked Sendable {
     }
 
     private func configure(_ device: USBDeviceInfo, handle: OpaquePointer, location: USBFunctionLocation,
-                           completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
+                           completion: @escaping (Result<USBAccessoryTransport, USBHostError>) -> Void) {
         guard location.needsConfigurationChange else { return claim(device, handle: handle, location: location, completion: completion) }
         let backend = self.backend
         let carried = UncheckedSendable((handle, completion))
@@ -305,7 +306,7 @@ public final class USBContext: @unchecked Sendable {
                     let advice = status == LIBUSB_ERROR_BUSY.rawValue
                         ? "another interface of the active configuration is in use (\(holders(of: device))); the host has to select configuration \(location.configurationValue) for the iAP interface"
                         : nil
-                    return completion(.failure(USBError(code: status, "cannot select configuration \(location.configurationValue) of \(device)", advice: advice)))
+                    return completion(.failure(USBHostError(code: status, "cannot select configuration \(location.configurationValue) of \(device)", advice: advice)))
                 }
                 claim(device, handle: handle, location: location, completion: completion)
             }
@@ -313,7 +314,7 @@ public final class USBContext: @unchecked Sendable {
     }
 
     private func claim(_ device: USBDeviceInfo, handle: OpaquePointer, location: USBFunctionLocation,
-                       completion: @escaping (Result<USBAccessoryTransport, USBError>) -> Void) {
+                       completion: @escaping (Result<USBAccessoryTransport, USBHostError>) -> Void) {
         let number = location.interface.number
         if backend.kernelDriverActive(handle, interface: number) == 1 {
             let driver = backend.kernelDriverName(bus: device.bus, portPath: device.portPath, configuration: location.configurationValue,
@@ -322,12 +323,12 @@ public final class USBContext: @unchecked Sendable {
                 let status = backend.detachKernelDriver(handle, interface: number)
                 if status != 0 {
                     backend.close(handle)
-                    return completion(.failure(USBError(code: status, "cannot detach \(driver) from interface \(number) of \(device)",
+                    return completion(.failure(USBHostError(code: status, "cannot detach \(driver) from interface \(number) of \(device)",
                                                         advice: "unbind it by hand: echo \(device.location):\(location.configurationValue).\(number) | sudo tee /sys/bus/usb/drivers/\(driver)/unbind")))
                 }
             } else {
                 backend.close(handle)
-                return completion(.failure(USBError(.busy, "interface \(number) of \(device) is held by the kernel driver \(driver)",
+                return completion(.failure(USBHostError(.busy, "interface \(number) of \(device) is held by the kernel driver \(driver)",
                                                     advice: "allow detaching it (drop --no-detach), or unbind it: echo \(device.location):\(location.configurationValue).\(number) | sudo tee /sys/bus/usb/drivers/\(driver)/unbind",
                                                     code: LIBUSB_ERROR_BUSY.rawValue)))
             }
@@ -336,15 +337,15 @@ public final class USBContext: @unchecked Sendable {
         let status = deviceHandle.claimInterface(number)
         guard status == 0 else {
             deviceHandle.close()
-            let error: USBError = switch status {
+            let error: USBHostError = switch status {
             case LIBUSB_ERROR_BUSY.rawValue:
-                USBError(.busy, "interface \(number) of \(device) is in use by \(holders(of: device, interface: number, configuration: location.configurationValue))",
+                USBHostError(.busy, "interface \(number) of \(device) is in use by \(holders(of: device, interface: number, configuration: location.configurationValue))",
                          advice: "stop the other program (find it with: fuser -v \(device.devicePath)) and try again", code: status)
             case LIBUSB_ERROR_ACCESS.rawValue:
-                USBError(.access, "cannot claim interface \(number) of \(device): permission denied",
-                         advice: USBError.accessAdvice(devicePath: device.devicePath), code: status)
+                USBHostError(.access, "cannot claim interface \(number) of \(device): permission denied",
+                         advice: USBHostError.accessAdvice(devicePath: device.devicePath), code: status)
             default:
-                USBError(code: status, "cannot claim interface \(number) of \(device)")
+                USBHostError(code: status, "cannot claim interface \(number) of \(device)")
             }
             return completion(.failure(error))
         }
@@ -363,10 +364,10 @@ public final class USBContext: @unchecked Sendable {
     }
 
     /// 64 KiB IN transfers where usbfs reports scatter-gather for the device's controller (a
-    /// transfer is then one URB), 16 KiB otherwise (see ``USBOptions/inTransferSize``).
+    /// transfer is then one URB), 16 KiB otherwise (see ``USBContextOptions/inTransferSize``).
     private func automaticInTransferSize(for device: USBDeviceInfo) -> Int {
         let capabilities = backend.usbfsCapabilities(bus: device.bus, address: device.address) ?? 0
-        return capabilities & usbfsCapabilityBulkScatterGather != 0 ? USBOptions.largeInTransferSize : USBOptions.splitInTransferSize
+        return capabilities & usbfsCapabilityBulkScatterGather != 0 ? USBContextOptions.largeInTransferSize : USBContextOptions.splitInTransferSize
     }
 
     /// Who holds an interface: the kernel driver sysfs names, else another process.
@@ -380,7 +381,7 @@ public final class USBContext: @unchecked Sendable {
 
     /// Stops monitoring, and the event loop once every transport it opened has finished its
     /// teardown (which needs the loop). Call on ``queue``.
-    public func shutdown() {
+    package func shutdown() {
         dispatchPrecondition(condition: .onQueue(queue))
         guard !shutDown else { return }
         shutDown = true
@@ -406,7 +407,7 @@ public final class USBContext: @unchecked Sendable {
     /// A program that makes a new context soon after (a second manager, a benchmark's next
     /// phase) waits here: libusb 1.0.26 can trip over a context that is being freed while its
     /// hotplug thread delivers a device that just arrived to every context.
-    public func waitUntilExited(timeout: DispatchTime) -> Bool {
+    package func waitUntilExited(timeout: DispatchTime) -> Bool {
         dispatchPrecondition(condition: .notOnQueue(queue))
         guard exited.wait(timeout: timeout) == .success else { return false }
         exited.signal() // for any other waiter
@@ -505,4 +506,10 @@ final class StringReader {
 private func stringTransferCompleted(_ transfer: UnsafeMutablePointer<libusb_transfer>?) {
     guard let transfer, let user = transfer.pointee.user_data else { return }
     Unmanaged<StringReader>.fromOpaque(user).takeUnretainedValue().completed()
+}
+
+/// The version of the libusb this process runs on, e.g. `1.0.26` (what `iapctl --version` shows).
+package var libusbVersion: String {
+    let version = libusb_get_version().pointee
+    return "\(version.major).\(version.minor).\(version.micro)"
 }

@@ -1,10 +1,11 @@
+package import USBDescriptors
 internal import CLibUSB
-public import Dispatch
+package import Dispatch
 
 extension USBAccessoryTransport {
     /// The names of the accessory's native-transport interfaces (their iInterface strings, by
     /// convention the EA protocol each carries), in interface order.
-    public var nativeProtocolNames: [String] {
+    package var nativeProtocolNames: [String] {
         nativeInterfaces.compactMap { device.nativeInterfaceNames[$0.number] }
     }
 
@@ -16,9 +17,9 @@ extension USBAccessoryTransport {
     /// Fails, saying what to do, when the configuration has no such interface, when it is
     /// already open, when another program holds it, or when the accessory refuses the
     /// alternate setting.
-    public func openNativePipe(for protocolName: String, queue replyQueue: DispatchQueue,
-                               completion: @escaping @Sendable (Result<USBNativePipe, USBError>) -> Void) {
-        let reply: @Sendable (Result<USBNativePipe, USBError>) -> Void = { [queue] result in
+    package func openNativePipe(for protocolName: String, queue replyQueue: DispatchQueue,
+                               completion: @escaping @Sendable (Result<USBNativePipe, USBHostError>) -> Void) {
+        let reply: @Sendable (Result<USBNativePipe, USBHostError>) -> Void = { [queue] result in
             if replyQueue === queue { completion(result) } else { replyQueue.async { completion(result) } }
         }
         queue.async { [self] in openNative(protocolName, reply: reply) }
@@ -26,7 +27,7 @@ extension USBAccessoryTransport {
 
     /// The interface for `protocolName`: by name, else the only one.
     static func nativeInterface(for protocolName: String, among interfaces: [NativeInterfaceLocation],
-                                names: [UInt8: String], device: String) -> Result<NativeInterfaceLocation, USBError> {
+                                names: [UInt8: String], device: String) -> Result<NativeInterfaceLocation, USBHostError> {
         if let named = interfaces.first(where: { names[$0.number] == protocolName }) { return .success(named) }
         if interfaces.count == 1, let only = interfaces.first { return .success(only) }
         if interfaces.isEmpty {
@@ -38,7 +39,7 @@ extension USBAccessoryTransport {
                                        advice: "the accessory should name each native interface after its protocol (iInterface)"))
     }
 
-    private func openNative(_ protocolName: String, reply: @escaping @Sendable (Result<USBNativePipe, USBError>) -> Void) {
+    private func openNative(_ protocolName: String, reply: @escaping @Sendable (Result<USBNativePipe, USBHostError>) -> Void) {
         guard case .running = state else {
             return reply(.failure(usbFailure("\(description) is closed")))
         }
@@ -85,7 +86,7 @@ extension USBAccessoryTransport {
                                                      advice: advice)))
             }
             var pipeOptions = options
-            pipeOptions.outTransferSize = USBOptions.largeInTransferSize
+            pipeOptions.outTransferSize = USBContextOptions.largeInTransferSize
             let pipe = USBNativePipe(
                 device: deviceHandle, location: target, options: pipeOptions, inTransferSize: pipe.statistics.inTransferSize,
                 description: "\(device.location) interface \(number) ('\(protocolName)')",

@@ -1,6 +1,7 @@
+package import USBDescriptors
 internal import ByteRing
 internal import CLibUSB
-public import Dispatch
+package import Dispatch
 
 /// One companion interface of a USB function opened by its alternate setting (iAP's EA native
 /// transport, FF/F0/01, PROTOCOL.md §4.3): a stream of raw bytes over its bulk pair.
@@ -11,7 +12,7 @@ public import Dispatch
 /// and releases the interface. The device handle belongs to the iAP2 transport, which closes it
 /// only after every pipe has finished.
 ///
-/// IN: ``USBOptions/inTransfers`` bulk IN transfers over the slots of a ``ByteRing``; received
+/// IN: ``USBContextOptions/inTransfers`` bulk IN transfers over the slots of a ``ByteRing``; received
 /// bytes stay in their slot until the reader consumes them through ``withReadableBytes(_:)``
 /// (no copy), and a slot is resubmitted only once it is consumed. A reader that stops reading
 /// therefore stops the IN transfers: the device is NAKed and its writes wait, and memory stays
@@ -26,23 +27,23 @@ public import Dispatch
 ///
 /// Confined to the USB context's event queue: call ``withReadableBytes(_:)``, ``write(_:)`` and
 /// the counters there (the manager's queue, for `AccessoryManager`).
-public final class USBNativePipe: @unchecked Sendable {
+package final class USBNativePipe: @unchecked Sendable {
     // Sendability: every stored var is touched on `queue` only.
 
     /// Something that happened on the pipe, delivered on the queue given to ``activate(queue:handler:)``.
-    public enum Event: Sendable, Hashable {
+    package enum Event: Sendable, Hashable {
         /// Bytes can be read (``readableByteCount`` went up from 0).
         case readable
         /// ``write(_:)`` takes bytes again after it took fewer than offered.
         case writable
         /// The pipe ended: `nil` when asked to, otherwise why. No event follows.
-        case closed(USBError?)
+        case closed(USBHostError?)
     }
 
     /// What a person reads: the device, the interface and its name.
-    public let description: String
+    package let description: String
     /// The interface this pipe owns.
-    public let interfaceNumber: UInt8
+    package let interfaceNumber: UInt8
 
     private let queue: DispatchQueue
     private let outPacketSize: Int
@@ -66,9 +67,9 @@ public final class USBNativePipe: @unchecked Sendable {
     private var onFinished: ((USBNativePipe) -> Void)?
 
     /// Counters since the pipe opened.
-    public var statistics: USBPipeStatistics { pipe.statistics }
+    package var statistics: USBPipeCounters { pipe.statistics }
 
-    init(device: USBDeviceHandle, location: NativeInterfaceLocation, options: USBOptions, inTransferSize: Int, description: String,
+    init(device: USBDeviceHandle, location: NativeInterfaceLocation, options: USBContextOptions, inTransferSize: Int, description: String,
          onFinished: @escaping (USBNativePipe) -> Void) {
         queue = device.queue
         self.description = description
@@ -96,7 +97,7 @@ public final class USBNativePipe: @unchecked Sendable {
     // MARK: Stream
 
     /// Starts delivering events to `handler` on `queue`; IN transfers start now.
-    public func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (Event) -> Void) {
+    package func activate(queue handlerQueue: DispatchQueue, handler: @escaping @Sendable (Event) -> Void) {
         lifecycle.onQueue { [self] in
             guard !activated else { return }
             activated = true
@@ -121,7 +122,7 @@ public final class USBNativePipe: @unchecked Sendable {
     /// the view); the rest stays readable, and a slot consumed to its end goes back to the kernel.
     /// After the pipe ended, the bytes it had received are lent from memory of its own. Call on the
     /// context's queue; the view is valid only inside `body`.
-    public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+    package func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         dispatchPrecondition(condition: .onQueue(queue))
         if drained {
             guard leftoverHead < leftover.count else { return nil }
@@ -145,35 +146,35 @@ public final class USBNativePipe: @unchecked Sendable {
         return result
     }
 
-    /// IN transfers of a native pipe: twice ``USBOptions/inTransfers``.
-    static func inTransferCount(_ options: USBOptions) -> Int { 2 * max(1, options.inTransfers) }
+    /// IN transfers of a native pipe: twice ``USBContextOptions/inTransfers``.
+    static func inTransferCount(_ options: USBContextOptions) -> Int { 2 * max(1, options.inTransfers) }
 
     /// Bytes received and not consumed yet (in the ring, or kept after the end). Call on the
     /// context's queue.
-    public var readableByteCount: Int {
+    package var readableByteCount: Int {
         if drained { return leftover.count - leftoverHead }
         return readable
     }
 
     /// Whether ``write(_:)`` would take bytes now: the pipe runs and an OUT slot is free. When a
     /// write took fewer bytes than offered, ``Event/writable`` says when to write again.
-    public var isWritable: Bool {
+    package var isWritable: Bool {
         guard case .running = state else { return false }
         return pipe.outRing.freeSlots > 0
     }
 
     /// Bytes ``write(_:)`` took whose OUT transfers have not completed yet.
-    public var unsentByteCount: Int { unsent }
+    package var unsentByteCount: Int { unsent }
 
     /// Bytes the accessory took: what completed OUT transfers carried (including the part of a
     /// cancelled transfer that went out). After an error, this is how far the stream is known to
     /// have got.
-    public var bytesDelivered: Int { delivered }
+    package var bytesDelivered: Int { delivered }
 
     /// Copies as much of `bytes` as free OUT slots hold into bulk OUT transfers and returns how many
     /// bytes it took (0 when every slot is in flight, or the pipe has ended: ``Event/closed(_:)``
     /// says why). Taking fewer than offered arms ``Event/writable``. Call on the context's queue.
-    public func write(_ bytes: ArraySlice<UInt8>) -> Int {
+    package func write(_ bytes: ArraySlice<UInt8>) -> Int {
         dispatchPrecondition(condition: .onQueue(queue))
         guard case .running = state, !bytes.isEmpty else { return 0 }
         let slotCapacity = pipe.outRing.slotCapacity
@@ -213,7 +214,7 @@ public final class USBNativePipe: @unchecked Sendable {
     /// end of the session), releases the interface and then delivers ``Event/closed(_:)`` with nil.
     /// Bytes already received stay readable. Callable from any thread; nothing happens when the pipe
     /// has already ended.
-    public func close() {
+    package func close() {
         lifecycle.onQueue { [self] in
             guard case .running = state else { return }
             lifecycle.beginClosing(nil)
@@ -222,7 +223,7 @@ public final class USBNativePipe: @unchecked Sendable {
 
     /// The iAP2 transport is closing (the device went away, or the host closed it): end the
     /// stream with `error`.
-    func parentClosing(_ error: USBError?, deviceGone: Bool) {
+    func parentClosing(_ error: USBHostError?, deviceGone: Bool) {
         if deviceGone { resetsAlternateSetting = false }
         guard case .running = state else { return }
         lifecycle.beginClosing(error ?? usbFailure("\(description): the accessory's main interface was closed"))
@@ -230,7 +231,7 @@ public final class USBNativePipe: @unchecked Sendable {
 
     // MARK: Transfers
 
-    private var gone: USBError { usbFailure("\(description): the accessory was disconnected", kind: .noDevice) }
+    private var gone: USBHostError { usbFailure("\(description): the accessory was disconnected", kind: .noDevice) }
 
     private func refillIn() {
         guard case .running = state, activated, !inHalted else { return }
@@ -251,7 +252,7 @@ public final class USBNativePipe: @unchecked Sendable {
     }
 
     private func inCompleted(length: Int, status: libusb_transfer_status) {
-        var failure: (error: USBError, deviceGone: Bool)?
+        var failure: (error: USBHostError, deviceGone: Bool)?
         switch status {
         case LIBUSB_TRANSFER_COMPLETED, LIBUSB_TRANSFER_CANCELLED:
             break
@@ -330,7 +331,7 @@ public final class USBNativePipe: @unchecked Sendable {
 
     /// Ends the stream with `error`. `deviceGone`: the accessory was disconnected, so there is
     /// no alternate setting to select on the way out.
-    private func fail(_ error: USBError, deviceGone: Bool = false) {
+    private func fail(_ error: USBHostError, deviceGone: Bool = false) {
         guard case .running = state else { return }
         if deviceGone { resetsAlternateSetting = false }
         lifecycle.beginClosing(error)
@@ -351,12 +352,12 @@ extension USBNativePipe: BulkPipePolicy {
 
     /// Selects alternate setting 0 (the accessory's end of the session) unless the device is
     /// gone, releases the interface and reports the close.
-    func freed(_ error: USBError?) {
+    func freed(_ error: USBHostError?) {
         guard resetsAlternateSetting else { return released(error) }
         lifecycle.device.selectAlternateSetting(0, of: interfaceNumber) { [self] _ in released(error) }
     }
 
-    private func released(_ error: USBError?) {
+    private func released(_ error: USBHostError?) {
         lifecycle.device.releaseInterface(interfaceNumber)
         lifecycle.report(error) { [self] in
             let finished = onFinished

@@ -1,7 +1,8 @@
-public import Dispatch
-public import IAPTransport
-public import USBHost
-public import IAPLink
+package import USBDescriptors
+package import Dispatch
+package import IAPTransport
+package import USBHost
+package import IAPLink
 internal import ByteRing
 
 // The adapter between the USB layer, which knows nothing of iAP, and the transports the link
@@ -10,19 +11,19 @@ internal import ByteRing
 
 extension USBInterfaceClass {
     /// The iAP2 interface of an accessory in USB host mode: vendor class FF, subclass F0, protocol 00.
-    public static let iAP2 = USBInterfaceClass(0xFF, 0xF0, 0x00)
+    package static let iAP2 = USBInterfaceClass(0xFF, 0xF0, 0x00)
     /// An EA native-transport interface: FF/F0/01 (PROTOCOL.md §4.3).
-    public static let iAPNativeTransport = USBInterfaceClass(0xFF, 0xF0, 0x01)
+    package static let iAPNativeTransport = USBInterfaceClass(0xFF, 0xF0, 0x01)
 }
 
 extension USBFunctionMatch {
     /// An MFi accessory in USB host mode: the iAP2 interface and its native-transport interfaces.
-    public static let iAP2 = USBFunctionMatch(main: .iAP2, companion: .iAPNativeTransport)
+    package static let iAP2 = USBFunctionMatch(main: .iAP2, companion: .iAPNativeTransport)
 }
 
-extension USBError {
+extension USBHostError {
     /// The same failure as a ``TransportError`` (what the manager reports).
-    public var transportError: TransportError {
+    package var transportError: TransportError {
         let mapped: TransportError.Kind = switch kind {
         case .access: .permission
         case .busy: .busy
@@ -39,26 +40,26 @@ extension USBError {
 /// beyond the call (``TransportEvent/lent(_:)``) when the handler runs on the USB context's queue.
 ///
 /// It offers the accessory's native-transport interfaces (``nativeTransports``) and, through
-/// ``capability(_:)``, the pipe's ``USBPipeStatistics``, the ``USBDeviceInfo``, the
+/// ``capability(_:)``, the pipe's ``USBPipeCounters``, the ``USBDeviceInfo``, the
 /// ``USBAccessoryTransport`` itself and a `DeviceReset`.
-public final class USBIAPTransport: Transport, NativeTransportProvider {
+package final class USBIAPTransport: Transport, NativeTransportProvider {
     /// The USB pipe under this transport.
-    public let pipe: USBAccessoryTransport
+    package let pipe: USBAccessoryTransport
 
     /// Runs the link over `pipe` (opened by `USBContext.open`, not yet activated).
-    public init(_ pipe: USBAccessoryTransport) { self.pipe = pipe }
+    package init(_ pipe: USBAccessoryTransport) { self.pipe = pipe }
 
     /// The pipe's description, e.g. `usb 1-1.2 2ca3:1002`.
-    public var description: String { pipe.description }
+    package var description: String { pipe.description }
     /// Always ``TransportKind/usb``.
-    public var kind: TransportKind { .usb }
+    package var kind: TransportKind { .usb }
 
     /// Starts the pipe; its events reach `handler` on `queue` as transport events.
-    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
+    package func activate(queue: DispatchQueue, handler: @escaping @Sendable (TransportEvent) -> Void) {
         pipe.activate(queue: queue, lendingInSlots: true) { event in
             switch event {
             case let .borrowed(bytes): bytes.withUnsafeBytes { handler(.borrowed(BorrowedBytes($0))) }
-            case let .lent(lease): handler(.lent(lease))
+            case let .lent(lease): handler(.lent(LentBytes(lease)))
             case let .received(bytes): handler(.received(bytes))
             case let .closed(error): handler(.closed(error?.transportError))
             }
@@ -66,31 +67,31 @@ public final class USBIAPTransport: Transport, NativeTransportProvider {
     }
 
     /// Sends one frame in one bulk OUT transfer.
-    public func send(_ frame: [UInt8]) { pipe.send(frame) }
+    package func send(_ frame: [UInt8]) { pipe.send(frame) }
 
     /// Sends one frame in one bulk OUT transfer: a packet the link laid out in one of the
     /// pipe's transmit buffers goes from there, without a copy.
-    public func send(frame: LinkFrame) {
+    package func send(frame: LinkFrame) {
         switch frame {
         case let .bytes(bytes): pipe.send(bytes)
-        case let .buffer(buffer): pipe.send(buffer: buffer)
+        case let .buffer(buffer): pipe.send(buffer: buffer.packet)
         }
     }
 
     /// Closes the pipe and the device.
-    public func cancel() { pipe.cancel() }
+    package func cancel() { pipe.cancel() }
 
     /// This transport opens the accessory's native-transport interfaces itself.
-    public var nativeTransports: (any NativeTransportProvider)? { self }
+    package var nativeTransports: (any NativeTransportProvider)? { self }
 
-    /// The pipe's ``USBPipeStatistics``, its ``USBDeviceInfo``, the ``USBAccessoryTransport``, or
+    /// The pipe's ``USBPipeCounters``, its ``USBDeviceInfo``, the ``USBAccessoryTransport``, or
     /// a `DeviceReset` that resets the USB device in place
     /// (``USBAccessoryTransport/resetDevice(completion:)``). Call on the USB context's queue.
-    public func capability<Value>(_ type: Value.Type) -> Value? {
+    package func capability<Value>(_ type: Value.Type) -> Value? {
         if type == DeviceReset.self {
             return DeviceReset { [pipe] done in pipe.resetDevice { done($0?.transportError) } } as? Value
         }
-        if type == USBPipeStatistics.self { return pipe.statistics as? Value }
+        if type == USBPipeCounters.self { return pipe.statistics as? Value }
         if type == PacketBufferPool.self { return pipe.transmitBuffers as? Value }
         if type == USBDeviceInfo.self { return pipe.device as? Value }
         if type == USBAccessoryTransport.self { return pipe as? Value }
@@ -98,10 +99,10 @@ public final class USBIAPTransport: Transport, NativeTransportProvider {
     }
 
     /// The names of the accessory's native-transport interfaces (their iInterface strings).
-    public var nativeProtocolNames: [String] { pipe.nativeProtocolNames }
+    package var nativeProtocolNames: [String] { pipe.nativeProtocolNames }
 
     /// Opens the native-transport interface that carries `protocolName` as a ``ByteChannel``.
-    public func openNativeChannel(for protocolName: String, queue: DispatchQueue,
+    package func openNativeChannel(for protocolName: String, queue: DispatchQueue,
                                   completion: @escaping @Sendable (Result<any ByteChannel, TransportError>) -> Void) {
         pipe.openNativePipe(for: protocolName, queue: queue) { result in
             completion(result.map { USBNativeChannel($0) }.mapError(\.transportError))
@@ -110,18 +111,18 @@ public final class USBIAPTransport: Transport, NativeTransportProvider {
 }
 
 /// A USB native-transport pipe as a ``ByteChannel`` (the reader works on the IN slots in place).
-public final class USBNativeChannel: ByteChannel {
+package final class USBNativeChannel: ByteChannel {
     /// The USB pipe under this channel.
-    public let pipe: USBNativePipe
+    package let pipe: USBNativePipe
 
     /// Wraps `pipe` (not yet activated).
-    public init(_ pipe: USBNativePipe) { self.pipe = pipe }
+    package init(_ pipe: USBNativePipe) { self.pipe = pipe }
 
     /// The pipe's description.
-    public var description: String { pipe.description }
+    package var description: String { pipe.description }
 
     /// Starts the pipe; its events reach `handler` on `queue` as channel events.
-    public func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
+    package func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
         pipe.activate(queue: queue) { event in
             switch event {
             case .readable: handler(.readable)
@@ -132,20 +133,20 @@ public final class USBNativeChannel: ByteChannel {
     }
 
     /// Lends the readable bytes in place (see ``USBNativePipe/withReadableBytes(_:)``).
-    public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+    package func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
         try pipe.withReadableBytes(body)
     }
 
     /// Bytes that can be read now.
-    public var readableByteCount: Int { pipe.readableByteCount }
+    package var readableByteCount: Int { pipe.readableByteCount }
     /// Copies as much of `bytes` as the OUT slots take; returns how much.
-    public func write(_ bytes: ArraySlice<UInt8>) -> Int { pipe.write(bytes) }
+    package func write(_ bytes: ArraySlice<UInt8>) -> Int { pipe.write(bytes) }
     /// Whether ``write(_:)`` would take bytes now.
-    public var isWritable: Bool { pipe.isWritable }
+    package var isWritable: Bool { pipe.isWritable }
     /// Bytes taken and not yet acknowledged by the device.
-    public var unsentByteCount: Int { pipe.unsentByteCount }
+    package var unsentByteCount: Int { pipe.unsentByteCount }
     /// Bytes the device took.
-    public var bytesDelivered: Int { pipe.bytesDelivered }
+    package var bytesDelivered: Int { pipe.bytesDelivered }
     /// Ends the session on the accessory and releases the interface.
-    public func close() { pipe.close() }
+    package func close() { pipe.close() }
 }

@@ -584,7 +584,7 @@ private final class EventLog: Sendable {
             switch event {
             case let .received(bytes): state.bytes += bytes
             case let .borrowed(bytes): state.bytes += bytes.copied()
-            case let .lent(lease): lease.withUnsafeBytes { state.bytes += $0 }
+            case let .lent(lease): state.bytes += lease.copied()
             case let .closed(error): state.closes.append(error)
             }
         }

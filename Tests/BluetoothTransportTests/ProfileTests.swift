@@ -23,7 +23,7 @@ let strangerDevice = FakeBlueZ.Device(adapter: "hci0", address: BluetoothAddress
 func socketPair() throws -> (Int32, Int32) {
     var ends: [Int32] = [-1, -1]
     guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &ends) == 0 else {
-        throw BluetoothError(.failed, "socketpair failed", advice: "")
+        throw BlueZError(.failed, "socketpair failed", advice: "")
     }
     return (ends[0], ends[1])
 }
@@ -59,8 +59,8 @@ struct BluetoothAddressTests {
 
 @Suite("The iAP2 profile with BlueZ (a stand-in bluetoothd on a private bus)", .timeLimit(.minutes(2)))
 struct ProfileTests {
-    private func options(_ bus: PrivateBus, connectsOut: Bool = false) -> BluetoothOptions {
-        BluetoothOptions(busAddress: bus.address, connectsOut: connectsOut, callTimeout: .seconds(20))
+    private func options(_ bus: PrivateBus, connectsOut: Bool = false) -> BluetoothProfileOptions {
+        BluetoothProfileOptions(busAddress: bus.address, connectsOut: connectsOut, callTimeout: .seconds(20))
     }
 
     @Test("registers the iAP2 UUID as a server with an RFCOMM channel BlueZ picks")
@@ -78,7 +78,7 @@ struct ProfileTests {
         #expect(registration.options["Name"] == .string("iAP2"))
         #expect(bluez.state.withLock { $0.registrations.count } == 1, "a host that only serves registers no client profile")
         // Connecting out needs the client role too: no Role option then.
-        let both = BluetoothOptions(busAddress: bus.address, connectsOut: true, profilePath: "/second").registrationOptions
+        let both = BluetoothProfileOptions(busAddress: bus.address, connectsOut: true, profilePath: "/second").registrationOptions
         #expect(both.dictionary?["Role"] == nil)
         profile.stop()
         bluez.stop()
@@ -112,7 +112,7 @@ struct ProfileTests {
     @Test("each thing that stops Bluetooth is a typed error with the command that fixes it")
     func actionableErrors() async throws {
         let bus = try await PrivateBus.start()
-        func attempt(_ options: BluetoothOptions) async -> BluetoothError? {
+        func attempt(_ options: BluetoothProfileOptions) async -> BlueZError? {
             do {
                 let profile = try await BluetoothProfile.register(options: options, queue: DispatchQueue(label: "host")) { _ in }
                 profile.stop()
@@ -120,7 +120,7 @@ struct ProfileTests {
             } catch { return error }
         }
         // No bus at all.
-        var error = await attempt(BluetoothOptions(busAddress: "unix:path=/nonexistent/accessoryhost-bus"))
+        var error = await attempt(BluetoothProfileOptions(busAddress: "unix:path=/nonexistent/accessoryhost-bus"))
         #expect(error?.kind == .busUnavailable)
         #expect(error?.advice.contains("systemctl start dbus") == true)
         // The bus, but no bluetoothd on it.
@@ -286,7 +286,7 @@ struct ProfileTests {
 
         // Services not read yet: both UUIDs in turn, then what to do.
         bluez.state.withLock { $0.connectProfileCalls.removeAll() }
-        var failure: BluetoothError?
+        var failure: BlueZError?
         do { try await profile.connect(to: unresolvedDevice.address) } catch { failure = error }
         calls = bluez.state.withLock { $0.connectProfileCalls }
         #expect(calls.map(\.uuid) == BluetoothProfile.iAP2UUIDs)
@@ -333,7 +333,7 @@ struct ProfileTests {
         #expect(transport.peer.address == hostAdapter.address && transport.peer.adapter == "hci1")
         transport.cancel()
         close(theirs)
-        await #expect(throws: BluetoothError.self) {
+        await #expect(throws: BlueZError.self) {
             try await BluetoothProfile.advertiseAccessory(channel: 31, busAddress: bus.address, queue: DispatchQueue(label: "x")) { _ in }
         }
         service.stop()
@@ -345,7 +345,7 @@ struct ProfileTests {
         let bus = try await PrivateBus.start()
         let bluez = try await FakeBlueZ.start(on: bus, adapters: [hostAdapter], devices: [pairedAccessory, strangerDevice])
         let serverOnly = try await BluetoothProfile.register(options: options(bus), queue: DispatchQueue(label: "host")) { _ in }
-        await #expect(throws: BluetoothError.self) { try await serverOnly.connect(to: pairedAccessory.address) }
+        await #expect(throws: BlueZError.self) { try await serverOnly.connect(to: pairedAccessory.address) }
         serverOnly.stop()
         bluez.state.withLock { $0.registrations.removeAll() }
 
@@ -360,7 +360,7 @@ struct ProfileTests {
         #expect(calls.map { $0.device } == [pairedAccessory.path])
         #expect(calls.map { $0.uuid } == [BluetoothProfile.iAP2UUID])
 
-        func failure(_ address: BluetoothAddress) async -> BluetoothError? {
+        func failure(_ address: BluetoothAddress) async -> BlueZError? {
             do { try await profile.connect(to: address) } catch { return error }
             return nil
         }

@@ -391,7 +391,7 @@ struct CopyCountTests {
         var frames: [LinkFrame] = []
         pair.device.takeFrames(into: &frames)
         let sent = try #require(frames.compactMap { frame -> PacketBuffer? in
-            if case let .buffer(buffer) = frame { return buffer } else { return nil }
+            if case let .buffer(buffer) = frame { return buffer.packet } else { return nil }
         }.first, "a 10,000-byte write goes out in a transmit buffer")
         let firstBytes = sent.copiedBytes()
         sent.pendingTransmissions += 1 // a transport that has not sent it yet (the wire is busy)
@@ -411,7 +411,7 @@ struct CopyCountTests {
         #expect(pair.device.link.statistics.retransmissions == before.retransmissions + 1)
         pair.device.takeFrames(into: &frames)
         let resent = try #require(frames.compactMap { frame -> PacketBuffer? in
-            if case let .buffer(buffer) = frame { return buffer } else { return nil }
+            if case let .buffer(buffer) = frame { return buffer.packet } else { return nil }
         }.first, "sent again from its buffer")
         #expect(resent === sent, "sent again from the same buffer: no copy")
         for frame in frames { pair.accessory.receive(frame.copiedBytes(), now: pair.now) }
@@ -514,7 +514,7 @@ struct CopyCountTests {
             let lease = SlotLease()
             lease.lend(UnsafeRawBufferPointer(memory))
             slots.append((memory, lease))
-            pair.device.receive(lent: lease, now: pair.now)
+            pair.device.receive(lent: LentBytes(lease), now: pair.now)
         }
         #expect(pair.device.bytesAvailable(id) == sent.count)
         #expect(pair.device.dataPlane.bytesCopiedIn == before.bytesCopiedIn, "nothing copied on arrival")

@@ -33,7 +33,7 @@ final class Recorder: Sendable {
                     log.bytes.append(contentsOf: bytes.copied())
                     log.reads += 1
                 case .lent(let lease):
-                    lease.withUnsafeBytes { log.bytes.append(contentsOf: $0) }
+                    log.bytes.append(contentsOf: lease.copied())
                     log.reads += 1
                 case .closed(let error):
                     log.closes.append(error)

@@ -1,5 +1,7 @@
 import Testing
 @testable import USBHost
+import AccessoryHost
+import USBDescriptors
 import USBTransport
 
 @Suite struct DescriptorTests {

@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 import TestThreads
 @testable import USBHost
+import USBDescriptors
 import USBTransport
 
 /// The USB transport's `DeviceReset` capability on the fake libusb: what is in flight is

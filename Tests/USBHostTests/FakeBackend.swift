@@ -6,6 +6,7 @@ import Synchronization
 import Testing
 import TestThreads
 @testable import USBHost
+import USBDescriptors
 
 /// The DJI Goggles 3 MFi configuration from PROTOCOL.md §4.2: FF/F0/00 "iAP Interface" with bulk
 /// 0x81/0x01 (512), and FF/F0/01 with alternate setting 0 (no endpoints) and 1 (bulk 0x82/0x02).
@@ -128,7 +129,7 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
 
     // MARK: USBBackend
 
-    func listDevices() -> Result<[DeviceSnapshot], USBError> {
+    func listDevices() -> Result<[DeviceSnapshot], USBHostError> {
         .success(state.withLock { $0.devices }.map(snapshot))
     }
 

@@ -8,6 +8,7 @@ import Testing
 import TestSupport
 import TestThreads
 @testable import USBHost
+import USBDescriptors
 import USBTransport
 
 /// A configuration descriptor: the 9-byte header (value 1, bus powered, string `name`) before
@@ -316,14 +317,14 @@ func configurationBytes(_ body: [UInt8], value: UInt8 = 1, name: UInt8 = 0) -> [
         let runner = try SimulatorRunner(profile: profile, attachment: .transport(accessorySide))
         manager.queue.sync { fake.connect(wire: hostSide) }
         runner.start()
-        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBOptions()))
+        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBContextOptions()))
         defer {
             manager.stop()
             runner.stop()
         }
         let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(20)), "\(field)")
         #expect(accessory.name == "Multi Sensor")
-        let function = try #require(accessory.usbDevice?.function)
+        let function = try #require(accessory.usbDevice?.info.function)
         #expect(function.interface.number == field.interface)
         #expect(function.bulkIn.address == field.bulk.in && function.bulkOut.address == field.bulk.out)
         #expect(function.bulkOut.packetSize == field.packetSize)

@@ -3,6 +3,7 @@ import AccessorySimulator
 import IAPTransport
 import Testing
 import USBHost
+import USBDescriptors
 import USBTransport
 
 /// The descriptors the GadgetFS gadget writes, read back with the host's own parser: what the

@@ -6,6 +6,7 @@ import Synchronization
 import Testing
 import TestThreads
 @testable import USBHost
+import USBDescriptors
 import USBTransport
 
 /// A reader that keeps the leases it is lent while `keeping` is set, as a session whose
@@ -19,8 +20,8 @@ final class LeaseKeeper: Sendable {
             state.withLock { state in
                 switch event {
                 case let .lent(lease):
-                    let (bytes, address) = lease.withUnsafeBytes { (Array($0), $0.baseAddress.map { UInt(bitPattern: $0) }) }
-                    if state.keeping { state.kept.append(Kept(lease: lease, bytes: bytes, address: address)) }
+                    let (bytes, address) = lease.lease.withUnsafeBytes { (Array($0), $0.baseAddress.map { UInt(bitPattern: $0) }) }
+                    if state.keeping { state.kept.append(Kept(lease: lease.lease, bytes: bytes, address: address)) }
                 case .received, .borrowed: Issue.record("the pipe was asked to lend its slots")
                 case .closed: state.closes += 1
                 }

@@ -8,6 +8,7 @@ import Testing
 import TestSupport
 import TestThreads
 @testable import USBHost
+import USBDescriptors
 import USBTransport
 
 /// The whole host stack over the USB layer's real code (pipes, ring, open, teardown), with the
@@ -23,13 +24,13 @@ import USBTransport
         let runner = try SimulatorRunner(profile: profile, attachment: .transport(accessorySide))
         manager.queue.sync { fake.connect(wire: hostSide) }
         runner.start()
-        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBOptions()))
+        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBContextOptions()))
 
         let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(20)))
         #expect(accessory.name == "Multi Sensor")
         #expect(accessory.transportKind == .usb)
         #expect(accessory.location == "usb 1-1.2 2ca3:1002 Goggles 3 (serial GG3-0042)")
-        #expect(accessory.usbDevice?.descriptor.usbID == USBID(vendorID: 0x2CA3, productID: 0x1002))
+        #expect(accessory.usbDevice?.usbID == USBID(vendorID: 0x2CA3, productID: 0x1002))
         #expect(AccessoryFilter(usbIDs: [USBID(vendorID: 0x2CA3, productID: 0x1002)]).matches(accessory))
         #expect(!AccessoryFilter(usbIDs: [USBID(vendorID: 0x2CA3, productID: 0x1001)]).matches(accessory))
 
@@ -90,7 +91,7 @@ import USBTransport
         let runner = try SimulatorRunner(profile: profile, attachment: .transport(accessorySide))
         manager.queue.sync { fake.connect(wire: hostSide) }
         runner.start()
-        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBOptions()))
+        manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBContextOptions()))
         defer {
             manager.stop()
             runner.stop()

@@ -9,6 +9,7 @@ import Synchronization
 import Testing
 import TestThreads
 @testable import USBHost
+import USBDescriptors
 import USBTransport
 
 /// An accessory with the iAP2 interface and two native-transport interfaces, named after the
@@ -70,7 +71,7 @@ struct NativePipeTests {
                 fake.connect(wire: hostSide)
             }
             runner.start()
-            manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBOptions()))
+            manager.startUSB(context: USBContext(backend: fake, queue: manager.queue, function: .iAP2, options: USBContextOptions()))
         }
 
         /// Stops everything and waits until the USB layer shut libusb down: native pipes finish
@@ -180,7 +181,7 @@ struct NativePipeTests {
             return (rig.fake.pending.filter { $0.pointee.endpoint == 0x82 }.count, pipe?.readableByteCount ?? -1)
         }
         #expect(inFlight == 0, "IN transfers stay queued although the reader holds every slot")
-        #expect(readable > 0 && readable <= USBNativePipe.inTransferCount(USBOptions()) * USBOptions.splitInTransferSize, "the reader holds what the slots hold, no more")
+        #expect(readable > 0 && readable <= USBNativePipe.inTransferCount(USBContextOptions()) * USBContextOptions.splitInTransferSize, "the reader holds what the slots hold, no more")
         #expect(last < 8 << 20)
         async let rest: Void = session.write(payload[offered...])
         var received: [UInt8] = []

@@ -6,6 +6,7 @@ import IAPTransport
 import Testing
 import TestThreads
 @testable import USBHost
+import USBDescriptors
 import USBTransport
 
 /// The tests block on the fake libusb's queues and wait for its events: each on a thread of
@@ -25,11 +26,11 @@ struct TransmitBufferTests {
         try harness.onQueue {
             let pool = try #require(harness.transport.pipe.transmitBuffers)
             #expect(pool.bufferCount == BulkPipe.initialTransmitBuffers)
-            #expect(pool.limit == USBOptions().transmitBuffers)
+            #expect(pool.limit == USBContextOptions().transmitBuffers)
             #expect(harness.transport.capability(PacketBufferPool.self) === pool, "the link finds the pool through the transport")
             let buffer = try Self.filled(pool, Array(0..<100))
             let address = buffer.withSpan { $0.withUnsafeBytes { $0.baseAddress } }
-            harness.transport.send(frame: .buffer(buffer))
+            harness.transport.send(frame: .buffer(TransmitBuffer(buffer)))
             #expect(buffer.pendingTransmissions == 1)
             let transfer = try #require(harness.fake.pendingTransfers(in: false).first)
             #expect(UnsafeRawPointer(transfer.pointee.buffer) == address, "the transfer reads the buffer itself: no copy")
@@ -62,14 +63,14 @@ struct TransmitBufferTests {
         let harness = try Harness()
         try harness.onQueue {
             let pool = try #require(harness.transport.pipe.transmitBuffers)
-            for index in 0..<USBOptions().outTransfers { harness.transport.send([UInt8(index)]) }
+            for index in 0..<USBContextOptions().outTransfers { harness.transport.send([UInt8(index)]) }
             let waitingBuffer = try Self.filled(pool, [0xAA, 0xBB])
-            harness.transport.send(frame: .buffer(waitingBuffer))
+            harness.transport.send(frame: .buffer(TransmitBuffer(waitingBuffer)))
             harness.transport.send([0xCC])
             #expect(waitingBuffer.pendingTransmissions == 1, "waiting counts as pending: the link must not rewrite it")
             var sent: [[UInt8]] = []
             while let out = harness.fake.completeOut() { sent.append(out.bytes) }
-            #expect(sent == (0..<USBOptions().outTransfers).map { [UInt8($0)] } + [[0xAA, 0xBB], [0xCC]])
+            #expect(sent == (0..<USBContextOptions().outTransfers).map { [UInt8($0)] } + [[0xAA, 0xBB], [0xCC]])
             #expect(waitingBuffer.pendingTransmissions == 0)
         }
     }
@@ -79,9 +80,9 @@ struct TransmitBufferTests {
         let harness = try Harness()
         try harness.onQueue {
             let pool = try #require(harness.transport.pipe.transmitBuffers)
-            let transfers = USBOptions().outTransfers
+            let transfers = USBContextOptions().outTransfers
             for index in 0..<transfers { harness.transport.send([UInt8(index)]) }
-            harness.transport.send(frame: .buffer(try Self.filled(pool, [0xAA])))
+            harness.transport.send(frame: .buffer(TransmitBuffer(try Self.filled(pool, [0xAA]))))
             for index in 0...transfers { harness.transport.send([UInt8(0x80 + index)]) } // one more than the slots
             #expect(pool.buffersInUse == 1)
             // The first completion submits the buffer; the next ones finish it and submit the
@@ -98,10 +99,10 @@ struct TransmitBufferTests {
         let harness = try Harness()
         let (held, waiting) = try harness.onQueue { () throws -> (PacketBuffer, PacketBuffer) in
             let pool = try #require(harness.transport.pipe.transmitBuffers)
-            for _ in 0..<USBOptions().outTransfers { harness.transport.send([0]) }
+            for _ in 0..<USBContextOptions().outTransfers { harness.transport.send([0]) }
             let held = try Self.filled(pool, [9, 8, 7]) // the link still holds it: not acknowledged
             let waiting = try Self.filled(pool, [6, 5])
-            harness.transport.send(frame: .buffer(waiting))
+            harness.transport.send(frame: .buffer(TransmitBuffer(waiting)))
             return (held, waiting)
         }
         harness.transport.cancel()
@@ -125,7 +126,7 @@ struct TransmitBufferTests {
 
     @Test("with the option at 0 there are none either")
     func optionOff() throws {
-        var options = USBOptions()
+        var options = USBContextOptions()
         options.transmitBuffers = 0
         let harness = try Harness(options: options)
         harness.onQueue { #expect(harness.transport.pipe.transmitBuffers == nil) }

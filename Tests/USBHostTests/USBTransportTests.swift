@@ -5,6 +5,7 @@ import Synchronization
 import Testing
 import TestThreads
 @testable import USBHost
+import USBDescriptors
 import USBTransport
 
 /// What a transport handed to its owner.
@@ -21,8 +22,8 @@ final class EventLog: @unchecked Sendable {
                 let start = bytes.withSpan { span in span.withUnsafeBytes { $0.baseAddress.map { UInt(bitPattern: $0) } } }
                 lock.withLock { $0.0.append(Entry(bytes: bytes.copied(), borrowedFrom: start)) }
             case let .lent(lease):
-                let start = lease.withUnsafeBytes { $0.baseAddress.map { UInt(bitPattern: $0) } }
-                lock.withLock { $0.0.append(Entry(bytes: lease.withUnsafeBytes { Array($0) }, borrowedFrom: start)) }
+                let start = lease.lease.withUnsafeBytes { $0.baseAddress.map { UInt(bitPattern: $0) } }
+                lock.withLock { $0.0.append(Entry(bytes: lease.copied(), borrowedFrom: start)) }
             case let .closed(error):
                 lock.withLock { $0.1.append(error) }
                 closedSignal.signal()
@@ -49,7 +50,7 @@ struct Harness {
     let events = EventLog()
 
     /// - Parameter activate: activates the transport with ``events`` as its handler.
-    init(options: USBOptions = USBOptions(), activate: Bool = true, configure: (FakeBackend) -> Void = { _ in }) throws {
+    init(options: USBContextOptions = USBContextOptions(), activate: Bool = true, configure: (FakeBackend) -> Void = { _ in }) throws {
         fake = FakeBackend(queue: queue)
         configure(fake)
         context = USBContext(backend: fake, queue: queue, function: .iAP2, options: options)
@@ -62,7 +63,7 @@ struct Harness {
 
     static func open(_ context: USBContext) throws -> USBIAPTransport {
         expectMayBlock("Harness.open")
-        let result = Mutex<Result<USBAccessoryTransport, USBError>?>(nil)
+        let result = Mutex<Result<USBAccessoryTransport, USBHostError>?>(nil)
         let done = DispatchSemaphore(value: 0)
         context.queue.sync {
             let device = try! context.devices()[0]
@@ -71,7 +72,7 @@ struct Harness {
                 done.signal()
             }
         }
-        guard done.wait(timeout: .now() + 10) == .success else { throw USBError(.io, "open did not finish") }
+        guard done.wait(timeout: .now() + 10) == .success else { throw USBHostError(.io, "open did not finish") }
         return USBIAPTransport(try result.withLock { $0! }.get())
     }
 
@@ -89,7 +90,7 @@ struct Harness {
 /// The tests block on the fake libusb's queues and wait for its events: each on a thread of
 /// its own (`.ownThread`).
 @Suite(.ownThread) struct USBOpenTests {
-    func openError(_ configure: (FakeBackend) -> Void, options: USBOptions = USBOptions()) -> USBError? {
+    func openError(_ configure: (FakeBackend) -> Void, options: USBContextOptions = USBContextOptions()) -> USBHostError? {
         let queue = DispatchQueue(label: "test.usb.open")
         let fake = FakeBackend(queue: queue)
         configure(fake)
@@ -97,7 +98,7 @@ struct Harness {
         do {
             _ = try Harness.open(context)
             return nil
-        } catch let error as USBError {
+        } catch let error as USBHostError {
             #expect(fake.state.withLock { $0.openHandles } == 0, "a failed open must close the device")
             return error
         } catch {
@@ -113,7 +114,7 @@ struct Harness {
         let fake = FakeBackend(queue: queue)
         let gate = DispatchSemaphore(value: 0)
         fake.openGate.withLock { $0 = gate }
-        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBContextOptions())
         let opened = DispatchSemaphore(value: 0)
         queue.sync {
             let device = try! context.devices()[0]
@@ -143,13 +144,13 @@ struct Harness {
           arguments: [(UInt32?.none, Int?.none, 16_384), (0x04 | 0x02 | 0x01, nil, 16_384), (0x3D, nil, 65_536),
                       (0x3D, 32_768, 32_768), (nil, 4_096, 4_096)] as [(UInt32?, Int?, Int)])
     func inTransferSizeFollowsTheController(capabilities: UInt32?, option: Int?, expected: Int) throws {
-        var options = USBOptions()
+        var options = USBContextOptions()
         options.inTransferSize = option
         let harness = try Harness(options: options) { $0.state.withLock { $0.usbfsCapabilities = capabilities } }
         let lengths = harness.onQueue {
             harness.fake.pending.filter { $0.pointee.endpoint & 0x80 != 0 }.map { Int($0.pointee.length) }
         }
-        #expect(lengths == Array(repeating: expected, count: USBOptions().inTransfers))
+        #expect(lengths == Array(repeating: expected, count: USBContextOptions().inTransfers))
         #expect(harness.onQueue { harness.transport.pipe.statistics.inTransferSize } == expected)
     }
 
@@ -172,7 +173,7 @@ struct Harness {
         let queue = DispatchQueue(label: "test.usb.detach")
         let fake = FakeBackend(queue: queue)
         fake.state.withLock { $0.kernelDriver = "usbfs-hog" }
-        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBContextOptions())
         _ = try Harness.open(context)
         queue.sync {} // the queue lets go of the open's closures, and with them the transport
         #expect(Array(fake.log.prefix(3)) == ["open", "detach 0", "claim 0"])
@@ -180,7 +181,7 @@ struct Harness {
         #expect(Array(fake.log.suffix(2)) == ["release 0", "close"])
         #expect(fake.state.withLock { $0.openHandles == 0 && $0.deviceMemoryLive == 0 && $0.transfersLive == 0 })
 
-        var keep = USBOptions()
+        var keep = USBContextOptions()
         keep.detachKernelDriver = false
         let error = try #require(openError({ $0.state.withLock { $0.kernelDriver = "usbfs-hog" } }, options: keep))
         #expect(error.kind == .busy)
@@ -192,7 +193,7 @@ struct Harness {
         let queue = DispatchQueue(label: "test.usb.config")
         let fake = FakeBackend(queue: queue)
         fake.state.withLock { $0.devices[0].activeConfiguration = nil }
-        _ = try Harness.open(USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions()))
+        _ = try Harness.open(USBContext(backend: fake, queue: queue, function: .iAP2, options: USBContextOptions()))
         // (The fake asserts that SET_CONFIGURATION is not called on the event queue.)
         #expect(Array(fake.log.prefix(3)) == ["open", "set configuration 1", "claim 0"])
 
@@ -207,7 +208,7 @@ struct Harness {
         let queue = DispatchQueue(label: "test.usb.other")
         let fake = FakeBackend(queue: queue)
         fake.state.withLock { $0.devices[0].configurations = [USBConfigurationDescriptor(value: 1, interfaces: [])] }
-        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBContextOptions())
         let error = try #require(openError { $0.state.withLock { $0.devices[0].configurations = [USBConfigurationDescriptor(value: 1, interfaces: [])] } })
         #expect(error.kind == .notAnAccessory)
         #expect(queue.sync { try? context.devices() }?.first?.function == nil)
@@ -305,7 +306,7 @@ struct Harness {
     @Test func aFrameSentRightAfterActivationOrBeforeItGoesOut() throws {
         let queue = DispatchQueue(label: "test.usb.early")
         let fake = FakeBackend(queue: queue)
-        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBContextOptions())
         let transport = try Harness.open(context)
         let events = EventLog()
         queue.sync {
@@ -371,7 +372,7 @@ struct Harness {
     }
 
     @Test func errorsInARowEndTheTransportAfterBackingOff() throws {
-        var options = USBOptions()
+        var options = USBContextOptions()
         options.maxConsecutiveErrors = 3
         let harness = try Harness(options: options)
         // Every transfer in flight fails at once (as when the accessory leaves the bus): one error
@@ -421,7 +422,7 @@ struct Harness {
         let tail = Array(log.drop { !$0.hasPrefix("cancel") })
         #expect(tail.prefix(5).allSatisfy { $0.hasPrefix("cancel") })
         // 4 IN slots, 8 OUT slots and the transmit buffers, all before the interface and the handle go.
-        let freed = USBOptions().inTransfers + USBOptions().outTransfers + BulkPipe.initialTransmitBuffers
+        let freed = USBContextOptions().inTransfers + USBContextOptions().outTransfers + BulkPipe.initialTransmitBuffers
         #expect(Array(tail.dropFirst(5)) == Array(repeating: "free device memory", count: freed) + ["release 0", "close"])
         harness.fake.state.withLock { state in
             #expect(state.openHandles == 0)
@@ -460,7 +461,7 @@ struct Harness {
     }
 
     @Test func transfersTheKernelNeverGivesBackAreLeakedNotFreed() throws {
-        var options = USBOptions()
+        var options = USBContextOptions()
         options.teardownTimeoutMilliseconds = 50
         let harness = try Harness(options: options) { $0.state.withLock { $0.completeCancelled = false } }
         harness.transport.cancel()
@@ -490,7 +491,7 @@ struct Harness {
     @Test func hotplugReportsPresentDevicesThenArrivalsAndDepartures() throws {
         let queue = DispatchQueue(label: "test.usb.hotplug")
         let fake = FakeBackend(queue: queue)
-        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBContextOptions())
         let seen = Mutex<[String]>([])
         try queue.sync {
             try context.startMonitoring { event in
@@ -516,7 +517,7 @@ struct Harness {
     @Test func aRepeatedArrivalIsReportedOnce() throws {
         let queue = DispatchQueue(label: "test.usb.hotplug.repeat")
         let fake = FakeBackend(queue: queue)
-        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBOptions())
+        let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: USBContextOptions())
         let seen = Mutex<[String]>([])
         try queue.sync {
             try context.startMonitoring { event in
@@ -537,7 +538,7 @@ struct Harness {
         let queue = DispatchQueue(label: "test.usb.poll")
         let fake = FakeBackend(queue: queue)
         fake.state.withLock { $0.hotplugSupported = false }
-        var options = USBOptions()
+        var options = USBContextOptions()
         options.pollInterval = .seconds(3_600) // the test polls by hand
         let context = USBContext(backend: fake, queue: queue, function: .iAP2, options: options)
         let seen = Mutex<[String]>([])

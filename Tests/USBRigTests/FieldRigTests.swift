@@ -15,6 +15,7 @@ import IAPTransport
 import Synchronization
 import Testing
 @testable import USBHost
+import USBDescriptors
 
 /// A profile with one EA echo protocol on the link and `natives` echo protocols on native
 /// transports.
@@ -106,9 +107,9 @@ extension USBRigTests {
         let manager = AccessoryManager()
         defer { manager.stop() }
         try manager.startUSB()
-        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == productID },
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.productID == productID },
                                      "\(layout) identified over GadgetFS; ep0: \(device.log)")
-        let info = try #require(accessory.usbDevice)
+        let info = try #require(accessory.usbDevice?.info)
         #expect(info.descriptor.deviceClass == layout.deviceClass[0])
         #expect(info.activeConfiguration == layout.configurationValue)
         let function = try #require(info.function)
@@ -154,7 +155,7 @@ extension USBRigTests {
         try manager.startUSB()
         let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.serialNumber == serial },
                                      "\(layout) identified over FunctionFS")
-        let info = try #require(accessory.usbDevice)
+        let info = try #require(accessory.usbDevice?.info)
         #expect(info.descriptor.deviceClass == layout.deviceClass[0])
         #expect(info.activeConfiguration == layout.configurationValue)
         #expect(info.function?.configurationValue == layout.configurationValue)

@@ -6,6 +6,7 @@
 import TestSupport
 import AccessoryHost
 import AccessoryHostUSB
+import USBDescriptors
 import AccessoryGadget
 import AccessorySimulator
 import Dispatch
@@ -107,7 +108,7 @@ struct USBRigTests {
         let statistics = try #require(manager.usbStatistics(of: accessory))
         #expect(statistics.deviceMemorySlots == 12 && statistics.heapSlots == 0)
         // dummy_hcd does scatter-gather, which usbfs reports: the IN transfers are 64 KiB.
-        #expect(statistics.inTransferSize == USBOptions.largeInTransferSize)
+        #expect(statistics.inTransferSize == USBContextOptions.largeInTransferSize)
         let maps = try String(contentsOfProcFile: "/proc/self/maps")
         #expect(maps.contains("/dev/bus/usb/"), "libusb_dev_mem_alloc mapped the usbfs node")
 
@@ -282,7 +283,7 @@ struct USBRigTests {
         let manager = AccessoryManager()
         defer { manager.stop() }
         try manager.startUSB()
-        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == 0x00BD },
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.productID == 0x00BD },
                                      "identified over GadgetFS; ep0: \(device.log)")
         #expect(accessory.usbDevice?.nativeInterfaceNames == [1: "com.example.native.echo", 2: "com.example.native.sink"])
 
@@ -336,7 +337,7 @@ struct USBRigTests {
         defer { manager.stop() }
         let events = manager.events
         try manager.startUSB()
-        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == 0x00BC },
+        let accessory = try #require(await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.productID == 0x00BC },
                                      "ep0: \(device.log)")
         let session = try await accessory.openSession(for: "com.example.native.echo")
         #expect(try await echo(session, pattern(256 << 10, seed: 11)))
@@ -434,7 +435,7 @@ struct USBRigTests {
 extension String {
     /// Reads a /proc file (their size is 0 to stat, so read until end of file).
     init(contentsOfProcFile path: String) throws {
-        guard let file = fopen(path, "r") else { throw USBError(.io, "cannot read \(path)") }
+        guard let file = fopen(path, "r") else { throw USBHostError(.io, "cannot read \(path)") }
         defer { fclose(file) }
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 65_536)

@@ -136,10 +136,10 @@ enum BluetoothBenchmarks {
         step("listening on \(host) channel \(channel)")
         // Shut down first: close(2) alone does not wake an accept(2) still waiting.
         defer { _ = shutdown(listener, Int32(SHUT_RDWR)); _ = close(listener) }
-        let acceptedSocket = Mutex<Result<Int32, BluetoothError>?>(nil)
+        let acceptedSocket = Mutex<Result<Int32, BlueZError>?>(nil)
         let acceptedSignal = DispatchSemaphore(value: 0)
         DispatchQueue(label: "iapbench.rfcomm-accept").async {
-            let result = Result { () throws(BluetoothError) in try RFCOMMSocket.accept(listener).descriptor }
+            let result = Result { () throws(BlueZError) in try RFCOMMSocket.accept(listener).descriptor }
             acceptedSocket.withLock { $0 = result }
             acceptedSignal.signal()
         }

@@ -37,7 +37,7 @@ extension USBBenchmarks {
     /// its round trip timed (``EchoFigures/roundTrips``).
     static func hostRawEcho(productID: UInt16, bytes: Int, child: AccessoryChild, pingPong: Bool = false, label: String = "raw") throws -> EchoFigures {
         let queue = DispatchQueue(label: "iapbench.usb")
-        let context = try USBContext(queue: queue, function: .iAP2, options: options)
+        let context = try USBContext(queue: queue, function: .iAP2, options: options.context)
         defer {
             step("shutting the USB context down")
             queue.sync { context.shutdown() }
@@ -45,11 +45,11 @@ extension USBBenchmarks {
             step("USB context shut down")
         }
         let opened = DispatchSemaphore(value: 0)
-        let found = Mutex<Result<USBAccessoryTransport, USBError>?>(nil)
+        let found = Mutex<Result<USBAccessoryTransport, USBHostError>?>(nil)
         try queue.sync {
             try context.startMonitoring { event in
                 guard case let .arrived(info) = event, info.descriptor.productID == productID, found.withLock({ $0 == nil }) else { return }
-                found.withLock { $0 = .failure(USBError(.io, "opening")) }
+                found.withLock { $0 = .failure(USBHostError(.io, "opening")) }
                 context.open(info) { result in
                     found.withLock { $0 = result }
                     opened.signal()

@@ -226,7 +226,7 @@ enum USBBenchmarks {
         defer { manager.stop() }
         try manager.startUSB(options: options)
         let found = try blockingAwait {
-            await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.descriptor.productID == GadgetProcess.gadgetFSProductID }
+            await manager.waitForAccessory(timeout: .seconds(30)) { $0.usbDevice?.productID == GadgetProcess.gadgetFSProductID }
         }
         guard let accessory = found else { throw ToolFailure("the simulated accessory on GadgetFS was not identified within 30 s") }
         do {

@@ -1,6 +1,7 @@
 // iapctl report: the report's text, section by section, and its formatting helpers.
 
 import AccessoryHost
+import USBDescriptors
 import AccessoryLogging
 import CLIKit
 import Dispatch
@@ -93,7 +94,7 @@ extension ReportRun {
     }
 
     func usbSection() -> [String] {
-        guard let device = accessory?.usbDevice ?? wireIndex.flatMap({ wires[$0].usb }) else { return [] }
+        guard let device = (accessory?.usbDevice ?? wireIndex.flatMap({ wires[$0].usb }))?.info else { return [] }
         let d = device.descriptor
         var out = ["", "USB DEVICE"]
         out.append("  id:            \(d.idString) (vendor 0x\(ReportText.hex4(d.vendorID)), product 0x\(ReportText.hex4(d.productID)))")

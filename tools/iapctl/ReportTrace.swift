@@ -2,6 +2,7 @@
 // redaction of serial numbers and certificate bytes before the trace is embedded.
 
 import AccessoryHost
+import USBDescriptors
 import AccessoryLogging
 import CLIKit
 import Glibc
@@ -25,7 +26,7 @@ final class ReportTrace: Sendable {
         /// The transport's kind.
         var kind: TransportKind
         /// The USB device, on USB (its descriptors and strings as read at open).
-        var usb: USBDeviceInfo?
+        var usb: USBDevice?
     }
 
     /// The blocks, shared with the recorder's writes.
@@ -48,14 +49,14 @@ final class ReportTrace: Sendable {
 
     /// `transport`, recorded as an interface of its own (the manager's transport tap).
     func tap(_ transport: any Transport) -> any Transport {
-        let usb = transport.capability(USBDeviceInfo.self)
+        let usb = transport.capability(USBDeviceInfo.self).map(USBDevice.init)
         let wire = CaptureTransport(transport.kind)
         let interface = wires.withLock { wires -> Int in
             wires.append(Wire(location: transport.description, kind: transport.kind, usb: usb))
             // Without --full the interface is named without the USB serial number the
             // description carries.
             let name = full ? transport.description : "\(wire.name) accessory \(wires.count)"
-            let place = usb.map { "usb \($0.location) \($0.descriptor.idString)" } ?? wire.name
+            let place = usb.map { "usb \($0.location) \($0.usbID)" } ?? wire.name
             return self.recorder.addInterface(name: name, description: "iAP accessory on " + (full ? transport.description : place),
                                          transport: wire)
         }

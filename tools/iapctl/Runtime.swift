@@ -434,7 +434,7 @@ func json(_ accessory: Accessory) -> JSONValue {
         ("authentication", authenticationJSON(accessory.authentication)),
         ("bluetoothAddress", accessory.bluetoothAddress.map { .string($0.description) } ?? .null),
         ("usb", accessory.usbDevice.map { device in
-            .object([("id", .string(device.descriptor.usbID.description)), ("bus", .int(Int(device.bus))),
+            .object([("id", .string(device.usbID.description)), ("bus", .int(Int(device.bus))),
                      ("address", .int(Int(device.address))), ("port", .string(device.location)),
                      ("devicePath", .string(device.devicePath))])
         } ?? .null),

@@ -44,7 +44,7 @@ extension SimulateCommand {
             }
             let known = try blockingAwait { try await service.adapterAddresses() }
             adapters.withLock { $0 = known }
-        } catch let error as BluetoothError {
+        } catch let error as BlueZError {
             throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
         }
         StandardError.write("simulating '\(profile.identity().name.escapedForTerminal)' as a Bluetooth accessory advertising "
@@ -79,7 +79,7 @@ extension SimulateCommand {
         let from = local
         do {
             connected = try blockingAwait { try await RFCOMMSocket.connect(to: address, channel: channel, from: from) }
-        } catch let error as BluetoothError {
+        } catch let error as BlueZError {
             throw ToolError(description: "\(error)", exitCode: error.kind == .permission ? .noPermission : .unavailable)
         }
         var accessory = profile

@@ -88,7 +88,7 @@ enum WaitCommand {
 
     static func summary(_ accessory: Accessory) -> String {
         "\(accessory.connectionID) \(accessory.name) (serial \(accessory.serialNumber), firmware \(accessory.firmwareRevision)"
-            + (accessory.usbDevice.map { ", USB \($0.descriptor.usbID)" } ?? "") + ")"
+            + (accessory.usbDevice.map { ", USB \($0.usbID)" } ?? "") + ")"
     }
 
     static func format(_ seconds: Double) -> String {

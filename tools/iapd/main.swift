@@ -4,6 +4,7 @@
 
 import AccessoryHost
 import AccessoryHostUSB
+import AccessoryHostBluetooth
 import AccessoryLogging
 import AccessorySimulator
 import BluetoothTransport

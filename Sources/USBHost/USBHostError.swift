@@ -1,9 +1,10 @@
+package import USBDescriptors
 internal import CLibUSB
 
 /// A USB failure, with what a person can do about it.
-public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
+package struct USBHostError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The kind of failure, for code that reacts to it.
-    public enum Kind: String, Hashable, Sendable {
+    package enum Kind: String, Hashable, Sendable {
         /// No USB on this machine (no usbfs), or libusb could not start.
         case unavailable
         /// No permission to open the device node.
@@ -23,17 +24,17 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
     }
 
     /// The kind of failure: what code decides on (never the message).
-    public var kind: Kind
+    package var kind: Kind
     /// What failed, e.g. "cannot claim interface 0 of 2ca3:1002 at 1-1.2".
-    public var message: String
+    package var message: String
     /// What to do next.
-    public var advice: String?
+    package var advice: String?
     /// libusb's error code, when the failure came from libusb.
-    public var code: Int32?
+    package var code: Int32?
 
     /// An error of `kind` saying `message` (what failed, naming the device), with `advice` (what
     /// to do next) and libusb's `code` when there is one.
-    public init(_ kind: Kind, _ message: String, advice: String? = nil, code: Int32? = nil) {
+    package init(_ kind: Kind, _ message: String, advice: String? = nil, code: Int32? = nil) {
         self.kind = kind
         self.message = message
         self.advice = advice
@@ -53,7 +54,7 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
         self.init(kind, "\(what): \(errorName(code))", advice: advice, code: code)
     }
 
-    public var description: String { advice.map { "\(message); \($0)" } ?? message }
+    package var description: String { advice.map { "\(message); \($0)" } ?? message }
 
     /// The advice for a device node this user may not open.
     static func accessAdvice(devicePath: String) -> String {
@@ -64,15 +65,15 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
     }
 }
 
-/// A failure of a pipe or a device, named in words (kind ``USBError/Kind/io`` unless said).
-func usbFailure(_ message: String, kind: USBError.Kind = .io, advice: String? = nil) -> USBError {
-    USBError(kind, message, advice: advice)
+/// A failure of a pipe or a device, named in words (kind ``USBHostError/Kind/io`` unless said).
+func usbFailure(_ message: String, kind: USBHostError.Kind = .io, advice: String? = nil) -> USBHostError {
+    USBHostError(kind, message, advice: advice)
 }
 
 /// Bytes lent from a USB IN slot for the duration of one handler call, on the context's queue.
 /// Read them in place with ``withUnsafeBytes(_:)`` or take a copy with ``copied()``; never keep
 /// the pointer.
-public struct USBBorrowedBytes: @unchecked Sendable {
+package struct USBBorrowedBytes: @unchecked Sendable {
     // Sendability: handed to one handler call on the context's queue and not kept; the slot is
     // not touched until that call returns.
     private let bytes: UnsafeRawBufferPointer
@@ -80,13 +81,13 @@ public struct USBBorrowedBytes: @unchecked Sendable {
     init(_ bytes: UnsafeRawBufferPointer) { self.bytes = bytes }
 
     /// The number of bytes.
-    public var count: Int { bytes.count }
+    package var count: Int { bytes.count }
 
     /// Runs `body` with the bytes in place; the pointer is valid only inside `body`.
-    public func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
+    package func withUnsafeBytes<Result>(_ body: (UnsafeRawBufferPointer) throws -> Result) rethrows -> Result {
         try body(bytes)
     }
 
     /// A copy of the bytes.
-    public func copied() -> [UInt8] { Array(bytes) }
+    package func copied() -> [UInt8] { Array(bytes) }
 }

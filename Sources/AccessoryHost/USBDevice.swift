@@ -1,0 +1,79 @@
+package import USBDescriptors
+
+/// A vendor and product id pair: what lsusb writes as `vvvv:pppp`.
+public struct USBID: Hashable, Sendable, CustomStringConvertible {
+    /// The vendor id (idVendor).
+    public var vendorID: UInt16
+    /// The product id (idProduct).
+    public var productID: UInt16
+
+    /// The pair `vendorID:productID`.
+    public init(vendorID: UInt16, productID: UInt16) {
+        self.vendorID = vendorID
+        self.productID = productID
+    }
+
+    /// Parses `VID:PID`: two hex numbers of 1 to 4 digits, each with an optional `0x`; nil
+    /// for anything else.
+    public init?(parsing text: String) {
+        let parts = text.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count == 2 else { return nil }
+        func number(_ part: Substring) -> UInt16? {
+            let digits = part.hasPrefix("0x") || part.hasPrefix("0X") ? part.dropFirst(2) : part
+            guard (1...4).contains(digits.count), digits.allSatisfy(\.isHexDigit) else { return nil }
+            return UInt16(digits, radix: 16)
+        }
+        guard let vendor = number(parts[0]), let product = number(parts[1]) else { return nil }
+        self.init(vendorID: vendor, productID: product)
+    }
+
+    /// `vvvv:pppp` in lower-case hex.
+    public var description: String { Self.hex4(vendorID) + ":" + Self.hex4(productID) }
+
+    private static func hex4(_ value: UInt16) -> String {
+        let digits = String(value, radix: 16)
+        return String(repeating: "0", count: 4 - digits.count) + digits
+    }
+}
+
+/// The USB device an accessory on USB is, as the host found it: where it sits on the bus, its
+/// ids, the strings its descriptors name, and its native-transport interfaces. The core's own
+/// value: the descriptors it is read from stay inside the package.
+public struct USBDevice: Sendable, Hashable, CustomStringConvertible {
+    /// Everything the host read of the device (descriptors, configurations, the iAP function).
+    package let info: USBDeviceInfo
+
+    /// The device as `info` describes it.
+    package init(_ info: USBDeviceInfo) { self.info = info }
+
+    /// The bus number (as lsusb and `/dev/bus/usb/BUS/…` show it).
+    public var bus: UInt8 { info.bus }
+    /// The device's address on its bus: new after every re-plug or reset.
+    public var address: UInt8 { info.address }
+    /// Hub ports from the root, e.g. [1, 2].
+    public var portPath: [UInt8] { info.portPath }
+    /// The vendor and product ids.
+    public var usbID: USBID { USBID(vendorID: info.descriptor.vendorID, productID: info.descriptor.productID) }
+    /// idVendor, the USB-IF vendor id.
+    public var vendorID: UInt16 { info.descriptor.vendorID }
+    /// idProduct, the vendor's product id (an accessory's bootloader often has another one).
+    public var productID: UInt16 { info.descriptor.productID }
+    /// bcdDevice, the device's release number.
+    public var release: UInt16 { info.descriptor.release }
+    /// The manufacturer string (iManufacturer), nil when the device has none.
+    public var manufacturer: String? { info.manufacturer }
+    /// The product string (iProduct), nil when the device has none.
+    public var product: String? { info.product }
+    /// The serial number string (iSerialNumber), nil when the device has none.
+    public var serialNumber: String? { info.serialNumber }
+    /// The names (iInterface strings) of the native-transport interfaces, by interface number:
+    /// by convention each is the EA protocol the interface carries.
+    public var nativeInterfaceNames: [UInt8: String] { info.nativeInterfaceNames }
+    /// `bus-port.port…` as the kernel names the device in sysfs, e.g. `1-1.2`: stable while the
+    /// device stays in the same port, unlike the address.
+    public var location: String { info.location }
+    /// The usbfs node, e.g. `/dev/bus/usb/001/005`.
+    public var devicePath: String { info.devicePath }
+    /// `usb LOCATION VID:PID PRODUCT (serial …)`.
+    public var description: String { info.description }
+}
