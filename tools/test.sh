@@ -3,7 +3,7 @@
 # treated as failures, runs the unit and integration tests (twice: the second time with Swift's
 # cooperative pool narrowed to one thread, tools/narrow-pool), checks that the codec allocates
 # nothing per frame, installs the Python client into a virtual environment and runs its type
-# check, tests and echo benchmark (tools/python/check.sh), builds the Debian package and
+# check, tests and echo benchmark (tools/clients/python/check.sh), builds the Debian package and
 # installs, runs and purges it (tools/package),
 # runs the in-guest tests on a real kernel USB stack (tools/usb-rig), fuzzes each parser for
 # FUZZ_SECONDS (default 30) seconds, and checks the documentation.
@@ -68,8 +68,8 @@ if [ "$tsan_failed" -ne 0 ] || ! grep -qE "✔ Test run with [0-9]+ tests? .*pas
     echo "test: swift test --sanitize=thread --filter ByteRingTests failed or timed out" >&2; exit 1
 fi
 
-step "Wireshark: tshark with tools/wireshark/iap.lua against iapctl decode --pcap (a simulated trace, usbmon, malformed frames)"
-timeout 300 tools/wireshark/check.sh --iapctl .build/debug/iapctl
+step "Wireshark: tshark with tools/clients/wireshark/iap.lua against iapctl decode --pcap (a simulated trace, usbmon, malformed frames)"
+timeout 300 tools/clients/wireshark/check.sh --iapctl .build/debug/iapctl
 
 step "release build (the Swift runtime linked statically, as the Debian package ships it) and allocation check"
 # The shipping build: the package, the allocation check, the examples and every benchmark
@@ -90,8 +90,8 @@ MALLOC_ARENA_MAX=1 timeout 600 .build/release/iapbench soak --cycles 1000 --mib 
 step "iapctl as scripts and people see it (exit codes, JSON against its schema, the socket, help, install, man page, completion)"
 timeout 300 tools/cli-checks.sh .build/release/iapctl
 
-step "the Python client (tools/python): installed into a virtual environment, mypy --strict, pytest against a real iapd, the 16 MiB echo against iapctl send"
-tools/python/check.sh --bin .build/release
+step "the Python client (tools/clients/python): installed into a virtual environment, mypy --strict, pytest against a real iapd, the 16 MiB echo against iapctl send"
+tools/clients/python/check.sh --bin .build/release
 
 step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"
 timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapctl --mib 4

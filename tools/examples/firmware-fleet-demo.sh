@@ -15,7 +15,7 @@
 #   --mib N        image size in MiB, the same image for every accessory (default 4)
 #   --unplug       in every round of 2 or more, unplug the second accessory mid-transfer
 #   --bin DIR      where iapctl and iapd are (default .build/release)
-#   --via WAY      the script's way to iapd: library (the Python client, tools/python, in
+#   --via WAY      the script's way to iapd: library (the Python client, tools/clients/python, in
 #                  $PYTHON, default python3) or iapctl (one `iapctl open` per accessory);
 #                  default: library when $PYTHON imports accessoryhost
 # Prints per round the aggregate and per-accessory throughput and the host's CPU per MiB (iapd,

@@ -74,9 +74,9 @@ for target in "${targets[@]}"; do
     printf '\x40\x40\x00\x11\xEA\x00\x00\x05\x00\x00\xB1\x00\x06\x00\x01\x00\x01' > "$corpus/seed-ea00"
     # The DJI Goggles 3 MFi configuration (PROTOCOL.md §4.2), for the descriptor parser.
     printf '\x09\x02\x40\x00\x02\x01\x04\x80\x01\x09\x04\x00\x00\x02\xff\xf0\x00\x05\x07\x05\x81\x02\x00\x02\x00\x07\x05\x01\x02\x00\x02\x00\x09\x04\x01\x00\x00\xff\xf0\x01\x06\x09\x04\x01\x01\x02\xff\xf0\x01\x06\x07\x05\x82\x02\x00\x02\x00\x07\x05\x02\x02\x00\x02\x00\x01' > "$corpus/seed-dji-config"
-    # Captures for the pcap reader: an iapctl trace and a usbmon capture (tools/wireshark/captures.py).
+    # Captures for the pcap reader: an iapctl trace and a usbmon capture (tools/clients/wireshark/captures.py).
     if [ "$target" = pcap ] && command -v python3 >/dev/null; then
-        python3 tools/wireshark/captures.py "$corpus" && mv "$corpus/malformed.pcapng" "$corpus/seed-trace.pcapng" \
+        python3 tools/clients/wireshark/captures.py "$corpus" && mv "$corpus/malformed.pcapng" "$corpus/seed-trace.pcapng" \
             && mv "$corpus/usbmon.pcap" "$corpus/seed-usbmon.pcap" || true
     fi
     if [ "$target" = daemon ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the captures tools/wireshark/check.sh feeds to tshark and `iapctl decode --pcap`:
+"""Writes the captures tools/clients/wireshark/check.sh feeds to tshark and `iapctl decode --pcap`:
 
   malformed.pcapng  an iapctl trace (LINKTYPE_USER0) of broken frames: bad checksums, lying
                     lengths, truncation, garbage, malformed messages, a bad capture header. Each

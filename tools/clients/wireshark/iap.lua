@@ -1,8 +1,8 @@
--- iap.lua: a Wireshark dissector for Apple iAP2 and iAP1 (AccessoryHost, tools/wireshark/).
+-- iap.lua: a Wireshark dissector for Apple iAP2 and iAP1 (AccessoryHost, tools/clients/wireshark/).
 --
 -- Decodes
 --   * traces written by `iapctl --trace-file FILE.pcapng` (LINKTYPE_USER0, 147, with the 8-byte
---     header described in tools/wireshark/README.md): one frame per packet;
+--     header described in tools/clients/wireshark/README.md): one frame per packet;
 --   * Linux usbmon captures (tcpdump -i usbmonN, Wireshark, dumpcap): the bulk transfers of an
 --     iAP2 interface (class FF, subclass F0, protocol 00), reassembled into frames across
 --     transfers, and of any bulk endpoint whose data looks like iAP when the capture missed the
@@ -13,7 +13,7 @@
 -- id. iAP1: lingo, command names, transaction ids, FID tokens. Malformed frames are marked with
 -- expert info; the dissector never raises a Lua error.
 --
--- Load it with `wireshark -X lua_script:tools/wireshark/iap.lua` (or tshark), or copy it into
+-- Load it with `wireshark -X lua_script:tools/clients/wireshark/iap.lua` (or tshark), or copy it into
 -- the personal plugins folder (~/.local/lib/wireshark/plugins/). Filter e.g.
 -- `iap2.msg == "IdentificationInformation"`, `iap2.ea.session == 1`, `iap1.cmd_name == "StartIDPS"`,
 -- `_ws.expert.group == "Malformed"`.
@@ -22,7 +22,7 @@
 
 local VERSION = "1.0"
 set_plugin_info({ version = VERSION, description = "Apple iAP2 / iAP1 (AccessoryHost)",
-                  repository = "AccessoryHost tools/wireshark" })
+                  repository = "AccessoryHost tools/clients/wireshark" })
 
 -- BEGIN CATALOGUE
 -- Generated from IAPWire's MessageCatalogue and IAP1Catalogue by Tests/IAPInspectTests/WiresharkCatalogueTests.swift;

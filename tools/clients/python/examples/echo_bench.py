@@ -91,7 +91,7 @@ def copy(source: "IO[bytes]", target: "IO[bytes]") -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    repository = Path(__file__).resolve().parents[3]
+    repository = Path(__file__).resolve().parents[4]
     parser.add_argument("--bin", default=str(repository / ".build" / "release"))
     parser.add_argument("--mib", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)

@@ -18,7 +18,7 @@ from typing import IO, Iterator, List, Optional
 
 import pytest
 
-REPOSITORY = Path(__file__).resolve().parents[3]
+REPOSITORY = Path(__file__).resolve().parents[4]
 TRANSPORT = os.environ.get("ACCESSORYHOST_PY_TRANSPORT", "memory")
 ECHO = "com.example.echo"
 

@@ -81,7 +81,7 @@ def check_welcome(reply: Message) -> Tuple[str, List[Any]]:
         version = welcome.get("version")
         if version != PROTOCOL_VERSION:
             newer = isinstance(version, int) and version > PROTOCOL_VERSION
-            advice = ("update this library (tools/python) to iapd's release" if newer
+            advice = ("update this library (tools/clients/python) to iapd's release" if newer
                       else "update iapd to this library's release")
             raise VersionMismatch(f"this iapd speaks protocol {version}, the library protocol {PROTOCOL_VERSION}: {advice}")
         return str(welcome.get("daemon", "iapd")), list(welcome.get("accessories", []))

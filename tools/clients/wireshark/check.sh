@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the Wireshark dissector (tools/wireshark/iap.lua) against `iapctl decode --pcap --json`:
+# Checks the Wireshark dissector (tools/clients/wireshark/iap.lua) against `iapctl decode --pcap --json`:
 #   1. a pcapng trace of simulated sessions (the WiresharkTrace test of AccessoryHostTests writes
 #      it: detect, SYN, authentication, identification, two EA sessions, a retransmission, an
 #      iAP1 accessory): tshark with the dissector must decode every frame to the same kind,
@@ -9,11 +9,11 @@
 #      USB transfers on the iAP2 interface's endpoints, other endpoints left out;
 #   3. a trace of malformed frames (captures.py): every one gets expert info, and no packet
 #      raises a Lua error; iapctl reports them without crashing.
-# Usage: tools/wireshark/check.sh [--iapctl PATH] [--trace FILE.pcapng]
+# Usage: tools/clients/wireshark/check.sh [--iapctl PATH] [--trace FILE.pcapng]
 #   --trace: compare this trace instead of making one with `swift test` (which needs a debug
 #   build with tests, as tools/test.sh makes).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 iapctl=.build/debug/iapctl
 trace=""
 while [ $# -gt 0 ]; do
@@ -27,7 +27,7 @@ command -v tshark >/dev/null || { echo "check.sh: tshark is missing; install Deb
 [ -x "$iapctl" ] || { echo "check.sh: $iapctl is missing; build it first (swift build)" >&2; exit 66; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-lua=tools/wireshark/iap.lua
+lua=tools/clients/wireshark/iap.lua
 echo "check: $(tshark --version 2>/dev/null | head -n 1)"
 
 if [ -z "$trace" ]; then
@@ -36,7 +36,7 @@ if [ -z "$trace" ]; then
         || { cat "$work/test.log" >&2; echo "check.sh: the WiresharkTrace test failed" >&2; exit 1; }
     [ -s "$trace" ] || { echo "check.sh: the WiresharkTrace test wrote no trace" >&2; exit 1; }
 fi
-python3 tools/wireshark/captures.py "$work"
+python3 tools/clients/wireshark/captures.py "$work"
 
 fields=(-e frame.number -e iapcap.kind -e iapcap.content -e iapcap.length -e iap2.session -e iap2.msg -e iap2.ea.session
         -e iap2.ea.len -e iap1.cmd_name -e iap1.trans -e _ws.expert.message)
