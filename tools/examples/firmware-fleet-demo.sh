@@ -94,7 +94,7 @@ for count in $counts; do
     for index in $(seq 1 "$count"); do
         serial=$(printf 'SIM-FW-%04d' "$index")
         python3 -c 'import json, sys; profile = json.load(open(sys.argv[1])); profile["identity"]["serialNumber"] = sys.argv[2]; json.dump(profile, open(sys.argv[3], "w"))' \
-            "$repo/tools/profiles/firmware-updater.json" "$serial" "$work/$serial.json"
+            "$repo/tools/data/profiles/firmware-updater.json" "$serial" "$work/$serial.json"
         out=$work/$serial.out
         : > "$out"
         if [ "$usb" -eq 1 ]; then

@@ -68,7 +68,7 @@ for target in "${targets[@]}"; do
     rm -f "$out/$target"/crash-* "$out/$target"/leak-* "$out/$target"/timeout-* "$out/$target"/oom-*
     mkdir -p "$corpus"
     # Seeds: every shipped sample as raw bytes, and a few hand-picked frames.
-    for sample in tools/samples/*.hex; do
+    for sample in tools/data/samples/*.hex; do
         grep -v '^#' "$sample" | sed 's/#.*//' | tr -d ' \n' | xxd -r -p > "$corpus/seed-$(basename "$sample" .hex)" 2>/dev/null || true
     done
     printf '\x40\x40\x00\x11\xEA\x00\x00\x05\x00\x00\xB1\x00\x06\x00\x01\x00\x01' > "$corpus/seed-ea00"
@@ -93,7 +93,7 @@ for target in "${targets[@]}"; do
             openssl crl2pkcs7 -nocrl -certfile "$pem" -outform DER -out "$corpus/seed-$(basename "$pem" .pem).p7" 2>/dev/null || true
         done
         python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.stdout.buffer.write(bytes.fromhex(d["certificate_pkcs7_der_hex"]))' \
-            tools/samples/pioneer-auth.json > "$corpus/seed-pioneer.p7"
+            tools/data/samples/pioneer-auth.json > "$corpus/seed-pioneer.p7"
         export CERTIFICATE_FUZZ_TRUST="$PWD/Tests/IAPAuthenticationTests/Fixtures/test-ca.pem"
     fi
     echo "fuzz: running $target for ${seconds}s"
