@@ -4,11 +4,11 @@
 # the full-width pass of tools/test.sh (`swift test --skip-build`); with --narrow, also its
 # one-thread-pool pass. Prints one line per run and a summary; exits 1 when any run failed.
 #
-#   tools/under-load.sh [--runs N] [--narrow] [--whole]
+#   tools/checks/under-load.sh [--runs N] [--narrow] [--whole]
 #
 # --whole runs the whole of tools/test.sh once under the same load instead (about 40 minutes).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 runs=5
 narrow=0
 whole=0
@@ -60,7 +60,7 @@ for run in $(seq 1 "$runs"); do
     if [ "$narrow" -eq 1 ]; then
         start=$(date +%s)
         bundle="$(swift build --show-bin-path)/AccessoryHostPackageTests.xctest"
-        if tools/narrow-pool/by-module.sh "$bundle" > "$log" 2>&1; then
+        if tools/checks/narrow-pool/by-module.sh "$bundle" > "$log" 2>&1; then
             echo "run $run: one-thread pool, module by module: passed in $(( $(date +%s) - start )) s"
         else
             failed=$((failed + 1))

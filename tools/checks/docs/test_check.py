@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tests of check.py's rules on symbol graphs made up here: what counts as documented, what is
-left out, and which DocC diagnostics count. Run: python3 tools/docs/test_check.py"""
+left out, and which DocC diagnostics count. Run: python3 tools/checks/docs/test_check.py"""
 import json
 import sys
 import tempfile

@@ -8,7 +8,7 @@ after start, with the sessions open and idle, and after a round trip of 64 KiB t
 (which touches a part of each ring). The rings are shared memory (RssShmem); the goal is about
 the rest: under 64 MiB with 64 sessions.
 
-Usage: tools/bench/daemon-memory.py [--iapd PATH] [--sessions N]
+Usage: tools/checks/bench/daemon-memory.py [--iapd PATH] [--sessions N]
 """
 import argparse, array, json, mmap, os, socket, struct, subprocess, sys, tempfile, time
 

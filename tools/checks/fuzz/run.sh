@@ -2,18 +2,18 @@
 # Builds the libFuzzer targets (swiftc -sanitize=fuzzer,address) and runs each for a bounded
 # time, seeded with the shipped samples. Exits non-zero on any crash, memory error or failed
 # invariant (leak detection is off: the Swift runtime's lazily built caches read as leaks);
-# a crashing input is left in tools/fuzz/out/<target>/ for reproduction:
-#     tools/fuzz/out/bin/<target> tools/fuzz/out/<target>/crash-…
+# a crashing input is left in tools/checks/fuzz/out/<target>/ for reproduction:
+#     tools/checks/fuzz/out/bin/<target> tools/checks/fuzz/out/<target>/crash-…
 #
-# Usage: tools/fuzz/run.sh [seconds-per-target] [target…]    (default 60 s, all targets)
+# Usage: tools/checks/fuzz/run.sh [seconds-per-target] [target…]    (default 60 s, all targets)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(scanner messages inspect link iap1 descriptors pcap certificate daemon ring)
 
-out=tools/fuzz/out
+out=tools/checks/fuzz/out
 bin=$out/bin
 mkdir -p "$bin"
 flags=(-O -parse-as-library -sanitize=fuzzer,address -swift-version 6 -package-name AccessoryHost -I Sources/CSharedMemory)
@@ -49,14 +49,14 @@ swiftc "${flags[@]}" -module-name IAPDaemonProtocol -I "$bin" -emit-module -emit
     -wmo -c -o "$bin/IAPDaemonProtocol.o" Sources/IAPDaemonProtocol/*.swift 2>&1 | quiet
 
 declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]="LinkFuzz.swift FuzzSteps.swift" [iap1]="IAP1Fuzz.swift FuzzSteps.swift"
-                   [descriptors]="DescriptorFuzz.swift ../../Sources/USBDescriptors/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift [daemon]=DaemonFuzz.swift
+                   [descriptors]="DescriptorFuzz.swift ../../../Sources/USBDescriptors/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift [daemon]=DaemonFuzz.swift
                    [ring]=RingFuzz.swift)
 status=0
 for target in "${targets[@]}"; do
     file=${source[$target]:-}
     [ -n "$file" ] || { echo "fuzz: unknown target '$target' (scanner, messages, inspect, link, iap1, descriptors, pcap, certificate, daemon, ring)" >&2; exit 64; }
     files=()
-    for f in $file; do files+=("tools/fuzz/$f"); done
+    for f in $file; do files+=("tools/checks/fuzz/$f"); done
     extra=()
     [ "$target" = certificate ] && extra=(-I Sources/COpenSSL "$bin/IAPAuthentication.o" -lcrypto)
     [ "$target" = daemon ] && extra=("$bin/IAPDaemonProtocol.o")

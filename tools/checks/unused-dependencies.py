@@ -7,13 +7,17 @@ modules its Swift files import (`import M`, `public import M`, `@testable import
 graph in docs/ARCHITECTURE.md wrong; system-library targets (C modules) count when imported.
 Exits 1 and prints the edges when there are any.
 
-Usage: tools/package/unused-dependencies.py   (from anywhere in the repository)
+Usage: tools/checks/unused-dependencies.py   (from anywhere in the repository)
 """
-import json
 import os
-import re
-import subprocess
 import sys
+
+# This folder holds json.py (the JSON output check): with the folder on the module path,
+# `import json` would import that script instead of the standard library's. Off the path first.
+sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != os.path.dirname(os.path.abspath(__file__))]
+import json  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
 
 IMPORT = re.compile(r"^\s*(?:@\w+(?:\([^)]*\))?\s+)*(?:(?:public|package|internal|fileprivate|private)\s+)?import\s+(?:(?:struct|class|enum|protocol|func|var|let|typealias)\s+)?([A-Za-z_][A-Za-z0-9_]*)", re.M)
 

@@ -1,24 +1,28 @@
 #!/usr/bin/env python3
 """Validates iapctl --json output against docs/json-schema.json.
 
-Usage: tools/check-json.py DEF FILE...
+Usage: tools/checks/json.py DEF FILE...
   DEF   the schema's $defs entry for the command (list, info, wait, watch, send, decode, stats)
   FILE  iapctl's standard output: one JSON object per line, at least one line
 Exit status: 0 every line of every file is valid, 1 one is not (each problem printed), 64 usage.
 Needs the jsonschema module (Debian: python3-jsonschema).
 """
-import json
 import os
 import sys
 
-import jsonschema
+# This script is named json.py: with its folder on the module path, `import json` (here and in
+# jsonschema) would import this file again instead of the standard library's. Off the path first.
+sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != os.path.dirname(os.path.abspath(__file__))]
+import json  # noqa: E402
+
+import jsonschema  # noqa: E402
 
 if len(sys.argv) < 3:
     print(__doc__, file=sys.stderr)
     sys.exit(64)
 definition, files = sys.argv[1], sys.argv[2:]
 here = os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(here, "..", "docs", "json-schema.json")) as schema_file:
+with open(os.path.join(here, "..", "..", "docs", "json-schema.json")) as schema_file:
     schema = json.load(schema_file)
 jsonschema.Draft202012Validator.check_schema(schema)
 if definition not in schema["$defs"]:

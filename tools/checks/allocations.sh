@@ -5,7 +5,7 @@
 # counts what the session path allocates per packet (`iapbench loopback --echo-only` at two
 # sizes) and holds it under a bound.
 #
-# Usage: tools/check-allocations.sh [path/to/iapbench]   (default: .build/release/iapbench)
+# Usage: tools/checks/allocations.sh [path/to/iapbench]   (default: .build/release/iapbench)
 set -euo pipefail
 bench=${1:-.build/release/iapbench}
 command -v valgrind >/dev/null || { echo "check-allocations: valgrind is not installed (apt-get install -y valgrind)" >&2; exit 69; }

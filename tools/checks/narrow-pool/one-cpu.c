@@ -1,4 +1,4 @@
-// Preloaded by tools/narrow-pool/run.sh: the process sees one processor, so libdispatch gives
+// Preloaded by tools/checks/narrow-pool/run.sh: the process sees one processor, so libdispatch gives
 // Swift's cooperative pool one thread (on Linux it sizes the pool with sysconf at start; neither
 // taskset nor an environment variable of this toolchain changes that). With one thread, a test
 // that blocks it while waiting for anything that needs a task hangs the run every time, instead

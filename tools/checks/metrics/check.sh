@@ -9,7 +9,7 @@
 # without metrics, its CPU time read from /proc/PID/stat; the difference is printed as a share
 # of one core (the goal: under 1 %).
 #
-# Usage: tools/metrics/check.sh [--bin DIR] [--cost-seconds N] [--enforce-cost]
+# Usage: tools/checks/metrics/check.sh [--bin DIR] [--cost-seconds N] [--enforce-cost]
 #   --bin DIR          where the release executables are (default .build/release)
 #   --cost-seconds N   how long each of the two cost runs lasts (default 15; 0 skips them)
 #   --enforce-cost     fail when the export costs 1 % of a core or more (a loaded machine
@@ -18,7 +18,7 @@
 # with tools/ensure-deps.sh. Exit status: 0 every check passed, 1 one failed, 2 usage.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/../.." && pwd)
+repo=$(cd "$here/../../.." && pwd)
 bin=$repo/.build/release
 cost_seconds=15
 enforce_cost=0
@@ -124,7 +124,7 @@ assert stats["sessions"]["openedTotal"] == 1, stats["sessions"]
 assert stats["clients"]["connected"] == 1 and stats["clients"]["acceptedTotal"] == 3, stats["clients"]
 EOF
 if python3 -c 'import jsonschema' 2> /dev/null; then
-    python3 "$repo/tools/check-json.py" stats "$work/stats.json" || fail "iapctl stats --json does not validate against docs/json-schema.json"
+    python3 "$repo/tools/checks/json.py" stats "$work/stats.json" || fail "iapctl stats --json does not validate against docs/json-schema.json"
     ok "iapctl stats --json validates against docs/json-schema.json"
 fi
 ok "iapctl stats shows the transfer"

@@ -32,7 +32,7 @@ What is not looked at:
   - extension blocks themselves (their public members are checked one by one);
   - anything declared outside Sources/ (the extractor also reports symbols of other modules).
 
-Usage: tools/docs/check.py [--out DIR] [--no-docc] [--no-symbols-check] [--module M]...
+Usage: tools/checks/docs/check.py [--out DIR] [--no-docc] [--no-symbols-check] [--module M]...
   --module M   check M (a Swift target) instead of the library products' modules; repeatable
   --out DIR    where the symbol graphs and the DocC archives go (default .build/docs)
 """
@@ -45,7 +45,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def fail(message, status=2):
