@@ -4,7 +4,7 @@
 # cooperative pool narrowed to one thread, tools/checks/narrow-pool), checks that the codec allocates
 # nothing per frame, installs the Python client into a virtual environment and runs its type
 # check, tests and echo benchmark (tools/clients/python/check.sh), builds the Debian package and
-# installs, runs and purges it (tools/package),
+# installs, runs and purges it (tools/deploy/package),
 # runs the in-guest tests on a real kernel USB stack (tools/usb-rig), fuzzes each parser for
 # FUZZ_SECONDS (default 30) seconds, and checks the documentation.
 set -euo pipefail
@@ -74,7 +74,7 @@ timeout 300 tools/clients/wireshark/check.sh --iapctl .build/debug/iapctl
 step "release build (the Swift runtime linked statically, as the Debian package ships it) and allocation check"
 # The shipping build: the package, the allocation check, the examples and every benchmark
 # number use it. Warnings fail it as in the debug build.
-tools/package/release-build.sh
+tools/deploy/package/release-build.sh
 tools/checks/allocations.sh .build/release/iapbench
 
 step "scale: 1,000 accessories on pseudo-terminals in one host process (issue 16's goal: all identified within 10 s)"
@@ -112,10 +112,10 @@ step "iapd's metrics: the textfile for Prometheus scraped by Debian's node_expor
 timeout 600 tools/checks/metrics/check.sh --bin .build/release
 
 step "Debian package: dpkg-deb and lintian, apt-get install, run with the toolchain out of reach, systemd-analyze verify, purge"
-# tools/package/deb.sh packages the release build above (no second build); check-deb.sh installs
+# tools/deploy/package/deb.sh packages the release build above (no second build); check-deb.sh installs
 # it on this machine and purges it again (it refuses where the package is installed already).
-tools/package/deb.sh --no-build | tee "$log"
-tools/package/check-deb.sh "$(tail -n 1 "$log")"
+tools/deploy/package/deb.sh --no-build | tee "$log"
+tools/deploy/package/check-deb.sh "$(tail -n 1 "$log")"
 
 step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
 # tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it

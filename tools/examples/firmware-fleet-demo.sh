@@ -49,7 +49,7 @@ case "$via" in library|iapctl) ;; *) echo "fleet: --via is library or iapctl" >&
 iapctl=$bin/iapctl
 iapd=$bin/iapd
 for binary in "$iapctl" "$iapd"; do
-    [ -x "$binary" ] || { echo "fleet: $binary is missing (tools/package/release-build.sh)" >&2; exit 1; }
+    [ -x "$binary" ] || { echo "fleet: $binary is missing (tools/deploy/package/release-build.sh)" >&2; exit 1; }
 done
 say() { printf 'fleet: %s\n' "$*" >&2; }
 work=$(mktemp -d)

@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
 done
 say() { printf 'python: %s\n' "$*" >&2; }
 for binary in "$bin/iapd" "$bin/iapctl"; do
-    [ -x "$binary" ] || { say "$binary is missing (tools/package/release-build.sh)"; exit 1; }
+    [ -x "$binary" ] || { say "$binary is missing (tools/deploy/package/release-build.sh)"; exit 1; }
 done
 # Debian's interpreter, not whatever python3 is first on PATH (a pyenv has none of Debian's
 # pytest and mypy); the guest of the USB rig has the same one.

@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # Builds AccessoryHost's Debian package with Debian's own tools (dpkg-shlibdeps, dpkg-deb) and
 # checks it with lintian: iapctl, iapd and iapbench with the Swift runtime linked statically
-# (tools/package/release-build.sh; they run without the toolchain), their man pages and shell
+# (tools/deploy/package/release-build.sh; they run without the toolchain), their man pages and shell
 # completions, the udev rules, iapd's systemd units, sysusers and tmpfiles entries, and
-# /etc/iapd.conf as a conffile. The maintainer scripts are in tools/package/debian/.
+# /etc/iapd.conf as a conffile. The maintainer scripts are in tools/deploy/package/debian/.
 #
-# Usage: tools/package/deb.sh [--no-build] [--output DIR] [--no-lintian]
+# Usage: tools/deploy/package/deb.sh [--no-build] [--output DIR] [--no-lintian]
 #   --no-build    package what .build/release holds (built by release-build.sh before)
 #   --output DIR  where the .deb goes (default .build/package); its path is printed last
 #   --no-lintian  skip lintian (it is installed when missing otherwise)
 # Exit status: 0 built (and lintian clean), 64 usage error, 1 the build, packaging or lintian failed.
 set -euo pipefail
 called_from=$PWD
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 
 PACKAGE=accessoryhost
 EXECUTABLES=(iapctl iapd iapbench)
 # The rule for machines without a seat's user (servers, SSH) grants the plugdev group access; a
 # package must not do that by itself: it goes into the documentation's examples to copy.
 UDEV_EXAMPLE=71-mfi-accessory-plugdev.rules
-SCRIPTS=tools/package/debian
+SCRIPTS=tools/deploy/package/debian
 
 build=1
 lint=1
@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
         --output) [ $# -ge 2 ] || { echo "deb: --output needs a directory" >&2; exit 64; }
                   case "$2" in /*) output=$2 ;; *) output=$called_from/$2 ;; esac; shift 2 ;;
         -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "deb: unknown argument '$1'; see tools/package/deb.sh --help" >&2; exit 64 ;;
+        *) echo "deb: unknown argument '$1'; see tools/deploy/package/deb.sh --help" >&2; exit 64 ;;
     esac
 done
 command -v dpkg-shlibdeps > /dev/null || tools/ensure-deps.sh dpkg-dev
@@ -39,13 +39,13 @@ command -v dpkg-shlibdeps > /dev/null || tools/ensure-deps.sh dpkg-dev
 
 if [ "$build" -eq 1 ]; then
     tools/ensure-deps.sh
-    tools/package/release-build.sh "${EXECUTABLES[@]}"
+    tools/deploy/package/release-build.sh "${EXECUTABLES[@]}"
 fi
 bin=.build/release
 for name in "${EXECUTABLES[@]}"; do
     [ -x "$bin/$name" ] || { echo "deb: $bin/$name is not built; run without --no-build" >&2; exit 1; }
     if ldd "$bin/$name" | grep -qE 'libswift|libFoundation|libdispatch|libBlocksRuntime|/swift/'; then
-        echo "deb: $bin/$name needs the Swift toolchain's libraries (ldd below); build it with tools/package/release-build.sh" >&2
+        echo "deb: $bin/$name needs the Swift toolchain's libraries (ldd below); build it with tools/deploy/package/release-build.sh" >&2
         ldd "$bin/$name" >&2
         exit 1
     fi
@@ -81,12 +81,12 @@ for rule in rules.d/*.rules; do
         install -m 644 "$rule" "$root/usr/lib/udev/rules.d/"
     fi
 done
-for unit in tools/systemd/*.service tools/systemd/*.socket; do
+for unit in tools/deploy/systemd/*.service tools/deploy/systemd/*.socket; do
     sed 's|@BINDIR@|/usr/bin|g' "$unit" > "$root/usr/lib/systemd/system/$(basename "$unit")"
 done
-install -m 644 tools/systemd/iapd.sysusers "$root/usr/lib/sysusers.d/iapd.conf"
-install -m 644 tools/systemd/iapd.tmpfiles "$root/usr/lib/tmpfiles.d/iapd.conf"
-install -m 644 tools/systemd/iapd.conf.example "$root/etc/iapd.conf"
+install -m 644 tools/deploy/systemd/iapd.sysusers "$root/usr/lib/sysusers.d/iapd.conf"
+install -m 644 tools/deploy/systemd/iapd.tmpfiles "$root/usr/lib/tmpfiles.d/iapd.conf"
+install -m 644 tools/deploy/systemd/iapd.conf.example "$root/etc/iapd.conf"
 # The project's own changelog, and the Debian changelog a native package carries: one entry for
 # this version, dated as its heading in CHANGELOG.md is.
 gzip -9n < CHANGELOG.md > "$doc/CHANGELOG.md.gz"
@@ -124,7 +124,7 @@ dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" > /dev/null
 echo "deb: $deb ($(du -h "$deb" | cut -f1); installed $((installed_size / 1024)) MiB); depends: $depends, passwd"
 if [ "$lint" -eq 1 ]; then
     # Errors and warnings fail; the tags that remain are overridden in the package with the
-    # reason (tools/package/debian/lintian-overrides).
+    # reason (tools/deploy/package/debian/lintian-overrides).
     if ! lintian --fail-on error,warning --display-info "$deb"; then
         echo "deb: lintian found problems in $deb (above)" >&2
         exit 1

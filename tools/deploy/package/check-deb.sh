@@ -5,15 +5,15 @@
 # purges the package and finds nothing of it left. Run as root, on a machine where the package is
 # not installed (the check removes it).
 #
-# Usage: tools/package/check-deb.sh PACKAGE.deb
+# Usage: tools/deploy/package/check-deb.sh PACKAGE.deb
 # Exit status: 0 passed, 1 a check failed (what and why on stderr), 64 usage error, 77 not root.
 set -euo pipefail
 PACKAGE=accessoryhost
 
-[ $# -eq 1 ] || { echo "usage: tools/package/check-deb.sh PACKAGE.deb" >&2; exit 64; }
+[ $# -eq 1 ] || { echo "usage: tools/deploy/package/check-deb.sh PACKAGE.deb" >&2; exit 64; }
 deb=$(readlink -f "$1")   # before the cd below: a path relative to where it was run
-[ -f "$deb" ] || { echo "check-deb: no such file: $1 (build it with tools/package/deb.sh)" >&2; exit 64; }
-cd "$(dirname "$0")/../.."
+[ -f "$deb" ] || { echo "check-deb: no such file: $1 (build it with tools/deploy/package/deb.sh)" >&2; exit 64; }
+cd "$(dirname "$0")/../../.."
 [ "$(id -u)" -eq 0 ] || { echo "check-deb: installing a package needs root; run it as root" >&2; exit 77; }
 if dpkg-query -W -f='${Status}' "$PACKAGE" 2> /dev/null | grep -qv "not-installed"; then
     echo "check-deb: $PACKAGE is installed on this machine; this check would remove it (apt-get purge $PACKAGE first)" >&2

@@ -2,10 +2,10 @@
 # The shipping release build: each executable product of the package with the Swift runtime and
 # Foundation linked in statically (`--static-swift-stdlib`), so that it runs on a machine without
 # the Swift toolchain and `ldd` lists only Debian's libraries (libc, libusb, libssl/libcrypto,
-# libdbus). tools/test.sh, tools/install.sh and tools/package/deb.sh build with it, into
+# libdbus). tools/test.sh, tools/install.sh and tools/deploy/package/deb.sh build with it, into
 # .build/release as `swift build -c release` does.
 #
-# Usage: tools/package/release-build.sh [PRODUCT…]   (default: every executable product)
+# Usage: tools/deploy/package/release-build.sh [PRODUCT…]   (default: every executable product)
 # Exit status: 0 built without warnings, 1 the build failed or warned (its log on stderr).
 #
 # One `swift build --product` per executable: a whole-package build would also compile the test
@@ -13,7 +13,7 @@
 # The products share every library module, so the second and later ones only compile their own
 # module and link.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 products=("$@")
 [ ${#products[@]} -gt 0 ] || products=(iapctl iapd iapbench ea-echo serial-echo)
 log=$(mktemp)
