@@ -4,7 +4,7 @@
 # byte. It uses a USB accessory when one is attached and IAPCTL_PROTOCOL names an echo protocol
 # it speaks, a serial one given in IAPCTL_SERIAL (e.g. IAPCTL_SERIAL=/dev/ttyUSB0:115200), and
 # otherwise the built-in simulated accessory. With arguments, runs iapctl with them (e.g.
-# tools/demo.sh decode tools/samples/boya-handshake.hex).
+# tools/demo.sh decode tools/data/samples/boya-handshake.hex).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/ensure-deps.sh

@@ -33,7 +33,7 @@ UDEV_WITH_IAPD=(72-mfi-accessory-iapd.rules)     # only when iapd is installed
 # /etc/systemd/system (@BINDIR@ → PREFIX/bin), NAME.sysusers → /usr/lib/sysusers.d/NAME.conf,
 # NAME.tmpfiles → /usr/lib/tmpfiles.d/NAME.conf, NAME.conf.example → /etc/NAME.conf (never over
 # one that is there).
-SYSTEMD_DIR=tools/systemd
+SYSTEMD_DIR=tools/deploy/systemd
 
 prefix=/usr/local
 bin=.build/release
@@ -127,8 +127,8 @@ if [ "$build" -eq 1 ]; then
     tools/ensure-deps.sh
     # The Swift runtime linked in statically: what is installed keeps working without the
     # toolchain (or with another version of it) on PATH.
-    echo "install: building (tools/package/release-build.sh, a release build; the first takes a few minutes)" >&2
-    if ! tools/package/release-build.sh "${EXECUTABLES[@]}" > /dev/null; then
+    echo "install: building (tools/deploy/package/release-build.sh, a release build; the first takes a few minutes)" >&2
+    if ! tools/deploy/package/release-build.sh "${EXECUTABLES[@]}" > /dev/null; then
         echo "install: the release build failed (above)" >&2
         exit 1
     fi

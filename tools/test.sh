@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every test of the project, on a fresh machine: installs what is missing, builds with warnings
 # treated as failures, runs the unit and integration tests (twice: the second time with Swift's
-# cooperative pool narrowed to one thread, tools/narrow-pool), checks that the codec allocates
+# cooperative pool narrowed to one thread, tools/checks/narrow-pool), checks that the codec allocates
 # nothing per frame, installs the Python client into a virtual environment and runs its type
-# check, tests and echo benchmark (tools/python/check.sh), builds the Debian package and
-# installs, runs and purges it (tools/package),
+# check, tests and echo benchmark (tools/clients/python/check.sh), builds the Debian package and
+# installs, runs and purges it (tools/deploy/package),
 # runs the in-guest tests on a real kernel USB stack (tools/usb-rig), fuzzes each parser for
 # FUZZ_SECONDS (default 30) seconds, and checks the documentation.
 set -euo pipefail
@@ -23,7 +23,7 @@ if grep -q "warning:" "$log"; then echo "test: the build has warnings (see above
 grep -q "Build complete" "$log" || { echo "test: the build failed" >&2; cat "$log" >&2; exit 1; }
 # Every dependency edge of Package.swift is imported somewhere in its target (the module graph of
 # docs/ARCHITECTURE.md is the one that builds).
-python3 tools/package/unused-dependencies.py
+python3 tools/checks/unused-dependencies.py
 
 step "unit and integration tests"
 # A hung test must fail the run, not eat CI's time: 30 minutes is many times what it takes.
@@ -41,7 +41,7 @@ step "unit and integration tests again: Swift's cooperative pool narrowed to one
 yes > /dev/null & busy1=$!
 yes > /dev/null & busy2=$!
 trap 'kill "$busy1" "$busy2" 2>/dev/null; rm -f "$log"' EXIT
-# One test module at a time (tools/narrow-pool/by-module.sh): all of them at once on one pool
+# One test module at a time (tools/checks/narrow-pool/by-module.sh): all of them at once on one pool
 # thread beside two busy loops starve the pool of CPU rather than find a blocked thread. iapd's
 # 100-client test is skipped here only: on one pool thread it builds up 100 client managers
 # over seconds, which the heap-leak test beside it reads as growth (it ran in the pass above).
@@ -50,7 +50,7 @@ trap 'kill "$busy1" "$busy2" 2>/dev/null; rm -f "$log"' EXIT
 # directly, Swift Testing colours its output when TERM names a terminal that can.
 bundle="$(swift build --show-bin-path)/AccessoryHostPackageTests.xctest"
 narrow_ok=1
-tools/narrow-pool/by-module.sh "$bundle" || narrow_ok=0
+tools/checks/narrow-pool/by-module.sh "$bundle" || narrow_ok=0
 kill "$busy1" "$busy2"
 trap 'rm -f "$log"' EXIT
 [ "$narrow_ok" -eq 1 ] || { echo "test: swift test with a one-thread cooperative pool under load failed or hung (see above)" >&2; exit 1; }
@@ -68,14 +68,14 @@ if [ "$tsan_failed" -ne 0 ] || ! grep -qE "✔ Test run with [0-9]+ tests? .*pas
     echo "test: swift test --sanitize=thread --filter ByteRingTests failed or timed out" >&2; exit 1
 fi
 
-step "Wireshark: tshark with tools/wireshark/iap.lua against iapctl decode --pcap (a simulated trace, usbmon, malformed frames)"
-timeout 300 tools/wireshark/check.sh --iapctl .build/debug/iapctl
+step "Wireshark: tshark with tools/clients/wireshark/iap.lua against iapctl decode --pcap (a simulated trace, usbmon, malformed frames)"
+timeout 300 tools/clients/wireshark/check.sh --iapctl .build/debug/iapctl
 
 step "release build (the Swift runtime linked statically, as the Debian package ships it) and allocation check"
 # The shipping build: the package, the allocation check, the examples and every benchmark
 # number use it. Warnings fail it as in the debug build.
-tools/package/release-build.sh
-tools/check-allocations.sh .build/release/iapbench
+tools/deploy/package/release-build.sh
+tools/checks/allocations.sh .build/release/iapbench
 
 step "scale: 1,000 accessories on pseudo-terminals in one host process (issue 16's goal: all identified within 10 s)"
 # Exits 69 when any is not identified within the timeout; the figures go into the log.
@@ -90,8 +90,8 @@ MALLOC_ARENA_MAX=1 timeout 600 .build/release/iapbench soak --cycles 1000 --mib 
 step "iapctl as scripts and people see it (exit codes, JSON against its schema, the socket, help, install, man page, completion)"
 timeout 300 tools/cli-checks.sh .build/release/iapctl
 
-step "the Python client (tools/python): installed into a virtual environment, mypy --strict, pytest against a real iapd, the 16 MiB echo against iapctl send"
-tools/python/check.sh --bin .build/release
+step "the Python client (tools/clients/python): installed into a virtual environment, mypy --strict, pytest against a real iapd, the 16 MiB echo against iapctl send"
+tools/clients/python/check.sh --bin .build/release
 
 step "firmware-upgrade example over a pseudo-terminal (separate iapctl processes)"
 timeout 300 tools/examples/firmware-upgrade-demo.sh --iapctl .build/release/iapctl --mib 4
@@ -109,13 +109,13 @@ step "the core alone (tools/examples/SerialOnly): links no libusb, libdbus or li
 tools/examples/serial-only-demo.sh --bin .build/release
 
 step "iapd's metrics: the textfile for Prometheus scraped by Debian's node_exporter after a known transfer, iapctl stats, the export's cost with 64 accessories"
-timeout 600 tools/metrics/check.sh --bin .build/release
+timeout 600 tools/checks/metrics/check.sh --bin .build/release
 
 step "Debian package: dpkg-deb and lintian, apt-get install, run with the toolchain out of reach, systemd-analyze verify, purge"
-# tools/package/deb.sh packages the release build above (no second build); check-deb.sh installs
+# tools/deploy/package/deb.sh packages the release build above (no second build); check-deb.sh installs
 # it on this machine and purges it again (it refuses where the package is installed already).
-tools/package/deb.sh --no-build | tee "$log"
-tools/package/check-deb.sh "$(tail -n 1 "$log")"
+tools/deploy/package/deb.sh --no-build | tee "$log"
+tools/deploy/package/check-deb.sh "$(tail -n 1 "$log")"
 
 step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
 # tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it
@@ -133,18 +133,18 @@ else
 fi
 
 step "fuzzing, ${fuzz_seconds}s per target"
-tools/fuzz/run.sh "$fuzz_seconds"
+tools/checks/fuzz/run.sh "$fuzz_seconds"
 
 step "documentation: every public declaration documented, DocC (the toolchain's docc) without warnings"
-# tools/docs/check.py reads the debug build above (no compiling): symbol graphs of every library
+# tools/checks/docs/check.py reads the debug build above (no compiling): symbol graphs of every library
 # product's modules (swift-symbolgraph-extract), each public or open declaration without a doc
 # comment listed; then `docc convert` of each of those modules, with its catalogue
 # (Sources/<Module>/<Module>.docc, found by itself) where it has one, warnings failing. About 10 s.
 # `swift package generate-documentation` would need the swift-docc-plugin package, which is
 # not a dependency. The archives are left in .build/docs/archives. test_check.py tests its
 # rules on made-up symbol graphs first.
-python3 tools/docs/test_check.py
-timeout 300 tools/docs/check.py
+python3 tools/checks/docs/test_check.py
+timeout 300 tools/checks/docs/check.py
 
 step "done"
 echo "all tests passed"

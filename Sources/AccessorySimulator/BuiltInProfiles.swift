@@ -20,7 +20,7 @@ extension SimulatorProfile {
     /// on a native transport), "telepresence-robot" (the Double 2: a window of one 255-byte
     /// packet and longer packets of its own, a 0 ms cumulative-ACK timeout, bare ACKs that carry
     /// the next number) and "photo-printer" (the Canon Ivy: acknowledgements slower than its
-    /// retransmissions, session ids 10 and 11). The same profiles ship as JSON in `tools/profiles/`.
+    /// retransmissions, session ids 10 and 11). The same profiles ship as JSON in `tools/data/profiles/`.
     ///
     /// - Returns: nil for any other name (see ``builtInNames``).
     public static func builtIn(named name: String) -> SimulatorProfile? {

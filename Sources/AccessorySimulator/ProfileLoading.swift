@@ -73,7 +73,7 @@ extension SimulatorProfile {
     private static func readProblem(_ error: any Error) -> String {
         switch (error as? CocoaError)?.code {
         case .fileReadNoSuchFile?, .fileNoSuchFile?:
-            return "no such file; check the path (the shipped profiles are in tools/profiles/; built-in names are "
+            return "no such file; check the path (the shipped profiles are in tools/data/profiles/; built-in names are "
                 + builtInNames.joined(separator: ", ") + ")"
         case .fileReadNoPermission?:
             return "cannot be read: permission denied; make the file readable for this user"

@@ -4,7 +4,7 @@ import IAPWire
 /// What a simulated accessory is: its identity, the External Accessory protocols it declares and
 /// how each behaves, optional link parameters, and optional faults.
 ///
-/// Profiles are JSON files (see `tools/profiles/`), loaded with ``load(path:)`` or
+/// Profiles are JSON files (see `tools/data/profiles/`), loaded with ``load(path:)`` or
 /// ``decode(_:)``, or built in (``builtIn(named:)``). The format:
 ///
 /// ```json

@@ -6,7 +6,7 @@
 //
 // Header only, every function static inline: nothing is compiled for this module but what the
 // Swift code that calls it inlines (a compiled C file would carry debug information in a DWARF
-// form Debian's valgrind cannot read, which tools/check-allocations.sh relies on).
+// form Debian's valgrind cannot read, which tools/checks/allocations.sh relies on).
 #ifndef C_SHARED_MEMORY_H
 #define C_SHARED_MEMORY_H
 

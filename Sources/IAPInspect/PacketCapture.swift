@@ -3,7 +3,7 @@ public import IAPWire
 /// The link-layer types this project writes and reads in pcap and pcapng files.
 ///
 /// Traces of our own (`--trace-file FILE.pcapng`) use ``iap``, a `LINKTYPE_USER0` value with the
-/// header ``IAPCaptureHeader`` before each frame (documented in `tools/wireshark/README.md`).
+/// header ``IAPCaptureHeader`` before each frame (documented in `tools/clients/wireshark/README.md`).
 /// Linux usbmon captures (`tcpdump -i usbmonN`, Wireshark) use ``usbLinux`` or
 /// ``usbLinuxMemoryMapped``.
 public enum CaptureLinkType {

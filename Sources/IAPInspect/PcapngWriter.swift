@@ -77,7 +77,7 @@ public enum PcapngWriter {
 
 /// A trace in pcapng: every frame of every traced accessory, in both directions, with its time,
 /// direction and wire, one pcapng interface per traced transport. What `--trace-file FILE.pcapng`
-/// writes, for Wireshark with `tools/wireshark/iap.lua`.
+/// writes, for Wireshark with `tools/clients/wireshark/iap.lua`.
 ///
 /// Bytes are handed over as they cross the wire (a received chunk may hold part of a frame or
 /// several); each direction of each interface is scanned on its own so that every packet of the

@@ -12,9 +12,9 @@ import Glibc
 /// A pcapng trace of simulated sessions, as `--trace-file FILE.pcapng` writes it: an iAP2
 /// accessory (detect, SYN, authentication, identification, two EA sessions, one frame lost on
 /// the wire and sent again) and an iAP1 accessory, each an interface of its own. The test reads
-/// the trace back with ``PcapDecoder``; `tools/wireshark/check.sh` sets
+/// the trace back with ``PcapDecoder``; `tools/clients/wireshark/check.sh` sets
 /// `ACCESSORYHOST_TRACE_OUTPUT` to keep the file and compares Wireshark's dissection of it
-/// (tools/wireshark/iap.lua) with `iapctl decode --pcap --json`.
+/// (tools/clients/wireshark/iap.lua) with `iapctl decode --pcap --json`.
 @Suite("pcapng trace of simulated sessions", .timeLimit(.minutes(2)))
 struct WiresharkTraceTests {
     /// Loses the first EA data frame the host sends (after the tracing tap saw it), so the link

@@ -34,15 +34,15 @@ struct ProfileTests {
         #expect(SimulatorProfile.builtInNames == ["borescope", "firmware-updater", "keyboard-case", "legacy-sensor", "multi-sensor", "native-streamer",
                                                   "photo-printer", "telepresence-robot", "thermal-camera"])
         for name in SimulatorProfile.builtInNames {
-            let loaded = try SimulatorProfile.load(path: packageRoot() + "/tools/profiles/\(name).json")
-            #expect(loaded == (try SimulatorProfile.named(name)), "tools/profiles/\(name).json differs from the built-in")
+            let loaded = try SimulatorProfile.load(path: packageRoot() + "/tools/data/profiles/\(name).json")
+            #expect(loaded == (try SimulatorProfile.named(name)), "tools/data/profiles/\(name).json differs from the built-in")
         }
         #expect(SimulatorProfile.builtIn(named: "toaster") == nil)
     }
 
-    @Test("the fault profiles (tools/profiles/faults) load, each with its fault, message ids as hex or numbers")
+    @Test("the fault profiles (tools/data/profiles/faults) load, each with its fault, message ids as hex or numbers")
     func faultProfiles() throws {
-        let directory = packageRoot() + "/tools/profiles/faults/"
+        let directory = packageRoot() + "/tools/data/profiles/faults/"
         let gap = try SimulatorProfile.load(path: directory + "sequence-gap.json")
         #expect(gap.faults.losesFrames == [5])
         #expect(gap.deviations == [.splitControlMessages, .neverRetransmits])
@@ -191,7 +191,7 @@ struct ProfileTests {
             #expect(error.field == nil)
             #expect(error.description.contains("not valid JSON"))
         }
-        let path = packageRoot() + "/tools/profiles/no-such-profile.json"
+        let path = packageRoot() + "/tools/data/profiles/no-such-profile.json"
         do {
             _ = try SimulatorProfile.load(path: path)
             Issue.record("loaded a file that does not exist")

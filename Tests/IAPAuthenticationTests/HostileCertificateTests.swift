@@ -6,7 +6,7 @@ import TestThreads
 import Testing
 
 /// Certificates made to hurt: each gets a clear failure, never a crash, a hang or a refusal to
-/// answer. (tools/fuzz's `certificate` target runs the same path under libFuzzer and ASan.)
+/// answer. (tools/checks/fuzz's `certificate` target runs the same path under libFuzzer and ASan.)
 @Suite struct HostileCertificateTests {
     let require = VerifyingAuthentication(mode: .require, trust: try! TrustAnchors(path: Fixtures.path("test-ca.pem")))
 

@@ -11,7 +11,7 @@ let repositoryRoot: String = {
 }()
 
 func readSample(_ name: String) throws -> [UInt8] {
-    let text = try #require(readText(repositoryRoot + "/tools/samples/" + name), "sample \(name) is missing")
+    let text = try #require(readText(repositoryRoot + "/tools/data/samples/" + name), "sample \(name) is missing")
     return try HexInput.parse(text)
 }
 

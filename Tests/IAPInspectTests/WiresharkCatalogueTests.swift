@@ -5,19 +5,19 @@ import Testing
 import Glibc
 #endif
 
-/// The Wireshark dissector (`tools/wireshark/iap.lua`) names messages, parameters, lingoes and
+/// The Wireshark dissector (`tools/clients/wireshark/iap.lua`) names messages, parameters, lingoes and
 /// commands from a copy of IAPWire's catalogue between its `BEGIN CATALOGUE` and `END CATALOGUE`
 /// lines. This suite keeps that copy identical to the catalogue: when it fails, run it with
 /// `ACCESSORYHOST_UPDATE_WIRESHARK_CATALOGUE=1` to rewrite the block, and commit the result.
 @Suite("Wireshark dissector catalogue")
 struct WiresharkCatalogueTests {
-    static let path = repositoryRoot + "/tools/wireshark/iap.lua"
+    static let path = repositoryRoot + "/tools/clients/wireshark/iap.lua"
     static let begin = "-- BEGIN CATALOGUE"
     static let end = "-- END CATALOGUE"
 
     @Test("the dissector's catalogue is IAPWire's")
     func catalogueMatches() throws {
-        let script = try #require(readText(Self.path), "tools/wireshark/iap.lua is missing")
+        let script = try #require(readText(Self.path), "tools/clients/wireshark/iap.lua is missing")
         let lines = script.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
         let first = try #require(lines.firstIndex { $0.hasPrefix(Self.begin) }, "no BEGIN CATALOGUE line in iap.lua")
         let last = try #require(lines.firstIndex { $0.hasPrefix(Self.end) }, "no END CATALOGUE line in iap.lua")
@@ -32,7 +32,7 @@ struct WiresharkCatalogueTests {
             return
         }
         #expect(current == generated,
-                "tools/wireshark/iap.lua's catalogue differs from IAPWire's; rerun with ACCESSORYHOST_UPDATE_WIRESHARK_CATALOGUE=1")
+                "tools/clients/wireshark/iap.lua's catalogue differs from IAPWire's; rerun with ACCESSORYHOST_UPDATE_WIRESHARK_CATALOGUE=1")
     }
 
     @Test("the generated catalogue holds every catalogued message, nested groups included")

@@ -15,7 +15,7 @@
 #   --mib N        image size in MiB, the same image for every accessory (default 4)
 #   --unplug       in every round of 2 or more, unplug the second accessory mid-transfer
 #   --bin DIR      where iapctl and iapd are (default .build/release)
-#   --via WAY      the script's way to iapd: library (the Python client, tools/python, in
+#   --via WAY      the script's way to iapd: library (the Python client, tools/clients/python, in
 #                  $PYTHON, default python3) or iapctl (one `iapctl open` per accessory);
 #                  default: library when $PYTHON imports accessoryhost
 # Prints per round the aggregate and per-accessory throughput and the host's CPU per MiB (iapd,
@@ -49,7 +49,7 @@ case "$via" in library|iapctl) ;; *) echo "fleet: --via is library or iapctl" >&
 iapctl=$bin/iapctl
 iapd=$bin/iapd
 for binary in "$iapctl" "$iapd"; do
-    [ -x "$binary" ] || { echo "fleet: $binary is missing (tools/package/release-build.sh)" >&2; exit 1; }
+    [ -x "$binary" ] || { echo "fleet: $binary is missing (tools/deploy/package/release-build.sh)" >&2; exit 1; }
 done
 say() { printf 'fleet: %s\n' "$*" >&2; }
 work=$(mktemp -d)
@@ -94,7 +94,7 @@ for count in $counts; do
     for index in $(seq 1 "$count"); do
         serial=$(printf 'SIM-FW-%04d' "$index")
         python3 -c 'import json, sys; profile = json.load(open(sys.argv[1])); profile["identity"]["serialNumber"] = sys.argv[2]; json.dump(profile, open(sys.argv[3], "w"))' \
-            "$repo/tools/profiles/firmware-updater.json" "$serial" "$work/$serial.json"
+            "$repo/tools/data/profiles/firmware-updater.json" "$serial" "$work/$serial.json"
         out=$work/$serial.out
         : > "$out"
         if [ "$usb" -eq 1 ]; then

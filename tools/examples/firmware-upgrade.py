@@ -12,7 +12,7 @@ reboots with the new version. The steps:
      accessory's verdict (status and the CRC-32 it computed);
   3. `iapctl wait --firmware VERSION` waits for the accessory to come back with the new version.
 
-Through iapd, with the Python client installed (`pip install tools/python`, the package
+Through iapd, with the Python client installed (`pip install tools/clients/python`, the package
 `accessoryhost`), the script does the same without a subprocess: `client.wait_for`, then
 `client.open` maps the session's rings in this process, then `client.wait_for(firmware=…)`.
 `--via library` (the default when the package imports, iapd's socket exists and no --serial is
@@ -56,7 +56,7 @@ from firmware_protocol import (EX_IOERR, EX_NOINPUT, EX_SOFTWARE, EX_TEMPFAIL, E
                                Failure, transfer)
 
 try:
-    import accessoryhost  # the Python client (tools/python); optional: --via iapctl needs none
+    import accessoryhost  # the Python client (tools/clients/python); optional: --via iapctl needs none
 except ImportError:
     accessoryhost = None
 
@@ -288,7 +288,7 @@ def choose_way(args, base):
         via = "library" if accessoryhost is not None and not args.serial and os.path.exists(socket_path) else "iapctl"
     if via == "library":
         if accessoryhost is None:
-            raise Failure("--via library needs the Python client: pip install tools/python (the package accessoryhost)", EX_UNAVAILABLE)
+            raise Failure("--via library needs the Python client: pip install tools/clients/python (the package accessoryhost)", EX_UNAVAILABLE)
         if args.serial:
             raise Failure("--via library goes through iapd; give iapd the port (iapd --serial) instead of --serial", EX_USAGE)
         return LibraryWay(args)

@@ -13,7 +13,7 @@ let codecCommand = CommandSpec(
         64 KiB and 16-byte-payload link packets, and the scanner over a long mixed stream fed in \
         16 KiB chunks; each group beside a memcpy of the same bytes. Each figure is the median of \
         --runs runs of --seconds each. With --count N the bodies run N times untimed, for counting \
-        heap allocations under valgrind (tools/check-allocations.sh).
+        heap allocations under valgrind (tools/checks/allocations.sh).
         """,
     options: [
         .flag("json", help: "Print one JSON object per measurement."),
@@ -40,7 +40,7 @@ let loopbackCommand = CommandSpec(
     abstract: "The whole stack in one process: app write → host → link → memory → simulator echo → back → app read.",
     options: [.flag("json", help: "Print one JSON object per measurement."),
               .value("mib", valueName: "n", help: "MiB echoed per measurement.", defaultValue: "256"),
-              .flag("echo-only", help: "Only the one-session echo, without the baseline (what tools/check-allocations.sh counts)."),
+              .flag("echo-only", help: "Only the one-session echo, without the baseline (what tools/checks/allocations.sh counts)."),
               .flag("daemon", help: "Echo throughput and 64-byte round trips through iapd (a daemon in this process on a Unix socket) beside the direct path, round by round."),
               .flag("accessory-bench", help: "iapctl bench's engine beside this benchmark's own echo and round-trip loops on the same session, round by round."),
               .value("rounds", valueName: "n", help: "Rounds of direct + daemon measurements (with --daemon, or --accessory-bench).", defaultValue: "5")]

@@ -6,7 +6,7 @@ import Synchronization
 import SystemCalls
 
 /// `--trace-file FILE.pcapng` (or `--trace-format pcapng`): every frame of every accessory in
-/// pcapng, one interface per transport, for Wireshark with `tools/wireshark/iap.lua`.
+/// pcapng, one interface per transport, for Wireshark with `tools/clients/wireshark/iap.lua`.
 final class PcapTraceFile: Sendable {
     /// The open file, shared with the recorder's writes.
     private final class Handle: Sendable {

@@ -270,7 +270,7 @@ extension ReportRun {
                        + "\(analysis.cutBytes) bytes left out; the packets encoded again with their checksums): for every byte, "
                        + "run the report with --trace-file FILE.pcapng.")
         }
-        out.append("  Extract it, then read it with iapctl decode or Wireshark (tools/wireshark/iap.lua):")
+        out.append("  Extract it, then read it with iapctl decode or Wireshark (tools/clients/wireshark/iap.lua):")
         out.append("    sed -n '/^-----BEGIN PCAPNG/,/^-----END PCAPNG/p' \(ReportText.shellQuoted(fileName)) | sed '1d;$d' | base64 -d > trace.pcapng")
         out.append("    iapctl decode --pcap trace.pcapng")
         out.append("-----BEGIN PCAPNG TRACE-----")

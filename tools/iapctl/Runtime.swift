@@ -207,7 +207,7 @@ func loadProfile(_ name: String) throws -> SimulatorProfile {
         if code == ENOENT, !name.contains("/") {
             let guess = Suggestion.closest(to: name, among: names).map { "did you mean '\($0)'? " } ?? ""
             throw ToolError(description: "no simulator profile named '\(name)': \(guess)the built-in profiles are \(names.joined(separator: ", ")); "
-                                + "a JSON profile is given by its path (tools/profiles/ has examples)", exitCode: .noInput)
+                                + "a JSON profile is given by its path (tools/data/profiles/ has examples)", exitCode: .noInput)
         }
         throw ToolError(description: "cannot read the simulator profile '\(name)': \(SystemError(code).text); "
                             + "give a built-in name (\(names.joined(separator: ", "))) or the path of a JSON profile", exitCode: .noInput)

@@ -49,7 +49,7 @@ let decodeCommand = CommandSpec(
     ],
     positionals: [PositionalSpec("input", help: "The file to read; '-' or nothing for standard input.", optional: true, completion: .files)],
     refusedGroups: [OptionGroup.accessory, OptionGroup.authentication],
-    examples: [CommandExample("iapctl decode tools/samples/boya-handshake.hex", "A file of hex, frame by frame."),
+    examples: [CommandExample("iapctl decode tools/data/samples/boya-handshake.hex", "A file of hex, frame by frame."),
                CommandExample("iapctl decode --pcap accessory.pcap", "A usbmon capture of a real accessory."),
                CommandExample("iapctl decode --trust accessories-ca.pem trace.pcapng", "A trace, with its authentication checked to the CA.")],
     exitStatuses: [ExitStatusDescription(.success, "every byte belonged to a valid frame"),

@@ -210,14 +210,14 @@ if [ "$build" -eq 1 ]; then
     begin build
     # Always on the host: compiling under TCG would take many times longer. SwiftPM waits on its
     # own lock if another build uses .build. Two release builds: the shipping executables in
-    # .build/release (tools/package/release-build.sh, the Swift runtime linked statically: the
+    # .build/release (tools/deploy/package/release-build.sh, the Swift runtime linked statically: the
     # numbers must come from what users run), and the test bundle in its own scratch path .build/rig-tests (debug Swift is too slow under TCG to move tens of MiB;
     # -enable-testing, which other test targets' @testable imports need, changes what the
     # optimizer may do, so it stays out of the shipping build).
     (
         cd "$repo"
-        timeout 3600 tools/package/release-build.sh \
-            || die "tools/package/release-build.sh (the shipping release build) failed or timed out"
+        timeout 3600 tools/deploy/package/release-build.sh \
+            || die "tools/deploy/package/release-build.sh (the shipping release build) failed or timed out"
         timeout 3600 swift build -c release --build-tests -Xswiftc -enable-testing --scratch-path .build/rig-tests \
             || die "swift build -c release --build-tests --scratch-path .build/rig-tests failed or timed out"
     )

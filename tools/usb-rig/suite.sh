@@ -23,9 +23,9 @@ echo "suite: an accessory as in the field (supercamera layout, sticks until rese
 timeout 120 "$here/field.sh"
 echo "suite: firmware-upgrade example over USB (16 MiB)"
 timeout 300 "$REPO/tools/examples/firmware-upgrade-demo.sh" --usb --mib 16 --iapctl "$REPO/.build/release/iapctl"
-echo "suite: the Python client's tests (tools/python) against iapd with the accessory a USB gadget"
+echo "suite: the Python client's tests (tools/clients/python) against iapd with the accessory a USB gadget"
 timeout 900 "$here/python.sh"
-# The fleet's script uses the Python client from the environment tools/python/check.sh made on
+# The fleet's script uses the Python client from the environment tools/clients/python/check.sh made on
 # the host (--via library); without it, iapctl processes.
 [ -x "$REPO/.build/python-venv/bin/python" ] && export PYTHON=$REPO/.build/python-venv/bin/python
 echo "suite: firmware upgrades of a fleet at once through iapd: 8 USB gadgets, one per controller; rounds of 1, 2, 4 and 8, then 4 with one unplugged mid-transfer"

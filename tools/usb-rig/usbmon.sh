@@ -6,7 +6,7 @@
 #   2. starts `iapctl simulate --gadget` (multi-sensor) and lets `iapctl info --json` identify it;
 #   3. stops the capture, then checks that `iapctl decode --pcap` finds IdentificationInformation
 #      with the name, model and serial number the host reported, and that tshark with
-#      tools/wireshark/iap.lua shows the same message and parameters, without a Lua error.
+#      tools/clients/wireshark/iap.lua shows the same message and parameters, without a Lua error.
 # The capture is kept in $USB_RIG_RESULTS/usbmon.pcap for a person to open in Wireshark.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -77,9 +77,9 @@ EOF
 
 if command -v tshark >/dev/null; then
     name=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["accessory"]["name"])' "$work/info.json")
-    tshark -n -X lua_script:"$REPO/tools/wireshark/iap.lua" -r "$capture" -V > "$work/tshark.txt" 2>&1 || true
+    tshark -n -X lua_script:"$REPO/tools/clients/wireshark/iap.lua" -r "$capture" -V > "$work/tshark.txt" 2>&1 || true
     if grep -qi "lua error" "$work/tshark.txt"; then die "tshark: the dissector raised a Lua error on the capture"; fi
-    count=$(tshark -n -X lua_script:"$REPO/tools/wireshark/iap.lua" -r "$capture" -Y 'iap2.msg == "IdentificationInformation"' \
+    count=$(tshark -n -X lua_script:"$REPO/tools/clients/wireshark/iap.lua" -r "$capture" -Y 'iap2.msg == "IdentificationInformation"' \
         -T fields -e iap2.param.value 2>/dev/null | grep -cF "$name" || true)
     [ "$count" -ge 1 ] || die "tshark with iap.lua: no IdentificationInformation naming '$name' in the capture"
     say "tshark with iap.lua: IdentificationInformation naming '$name' ($count frame(s)), no Lua error"
