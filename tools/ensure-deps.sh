@@ -16,7 +16,7 @@ for extra in "$@"; do
         python3) command -v python3 >/dev/null || need+=(python3) ;;
         openssl) command -v openssl >/dev/null || need+=(openssl) ;;
         tshark) command -v tshark >/dev/null || need+=(tshark) ;;
-        # iapctl's --json output checked against docs/json-schema.json (tools/checks/json.py).
+        # iapctl's --json output checked against docs/json-schema.json (tools/checks/json-output.py).
         python3-jsonschema) python3 -c 'import jsonschema' 2>/dev/null || need+=(python3-jsonschema) ;;
         # `man -l` renders the generated man pages (tools/cli-checks.sh).
         man-db) command -v man >/dev/null || need+=(man-db) ;;

@@ -9,14 +9,11 @@ Fails (exit 1, naming file and line) when
 
 Run from anywhere: python3 tools/checks/public-boundary.py. tools/test.sh runs it.
 """
-# This folder holds json.py; keep it off the import path so the standard library's json loads.
+import json
+import pathlib
+import re
+import subprocess
 import sys
-sys.path = [p for p in sys.path if not p.endswith("/tools/checks")]
-
-import json  # noqa: E402
-import pathlib  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # A declaration with public or open access (attributes before it allowed); not `public(set)`

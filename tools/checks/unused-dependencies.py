@@ -12,9 +12,6 @@ Usage: tools/checks/unused-dependencies.py   (from anywhere in the repository)
 import os
 import sys
 
-# This folder holds json.py (the JSON output check): with the folder on the module path,
-# `import json` would import that script instead of the standard library's. Off the path first.
-sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != os.path.dirname(os.path.abspath(__file__))]
 import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402

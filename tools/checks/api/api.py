@@ -20,16 +20,14 @@ a release is marked as such, and the check then insists that section exists; cut
 
 Needs a debug build (`swift build`). tools/test.sh runs the check after the build.
 """
+import argparse
+import json
+import pathlib
+import re
+import shutil
+import subprocess
 import sys
-sys.path = [p for p in sys.path if not p.rstrip("/").endswith("tools/checks") and not p.rstrip("/").endswith("tools/checks/api")]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import pathlib  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 HERE = pathlib.Path(__file__).resolve().parent

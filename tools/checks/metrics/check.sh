@@ -124,7 +124,7 @@ assert stats["sessions"]["openedTotal"] == 1, stats["sessions"]
 assert stats["clients"]["connected"] == 1 and stats["clients"]["acceptedTotal"] == 3, stats["clients"]
 EOF
 if python3 -c 'import jsonschema' 2> /dev/null; then
-    python3 "$repo/tools/checks/json.py" stats "$work/stats.json" || fail "iapctl stats --json does not validate against docs/json-schema.json"
+    python3 "$repo/tools/checks/json-output.py" stats "$work/stats.json" || fail "iapctl stats --json does not validate against docs/json-schema.json"
     ok "iapctl stats --json validates against docs/json-schema.json"
 fi
 ok "iapctl stats shows the transfer"

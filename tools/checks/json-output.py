@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Validates iapctl --json output against docs/json-schema.json.
 
-Usage: tools/checks/json.py DEF FILE...
+Usage: tools/checks/json-output.py DEF FILE...
   DEF   the schema's $defs entry for the command (list, info, wait, watch, send, decode, stats)
   FILE  iapctl's standard output: one JSON object per line, at least one line
 Exit status: 0 every line of every file is valid, 1 one is not (each problem printed), 64 usage.
@@ -10,9 +10,6 @@ Needs the jsonschema module (Debian: python3-jsonschema).
 import os
 import sys
 
-# This script is named json.py: with its folder on the module path, `import json` (here and in
-# jsonschema) would import this file again instead of the standard library's. Off the path first.
-sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != os.path.dirname(os.path.abspath(__file__))]
 import json  # noqa: E402
 
 import jsonschema  # noqa: E402
