@@ -21,9 +21,19 @@ step "build (debug, tests included; warnings fail the build)"
 swift build --build-tests 2>&1 | tee "$log" | grep -E "error|warning:|Compiling|Build complete" | grep -v "^\[" || true
 if grep -q "warning:" "$log"; then echo "test: the build has warnings (see above)" >&2; exit 1; fi
 grep -q "Build complete" "$log" || { echo "test: the build failed" >&2; cat "$log" >&2; exit 1; }
-# Every dependency edge of Package.swift is imported somewhere in its target (the module graph of
-# docs/ARCHITECTURE.md is the one that builds).
+# The API boundary: the library products are the API; every other module declares package
+# access only and no product re-exports one (tools/checks/public-boundary.py). The public API of
+# each product is the one recorded at the release, or a break is said in CHANGELOG.md's
+# Upgrading notes (tools/checks/api/api.py, on the symbol graphs of this build).
+python3 tools/checks/public-boundary.py
+python3 tools/checks/api/api.py
+# Every dependency edge of Package.swift is imported somewhere in its target; and the module graph
+# in docs/ARCHITECTURE.md (and its Layers table) is the one Package.swift declares: together the
+# two make the document's graph the one that builds. module-graph.py fails with a diff when the
+# document is behind (`python3 tools/checks/module-graph.py --write` brings it up to date).
 python3 tools/checks/unused-dependencies.py
+python3 tools/checks/test_module_graph.py
+python3 tools/checks/module-graph.py --check
 
 step "unit and integration tests"
 # A hung test must fail the run, not eat CI's time: 30 minutes is many times what it takes.
