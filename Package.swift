@@ -146,20 +146,20 @@ let package = Package(
             dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "IAPTransport", "IAPLink", "IAPWire",
                            "IAPInspect", "CLIKit", "AccessoryLogging", "USBDescriptors", "SystemCalls", "IAPAuthentication", "ProjectVersion", "IAPDaemonProtocol",
                            "AccessoryBench"],
-            path: "tools/iapctl",
+            path: "tools/commands/iapctl",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapd",
             dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessoryLogging", "AccessorySimulator", "BluetoothTransport", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
                            "IAPLink", "IAPTransport", "SystemCalls", "USBHost", "ProjectVersion"],
-            path: "tools/iapd",
+            path: "tools/commands/iapd",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapbench",
             dependencies: ["IAPDaemon", "SystemCalls", "AccessoryLogging", "AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "USBTransport", "IAPTransport", "IAPWire", "IAPLink", "IAPInspect", "CLIKit", "ProjectVersion", "AccessoryBench"],
-            path: "tools/iapbench",
+            path: "tools/commands/iapbench",
             swiftSettings: strict
         ),
         // A typical ExternalAccessory app ported from iOS (issue 17): only main.swift differs.
