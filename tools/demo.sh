@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, on a fresh machine: installs what is missing, builds iapctl, and talks to an
-# accessory: lists it, opens a session, sends a file through it and verifies the echo byte for
-# byte. It uses a USB accessory when one is attached and IAPCTL_PROTOCOL names an echo protocol
+# accessory: lists it (the simulated one twice, without and with its test CA as trust anchor: its
+# issuer unknown, then verified), opens a session, sends a file through it and verifies the echo
+# byte for byte. It uses a USB accessory when one is attached and IAPCTL_PROTOCOL names an echo protocol
 # it speaks, a serial one given in IAPCTL_SERIAL (e.g. IAPCTL_SERIAL=/dev/ttyUSB0:115200), and
 # otherwise the built-in simulated accessory. With arguments, runs iapctl with them (e.g.
 # tools/demo.sh decode tools/data/samples/boya-handshake.hex).
@@ -24,6 +25,9 @@ if [ $# -gt 0 ]; then exec "$iapctl" "$@"; fi
 
 source=(--simulate)
 protocol=com.example.echo
+# The simulator's test CA (tools/data/profiles/generate-test-credentials.sh): trusted, the simulated
+# accessory's authentication verifies; without it, its issuer is unknown.
+test_ca=tools/data/profiles/test-ca.pem
 if [ -n "${IAPCTL_SERIAL:-}" ]; then
     source=(--serial "$IAPCTL_SERIAL")
     protocol=${IAPCTL_PROTOCOL:?set IAPCTL_PROTOCOL to an echo protocol of your accessory}
@@ -45,6 +49,11 @@ trap 'rm -rf "$work"' EXIT
 echo "== iapctl ${source[*]} list"
 "$iapctl" "${source[@]}" list
 echo
+if [ "${source[0]:-}" = --simulate ]; then
+    echo "== iapctl ${source[*]} --trust $test_ca list   (the simulator's test CA, which proves nothing)"
+    "$iapctl" "${source[@]}" --trust "$test_ca" list
+    echo
+fi
 echo "== echo hello | iapctl ${source[*]} open $protocol"
 echo "hello from $(uname -n)" | "$iapctl" "${source[@]}" open "$protocol" --idle 0.3
 echo

@@ -63,7 +63,8 @@ extension SimulatorProfile {
         /// Spreads control messages over link packets of 128 bytes after the headers: its
         /// certificate is one message over several packets (the Clicks keyboard, §7.7).
         case splitControlMessages = "split-control-messages"
-        /// Sends a certificate that is no certificate (neither PKCS#7 nor X.509): the `record`
+        /// Sends a certificate that is no certificate (neither PKCS#7 nor X.509: the endpoint's
+        /// stand-in, in place of the profile's or the built-in test certificate): the `record`
         /// policy serves it and records why it is not verified.
         case unverifiableCertificate = "unverifiable-certificate"
 

@@ -26,7 +26,9 @@ import IAPWire
 ///
 /// `authentication` (optional) names PEM files, relative to the profile's directory: the
 /// accessory then sends that certificate and signs challenges with that key (see
-/// ``Authentication``); without it, it sends a stand-in that no verifying host accepts.
+/// ``Authentication``); without it, it presents the built-in test credentials
+/// (``testCredentials()``): a real chain to "AccessoryHost Test CA" (`tools/data/profiles/test-ca.pem`),
+/// which proves nothing.
 ///
 /// `identity` and `protocols` are required; `link`, every field inside it, `rebootDelayMs`
 /// (default 200), `checksumsSessionData` (default true), `faults` and every field inside it are
@@ -259,7 +261,8 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
         /// Seed of the fault generator (and of the endpoint's own generator).
         public var seed: UInt64
         /// Sign challenges with a key other than the certificate's (a forged accessory): a
-        /// verifying host sees a bad signature. Needs ``SimulatorProfile/authentication``.
+        /// verifying host sees a bad signature. The certificate is the profile's
+        /// (``SimulatorProfile/authentication``), else the built-in test certificate.
         public var forged: Bool
         /// The frames the accessory sends that are lost on the way, by number (1 is its first
         /// frame, its detect): a packet lost for good when it also never retransmits.
@@ -340,7 +343,7 @@ public struct SimulatorProfile: Codable, Sendable, Equatable {
     /// (``SessionStatistics/crc32In``). On by default; a benchmark's accessory turns it off so
     /// that the accessory's own checksum does not weigh on the host's figures.
     public var checksumsSessionData: Bool
-    /// The accessory's certificate and key (nil: the stand-in certificate and response).
+    /// The accessory's certificate and key (nil: the built-in test credentials, ``testCredentials()``).
     public var authentication: Authentication?
     /// Habits of real accessories it plays (none by default).
     public var habits: Habits

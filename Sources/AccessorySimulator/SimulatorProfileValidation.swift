@@ -2,8 +2,11 @@ internal import IAPLink
 internal import IAPWire
 
 extension SimulatorProfile {
-    /// Bytes of the AuthenticationCertificate message the simulator sends (a 608-byte certificate).
-    static let certificateMessageLength = ControlMessage.headerSize + Parameter.headerSize + 608
+    /// Bytes of the AuthenticationCertificate message the simulator sends without an
+    /// `authentication` section: its test certificate (``testCredentials()``), or the endpoint's
+    /// 608-byte stand-in, whichever is longer.
+    static let certificateMessageLength = ControlMessage.headerSize + Parameter.headerSize
+        + max(608, (try? testCredentials().certificate.count) ?? 0)
 
     /// Checks every value, naming the first field that is wrong and what to do about it.
     public func validate() throws(SimulatorProfileError) {
@@ -95,9 +98,6 @@ extension SimulatorProfile {
         }
         if let app = habits.appLaunch, app.isEmpty || app.utf8.count > 255 {
             throw fail("habits.appLaunch", "must name an application (a bundle identifier of 1 to 255 bytes, like com.example.app)")
-        }
-        if faults.forged, authentication == nil {
-            throw fail("faults.forged", "needs an \"authentication\" section (a certificate and key) to forge signatures for; add one or remove the fault")
         }
         if !(0...3_600_000).contains(rebootDelayMs) {
             throw fail("rebootDelayMs", "is \(rebootDelayMs); give milliseconds between 0 and 3600000")

@@ -148,7 +148,7 @@ public struct CapturedAuthentication: Sendable, Hashable {
             lines.append(Line(step: .chain, result: .fails, detail: failure.detail))
         } else {
             lines.append(Line(step: .chain, result: .notChecked,
-                              detail: "no trust anchors were given: the issuer and the certificate's own signature are not checked "
+                              detail: "no trust anchors were given: the issuer (\(check.issuerName ?? "unknown")) and the certificate's own signature are not checked "
                                   + "(a changed byte there shows only against its CA); give the CA certificate with --trust FILE|DIR"))
         }
     }

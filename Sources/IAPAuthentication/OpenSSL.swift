@@ -154,6 +154,33 @@ enum OpenSSL {
         /// The issuer's distinguished name.
         var issuer: String { Self.name(X509_get_issuer_name(x509)) }
 
+        /// The issuer's common name (its last CN), e.g. `Apple iPod Accessories Certification
+        /// Authority`, as UTF-8 of at most `maxNameLength` bytes; nil when the name has none or
+        /// it cannot be read.
+        var issuerCommonName: String? {
+            guard let name = X509_get_issuer_name(x509) else { return nil }
+            ERR_clear_error()
+            defer { ERR_clear_error() }
+            var index: Int32 = -1
+            var last: Int32 = -1
+            while true {
+                index = X509_NAME_get_index_by_NID(name, NID_commonName, index)
+                if index < 0 { break }
+                last = index
+            }
+            guard last >= 0, let entry = X509_NAME_get_entry(name, last), let data = X509_NAME_ENTRY_get_data(entry) else { return nil }
+            var utf8: UnsafeMutablePointer<UInt8>?
+            let length = ASN1_STRING_to_UTF8(&utf8, data)
+            guard length >= 0, let utf8 else { return nil }
+            defer { CRYPTO_free(utf8, #fileID, #line) }
+            let text = String(decoding: UnsafeBufferPointer(start: utf8, count: min(Int(length), Self.maxNameLength)), as: UTF8.self)
+            return text.isEmpty ? nil : text
+        }
+
+        /// The most bytes of a common name ``issuerCommonName`` keeps (a name longer than any CA's
+        /// is cut there).
+        static let maxNameLength = 128
+
         /// The serial number in hexadecimal.
         var serialNumber: String {
             guard let integer = X509_get_serialNumber(x509), let number = ASN1_INTEGER_to_BN(integer, nil) else { return "?" }
@@ -267,6 +294,19 @@ enum OpenSSL {
                 }
                 return Key(taking: key)
             }
+        }
+
+        /// A private key from DER (PKCS#8 PrivateKeyInfo, or a traditional RSA or EC key),
+        /// unencrypted.
+        static func privateKey(der: [UInt8]) throws(OpenSSLError) -> Key {
+            guard !der.isEmpty, der.count <= maxInputLength else { throw OpenSSLError("\(der.count) bytes: no DER private key") }
+            ERR_clear_error()
+            let key: OpaquePointer? = der.withUnsafeBufferPointer { buffer in
+                var cursor = buffer.baseAddress
+                return d2i_AutoPrivateKey(nil, &cursor, buffer.count)
+            }
+            guard let key else { throw OpenSSLError("no unencrypted private key in DER form (\(drainErrors()))") }
+            return Key(taking: key)
         }
 
         /// A new RSA key of `bits` bits.

@@ -131,6 +131,9 @@ struct CertificateCheck {
     var chainFailure: AuthenticationFailure?
     var validityFailure: AuthenticationFailure?
     var chainVerified = false
+    /// Who issued the leaf, for a person: its common name, else its whole name (nil when the
+    /// certificate could not be read).
+    var issuerName: String?
 
     /// The first failure, in the order the verdict takes them (the signature aside).
     var failure: AuthenticationFailure? { readFailure ?? chainFailure ?? validityFailure }
@@ -162,14 +165,19 @@ struct CertificateCheck {
                                      notBefore: leaf.notBefore, notAfter: leaf.notAfter, validity: validity,
                                      key: kind?.text ?? "undecodable", scheme: scheme, signatureAlgorithm: leaf.signatureAlgorithm)
         self.key = readFailure == nil ? key : nil
+        // The issuer by its common name first (what a person looks for among CA files), then
+        // what to do: an unknown issuer is the one failure a user fixes on the host's side.
+        let issuer = leaf.issuerCommonName ?? (leaf.issuer.isEmpty ? "an issuer without a name" : leaf.issuer)
+        issuerName = issuer
         if let trust, trust.count > 0 {
             if let reason = trust.store.verify(leaf, intermediates: intermediates, checkTime: false) {
-                chainFailure = .unknownIssuer("\(reason) (issuer \(leaf.issuer)); give its CA with --trust, or check that it is the right one")
+                chainFailure = .unknownIssuer("\(issuer); the chain to the trust anchors given fails: \(reason) (issuer \(leaf.issuer)); "
+                                                + "give that CA's certificate with --trust, or check that it is the right one")
             } else {
                 chainVerified = true
             }
         } else {
-            chainFailure = .unknownIssuer("no trust anchors were given, so the issuer (\(leaf.issuer)) cannot be checked; give the accessories' CA certificate with --trust FILE|DIR")
+            chainFailure = .unknownIssuer("\(issuer); no trust anchors were given: give that CA's certificate with --trust FILE|DIR")
         }
         if checkValidity, validity != .current {
             validityFailure = .outsideValidity(validity == .expired ? "the certificate expired \(leaf.notAfter)"

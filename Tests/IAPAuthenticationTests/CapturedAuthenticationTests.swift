@@ -30,6 +30,7 @@ import Testing
         #expect(check.verdict == "valid (chain not checked)")
         #expect(check.lines.map(\.step) == CapturedAuthentication.Step.allCases)
         #expect(check.lines.map(\.result) == [.holds, .holds, .holds, .holds, .notChecked, .information])
+        #expect(check.lines.first { $0.step == .chain }?.detail.hasPrefix("no trust anchors were given: the issuer (Apple iPod Accessories Certification Authority) ") == true)
         // Its certificate expired in 2020: information, unless asked to count.
         let now = CapturedAuthentication(certificate: PioneerVector.certificate, challenge: PioneerVector.challenge,
                                          response: PioneerVector.signature, checkValidity: true)

@@ -43,6 +43,12 @@ enum Fixtures {
     }
 }
 
+/// The CA of the simulator's built-in test credentials, as `iapctl --trust` takes it:
+/// tools/data/profiles/test-ca.pem, made by tools/data/profiles/generate-test-credentials.sh.
+enum SimulatorTestCA {
+    static let path = Fixtures.directory + "../../../tools/data/profiles/test-ca.pem"
+}
+
 /// The real accessory's authentication captured by libiap (a Pioneer AV receiver, iAP1
 /// authentication 2.0; the shared vectors' pioneer-auth.json): a PKCS#7 certificate, the
 /// challenge the iPod drew and the signature the coprocessor made.

@@ -38,7 +38,7 @@ import Testing
 
     @Test func unreadableCertificateSaysWhy() throws {
         var profile = Fixtures.profile("accessory-rsa")
-        profile.authentication = nil
+        profile.deviations = [.unverifiableCertificate]
         var exchange = try Exchange(profile: profile, policy: VerifyingAuthentication(mode: .record))
         exchange.run()
         var decoder = CaptureDecoder()
