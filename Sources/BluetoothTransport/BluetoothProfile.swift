@@ -430,12 +430,12 @@ package final class BluetoothProfile: Sendable {
         guard !state.withLock({ $0.stopped }), let socket = descriptor.take() else {
             return .error(name: "org.bluez.Error.Rejected", message: "the host stopped")
         }
-        let box = TransportBox()
+        let box = TransportKey()
         let transport: BluetoothTransport
         do {
             transport = try BluetoothTransport(descriptor: socket, peer: BluetoothPeer(address: address, devicePath: path, profileVersion: version)) {
                 [weak self] in
-                guard let self, let key = box.key else { return }
+                guard let self, let key = box.key.withLock({ $0 }) else { return }
                 state.withLock { state in
                     state.transports[path]?.removeValue(forKey: key)
                     if state.transports[path]?.isEmpty == true { state.transports.removeValue(forKey: path) }
@@ -444,15 +444,15 @@ package final class BluetoothProfile: Sendable {
         } catch {
             return .error(name: "org.bluez.Error.Rejected", message: error.description)
         }
-        box.key = ObjectIdentifier(transport)
+        box.key.withLock { $0 = ObjectIdentifier(transport) }
         state.withLock { $0.transports[path, default: [:]][ObjectIdentifier(transport)] = transport }
         deliver(transport)
         return .empty
     }
 }
 
-/// The key a transport's close handler removes it by, set once the transport exists.
-private final class TransportBox: @unchecked Sendable {
-    // Sendability: set once, on the bus queue, before the transport is activated.
-    var key: ObjectIdentifier?
+/// The key a transport's close handler removes it by, set once the transport exists: set on the
+/// bus queue, read on the transport's, so under a lock.
+private final class TransportKey: Sendable {
+    let key = Mutex<ObjectIdentifier?>(nil)
 }

@@ -28,7 +28,7 @@ package final class PacketBuffer: @unchecked Sendable {
     /// flight). While it is not 0 the memory may be read by the kernel at any moment, so the
     /// packet must not be rewritten (a retransmission with a newer acknowledgement waits).
     /// Kept by the transport (hence `package`); read by the link.
-    package package(set) var pendingTransmissions = 0
+    package var pendingTransmissions = 0
 
     /// A buffer of `capacity` bytes on the heap.
     package init(capacity: Int) {

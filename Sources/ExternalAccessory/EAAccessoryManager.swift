@@ -194,7 +194,7 @@ public final class EAAccessoryManager: NSObject, @unchecked Sendable {
     public func showBluetoothAccessoryPicker(withNameFilter predicate: NSPredicate?,
                                              completion: EABluetoothAccessoryPickerCompletion? = nil) {
         guard let completion else { return }
-        let box = UncheckedSendable(completion)
+        let box = QueueBound(completion, on: .main)
         DispatchQueue.main.async { box.value(EABluetoothAccessoryPickerError(.resultFailed)) }
     }
 

@@ -1,7 +1,7 @@
 package import AccessoryHost
 package import AccessoryHostBluetooth
 package import AccessoryLogging
-package import BluetoothTransport
+internal import BluetoothTransport
 internal import Dispatch
 package import IAPTransport
 internal import Synchronization

@@ -40,13 +40,31 @@ package enum QueueMark {
     }
 }
 
-/// Carries a value the compiler cannot prove `Sendable` across a hop between queues, where the
-/// code guarantees that one queue at a time uses it (a completion handed to the setup queue and
-/// back, a callback carried to the main queue and run there once). The one such box of the
-/// package; say at each use why it is safe.
-package struct UncheckedSendable<Value>: @unchecked Sendable {
-    /// The value carried.
-    package var value: Value
-    /// Carries `value`.
-    package init(_ value: Value) { self.value = value }
+/// A value that belongs to one queue, carried across a hop to it: a completion handed to the
+/// setup queue and back, a libusb snapshot taken on the event thread and used on the context's
+/// queue, a callback run on the main queue. The compiler cannot prove such a value `Sendable`;
+/// the code's promise is that only `queue` reads it, and in debug builds every read checks that
+/// promise (as swift-nio's `NIOLoopBound` checks its event loop), so a read from elsewhere stops
+/// the test that made it instead of racing. Release builds read it unchecked.
+///
+/// The one box of the package for values carried between queues: say at each use which queue
+/// the value belongs to. State shared by several queues takes a lock (`Mutex`), not a box.
+package struct QueueBound<Value>: @unchecked Sendable {
+    // Sendability: `carried` is read only through `value`, which checks (in debug builds) that it
+    // runs on `queue`; so one queue at a time uses it, whatever thread made the box.
+    private let carried: Value
+    private let queue: DispatchQueue
+
+    /// Carries `value`, to be read on `queue` only (which is marked for the check).
+    package init(_ value: Value, on queue: DispatchQueue) {
+        QueueMark.mark(queue)
+        self.carried = value
+        self.queue = queue
+    }
+
+    /// The value; only on the queue it belongs to (checked in debug builds).
+    package var value: Value {
+        assert(QueueMark.isCurrent(queue), "a QueueBound value read off its queue (\(queue.label))")
+        return carried
+    }
 }

@@ -1,4 +1,4 @@
-package import USBDescriptors
+internal import USBDescriptors
 internal import CLibUSB
 internal import Dispatch
 internal import Glibc

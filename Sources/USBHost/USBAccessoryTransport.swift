@@ -124,7 +124,7 @@ package final class USBAccessoryTransport: @unchecked Sendable {
         deviceHandle.releaseInterface(interface)
         deviceHandle.close()
         if let onFinished {
-            let carried = UncheckedSendable(onFinished) // runs on the context's queue, where it was made
+            let carried = QueueBound(onFinished, on: queue) // runs on the context's queue, where it was made
             queue.async { carried.value() }
         }
     }

@@ -157,8 +157,9 @@ package final class USBContext: @unchecked Sendable {
             // Changes are handled after the libusb call that reported them returns (libusb holds
             // its event lock during callbacks); the snapshot holds a device reference till then.
             let status = backend.startHotplug { [weak self] change in
-                let carried = UncheckedSendable(change)
-                self?.queue.async { [weak self] in self?.hotplug(carried.value) }
+                guard let queue = self?.queue else { return }
+                let carried = QueueBound(change, on: queue)
+                queue.async { [weak self] in self?.hotplug(carried.value) }
             }
             if status == 0 { return }
         }
@@ -237,9 +238,9 @@ package final class USBContext: @unchecked Sendable {
         // Opening asks the device for its configuration (the backend's open is a setup-queue
         // call); the rest continues on the queue.
         let backend = self.backend
-        let carried = UncheckedSendable(completion)
+        let carried = QueueBound(completion, on: queue)
         setupQueue.async { [self] in
-            let opened = UncheckedSendable(backend.open(bus: device.bus, address: device.address))
+            let opened = QueueBound(backend.open(bus: device.bus, address: device.address), on: queue)
             queue.async { [self] in
                 let completion = carried.value
                 switch opened.value {
@@ -273,7 +274,7 @@ package final class USBContext: @unchecked Sendable {
             for interface in native {
                 if let name = strings.extra[interface.nameIndex] { named.nativeInterfaceNames[interface.number] = name }
             }
-            let next = UncheckedSendable({ [self] in configure(named, handle: handle, location: location, completion: completion) })
+            let next = QueueBound({ [self] in configure(named, handle: handle, location: location, completion: completion) }, on: queue)
             queue.async { next.value() }
         }
     }
@@ -296,9 +297,10 @@ package final class USBContext: @unchecked Sendable {
                            completion: @escaping (Result<USBAccessoryTransport, USBHostError>) -> Void) {
         guard location.needsConfigurationChange else { return claim(device, handle: handle, location: location, completion: completion) }
         let backend = self.backend
-        let carried = UncheckedSendable((handle, completion))
+        let onSetup = QueueBound(handle, on: setupQueue)
+        let carried = QueueBound((handle, completion), on: queue)
         setupQueue.async { [self] in
-            let status = backend.setConfiguration(carried.value.0, location.configurationValue)
+            let status = backend.setConfiguration(onSetup.value, location.configurationValue)
             queue.async { [self] in
                 let (handle, completion) = carried.value
                 guard status == 0 else {

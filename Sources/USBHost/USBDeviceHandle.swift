@@ -1,4 +1,4 @@
-package import USBDescriptors
+internal import USBDescriptors
 internal import ByteRing
 internal import CLibUSB
 internal import Dispatch
@@ -35,7 +35,7 @@ final class USBDeviceHandle: @unchecked Sendable {
         if QueueMark.isCurrent(queue) {
             body()
         } else {
-            let carried = UncheckedSendable(body)
+            let carried = QueueBound(body, on: queue)
             queue.async { carried.value() }
         }
     }
@@ -77,7 +77,7 @@ final class USBDeviceHandle: @unchecked Sendable {
 
     private func onSetupQueue(_ completion: @escaping (Int32) -> Void,
                               _ call: @escaping @Sendable (any USBBackend, OpaquePointer) -> Int32) {
-        let carried = UncheckedSendable(completion)
+        let carried = QueueBound(completion, on: queue)
         setupQueue.async { [self] in
             let status = call(backend, handle)
             queue.async { carried.value(status) }

@@ -1,4 +1,4 @@
-package import USBDescriptors
+internal import USBDescriptors
 internal import CLibUSB
 
 /// A USB failure, with what a person can do about it.

@@ -1,4 +1,4 @@
-package import USBDescriptors
+internal import USBDescriptors
 internal import ByteRing
 internal import CLibUSB
 package import Dispatch

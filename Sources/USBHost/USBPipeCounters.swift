@@ -1,4 +1,4 @@
-package import USBDescriptors
+internal import USBDescriptors
 /// Counters of one USB accessory's bulk pipes, for `iapctl` and the tests.
 package struct USBPipeCounters: Sendable, Hashable {
     /// IN transfers completed, and the bytes they carried.

@@ -344,7 +344,7 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
         guard pending.contains(transfer) else { return LIBUSB_ERROR_NOT_FOUND.rawValue }
         let (complete, vanished) = state.withLock { ($0.completeCancelled, $0.vanished) }
         if complete {
-            let carried = UncheckedSendable(transfer)
+            let carried = QueueBound(transfer, on: queue)
             queue.async {
                 if self.pending.contains(carried.value) { self.finish(carried.value, status: LIBUSB_TRANSFER_CANCELLED, actual: 0) }
             }
@@ -430,7 +430,7 @@ final class FakeBackend: USBBackend, @unchecked Sendable {
             }
         }
         reply.withUnsafeBytes { (setup + 8).copyMemory(from: $0.baseAddress ?? UnsafeRawPointer(setup), byteCount: reply.count) }
-        let carried = UncheckedSendable(transfer)
+        let carried = QueueBound(transfer, on: queue)
         let count = reply.count
         queue.async {
             let transfer = carried.value
