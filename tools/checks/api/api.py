@@ -7,7 +7,7 @@ only) and written as sorted lines, one per declaration and one per conformance:
     AccessoryManager.startUSB(options:)  func startUSB(options: USBOptions = USBOptions()) throws(USBError)
     USBID : Hashable
 
-`tools/checks/api/PRODUCT.api` holds those lines as they were at the release named on its first
+`docs/api/PRODUCT.api` holds those lines as they were at the release named on its first
 line. The check (the default) fails when a recorded line is gone from the build: a declaration
 removed, renamed or changed (its signature, its throws, its defaults) or a conformance dropped,
 any of which can break a user's code. Lines the build has and the baseline lacks are additions:
@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-HERE = pathlib.Path(__file__).resolve().parent
+BASELINES = ROOT / "docs" / "api"
 
 
 def run(arguments, **options):
@@ -116,7 +116,7 @@ def main():
     broken, added, checked = 0, 0, 0
     for module in products(package):
         lines = symbol_lines(module, modules_dir, flags)
-        baseline = HERE / f"{module}.api"
+        baseline = BASELINES / f"{module}.api"
         if arguments.write:
             mark = f"# {module}: the public API at {release}" + (", with the changes of Unreleased in CHANGELOG.md" if after_release else "")
             baseline.write_text(mark + "\n" + "".join(line + "\n" for line in lines))
@@ -142,7 +142,7 @@ def main():
               "Unreleased section has no \"### Upgrading\" part saying what users must change", file=sys.stderr)
         broken += 1
     if arguments.write:
-        print(f"api: recorded the public API of {len(products(package))} products in {HERE.relative_to(ROOT)} (release {release}"
+        print(f"api: recorded the public API of {len(products(package))} products in {BASELINES.relative_to(ROOT)} (release {release}"
               + (", with Unreleased changes: say them in CHANGELOG.md under ### Upgrading)" if after_release else ")"))
         return 0
     if broken:
