@@ -153,7 +153,7 @@ public final class AccessoryManager: Sendable {
         QueueMark.mark(queue)
     }
 
-    /// The version of AccessoryHost this program runs on (`0.2.0`), the same that `iapctl
+    /// The version of AccessoryHost this program runs on (`0.3.0`), the same that `iapctl
     /// --version` prints.
     public static var version: String { AccessoryHostVersion.string }
 

@@ -7,7 +7,7 @@
 /// (`…Now`, ``accessories``) are the state at the moment. Every list holds every kind it is
 /// keyed by, zeros included, in a fixed order, so that a reader sees the same series each time.
 package struct DaemonStatistics: Codable, Sendable, Hashable {
-    /// The daemon's name and version (`iapd 0.2.0`).
+    /// The daemon's name and version (`iapd 0.3.0`).
     package var daemon: String
     /// When the daemon started, seconds since the Unix epoch.
     package var startTime: Double

@@ -4,7 +4,7 @@ import Testing
 
 @Suite("The version, from one place")
 struct VersionTests {
-    /// CHANGELOG.md's newest release heading, `## [0.2.0] - 2026-12-01`, must be the version and
+    /// CHANGELOG.md's newest release heading, `## [0.3.0] - 2026-12-07`, must be the version and
     /// date in Sources/ProjectVersion: a release changes the three together.
     @Test func changelogNamesTheVersionAndItsDate() throws {
         let root = String(#filePath).split(separator: "/", omittingEmptySubsequences: false).dropLast(3).joined(separator: "/")

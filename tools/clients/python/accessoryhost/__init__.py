@@ -22,7 +22,7 @@ from ._protocol import DEFAULT_SOCKET, PROTOCOL_VERSION
 from .records import Accessory, AppLaunchRequested, Connected, Disconnected, Event, TransportFailed, USBDevice
 from .session import Session
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "connect", "Client", "Session", "Accessory", "USBDevice", "Event", "Connected", "Disconnected",

@@ -79,7 +79,7 @@ class Client:
         try:
             reply, descriptors = self._request(_protocol.hello(client_name), timeout, "iapd did not answer hello")
             _protocol.close_all(descriptors)
-            #: iapd's name and version (``"iapd 0.2.0"``).
+            #: iapd's name and version (``"iapd 0.3.0"``).
             self.daemon: str
             self.daemon, records = _protocol.check_welcome(reply)
             for record in records:
