@@ -111,6 +111,7 @@ public struct BluetoothDevice: Sendable, Hashable {
 ///
 /// Decide on ``kind``, never on the message: the message is for people and may change.
 public struct BluetoothError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// What a caller can decide on.
     public enum Kind: String, Sendable, Hashable, Codable {
         /// No D-Bus system bus (or none at the address given).
         case busUnavailable

@@ -4,7 +4,7 @@ public import IAPWire
 /// The iAP2 link layer as a deterministic state machine, for both roles.
 ///
 /// Inputs are received bytes (``receive(_:now:sink:)-(RawSpan,_,_)``, its array twin, or
-/// ``receive(lent:now:sink:)``), the passage of time (``advance(to:)``) and payloads to send
+/// bytes a transport lends), the passage of time (``advance(to:)``) and payloads to send
 /// (``send(sessionID:payload:now:)``). Outputs are taken by the owner:
 /// packets to transmit (``takeOutput()``, one link packet or detect per element, to be written one
 /// per USB transfer), events (``takeEvents()``), and payloads handed in order to a ``LinkSink``.

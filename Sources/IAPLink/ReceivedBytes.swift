@@ -1,7 +1,7 @@
 package import ByteRing
 
 /// Received bytes kept where they arrived, without a copy: a view of the array a transport
-/// delivered, or of a USB IN slot lent by the transport (``SlotLease``). What a session queues
+/// delivered, or of a USB IN slot lent by the transport (``LentBytes``). What a session queues
 /// (``ChunkQueue``) and what the link parks are these.
 ///
 /// Holding one keeps its storage alive: the array's buffer, or the lease (and so the slot, until

@@ -3,7 +3,7 @@ public import Dispatch
 internal import Glibc
 internal import SystemCalls
 
-/// A ``ByteChannel`` over a session's shared memory (``SharedRingMemory``): how `iapd` and a
+/// A ``ByteChannel`` over a session's shared memory (two rings in a memfd): how `iapd` and a
 /// client move one session's bytes, each side with its own channel on the same memory.
 ///
 /// - Bytes: ring 0 carries client → daemon, ring 1 daemon → client. A write copies into the

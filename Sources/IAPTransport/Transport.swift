@@ -124,8 +124,8 @@ public protocol Transport: AnyObject, Sendable {
     /// (the link's window bounds how many there can be).
     func send(_ frame: [UInt8])
     /// Sends one frame as the link holds it: an array, or a transmit buffer this transport lent
-    /// (``capability(_:)`` for ``PacketBufferPool``), to send from where it lies and to hold
-    /// until it is sent (counting ``PacketBuffer/pendingTransmissions``). The default sends the
+    /// (a ``TransmitBuffer`` from the pool it offers), to send from where it lies and to hold
+    /// until it is sent. The default sends the
     /// array, or a copy of the buffer's bytes; a wrapper forwards the frame to its base as it is.
     func send(frame: LinkFrame)
     /// Sends one small frame (a bare acknowledgement) ahead of frames already waiting in this
