@@ -57,7 +57,7 @@ let package = Package(
             providers: [.apt(["libdbus-1-dev", "pkg-config"])]
         ),
         // Queue confinement in one place: whether code runs on a given queue (QueueMark), and the
-        // one box for values carried unchecked between queues.
+        // one box for a value carried to the queue it belongs to (QueueBound, checked in debug builds).
         .target(name: "QueueConfinement", swiftSettings: strict),
         // Swift over libdbus: a private bus connection driven by Dispatch sources on one queue,
         // method calls out, objects exported, typed values (file descriptors included).
