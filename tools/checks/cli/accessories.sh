@@ -39,5 +39,5 @@ send_to_stuck_sink() { # once: send --json of 3000000 bytes directly to the sink
     local profile data
     profile=$(stuck_sink)
     data=$(data_file stuck.bin 3000000)
-    once send-stuck timeout 120 "$IAPCTL" --no-usb "--simulate=$profile" send com.example.sink "$data" --json
+    once send-stuck within 120 "$IAPCTL" --no-usb "--simulate=$profile" send com.example.sink "$data" --json
 }

@@ -22,7 +22,7 @@ check_iapctl_through_iapd() {
 
 check --with iapd "iapctl stats --json (iapd's counters) validates against the schema" check_stats_json
 check_stats_json() {
-    run timeout 60 env IAPD_SOCKET="$WORK/iapd.sock" "$IAPCTL" stats --json
+    run within 60 env IAPD_SOCKET="$WORK/iapd.sock" "$IAPCTL" stats --json
     exit_was 0
     json_valid stats "$OUT"
 }
@@ -77,7 +77,7 @@ send_through_iapd_to_stuck_sink() { # once, with an iapd of its own (ended when 
         wait_for_socket "$T/iapd-stuck.sock"
     fi
     data=$(data_file stuck.bin 3000000)
-    once send-stuck-iapd timeout 120 env IAPD_SOCKET="$T/iapd-stuck.sock" "$IAPCTL" send com.example.sink "$data" --stall-timeout 2 --json
+    once send-stuck-iapd within 120 env IAPD_SOCKET="$T/iapd-stuck.sock" "$IAPCTL" send com.example.sink "$data" --stall-timeout 2 --json
 }
 
 check "send through iapd to an accessory that stops acknowledging gives up (74) and is not ok" check_send_stuck_through_iapd

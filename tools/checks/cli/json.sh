@@ -1,12 +1,12 @@
 # --json: every command's output validates against docs/json-schema.json (tools/check-json.py);
-# numbers are numbers. Each command bounded (60 s), so that a hang fails its own check.
+# numbers are numbers. Each command bounded (within 60 s), as the old script bounded them.
 # shellcheck shell=bash
 
 # check_json_valid DEF KEY ARGUMENT...: iapctl ARGUMENT... exits 0 and its output is the schema's DEF
 check_json_valid() {
     local definition=$1 key=$2
     shift 2
-    once "json-$key" timeout 60 "$IAPCTL" "$@"
+    once "json-$key" within 60 "$IAPCTL" "$@"
     exit_was 0
     json_valid "$definition" "$OUT"
 }
@@ -24,7 +24,7 @@ check "watch --json of an accessory asking for its app validates against the sch
 json_send() {
     local data
     data=$(data_file native.bin 3000000)
-    once json-send timeout 60 "$IAPCTL" "${SIM[@]}" send com.example.echo "$data" --verify-echo --json
+    once json-send within 60 "$IAPCTL" "${SIM[@]}" send com.example.echo "$data" --verify-echo --json
 }
 
 check "send --json validates against the schema" check_json_send
@@ -56,13 +56,13 @@ check_json_send_seconds() {
 
 check "watch --json's connected event carries the accessory as an object" check_json_watch_accessory
 check_json_watch_accessory() {
-    once json-watch timeout 60 "$IAPCTL" "${SIM[@]}" watch --json --count 1
+    once json-watch within 60 "$IAPCTL" "${SIM[@]}" watch --json --count 1
     contains "$OUT" '"event":"connected","accessory":{"connectionID"'
 }
 
 check "watch --json reports the thermal camera's request to launch its app" check_json_app_launch
 check_json_app_launch() {
-    once json-applaunch timeout 60 "$IAPCTL" --no-usb --simulate=thermal-camera watch --json --count 2
+    once json-applaunch within 60 "$IAPCTL" --no-usb --simulate=thermal-camera watch --json --count 2
     grep -q '"event":"appLaunchRequested",.*"bundleIdentifier":"com.example.thermal"' "$OUT" \
         || { echo "watch --json did not report the thermal camera's app launch request:"; cat "$OUT"; return 1; }
 }

@@ -107,6 +107,12 @@ exit_was() { # exit_was N: the last command's status was N; shows its output oth
     return 1
 }
 
+within() { # within SECONDS COMMAND...: COMMAND, ended after SECONDS (then exit 124)
+    # --foreground: timeout stays in the check's process group, which the runner ends with all in
+    # it when the check runs out of its own time (a plain timeout makes a group of its own).
+    timeout --foreground "$@"
+}
+
 exits() { # exits N COMMAND...: runs it and expects status N
     local expected=$1
     shift
@@ -117,8 +123,15 @@ exits() { # exits N COMMAND...: runs it and expects status N
 contains() { # contains FILE TEXT
     [ -f "$1" ] || { echo "${1/#"$WORK"/\$WORK} does not exist (its command failed before it)"; return 1; }
     grep -qF -- "$2" "$1" && return 0
-    echo "${1/#"$WORK"/\$WORK} lacks '$2'; it holds:"
-    tail -n 25 "$1"
+    local start=${2:0:12}
+    start=${start#"${start%%[![:space:]]*}"}
+    if [ -n "$start" ] && grep -qF -- "$start" "$1"; then
+        echo "${1/#"$WORK"/\$WORK} lacks '$2'; its lines with '$start':"
+        grep -nF -- "$start" "$1" | head -n 10 | cut -c1-300
+    else
+        echo "${1/#"$WORK"/\$WORK} lacks '$2'; it begins:"
+        head -n 25 "$1" | cut -c1-300
+    fi
     return 1
 }
 
@@ -373,9 +386,20 @@ _run_one() { # _run_one STATE INDEX FILE COMMAND, in a fresh bash: the runner's 
     cd "$T"
     set -Eeuo pipefail
     shopt -s inherit_errexit
-    trap 'echo "failed: ${BASH_SOURCE[0]##*/} line $LINENO (exit $?): $BASH_COMMAND"' ERR
+    trap _failed_at ERR
     trap _cleanup EXIT
     eval "$command"
+}
+
+_failed_at() { # from the ERR trap: the check's line that failed, as written (an assertion said why above it)
+    # No `local` nor `return` here: bash 5.2 then complains of its variable contexts ("pop_var_context")
+    # as errexit ends the check.
+    for ((_frame = 1; _frame < ${#BASH_SOURCE[@]}; _frame++)); do
+        [ "${BASH_SOURCE[_frame]}" != "${BASH_SOURCE[0]}" ] || continue # lib.sh's own lines: the caller's says more
+        _line=${BASH_LINENO[_frame - 1]}
+        echo "failed at ${BASH_SOURCE[_frame]##*/} line $_line: $(sed -n "${_line}s/^ *//p" "${BASH_SOURCE[_frame]}")"
+        break
+    done
 }
 
 _cleanup() {

@@ -15,7 +15,7 @@ JSON
     mkfifo "$T/held"
     exec 4<> "$T/held" # a writer that stays, as a terminal does: the input never ends
     head -c 5000 /dev/urandom > "$T/held"
-    exits 74 timeout 60 bash -c 'exec 4>&-; exec "$0" --no-usb --simulate="$1" open com.example.echo < "$2"' \
+    exits 74 within 60 bash -c 'exec 4>&-; exec "$0" --no-usb --simulate="$1" open com.example.echo < "$2"' \
         "$IAPCTL" "$profile" "$T/held"
     exec 4>&-
     contains "$ERR" "the accessory disconnected: "
@@ -146,12 +146,12 @@ check_open_socket_live() {
 
 check "a protocol typo is told at once (69), with 'did you mean'" check_open_protocol_typo
 check_open_protocol_typo() {
-    exits 69 timeout 10 "$IAPCTL" "${SIM[@]}" --timeout 30 open com.example.ech
+    exits 69 within 10 "$IAPCTL" "${SIM[@]}" --timeout 30 open com.example.ech
     contains "$ERR" "did you mean 'com.example.echo'?"
 }
 
 check "a selector that matches no accessory is told at once (69), with no 'did you mean' for a protocol that is spoken" check_open_selector_misses
 check_open_selector_misses() {
-    exits 69 timeout 10 "$IAPCTL" "${SIM[@]}" --timeout 30 open com.example.echo -a 7
+    exits 69 within 10 "$IAPCTL" "${SIM[@]}" --timeout 30 open com.example.echo -a 7
     lacks "$ERR" "did you mean 'com.example.echo'"
 }

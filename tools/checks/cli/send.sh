@@ -69,7 +69,7 @@ check "send of 5 MiB to an echo without --verify-echo finishes (the echo is drai
 check_send_drains_echo() {
     local five
     five=$(data_file five.bin $((5 << 20)))
-    exits 0 timeout 60 "$IAPCTL" "${SIM[@]}" send com.example.echo "$five" --stall-timeout 5
+    exits 0 within 60 "$IAPCTL" "${SIM[@]}" send com.example.echo "$five" --stall-timeout 5
 }
 
 check "--stall-timeout 1 ends a stuck send (74) and says after how long" check_send_stall_timeout
@@ -77,7 +77,7 @@ check_send_stall_timeout() {
     local profile data
     profile=$(stuck_sink)
     data=$(data_file stuck.bin 3000000)
-    exits 74 timeout 60 "$IAPCTL" --no-usb "--simulate=$profile" send com.example.sink "$data" --stall-timeout 1
+    exits 74 within 60 "$IAPCTL" --no-usb "--simulate=$profile" send com.example.sink "$data" --stall-timeout 1
     contains "$ERR" "acknowledged nothing for 1.0 seconds"
 }
 
