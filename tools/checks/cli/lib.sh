@@ -83,6 +83,7 @@ run() { # run COMMAND...: its standard output in $OUT, its standard error in $ER
 }
 
 once() { # once KEY COMMAND...: as run, but the first check that asks runs it; the others read its output
+    # (a KEY names one command: the checks that share it call one helper that gives it, as report_simulator)
     local dir=$WORK/once/$1
     shift
     shown "$@"
