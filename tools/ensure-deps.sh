@@ -18,7 +18,7 @@ for extra in "$@"; do
         tshark) command -v tshark >/dev/null || need+=(tshark) ;;
         # iapctl's --json output checked against docs/json-schema.json (tools/checks/json-output.py).
         python3-jsonschema) python3 -c 'import jsonschema' 2>/dev/null || need+=(python3-jsonschema) ;;
-        # `man -l` renders the generated man pages (tools/cli-checks.sh).
+        # `man -l` renders the generated man pages (tools/checks/cli/installation.sh).
         man-db) command -v man >/dev/null || need+=(man-db) ;;
         # The D-Bus and Bluetooth tests start a private bus of their own (Tests/TestSupport/PrivateBus.swift).
         dbus-daemon) command -v dbus-daemon >/dev/null || need+=(dbus-daemon) ;;

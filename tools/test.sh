@@ -98,7 +98,7 @@ step "soak: 1,000 connect/disconnect cycles, then 1 GiB through 4 sessions at 5 
 MALLOC_ARENA_MAX=1 timeout 600 .build/release/iapbench soak --cycles 1000 --mib 1024 --loss 5
 
 step "iapctl as scripts and people see it (exit codes, JSON against its schema, the socket, help, install, man page, completion)"
-timeout 300 tools/cli-checks.sh .build/release/iapctl
+timeout 300 tools/checks/cli/run.sh .build/release/iapctl
 
 step "the Python client (tools/clients/python): installed into a virtual environment, mypy --strict, pytest against a real iapd, the 16 MiB echo against iapctl send"
 tools/clients/python/check.sh --bin .build/release

@@ -3,7 +3,7 @@ import IAPInspect
 
 /// iapctl's `--json` output: one object per line, each with `schemaVersion` first, the
 /// accessory always the same object under `accessory`. docs/json-schema.json describes every
-/// line; tools/cli-checks.sh validates every command's output against it.
+/// line; the CLI checks (tools/checks/cli/json.sh) validate every command's output against it.
 enum JSONOutput {
     /// Raised when a field changes meaning or disappears (additions keep it).
     static let schemaVersion = 1
