@@ -1,4 +1,3 @@
-
 /// Which accessories an application or a script is looking for.
 ///
 /// Every kind of condition that has values must hold; a kind with several values holds when any

@@ -120,8 +120,9 @@ extension AccessoryManager {
 
 extension Accessory {
     /// What the accessory's transport gives for `type` now (`Transport.capability(_:)`): a
-    /// plug-in's view of its own wire, e.g. AccessoryHostUSB's pipe statistics. Asked on the
-    /// manager's queue; do not call it from a handler that blocks that queue.
+    /// plug-in's view of its own wire, of a type the plug-in and its transport share (USB's pipe
+    /// statistics are ``AccessoryManager``'s `usbStatistics(of:)` in AccessoryHostUSB). Asked on
+    /// the manager's queue; do not call it from a handler that blocks that queue.
     public func transportCapability<Value>(_ type: Value.Type) -> Value? {
         QueueMark.run(on: connection.queue) { connection.transport.capability(type) }
     }

@@ -76,4 +76,26 @@ public struct USBDevice: Sendable, Hashable, CustomStringConvertible {
     public var devicePath: String { info.devicePath }
     /// `usb LOCATION VID:PID PRODUCT (serial …)`.
     public var description: String { info.description }
+
+    /// Whether two values describe the same device as far as they show: place, ids, release,
+    /// strings and native interfaces (not the descriptors behind them, which a device learnt
+    /// through iapd does not carry).
+    public static func == (left: USBDevice, right: USBDevice) -> Bool {
+        left.bus == right.bus && left.address == right.address && left.portPath == right.portPath && left.usbID == right.usbID
+            && left.release == right.release && left.manufacturer == right.manufacturer && left.product == right.product
+            && left.serialNumber == right.serialNumber && left.nativeInterfaceNames == right.nativeInterfaceNames
+    }
+
+    /// Hashes what ``==`` compares.
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(bus)
+        hasher.combine(address)
+        hasher.combine(portPath)
+        hasher.combine(usbID)
+        hasher.combine(release)
+        hasher.combine(manufacturer)
+        hasher.combine(product)
+        hasher.combine(serialNumber)
+        hasher.combine(nativeInterfaceNames)
+    }
 }

@@ -21,7 +21,7 @@ public struct BluetoothOptions: Sendable, Hashable {
                                           registersAgent: registersAgent)
     }
 
-    /// The D-Bus bus BlueZ is on; nil for the system bus (`unix:path=/run/dbus/system_bus_socket`).
+    /// The D-Bus bus BlueZ is on; nil for the system bus (`DBUS_SYSTEM_BUS_ADDRESS`, else `unix:path=/var/run/dbus/system_bus_socket`).
     public var busAddress: String? {
         get { profile.busAddress }
         set { profile.busAddress = newValue }
@@ -158,8 +158,21 @@ public struct BluetoothError: Error, Hashable, Sendable, CustomStringConvertible
 
     /// The error `error` of the Bluetooth layer.
     package init(_ error: BlueZError) {
-        self.init(Kind(rawValue: error.kind.rawValue) ?? .failed, error.message, advice: error.advice,
-                  busError: error.busError.map { "\($0)" })
+        let kind: Kind = switch error.kind {
+        case .busUnavailable: .busUnavailable
+        case .bluezNotRunning: .bluezNotRunning
+        case .noAdapter: .noAdapter
+        case .adapterOff: .adapterOff
+        case .permission: .permission
+        case .profileInUse: .profileInUse
+        case .unknownDevice: .unknownDevice
+        case .notPaired: .notPaired
+        case .pairingRefused: .pairingRefused
+        case .notAdvertised: .notAdvertised
+        case .unreachable: .unreachable
+        case .failed: .failed
+        }
+        self.init(kind, error.message, advice: error.advice, busError: error.busError.map { "\($0)" })
     }
 
     /// The message, then the advice after a semicolon.

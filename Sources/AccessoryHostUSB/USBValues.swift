@@ -111,14 +111,14 @@ public struct USBPipeStatistics: Sendable, Hashable {
     /// The statistics `counters` hold.
     package init(_ counters: USBPipeCounters) { self.counters = counters }
 
-    /// IN transfers completed, and the bytes they carried.
+    /// IN transfers completed (their bytes: ``bytesIn``).
     public var inTransfers: Int { counters.inTransfers }
     /// Bytes the completed IN transfers carried (the accessory's bytes, before any framing is
     /// checked).
     public var bytesIn: Int { counters.bytesIn }
     /// IN transfers that ended with no data (a zero-length packet).
     public var zeroLengthIn: Int { counters.zeroLengthIn }
-    /// OUT transfers completed, and the bytes they carried.
+    /// OUT transfers completed (their bytes: ``bytesOut``).
     public var outTransfers: Int { counters.outTransfers }
     /// Bytes the completed OUT transfers carried (link packets, headers included).
     public var bytesOut: Int { counters.bytesOut }
@@ -126,7 +126,7 @@ public struct USBPipeStatistics: Sendable, Hashable {
     public var zeroLengthOut: Int { counters.zeroLengthOut }
     /// Endpoint stalls cleared.
     public var stalls: Int { counters.stalls }
-    /// Device resets (a reset of the device) that succeeded.
+    /// Device resets that succeeded (the transport resets a device that stopped answering).
     public var deviceResets: Int { counters.deviceResets }
     /// IN transfers where the device sent more than asked (babble).
     public var overflows: Int { counters.overflows }
@@ -144,17 +144,17 @@ public struct USBPipeStatistics: Sendable, Hashable {
     public var bytesSentInPlace: Int { counters.bytesSentInPlace }
     /// Transmit buffers in device memory made so far (see ``USBOptions/transmitBuffers``).
     public var transmitBuffers: Int { counters.transmitBuffers }
-    /// Ring slots in memory usbfs maps for DMA (zero-copy), and on the heap.
+    /// Ring slots in memory usbfs maps for DMA (zero-copy).
     public var deviceMemorySlots: Int { counters.deviceMemorySlots }
     /// Ring slots on the heap: the kernel offered no device memory (or ``USBOptions/useDeviceMemory``
     /// is off), so usbfs copies each transfer.
     public var heapSlots: Int { counters.heapSlots }
     /// Bytes per IN transfer (see ``USBOptions/inTransferSize``).
     public var inTransferSize: Int { counters.inTransferSize }
-    /// IN slots lent to the reader beyond the delivery (lent to the reader).
+    /// IN slots lent to the reader beyond the delivery (received bytes kept where they arrived).
     public var inSlotsLent: Int { counters.inSlotsLent }
     /// Lent IN slots whose bytes were moved out (copied) because the reader held them too long,
-    /// or still held them at close, and the bytes so copied.
+    /// or still held them at close (the bytes so copied: ``bytesEvacuated``).
     public var inSlotsEvacuated: Int { counters.inSlotsEvacuated }
     /// The bytes moved out of those slots (one copy each, off the normal path).
     public var bytesEvacuated: Int { counters.bytesEvacuated }
@@ -206,7 +206,17 @@ public struct USBError: Error, Hashable, Sendable, CustomStringConvertible {
 
     /// The error `error` of the USB layer.
     package init(_ error: USBHostError) {
-        self.init(Kind(rawValue: error.kind.rawValue) ?? .io, error.message, advice: error.advice, code: error.code)
+        let kind: Kind = switch error.kind {
+        case .unavailable: .unavailable
+        case .access: .access
+        case .busy: .busy
+        case .noDevice: .noDevice
+        case .stall: .stall
+        case .timeout: .timeout
+        case .notAnAccessory: .notAnAccessory
+        case .io: .io
+        }
+        self.init(kind, error.message, advice: error.advice, code: error.code)
     }
 
     /// The message, then the advice after a semicolon.

@@ -118,7 +118,7 @@ public struct IAP2Endpoint: Sendable {
 
     /// Feeds bytes received at `now`, in any chunks; what they cause is queued as output
     /// (``takeOutput()``) and events (``takeEvents()``). EA data in them is copied into the sessions'
-    /// buffers; pass an array or a lease to keep it without a copy.
+    /// buffers; pass an array (or ``LentBytes``, ``receive(lent:now:)``) to keep it without a copy.
     public mutating func receive(_ bytes: RawSpan, now: LinkTime) {
         upper.now = now
         link.receive(bytes, now: now, sink: &upper)

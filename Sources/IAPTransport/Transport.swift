@@ -23,9 +23,9 @@ public enum TransportEvent: Sendable {
     /// during the handler call, without copying; they are gone when it returns.
     case borrowed(BorrowedBytes)
     /// Bytes arrived in the transport's own buffer, lent beyond the handler call (a USB IN
-    /// slot): keep the lease (or views of it, ``ReceivedBytes``) as long as they are needed and
-    /// read it on the transport's queue; the buffer goes back after the last reference went (or
-    /// the transport moves the bytes out of it, for a reader that holds it too long).
+    /// slot): keep the value as long as the bytes are needed and read it on the transport's
+    /// queue; the buffer goes back after the last reference went (or the transport moves the
+    /// bytes out of it, for a reader that holds it too long).
     case lent(LentBytes)
     /// The transport closed: `nil` when asked to, otherwise why (the device vanished, a read
     /// failed…). No event follows.
@@ -141,8 +141,8 @@ public protocol Transport: AnyObject, Sendable {
     var nativeTransports: (any NativeTransportProvider)? { get }
     /// A value of the type asked for that this transport can give, when it has one: what a
     /// layer above wants to know of a particular kind of wire without knowing the transport's
-    /// class (a USB transport gives its pipe statistics and its device). Nil by default; a
-    /// wrapper forwards its base's.
+    /// class (the package's USB transport gives its pipe counters and its device this way, to
+    /// AccessoryHostUSB and the core). Nil by default; a wrapper forwards its base's.
     func capability<Value>(_ type: Value.Type) -> Value?
 }
 

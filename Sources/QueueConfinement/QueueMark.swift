@@ -49,6 +49,9 @@ package enum QueueMark {
 ///
 /// The one box of the package for values carried between queues: say at each use which queue
 /// the value belongs to. State shared by several queues takes a lock (`Mutex`), not a box.
+///
+/// `queue` is a serial queue of the package's own, not a global (root) queue, which cannot be
+/// marked, and a box is read on that queue itself: the check does not follow target queues.
 package struct QueueBound<Value>: @unchecked Sendable {
     // Sendability: `carried` is read only through `value`, which checks (in debug builds) that it
     // runs on `queue`; so one queue at a time uses it, whatever thread made the box.
