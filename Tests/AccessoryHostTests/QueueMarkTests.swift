@@ -38,4 +38,15 @@ struct QueueMarkTests {
         }
         #expect(order == [1, 2])
     }
+
+    @Test("a QueueBound value made on one thread is read on the queue it belongs to, which it marks; so is one bound to the main queue")
+    func bound() async {
+        let queue = DispatchQueue(label: "test.bound")
+        final class Unsendable { var count = 7 }
+        let box = QueueBound(Unsendable(), on: queue) // made here, off its queue
+        #expect(await on(queue) { QueueMark.isCurrent(queue) }) // the box marked it
+        #expect(await on(queue) { box.value.count } == 7)
+        let onMain = QueueBound(Unsendable(), on: .main)
+        #expect(await on(.main) { onMain.value.count } == 7)
+    }
 }
