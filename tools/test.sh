@@ -34,6 +34,8 @@ python3 tools/checks/api/api.py
 python3 tools/checks/unused-dependencies.py
 python3 tools/checks/test_module_graph.py
 python3 tools/checks/module-graph.py --check
+# tools/README.md names every entry of tools/ (a new script gets its line).
+python3 tools/checks/tools-index.py
 
 step "unit and integration tests"
 # A hung test must fail the run, not eat CI's time: 30 minutes is many times what it takes.
