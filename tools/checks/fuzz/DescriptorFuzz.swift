@@ -7,7 +7,8 @@
 // descriptors decode without reading past the bytes; `VID:PID` text parses without a crash and
 // round-trips.
 //
-// Built with Sources/USBDescriptors/Descriptors.swift compiled in (it has no imports).
+// Built with Sources/USBDescriptors/Descriptors.swift and Sources/AccessoryHost/USBID.swift
+// compiled in (neither has imports).
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func descriptorFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {

@@ -49,7 +49,7 @@ swiftc "${flags[@]}" -module-name IAPDaemonProtocol -I "$bin" -emit-module -emit
     -wmo -c -o "$bin/IAPDaemonProtocol.o" Sources/IAPDaemonProtocol/*.swift 2>&1 | quiet
 
 declare -A source=([scanner]=ScannerFuzz.swift [messages]=MessageFuzz.swift [inspect]=InspectFuzz.swift [link]="LinkFuzz.swift FuzzSteps.swift" [iap1]="IAP1Fuzz.swift FuzzSteps.swift"
-                   [descriptors]="DescriptorFuzz.swift ../../../Sources/USBDescriptors/Descriptors.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift [daemon]=DaemonFuzz.swift
+                   [descriptors]="DescriptorFuzz.swift ../../../Sources/USBDescriptors/Descriptors.swift ../../../Sources/AccessoryHost/USBID.swift" [pcap]=PcapFuzz.swift [certificate]=CertificateFuzz.swift [daemon]=DaemonFuzz.swift
                    [ring]=RingFuzz.swift)
 status=0
 for target in "${targets[@]}"; do
