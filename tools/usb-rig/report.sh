@@ -33,6 +33,9 @@ exec 4< "$work/simulator.out"
 read -r -t 30 -u 4 where || die "the simulator did not start: $(cat "$work/simulator.log")"
 say "simulated accessory: $where"
 
+# The gadget is bound to the UDC before the host side has enumerated it: wait for the accessory
+# first, or the report may settle on no device at all.
+"$iapctl" --timeout 30 wait > /dev/null 2> "$work/wait.err" || die "no accessory within 30 s: $(tail -2 "$work/wait.err")"
 status=0
 "$iapctl" --timeout 30 report -o "$report" 2> "$work/report.err" || status=$?
 cat "$work/report.err" >&2

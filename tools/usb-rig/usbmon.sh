@@ -47,7 +47,9 @@ simulator=$!
 exec 4< "$work/simulator.out"
 read -r -t 30 -u 4 where || die "the simulator did not start: $(cat "$work/simulator.log")"
 say "simulated accessory: $where"
-"$iapctl" --timeout 30 info --json > "$work/info.json" || die "iapctl info found no accessory"
+# `wait`, not `info`: the gadget is bound to the UDC before the host side has enumerated it, and
+# `info` settles at once when no device is there yet (a race CI lost once under load).
+"$iapctl" --timeout 30 wait --json > "$work/info.json" || die "iapctl wait found no accessory within 30 s"
 kill -TERM "$simulator"; wait "$simulator" 2>/dev/null || true; simulator=""
 sleep 1 # the last completions reach the capture
 kill -INT "$tcpdump_pid"; wait "$tcpdump_pid" 2>/dev/null || true; tcpdump_pid=""
