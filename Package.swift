@@ -145,15 +145,24 @@ let package = Package(
             name: "iapctl",
             dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessorySimulator", "AccessoryGadget", "BluetoothTransport", "USBHost", "IAPTransport", "IAPLink", "IAPWire",
                            "IAPInspect", "CLIKit", "AccessoryLogging", "USBDescriptors", "SystemCalls", "IAPAuthentication", "ProjectVersion", "IAPDaemonProtocol",
-                           "AccessoryBench"],
+                           "AccessoryBench", "IAPDaemonCommand"],
             path: "tools/commands/iapctl",
+            swiftSettings: strict
+        ),
+        // iapd's command line as a library: the `iapd` executable below runs it, and so does
+        // iapctl when started by the name iapd (the package ships one executable for both: one
+        // copy of the Swift runtime).
+        .target(
+            name: "IAPDaemonCommand",
+            dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessoryLogging", "AccessorySimulator", "BluetoothTransport", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
+                           "IAPLink", "IAPTransport", "SystemCalls", "USBHost", "ProjectVersion"],
+            path: "tools/commands/iapd",
             swiftSettings: strict
         ),
         .executableTarget(
             name: "iapd",
-            dependencies: ["AccessoryHost", "AccessoryHostUSB", "AccessoryHostBluetooth", "AccessoryLogging", "AccessorySimulator", "BluetoothTransport", "CLIKit", "IAPAuthentication", "IAPDaemon", "IAPDaemonProtocol",
-                           "IAPLink", "IAPTransport", "SystemCalls", "USBHost", "ProjectVersion"],
-            path: "tools/commands/iapd",
+            dependencies: ["IAPDaemonCommand"],
+            path: "tools/commands/iapd-main",
             swiftSettings: strict
         ),
         .executableTarget(

@@ -123,11 +123,13 @@ tools/examples/serial-only-demo.sh --bin .build/release
 step "iapd's metrics: the textfile for Prometheus scraped by Debian's node_exporter after a known transfer, iapctl stats, the export's cost with 64 accessories"
 timeout 600 tools/checks/metrics/check.sh --bin .build/release
 
-step "Debian package: dpkg-deb and lintian, apt-get install, run with the toolchain out of reach, systemd-analyze verify, purge"
+step "Debian packages (accessoryhost, accessoryhost-bench): dpkg-deb and lintian, the size bounds, apt-get install, run with the toolchain out of reach, systemd-analyze verify, purge"
 # tools/deploy/package/deb.sh packages the release build above (no second build); check-deb.sh installs
 # it on this machine and purges it again (it refuses where the package is installed already).
+# deb.sh prints the two packages' paths last: accessoryhost's, then accessoryhost-bench's.
 tools/deploy/package/deb.sh --no-build | tee "$log"
-tools/deploy/package/check-deb.sh "$(tail -n 1 "$log")"
+mapfile -t debs < <(tail -n 2 "$log")
+tools/deploy/package/check-deb.sh "${debs[@]}"
 
 step "real kernel USB stack: the USB rig (qemu guest with dummy_hcd and FunctionFS)"
 # tools/usb-rig/README.md: installs qemu and friends, fetches Debian's kernel package, boots it

@@ -4,7 +4,15 @@
 import AccessoryGadget
 import AccessorySimulator
 import CLIKit
+import IAPDaemonCommand
 import ProjectVersion
+
+// One executable, both tools: started by the name iapd (the package's /usr/bin/iapd is a link to
+// iapctl), this is the daemon. One copy of the Swift runtime serves both (docs/ARCHITECTURE.md,
+// "The package").
+if CommandLine.arguments.first?.split(separator: "/").last == "iapd" {
+    IAPDaemonCommand.main()
+}
 
 let verboseOption = OptionSpec.flag("verbose", short: "v", help: "Log more (repeat for more detail).", inherited: true)
 

@@ -1,31 +1,47 @@
 #!/usr/bin/env bash
-# Installs AccessoryHost's Debian package on this machine as a user would (`apt-get install
-# ./….deb`, Depends from Debian's archive), checks what it put where, runs the executables with
-# the Swift toolchain out of reach, verifies iapd's units with systemd-analyze, then removes and
-# purges the package and finds nothing of it left. Run as root, on a machine where the package is
-# not installed (the check removes it).
+# Installs AccessoryHost's Debian packages on this machine as a user would (`apt-get install
+# ./….deb`, Depends from Debian's archive), checks what they put where and accessoryhost's size,
+# runs the executables with the Swift toolchain out of reach, verifies iapd's units with
+# systemd-analyze, then removes and purges the packages and finds nothing of them left. Run as
+# root, on a machine where the packages are not installed (the check removes them).
 #
-# Usage: tools/deploy/package/check-deb.sh PACKAGE.deb
+# Usage: tools/deploy/package/check-deb.sh ACCESSORYHOST.deb [ACCESSORYHOST-BENCH.deb]
+#   (the paths tools/deploy/package/deb.sh prints last)
 # Exit status: 0 passed, 1 a check failed (what and why on stderr), 64 usage error, 77 not root.
 set -euo pipefail
 PACKAGE=accessoryhost
+BENCH_PACKAGE=accessoryhost-bench
+# accessoryhost's bounds (issue 50): what a user adding it to an embedded image or a station on
+# a production line pays. Its one executable carries the Swift runtime; the bench's Foundation
+# and ICU's data are in accessoryhost-bench.
+MAX_INSTALLED_KIB=$((30 * 1024))
+MAX_DEB_BYTES=10000000
 
-[ $# -eq 1 ] || { echo "usage: tools/deploy/package/check-deb.sh PACKAGE.deb" >&2; exit 64; }
+[ $# -eq 1 ] || [ $# -eq 2 ] || { echo "usage: tools/deploy/package/check-deb.sh ACCESSORYHOST.deb [ACCESSORYHOST-BENCH.deb]" >&2; exit 64; }
 deb=$(readlink -f "$1")   # before the cd below: a path relative to where it was run
 [ -f "$deb" ] || { echo "check-deb: no such file: $1 (build it with tools/deploy/package/deb.sh)" >&2; exit 64; }
+bench_deb=""
+if [ $# -eq 2 ]; then
+    bench_deb=$(readlink -f "$2")
+    [ -f "$bench_deb" ] || { echo "check-deb: no such file: $2 (build it with tools/deploy/package/deb.sh)" >&2; exit 64; }
+fi
+packages=("$PACKAGE")
+[ -z "$bench_deb" ] || packages+=("$BENCH_PACKAGE")
 cd "$(dirname "$0")/../../.."
 [ "$(id -u)" -eq 0 ] || { echo "check-deb: installing a package needs root; run it as root" >&2; exit 77; }
-if dpkg-query -W -f='${Status}' "$PACKAGE" 2> /dev/null | grep -qv "not-installed"; then
-    echo "check-deb: $PACKAGE is installed on this machine; this check would remove it (apt-get purge $PACKAGE first)" >&2
-    exit 1
-fi
+for package in "${packages[@]}"; do
+    if dpkg-query -W -f='${Status}' "$package" 2> /dev/null | grep -qv "not-installed"; then
+        echo "check-deb: $package is installed on this machine; this check would remove it (apt-get purge $package first)" >&2
+        exit 1
+    fi
+done
 
 fail() { echo "check-deb: $*" >&2; exit 1; }
 ok() { echo "check-deb: ok: $*"; }
 work=$(mktemp -d)
 installed=0
 cleanup() {
-    [ "$installed" -eq 0 ] || apt-get purge -y -qq "$PACKAGE" > /dev/null 2>&1 || true
+    [ "$installed" -eq 0 ] || apt-get purge -y -qq "${packages[@]}" > /dev/null 2>&1 || true
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -44,12 +60,22 @@ leftovers > "$work/before"
 
 export DEBIAN_FRONTEND=noninteractive
 installed=1   # from here on, a failure purges whatever got installed
-apt-get install -y -qq "$deb" > "$work/install.log" 2>&1 || { cat "$work/install.log" >&2; fail "apt-get install $deb failed (above)"; }
-ok "apt-get install $(basename "$deb")"
+debs=("$deb")
+[ -z "$bench_deb" ] || debs+=("$bench_deb")
+apt-get install -y -qq "${debs[@]}" > "$work/install.log" 2>&1 || { cat "$work/install.log" >&2; fail "apt-get install ${debs[*]} failed (above)"; }
+ok "apt-get install $(for d in "${debs[@]}"; do basename "$d"; done | tr '\n' ' ')"
+
+# accessoryhost's size, installed and as a file.
+installed_kib=$(dpkg-query -W -f='${Installed-Size}' "$PACKAGE")
+deb_bytes=$(stat -c %s "$deb")
+[ "$installed_kib" -le "$MAX_INSTALLED_KIB" ] || fail "$PACKAGE installs $((installed_kib / 1024)) MiB, more than its bound of $((MAX_INSTALLED_KIB / 1024)) MiB"
+[ "$deb_bytes" -le "$MAX_DEB_BYTES" ] || fail "$(basename "$deb") is $deb_bytes bytes, more than its bound of $MAX_DEB_BYTES"
+ok "$PACKAGE installs $installed_kib KiB (bound $MAX_INSTALLED_KIB), its .deb is $deb_bytes bytes (bound $MAX_DEB_BYTES)"
 
 # Every file in its place; the conffile and the group.
-for path in /usr/bin/iapctl /usr/bin/iapd /usr/bin/iapbench \
-    /usr/share/man/man1/iapctl.1.gz /usr/share/man/man1/iapd.1.gz /usr/share/man/man1/iapbench.1.gz \
+[ "$(readlink /usr/bin/iapd)" = iapctl ] || fail "/usr/bin/iapd is not a link to iapctl (it is $(ls -l /usr/bin/iapd))"
+for path in /usr/bin/iapctl /usr/bin/iapd \
+    /usr/share/man/man1/iapctl.1.gz /usr/share/man/man1/iapd.1.gz \
     /usr/share/bash-completion/completions/iapctl /usr/share/zsh/vendor-completions/_iapctl \
     /usr/share/fish/vendor_completions.d/iapctl.fish \
     /usr/lib/udev/rules.d/70-mfi-accessory.rules /usr/lib/udev/rules.d/72-mfi-accessory-iapd.rules \
@@ -58,13 +84,22 @@ for path in /usr/bin/iapctl /usr/bin/iapd /usr/bin/iapbench \
     /usr/share/doc/$PACKAGE/copyright /usr/share/doc/$PACKAGE/changelog.gz; do
     [ -e "$path" ] || fail "the package installed no $path"
 done
+if [ -n "$bench_deb" ]; then
+    for path in /usr/bin/iapbench /usr/share/man/man1/iapbench.1.gz /usr/share/bash-completion/completions/iapbench \
+        /usr/share/doc/$BENCH_PACKAGE/copyright /usr/share/doc/$BENCH_PACKAGE/changelog.gz; do
+        [ -e "$path" ] || fail "$BENCH_PACKAGE installed no $path"
+    done
+fi
+[ -z "$(dpkg-query -L "$PACKAGE" | grep iapbench)" ] || fail "$PACKAGE holds iapbench's files: $(dpkg-query -L "$PACKAGE" | grep iapbench | tr '\n' ' ')"
 grep -q "ExecStart=/usr/bin/iapd " /usr/lib/systemd/system/iapd.service || fail "iapd.service does not start /usr/bin/iapd"
 dpkg-query -W -f='${Conffiles}\n' "$PACKAGE" | grep -q "^ /etc/iapd.conf " || fail "/etc/iapd.conf is not a conffile"
 getent group iapd > /dev/null || fail "the postinst made no group iapd"
 ok "files in place, /etc/iapd.conf a conffile, the group iapd"
 
 # The Swift runtime linked in: nothing from the toolchain in the executables' libraries.
-for name in iapctl iapd iapbench; do
+executables=(iapctl)
+[ -z "$bench_deb" ] || executables+=(iapbench)
+for name in "${executables[@]}"; do
     if ldd "/usr/bin/$name" | grep -qE 'libswift|libFoundation|libdispatch|libBlocksRuntime'; then
         ldd "/usr/bin/$name" >&2
         fail "/usr/bin/$name needs the Swift toolchain's libraries (ldd above)"
@@ -95,6 +130,13 @@ fi
 run_without_toolchain /usr/bin/iapd --version || fail "/usr/bin/iapd --version failed without the toolchain"
 grep -qE '^[0-9]+\.[0-9]+\.[0-9]+' "$work/out" || fail "/usr/bin/iapd --version printed '$(cat "$work/out")'"
 ok "/usr/bin/iapd --version: $(cat "$work/out") (toolchain $hidden)"
+run_without_toolchain /usr/bin/iapd --help || fail "/usr/bin/iapd --help failed without the toolchain"
+grep -q "accessory daemon" "$work/out" || fail "/usr/bin/iapd (a link to iapctl) is not the daemon: its --help says $(head -n 1 "$work/out")"
+ok "/usr/bin/iapd, a link to iapctl, is the daemon"
+if [ -n "$bench_deb" ]; then
+    run_without_toolchain /usr/bin/iapbench --version || fail "/usr/bin/iapbench --version failed without the toolchain"
+    ok "/usr/bin/iapbench --version: $(cat "$work/out")"
+fi
 run_without_toolchain /usr/bin/iapctl --direct --simulate list || fail "/usr/bin/iapctl --simulate list failed without the toolchain"
 grep -q "Multi Sensor" "$work/out" || fail "/usr/bin/iapctl --simulate list did not list the simulated accessory: $(cat "$work/out")"
 ok "/usr/bin/iapctl --simulate list: $(head -n 1 "$work/out" | tr -s ' ')"
@@ -112,25 +154,27 @@ if [ -s "$work/verify.log" ]; then cat "$work/verify.log" >&2; fail "systemd-ana
 ok "systemd-analyze verify iapd.socket iapd.service"
 
 # Remove: the executables go, the changed conffile stays; purge: nothing of the package is left.
-dpkg-query -L "$PACKAGE" > "$work/files"
+for package in "${packages[@]}"; do dpkg-query -L "$package"; done > "$work/files"
 echo "# changed by the check" >> /etc/iapd.conf
-apt-get remove -y -qq "$PACKAGE" > "$work/remove.log" 2>&1 || { cat "$work/remove.log" >&2; fail "apt-get remove failed (above)"; }
-[ ! -e /usr/bin/iapd ] || fail "apt-get remove left /usr/bin/iapd"
+apt-get remove -y -qq "${packages[@]}" > "$work/remove.log" 2>&1 || { cat "$work/remove.log" >&2; fail "apt-get remove failed (above)"; }
+{ [ ! -e /usr/bin/iapd ] && [ ! -L /usr/bin/iapd ]; } || fail "apt-get remove left /usr/bin/iapd"
 [ -e /etc/iapd.conf ] || fail "apt-get remove took the changed /etc/iapd.conf (a conffile stays until purge)"
 ok "apt-get remove: executables gone, /etc/iapd.conf kept"
-apt-get purge -y -qq "$PACKAGE" > "$work/purge.log" 2>&1 || { cat "$work/purge.log" >&2; fail "apt-get purge failed (above)"; }
+apt-get purge -y -qq "${packages[@]}" > "$work/purge.log" 2>&1 || { cat "$work/purge.log" >&2; fail "apt-get purge failed (above)"; }
 installed=0
 left=()
 while read -r path; do
     [ -d "$path" ] && continue          # shared directories (/usr/bin) stay
     [ -e "$path" ] || [ -L "$path" ] && left+=("$path")
 done < "$work/files"
-for path in /etc/iapd.conf /etc/systemd/system/sockets.target.wants/iapd.socket /usr/share/doc/$PACKAGE \
+for path in /etc/iapd.conf /etc/systemd/system/sockets.target.wants/iapd.socket /usr/share/doc/$PACKAGE /usr/share/doc/$BENCH_PACKAGE \
     /var/lib/systemd/deb-systemd-helper-enabled/iapd.socket.dsh-also /run/iapd; do
     [ -e "$path" ] || [ -L "$path" ] && left+=("$path")
 done
 while read -r path; do left+=("$path"); done < <(leftovers | comm -13 "$work/before" -)
 [ ${#left[@]} -eq 0 ] || fail "apt-get purge left: ${left[*]}"
-! dpkg-query -W -f='${Status}' "$PACKAGE" 2> /dev/null | grep -q "config-files\|installed" || fail "dpkg still knows $PACKAGE after purge"
+for package in "${packages[@]}"; do
+    ! dpkg-query -W -f='${Status}' "$package" 2> /dev/null | grep -q "config-files\|installed" || fail "dpkg still knows $package after purge"
+done
 ok "apt-get purge: nothing of the package left (the group iapd stays, as Debian leaves system groups)"
 echo "check-deb: passed"

@@ -1,6 +1,10 @@
 // iapd: the system service that owns accessories (USB by hotplug, the serial ports it is told
 // of) and shares them with client processes over a Unix socket, one session per protocol per
 // accessory system-wide. The client protocol is in docs/DAEMON.md.
+//
+// A library, so that one executable can be both tools: the package ships iapctl with iapd as a
+// link to it (one copy of the Swift runtime), and iapctl runs `IAPDaemonCommand.main()` when it
+// is started by that name. `tools/commands/iapd-main` is the `iapd` executable of the build.
 
 import AccessoryHost
 import AccessoryHostUSB
@@ -183,132 +187,139 @@ func bluetoothKeeper(settings: Settings, manager: AccessoryManager, logger: Logg
     return BluetoothKeeper(manager: manager, options: options, targets: targets, logger: logger)
 }
 
-CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { command in
-    let settings = try Settings(command)
-    let level = Logger.verbosity(command.count("verbose"))
-    let handler: any LogHandler = isatty(2) == 1 ? StderrLogHandler() : JournalLogHandler()
-    let logger = Logger(label: "iapd", logLevel: level, handler: handler)
+/// iapd's command line: what the `iapd` executable runs, and iapctl when started as `iapd`.
+package enum IAPDaemonCommand {
+    /// Parses the process's arguments, runs the daemon until SIGTERM or SIGINT (or prints help,
+    /// the version, a man page) and exits with its status.
+    package static func main() -> Never {
+        CommandLineTool.run(iapd, manPageDate: AccessoryHostVersion.releaseDate) { command in
+            let settings = try Settings(command)
+            let level = Logger.verbosity(command.count("verbose"))
+            let handler: any LogHandler = isatty(2) == 1 ? StderrLogHandler() : JournalLogHandler()
+            let logger = Logger(label: "iapd", logLevel: level, handler: handler)
 
-    var groupID: UInt32?
-    if let name = settings.value("group") {
-        guard let id = UserDatabase.groupID(named: name) else {
-            throw DaemonError(description: "there is no group '\(name)': create it (`sudo groupadd --system \(name)`) or name another with --group",
-                              exitCode: ExitCode(78))
-        }
-        groupID = id
-    } else {
-        groupID = UserDatabase.groupID(named: "iapd")
-    }
-    let path = settings.value("socket") ?? AccessoryManager.defaultDaemonSocketPath
-    let maxClients = Int(settings.value("max-clients") ?? "1024") ?? -1
-    guard (1...65_536).contains(maxClients) else {
-        throw DaemonError(description: "max-clients must be a number from 1 to 65536", exitCode: .usage)
-    }
-    let simulateCount = Int(settings.value("simulate-count") ?? "1") ?? -1
-    guard (1...256).contains(simulateCount) else {
-        throw DaemonError(description: "simulate-count must be a number from 1 to 256", exitCode: .usage)
-    }
-    guard simulateCount == 1 || settings.value("simulate") != nil else {
-        throw DaemonError(description: "simulate-count copies the simulated accessory of --simulate: give --simulate too", exitCode: .usage)
-    }
-    let metricsInterval = Double(settings.value("metrics-interval") ?? "5") ?? -1
-    guard (0.1...3_600).contains(metricsInterval) else {
-        throw DaemonError(description: "metrics-interval must be a number of seconds from 0.1 to 3600", exitCode: .usage)
-    }
-
-    var configuration = AccessoryManager.Configuration(logger: logger)
-    configuration.daemon = .never
-    let mode = AuthenticationMode(rawValue: settings.value("auth") ?? "record") ?? .record
-    var trust: TrustAnchors?
-    if let trustPath = settings.value("trust") {
-        do { trust = try TrustAnchors(path: trustPath) } catch {
-            throw DaemonError(description: "trust: \(error)", exitCode: .noInput)
-        }
-    }
-    configuration.authentication = mode.policy(trust: trust, checkValidity: settings.flags.contains("check-validity"))
-    let manager = AccessoryManager(configuration: configuration)
-
-    // Checked before the socket is made, so a bad setting leaves nothing behind.
-    let bluetoothKeeper = try bluetoothKeeper(settings: settings, manager: manager, logger: logger)
-    let (descriptor, made) = try listeningSocket(path: path, group: groupID, logger: logger)
-    var options = DaemonServer.Options(group: groupID)
-    options.maximumClients = maxClients
-    options.name = "iapd \(iapd.version ?? "")"
-    let server = DaemonServer(manager: manager, options: options, logger: logger)
-    server.listen(descriptor: descriptor)
-    logger.notice("listening on \(path)" + (groupID.map { " for root and group \(UserDatabase.groupName(of: $0) ?? "\($0)")" } ?? " for root only"))
-
-    if !settings.flags.contains("no-usb") {
-        var usb = USBOptions()
-        usb.hotplug = true
-        do throws(USBError) { try manager.startUSB(options: usb) } catch where error.kind == .unavailable {
-            logger.notice("no USB on this machine: \(error)")
-        } catch {
-            logger.error("USB: \(error)")
-        }
-    }
-    // Configured serial ports are kept open: opened now, and again whenever they are not (an
-    // adapter unplugged and back, a port that appears later, a link that ended).
-    var specs: [SerialPortSpec] = []
-    for text in settings.values["serial"] ?? [] {
-        do { specs.append(try SerialPortSpec(parsing: text)) } catch {
-            logger.error("serial \(text): \(error)")
-        }
-    }
-    let serialPorts = SerialPortKeeper(manager: manager, specs: specs, logger: logger)
-    serialPorts.start()
-    // Bluetooth: the iAP2 profile registered with BlueZ, and again whenever it is not (bluetoothd
-    // not up yet or restarted, the adapter off), and the configured accessories connected out to.
-    bluetoothKeeper?.start()
-    var simulators: [SimulatorRunner] = []
-    if let name = settings.value("simulate") {
-        let profile: SimulatorProfile
-        if let builtIn = SimulatorProfile.builtIn(named: name) { profile = builtIn } else {
-            do { profile = try SimulatorProfile.load(path: name) } catch {
-                throw DaemonError(description: "\(error) (built-in profiles: \(SimulatorProfile.builtInNames.joined(separator: ", ")))", exitCode: .noInput)
+            var groupID: UInt32?
+            if let name = settings.value("group") {
+                guard let id = UserDatabase.groupID(named: name) else {
+                    throw DaemonError(description: "there is no group '\(name)': create it (`sudo groupadd --system \(name)`) or name another with --group",
+                                      exitCode: ExitCode(78))
+                }
+                groupID = id
+            } else {
+                groupID = UserDatabase.groupID(named: "iapd")
             }
-        }
-        for _ in 0..<simulateCount {
-            let runner = try SimulatorRunner(profile: profile, attachment: .memory { host in manager.attach(host) })
-            runner.start()
-            simulators.append(runner)
-        }
-        logger.info("serving the simulated accessory '\(profile.identity().name)'" + (simulateCount > 1 ? " \(simulateCount) times" : ""))
-    }
-    // Metrics for Prometheus (node_exporter's textfile collector): written off the manager's
-    // queue; a directory that is missing or not writable is said once and tried again.
-    var metrics: MetricsExporter?
-    if let directory = settings.value("metrics-dir") {
-        let exporter = MetricsExporter(server: server, options: MetricsExporter.Options(directory: directory, interval: .seconds(metricsInterval)),
-                                       logger: logger)
-        exporter.start()
-        metrics = exporter
-        logger.info("writing metrics to \(exporter.path) every \(metricsInterval) s")
-    }
-    let exporter = metrics
+            let path = settings.value("socket") ?? AccessoryManager.defaultDaemonSocketPath
+            let maxClients = Int(settings.value("max-clients") ?? "1024") ?? -1
+            guard (1...65_536).contains(maxClients) else {
+                throw DaemonError(description: "max-clients must be a number from 1 to 65536", exitCode: .usage)
+            }
+            let simulateCount = Int(settings.value("simulate-count") ?? "1") ?? -1
+            guard (1...256).contains(simulateCount) else {
+                throw DaemonError(description: "simulate-count must be a number from 1 to 256", exitCode: .usage)
+            }
+            guard simulateCount == 1 || settings.value("simulate") != nil else {
+                throw DaemonError(description: "simulate-count copies the simulated accessory of --simulate: give --simulate too", exitCode: .usage)
+            }
+            let metricsInterval = Double(settings.value("metrics-interval") ?? "5") ?? -1
+            guard (0.1...3_600).contains(metricsInterval) else {
+                throw DaemonError(description: "metrics-interval must be a number of seconds from 0.1 to 3600", exitCode: .usage)
+            }
 
-    // Stop cleanly on SIGTERM and SIGINT: clients hear the accessories go, USB is released.
-    // The handler runs on its own queue: @Sendable, so that it is not taken for main-actor
-    // code (Swift 6 checks that at run time, and the check stops the program).
-    let stopping = DispatchQueue(label: "iapd.signals")
-    var sources: [any DispatchSourceSignal] = []
-    let runners = simulators
-    for number in [SIGTERM, SIGINT] {
-        signal(number, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: number, queue: stopping)
-        source.setEventHandler { @Sendable in
-            logger.notice("stopping (signal \(number))")
-            serialPorts.stop()
-            bluetoothKeeper?.stop()
-            exporter?.stop()
-            server.stop()
-            manager.stop()
-            for runner in runners { runner.stop() }
-            if made { unlink(path) }
-            exit(0)
+            var configuration = AccessoryManager.Configuration(logger: logger)
+            configuration.daemon = .never
+            let mode = AuthenticationMode(rawValue: settings.value("auth") ?? "record") ?? .record
+            var trust: TrustAnchors?
+            if let trustPath = settings.value("trust") {
+                do { trust = try TrustAnchors(path: trustPath) } catch {
+                    throw DaemonError(description: "trust: \(error)", exitCode: .noInput)
+                }
+            }
+            configuration.authentication = mode.policy(trust: trust, checkValidity: settings.flags.contains("check-validity"))
+            let manager = AccessoryManager(configuration: configuration)
+
+            // Checked before the socket is made, so a bad setting leaves nothing behind.
+            let bluetoothKeeper = try bluetoothKeeper(settings: settings, manager: manager, logger: logger)
+            let (descriptor, made) = try listeningSocket(path: path, group: groupID, logger: logger)
+            var options = DaemonServer.Options(group: groupID)
+            options.maximumClients = maxClients
+            options.name = "iapd \(iapd.version ?? "")"
+            let server = DaemonServer(manager: manager, options: options, logger: logger)
+            server.listen(descriptor: descriptor)
+            logger.notice("listening on \(path)" + (groupID.map { " for root and group \(UserDatabase.groupName(of: $0) ?? "\($0)")" } ?? " for root only"))
+
+            if !settings.flags.contains("no-usb") {
+                var usb = USBOptions()
+                usb.hotplug = true
+                do throws(USBError) { try manager.startUSB(options: usb) } catch where error.kind == .unavailable {
+                    logger.notice("no USB on this machine: \(error)")
+                } catch {
+                    logger.error("USB: \(error)")
+                }
+            }
+            // Configured serial ports are kept open: opened now, and again whenever they are not (an
+            // adapter unplugged and back, a port that appears later, a link that ended).
+            var specs: [SerialPortSpec] = []
+            for text in settings.values["serial"] ?? [] {
+                do { specs.append(try SerialPortSpec(parsing: text)) } catch {
+                    logger.error("serial \(text): \(error)")
+                }
+            }
+            let serialPorts = SerialPortKeeper(manager: manager, specs: specs, logger: logger)
+            serialPorts.start()
+            // Bluetooth: the iAP2 profile registered with BlueZ, and again whenever it is not (bluetoothd
+            // not up yet or restarted, the adapter off), and the configured accessories connected out to.
+            bluetoothKeeper?.start()
+            var simulators: [SimulatorRunner] = []
+            if let name = settings.value("simulate") {
+                let profile: SimulatorProfile
+                if let builtIn = SimulatorProfile.builtIn(named: name) { profile = builtIn } else {
+                    do { profile = try SimulatorProfile.load(path: name) } catch {
+                        throw DaemonError(description: "\(error) (built-in profiles: \(SimulatorProfile.builtInNames.joined(separator: ", ")))", exitCode: .noInput)
+                    }
+                }
+                for _ in 0..<simulateCount {
+                    let runner = try SimulatorRunner(profile: profile, attachment: .memory { host in manager.attach(host) })
+                    runner.start()
+                    simulators.append(runner)
+                }
+                logger.info("serving the simulated accessory '\(profile.identity().name)'" + (simulateCount > 1 ? " \(simulateCount) times" : ""))
+            }
+            // Metrics for Prometheus (node_exporter's textfile collector): written off the manager's
+            // queue; a directory that is missing or not writable is said once and tried again.
+            var metrics: MetricsExporter?
+            if let directory = settings.value("metrics-dir") {
+                let exporter = MetricsExporter(server: server, options: MetricsExporter.Options(directory: directory, interval: .seconds(metricsInterval)),
+                                               logger: logger)
+                exporter.start()
+                metrics = exporter
+                logger.info("writing metrics to \(exporter.path) every \(metricsInterval) s")
+            }
+            let exporter = metrics
+
+            // Stop cleanly on SIGTERM and SIGINT: clients hear the accessories go, USB is released.
+            // The handler runs on its own queue: @Sendable, so that it is not taken for main-actor
+            // code (Swift 6 checks that at run time, and the check stops the program).
+            let stopping = DispatchQueue(label: "iapd.signals")
+            var sources: [any DispatchSourceSignal] = []
+            let runners = simulators
+            for number in [SIGTERM, SIGINT] {
+                signal(number, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: number, queue: stopping)
+                source.setEventHandler { @Sendable in
+                    logger.notice("stopping (signal \(number))")
+                    serialPorts.stop()
+                    bluetoothKeeper?.stop()
+                    exporter?.stop()
+                    server.stop()
+                    manager.stop()
+                    for runner in runners { runner.stop() }
+                    if made { unlink(path) }
+                    exit(0)
+                }
+                source.resume()
+                sources.append(source)
+            }
+            withExtendedLifetime(sources) { dispatchMain() }
         }
-        source.resume()
-        sources.append(source)
     }
-    withExtendedLifetime(sources) { dispatchMain() }
 }
