@@ -81,6 +81,17 @@ package final class PacketBuffer: @unchecked Sendable {
         count += length
     }
 
+    /// Lets `body` initialise up to `capacity` bytes after what is laid out, through an output
+    /// span; the bytes it initialised are appended. Precondition: `capacity` fits.
+    package func append<Result>(upTo capacity: Int, _ body: (inout OutputSpan<UInt8>) -> Result) -> Result {
+        precondition(capacity >= 0 && capacity <= freeCapacity, "\(capacity) bytes do not fit in \(freeCapacity) free")
+        let tail = UnsafeMutableBufferPointer(start: (base + count).bindMemory(to: UInt8.self, capacity: capacity), count: capacity)
+        var output = OutputSpan(buffer: tail, initializedCount: 0)
+        let result = body(&output)
+        count += output.finalize(for: tail)
+        return result
+    }
+
     /// Runs `body` with the bytes laid out, in place.
     package func withSpan<Result>(_ body: (RawSpan) throws -> Result) rethrows -> Result {
         try body(RawSpan(_unsafeBytes: UnsafeRawBufferPointer(start: base, count: count)))

@@ -172,7 +172,7 @@ extension Upper {
         while link.canSend, link.queuedCount < Self.linkQueueDepth, !roundRobin.isEmpty, idle < roundRobin.count {
             let id = roundRobin.removeFirst()
             guard sessions.contains(id) else { continue }
-            guard let (packet, dataBytes) = sessions.modifying(id, { $0.outbound.popPacket() }) ?? nil else {
+            guard let (packet, dataBytes, payloadSum) = sessions.modifying(id, { $0.outbound.popPacket() }) ?? nil else {
                 idle += 1
                 roundRobin.append(id)
                 continue
@@ -181,7 +181,7 @@ extension Upper {
             // The packet was laid out by write(); the link finishes it where it lies. Handed
             // over, not copied: a second reference would make the link's checksum append copy
             // the whole packet.
-            if link.send(sessionID: eaSession, storage: consume packet, now: now) {
+            if link.send(sessionID: eaSession, storage: consume packet, payloadSum: payloadSum, now: now) {
                 dataInFlight.append((id, dataBytes))
             }
             let limit = bufferLimit

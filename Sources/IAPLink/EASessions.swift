@@ -48,7 +48,15 @@ struct SessionTable: Sendable {
 /// once, into this storage; the link finishes each packet where it lies and the transport sends
 /// a transmit buffer as it is.
 struct OutboundQueue: Sendable {
-    private var packets = FIFO<LinkFrame>()
+    /// A packet being laid out, and the sum of its payload so far (EA header and application
+    /// bytes, modulo 256): each byte is summed as it is copied in, so the link writes the
+    /// checksum without reading the payload again.
+    struct LaidOut: Sendable {
+        var frame: LinkFrame
+        var payloadSum: UInt8
+    }
+
+    private var packets = FIFO<LaidOut>()
     /// Application bytes queued (EA headers and headroom not counted).
     private(set) var byteCount = 0
     /// The smallest buffer made for a short write, so a run of small writes shares packets.
@@ -67,10 +75,10 @@ struct OutboundQueue: Sendable {
             // Fill the newest packet up to its capacity (one byte stays free for the checksum),
             // so it never grows by reallocation; otherwise start a new one.
             let filled = packets.withLast { packet -> Int in
-                let room = min(headroom + chunk, packet.capacity - 1) - packet.count
+                let room = min(headroom + chunk, packet.frame.capacity - 1) - packet.frame.count
                 guard room > 0 else { return 0 }
                 let count = min(room, total - taken)
-                packet.append(bytes.extracting(taken..<(taken + count)))
+                packet.payloadSum &+= packet.frame.appendSummed(bytes.extracting(taken..<(taken + count)))
                 return count
             } ?? 0
             if filled > 0 {
@@ -83,20 +91,22 @@ struct OutboundQueue: Sendable {
             let capacity = EASessionData.headerSize
                 + (remaining >= Self.largeWrite ? chunk : min(chunk, max(remaining, Self.minimumBuffer)))
             var packet = link.packetStorage(payloadCapacity: capacity)
-            packet.append(UInt8(sessionID >> 8))
-            packet.append(UInt8(sessionID & 0xFF))
-            packets.append(packet)
+            let header = (UInt8(sessionID >> 8), UInt8(sessionID & 0xFF))
+            packet.append(header.0)
+            packet.append(header.1)
+            packets.append(LaidOut(frame: packet, payloadSum: header.0 &+ header.1))
         }
         byteCount += taken
         return taken
     }
 
-    /// Takes the oldest packet and the number of application bytes it carries.
-    mutating func popPacket() -> (packet: LinkFrame, dataBytes: Int)? {
-        guard let packet = packets.popFirst() else { return nil }
-        let data = packet.count - LinkPacketHeader.size - EASessionData.headerSize
+    /// Takes the oldest packet, the number of application bytes it carries and the sum of its
+    /// payload.
+    mutating func popPacket() -> (packet: LinkFrame, dataBytes: Int, payloadSum: UInt8)? {
+        guard let laid = packets.popFirst() else { return nil }
+        let data = laid.frame.count - LinkPacketHeader.size - EASessionData.headerSize
         byteCount -= data
-        return (packet, data)
+        return (laid.frame, data, laid.payloadSum)
     }
 
     mutating func removeAll() {

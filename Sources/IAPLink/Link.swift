@@ -111,7 +111,9 @@ public struct IAP2Link: Sendable {
     var windowFullSince: LinkTime?
     var lastReceived: UInt8 = 0
     var unacked: [InFlight] = []
-    var sendQueue = FIFO<(sessionID: UInt8, packet: LinkFrame)>()
+    /// Packets waiting for room in the window; `payloadSum` is the sum of the payload's bytes
+    /// when the writer summed them as it laid them out (nil: the link reads them for it).
+    var sendQueue = FIFO<(sessionID: UInt8, packet: LinkFrame, payloadSum: UInt8?)>()
     var held: [UInt8: Held] = [:]
     var pendingAcks = 0
     var ackDeadline: LinkTime?
@@ -354,9 +356,14 @@ public struct IAP2Link: Sendable {
     public mutating func send(sessionID: UInt8, payload: [UInt8], now: LinkTime) -> Bool {
         guard canSend, !payload.isEmpty, payload.count <= maxPayloadLength else { return false }
         var packet = framedBuffer(payloadCapacity: payload.count)
-        packet.append(contentsOf: payload)
+        // Copied and summed in one pass: the link writes the checksum without reading the
+        // payload again.
+        var sum: UInt8 = 0
+        packet.append(addingCapacity: payload.count) { output in sum = Checksum.append(payload.span.bytes, to: &output) }
         statistics.payloadBytesCopiedOut += payload.count
-        return send(sessionID: sessionID, framedPacket: packet, now: now)
+        // Handed over, not copied: a reference left here would make the checksum's append copy
+        // the whole packet.
+        return send(sessionID: sessionID, storage: .bytes(consume packet), payloadSum: sum, now: now)
     }
 
     /// Storage to lay a packet of up to `payloadCapacity` payload bytes out in: a transmit
@@ -404,18 +411,19 @@ public struct IAP2Link: Sendable {
     ///   the buffer holds no payload.
     @discardableResult
     public mutating func send(sessionID: UInt8, framedPacket: consuming [UInt8], now: LinkTime) -> Bool {
-        send(sessionID: sessionID, storage: .bytes(framedPacket), now: now)
+        send(sessionID: sessionID, storage: .bytes(consume framedPacket), payloadSum: nil, now: now)
     }
 
     /// Queues a packet laid out in `storage` (from ``packetStorage(payloadCapacity:)``), as
-    /// ``send(sessionID:framedPacket:now:)`` does.
-    mutating func send(sessionID: UInt8, storage: consuming LinkFrame, now: LinkTime) -> Bool {
+    /// ``send(sessionID:framedPacket:now:)`` does. `payloadSum`: the sum of the payload's bytes
+    /// modulo 256 when the writer took it as it copied them in (``Checksum/append(_:to:)``).
+    mutating func send(sessionID: UInt8, storage: consuming LinkFrame, payloadSum: UInt8?, now: LinkTime) -> Bool {
         let payloadLength = storage.count - LinkPacketHeader.size
         guard canSend, payloadLength > 0, payloadLength <= maxPayloadLength else { return false }
         // Moved into the queue, so that no second reference lives while `pump` appends the
         // checksum (an array shared then is copied whole, about half the packets of an
         // in-process echo before the `consume`, as dhat showed).
-        sendQueue.append((sessionID, consume storage))
+        sendQueue.append((sessionID, consume storage, payloadSum))
         pump(now: now)
         return true
     }

@@ -86,6 +86,22 @@ extension LinkFrame {
         }
     }
 
+    /// Appends `bytes` (the caller checked they fit in ``capacity``) and returns their sum
+    /// modulo 256: copied and summed in one pass (``Checksum/append(_:to:)``), so the payload's
+    /// checksum needs no second reading.
+    mutating func appendSummed(_ bytes: RawSpan) -> UInt8 {
+        switch self {
+        case .bytes(var array):
+            self = .bytes([]) // the array stays uniquely referenced while it grows
+            var sum: UInt8 = 0
+            array.append(addingCapacity: bytes.byteCount) { output in sum = Checksum.append(bytes, to: &output) }
+            self = .bytes(array)
+            return sum
+        case let .buffer(buffer):
+            return buffer.packet.append(upTo: bytes.byteCount) { output in Checksum.append(bytes, to: &output) }
+        }
+    }
+
     /// Appends one byte.
     mutating func append(_ byte: UInt8) {
         switch self {

@@ -43,7 +43,7 @@ extension IAP2Link {
             // appended in place (a copy would make the array be copied whole).
             var packet = LinkFrame.bytes([])
             swap(&packet, &next.packet)
-            transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false)
+            transmitData(sequence: sequence, sessionID: next.sessionID, packet: &packet, checksummed: false, payloadSum: next.payloadSum)
             statistics.payloadBytesSent += packet.count - LinkPacketHeader.overhead
             statistics.dataPacketsSent += 1
             unacked.append(InFlight(sequence: sequence, sessionID: next.sessionID, packet: packet, timerStart: now, lastSentAt: now,
@@ -59,12 +59,13 @@ extension IAP2Link {
     ///   sending: its memory may be read by the kernel at any moment, so it is not rewritten,
     ///   and sending it again would only queue a duplicate behind the first.
     @discardableResult
-    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, packet: inout LinkFrame, checksummed: Bool) -> Bool {
+    private mutating func transmitData(sequence: UInt8, sessionID: UInt8, packet: inout LinkFrame, checksummed: Bool,
+                                       payloadSum: UInt8? = nil) -> Bool {
         switch packet {
         case .bytes(var array):
             packet = .bytes([]) // uniquely ours while the header is written
             if LinkPacket.finish(framed: &array, control: .ack, sequence: sequence, acknowledgement: lastReceived,
-                                 sessionID: sessionID, checksummed: checksummed) {
+                                 sessionID: sessionID, checksummed: checksummed, payloadSum: payloadSum) {
                 outbox.append(.bytes(array))
                 statistics.packetsSent += 1
             }
@@ -75,7 +76,7 @@ extension IAP2Link {
             if !checksummed { buffer.append(0) }
             let finished = buffer.withMutableSpan { span in
                 LinkPacket.finish(framedBytes: &span, control: .ack, sequence: sequence, acknowledgement: lastReceived,
-                                  sessionID: sessionID, checksummed: checksummed)
+                                  sessionID: sessionID, checksummed: checksummed, payloadSum: payloadSum)
             }
             if finished {
                 outbox.append(.buffer(frame))

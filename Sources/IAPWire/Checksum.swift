@@ -6,7 +6,8 @@
 /// checksum covers the payload alone.
 ///
 /// This is the hot loop of the receive path (every payload byte goes through it once), so it
-/// reads the bytes through `withUnsafeBytes` and lets the compiler vectorise the sum.
+/// reads the bytes through `withUnsafeBytes` and lets the compiler vectorise the sum. On the
+/// send path, ``append(_:to:)`` copies a payload into its packet and sums it in the same pass.
 public enum Checksum {
     /// The sum of the bytes of `bytes`, modulo 256.
     @inlinable
@@ -29,6 +30,55 @@ public enum Checksum {
                 offset += 1
             }
             return total
+        }
+    }
+
+    /// Copies `source` to the end of `output` and returns the sum of its bytes modulo 256: the
+    /// copy and the sum in one pass, each byte read once (a sender lays a payload out and then
+    /// needs its checksum).
+    ///
+    /// Precondition: `source` fits in `output.freeCapacity`.
+    @inlinable
+    public static func append(_ source: RawSpan, to output: inout OutputSpan<UInt8>) -> UInt8 {
+        let length = source.byteCount
+        precondition(length <= output.freeCapacity, "\(length) bytes do not fit in \(output.freeCapacity) free")
+        guard length > 0 else { return 0 }
+        return source.withUnsafeBytes { from -> UInt8 in
+            output.withUnsafeMutableBufferPointer { to, initialized -> UInt8 in
+                guard let source = from.baseAddress, let base = to.baseAddress else { return 0 }
+                let target = UnsafeMutableRawPointer(base + initialized)
+                var total: UInt8 = 0
+                var offset = 0
+                if length >= 64 {
+                    // 64 bytes a step: loaded once, stored, and added into 64 wrapping lanes.
+                    var lanes = SIMD64<UInt8>(repeating: 0)
+                    while offset + 64 <= length {
+                        let chunk = source.loadUnaligned(fromByteOffset: offset, as: SIMD64<UInt8>.self)
+                        target.storeBytes(of: chunk, toByteOffset: offset, as: SIMD64<UInt8>.self)
+                        lanes &+= chunk
+                        offset += 64
+                    }
+                    total = lanes.wrappedSum()
+                }
+                if offset + 16 <= length {
+                    var lanes = SIMD16<UInt8>(repeating: 0)
+                    while offset + 16 <= length {
+                        let chunk = source.loadUnaligned(fromByteOffset: offset, as: SIMD16<UInt8>.self)
+                        target.storeBytes(of: chunk, toByteOffset: offset, as: SIMD16<UInt8>.self)
+                        lanes &+= chunk
+                        offset += 16
+                    }
+                    total &+= lanes.wrappedSum()
+                }
+                while offset < length {
+                    let byte = source.load(fromByteOffset: offset, as: UInt8.self)
+                    target.storeBytes(of: byte, toByteOffset: offset, as: UInt8.self)
+                    total &+= byte
+                    offset += 1
+                }
+                initialized += length
+                return total
+            }
         }
     }
 

@@ -210,13 +210,25 @@ public enum LinkPacket {
         framed packet: inout [UInt8], control: LinkControl, sequence: UInt8, acknowledgement: UInt8, sessionID: UInt8,
         checksummed: Bool = false
     ) -> Bool {
+        finish(framed: &packet, control: control, sequence: sequence, acknowledgement: acknowledgement, sessionID: sessionID,
+               checksummed: checksummed, payloadSum: nil)
+    }
+
+    /// ``finish(framed:control:sequence:acknowledgement:sessionID:checksummed:)`` for a payload
+    /// whose sum is known already (`payloadSum`, from ``Checksum/append(_:to:)`` as the payload
+    /// was laid out): the checksum is written without reading the payload again.
+    @inlinable
+    package static func finish(
+        framed packet: inout [UInt8], control: LinkControl, sequence: UInt8, acknowledgement: UInt8, sessionID: UInt8,
+        checksummed: Bool, payloadSum: UInt8?
+    ) -> Bool {
         let payloadLength = packet.count - LinkPacketHeader.size - (checksummed ? 1 : 0)
         guard payloadLength > 0, payloadLength <= LinkPacketHeader.maxPayloadLength else { return false }
         if !checksummed { packet.append(0) }
         var span = packet.mutableSpan
         var raw = span.mutableBytes
         _ = try? finishHeader(in: &raw, control: control, sequence: sequence, acknowledgement: acknowledgement,
-                              sessionID: sessionID, payloadLength: payloadLength, payloadChecksum: !checksummed)
+                              sessionID: sessionID, payloadLength: payloadLength, payloadChecksum: !checksummed, payloadSum: payloadSum)
         return true
     }
 
@@ -232,19 +244,31 @@ public enum LinkPacket {
         framedBytes packet: inout MutableRawSpan, control: LinkControl, sequence: UInt8, acknowledgement: UInt8,
         sessionID: UInt8, checksummed: Bool
     ) -> Bool {
+        finish(framedBytes: &packet, control: control, sequence: sequence, acknowledgement: acknowledgement, sessionID: sessionID,
+               checksummed: checksummed, payloadSum: nil)
+    }
+
+    /// ``finish(framedBytes:control:sequence:acknowledgement:sessionID:checksummed:)`` for a
+    /// payload whose sum is known already (`payloadSum`, from ``Checksum/append(_:to:)``).
+    @inlinable
+    package static func finish(
+        framedBytes packet: inout MutableRawSpan, control: LinkControl, sequence: UInt8, acknowledgement: UInt8,
+        sessionID: UInt8, checksummed: Bool, payloadSum: UInt8?
+    ) -> Bool {
         let payloadLength = packet.byteCount - LinkPacketHeader.size - 1
         guard payloadLength > 0, payloadLength <= LinkPacketHeader.maxPayloadLength else { return false }
         _ = try? finishHeader(in: &packet, control: control, sequence: sequence, acknowledgement: acknowledgement,
-                              sessionID: sessionID, payloadLength: payloadLength, payloadChecksum: !checksummed)
+                              sessionID: sessionID, payloadLength: payloadLength, payloadChecksum: !checksummed, payloadSum: payloadSum)
         return true
     }
 
     /// Writes the header of a packet of `payloadLength` payload bytes at the start of `buffer`,
-    /// and, with `payloadChecksum`, the checksum after the payload.
+    /// and, with `payloadChecksum`, the checksum after the payload (from `payloadSum`, the sum of
+    /// the payload's bytes, when the caller knows it; else read from the payload).
     @inlinable
     static func finishHeader(
         in buffer: inout MutableRawSpan, control: LinkControl, sequence: UInt8, acknowledgement: UInt8,
-        sessionID: UInt8, payloadLength: Int, payloadChecksum: Bool
+        sessionID: UInt8, payloadLength: Int, payloadChecksum: Bool, payloadSum: UInt8? = nil
     ) throws(WireError) -> Int {
         guard payloadLength >= 0, payloadLength <= LinkPacketHeader.maxPayloadLength else {
             throw .tooLong(what: "iAP2 link payload", length: payloadLength, maximum: LinkPacketHeader.maxPayloadLength)
@@ -264,7 +288,7 @@ public enum LinkPacket {
         buffer.setByte(0 &- headerSum, at: 8)
         if payloadLength > 0, payloadChecksum {
             let payloadEnd = LinkPacketHeader.size + payloadLength
-            let sum = Checksum.sum(buffer.bytes.extracting(LinkPacketHeader.size..<payloadEnd))
+            let sum = payloadSum ?? Checksum.sum(buffer.bytes.extracting(LinkPacketHeader.size..<payloadEnd))
             buffer.setByte(0 &- sum, at: payloadEnd)
         }
         return length
