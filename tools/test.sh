@@ -89,6 +89,12 @@ step "release build (the Swift runtime linked statically, as the Debian package 
 tools/deploy/package/release-build.sh
 tools/checks/allocations.sh .build/release/iapbench
 
+step "cost in instructions under cachegrind: each path per payload byte and per 64-byte round trip, against tools/checks/bench/cost.json"
+# Instructions do not swing with the machine's load as seconds do: a figure past its recorded
+# bound (15 %, the Python process's 35 %: several times the run-to-run spread of how threads
+# take turns) is a change of the code path. About 40 s.
+timeout 900 .build/release/iapbench cost --python-client tools/clients/python --check tools/checks/bench/cost.json
+
 step "scale: 1,000 accessories on pseudo-terminals in one host process (issue 16's goal: all identified within 10 s)"
 # Exits 69 when any is not identified within the timeout; the figures go into the log.
 timeout 300 .build/release/iapbench ptys --accessories 1000 --timeout 10

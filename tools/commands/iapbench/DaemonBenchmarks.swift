@@ -19,6 +19,8 @@ enum DaemonBenchmarks {
         let client: AccessoryManager
         let accessory: Accessory
         let directory: String
+        /// The daemon's socket.
+        var socketPath: String { directory + "/iapd.sock" }
 
         /// `sessionBufferLimit`: each of the client's sessions' write buffer (the direct path's
         /// own, for a like-for-like comparison).

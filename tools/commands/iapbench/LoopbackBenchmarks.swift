@@ -90,8 +90,11 @@ enum LoopbackBenchmarks {
     /// `bytesPerSession`).
     /// `onManagerExecutor`: the writers and readers run on the manager's task executor (no
     /// thread hop when a call resumes) instead of the default one.
+    /// `repeats`: each session writes its payload this many times (the bytes echoed are
+    /// `bytesPerSession * repeats`), so that a long echo needs no long payload made first
+    /// (`iapbench cost` counts instructions, and making the payload would be most of them).
     static func throughput(_ rig: Rig, sessions: Int, bytesPerSession: Int, native: Bool = false, firstProtocol: Int = 1,
-                           payload made: [UInt8]? = nil, onManagerExecutor: Bool = false) throws
+                           payload made: [UInt8]? = nil, onManagerExecutor: Bool = false, repeats: Int = 1) throws
         -> (bytesPerSecond: Double, seconds: Double, cpuSeconds: Double, systemSeconds: Double) {
         let accessory = rig.accessory
         let payload = made ?? CodecBenchmarks.pattern(bytesPerSession)
@@ -107,19 +110,19 @@ enum LoopbackBenchmarks {
         try blockingAwait { try await withTaskExecutorPreference(executor) {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for stream in streams {
-                    group.addTask { try await stream.write(payload) }
+                    group.addTask { for _ in 0..<repeats { try await stream.write(payload) } }
                     group.addTask {
                         // The copying read into one kept buffer (no array per read).
                         var buffer: [UInt8] = []
                         buffer.reserveCapacity(1 << 20)
                         var received = 0
-                        while received < bytesPerSession {
+                        while received < bytesPerSession * repeats {
                             buffer.removeAll(keepingCapacity: true)
                             let count = try await stream.read(into: &buffer)
                             guard count > 0 else { break }
                             received += count
                         }
-                        guard received == bytesPerSession else { throw ExitCode.dataError }
+                        guard received == bytesPerSession * repeats else { throw ExitCode.dataError }
                     }
                 }
                 try await group.waitForAll()
@@ -129,7 +132,7 @@ enum LoopbackBenchmarks {
         let cpuAfter = ProcessFigures.now()
         for stream in streams { stream.close() }
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        return (Double(bytesPerSession * sessions) / seconds, seconds, cpuAfter.cpuSeconds - cpuBefore.cpuSeconds,
+        return (Double(bytesPerSession * repeats * sessions) / seconds, seconds, cpuAfter.cpuSeconds - cpuBefore.cpuSeconds,
                 cpuAfter.systemSeconds - cpuBefore.systemSeconds)
     }
 

@@ -160,11 +160,36 @@ let soakCommand = CommandSpec(
               .value("loss", valueName: "percent", help: "Frames dropped each way during the echo.", defaultValue: "5")]
 )
 
+let costCommand = CommandSpec(
+    name: "cost",
+    abstract: "Instructions per payload byte and per 64-byte round trip of each path, counted under cachegrind (they do not swing with the machine's load).",
+    discussion: """
+        Runs each path twice in a process of its own under valgrind --tool=cachegrind, with a \
+        small and a larger amount of work, and reports the difference of the two counts over \
+        the difference of the work: the cost of the work alone, start and set-up cancelled. \
+        Paths: memcpy (the baseline), the iAP2 checksum, the link alone (two state machines in \
+        memory), the direct session path (an echo through the host and the simulator, both in \
+        the process, per payload byte each way), through iapd (a client, a daemon, the host and \
+        the simulator in the process), the Python client's echo through iapd (the Python \
+        process alone; needs --python-client), and 64-byte round trips of the last three. With \
+        --check FILE, exits 65 when a figure is more than FILE's bound above its record \
+        (tools/checks/bench/cost.json, which tools/test.sh checks); --write FILE records them. \
+        Needs valgrind.
+        """,
+    options: [.flag("json", help: "Print one JSON object per figure."),
+              .value("paths", valueName: "list", help: "Only these paths, comma separated: " + CostBenchmarks.Path.allCases.map(\.rawValue).joined(separator: ", ") + "."),
+              .value("python-client", valueName: "dir", help: "The Python client's directory (tools/clients/python), for the Python paths."),
+              .value("check", valueName: "file", help: "Compare with the figures recorded in file; exit 65 on a regression past its bound."),
+              .value("write", valueName: "file", help: "Record the figures in file, each with its bound (15 %; 35 % for the Python process's)."),
+              .value("run", valueName: "path", help: "(Used by cost itself, under valgrind.) Do one path's work and nothing else."),
+              .value("amount", valueName: "n", help: "(Used by cost itself.) With --run: the bytes or round trips.")]
+)
+
 let iapbench = CommandSpec(
     name: "iapbench",
     abstract: "Benchmarks for AccessoryHost (release builds only give meaningful numbers).",
     version: AccessoryHostVersion.string,
-    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, bluetoothCommand, ptysCommand, ptyAccessoriesCommand, usbGadgetCommand, bluetoothAccessoryCommand, soakCommand]
+    subcommands: [codecCommand, linkCommand, loopbackCommand, serialCommand, usbCommand, bluetoothCommand, ptysCommand, ptyAccessoriesCommand, usbGadgetCommand, bluetoothAccessoryCommand, soakCommand, costCommand]
 )
 
 CommandLineTool.run(iapbench, manPageDate: AccessoryHostVersion.releaseDate) { command in
@@ -176,6 +201,7 @@ CommandLineTool.run(iapbench, manPageDate: AccessoryHostVersion.releaseDate) { c
     case "bluetooth": return try BluetoothBenchmarks.run(command)
     case "ptys": return try ScaleBenchmarks.run(command)
     case "soak": return try SoakBenchmarks.run(command)
+    case "cost": return try CostBenchmarks.run(command)
     case "pty-accessories": return try ScaleBenchmarks.runAccessories(command)
     case "usb-gadget": return try GadgetProcess.serve(command)
     case "bluetooth-accessory": return try BluetoothAccessoryProcess.serve(command)
