@@ -74,18 +74,6 @@ extension LinkFrame {
         }
     }
 
-    /// Appends `bytes` (the caller checked they fit in ``capacity``).
-    mutating func append(_ bytes: RawSpan) {
-        switch self {
-        case .bytes(var array):
-            self = .bytes([]) // the array stays uniquely referenced while it grows
-            bytes.withUnsafeBytes { array.append(contentsOf: $0) }
-            self = .bytes(array)
-        case let .buffer(buffer):
-            buffer.packet.append(bytes)
-        }
-    }
-
     /// Appends `bytes` (the caller checked they fit in ``capacity``) and returns their sum
     /// modulo 256: copied and summed in one pass (``Checksum/append(_:to:)``), so the payload's
     /// checksum needs no second reading.

@@ -47,10 +47,12 @@ public enum Checksum {
             output.withUnsafeMutableBufferPointer { to, initialized -> UInt8 in
                 guard let source = from.baseAddress, let base = to.baseAddress else { return 0 }
                 let target = UnsafeMutableRawPointer(base + initialized)
+                // 64 bytes a step, then 16, then one: each loaded once, stored, and added into
+                // wrapping lanes. (Written out for each width: a generic helper over `SIMD` was
+                // not specialised across the module boundary and cost 23 instructions a byte.)
                 var total: UInt8 = 0
                 var offset = 0
                 if length >= 64 {
-                    // 64 bytes a step: loaded once, stored, and added into 64 wrapping lanes.
                     var lanes = SIMD64<UInt8>(repeating: 0)
                     while offset + 64 <= length {
                         let chunk = source.loadUnaligned(fromByteOffset: offset, as: SIMD64<UInt8>.self)

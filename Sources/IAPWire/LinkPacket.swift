@@ -289,6 +289,9 @@ public enum LinkPacket {
         if payloadLength > 0, payloadChecksum {
             let payloadEnd = LinkPacketHeader.size + payloadLength
             let sum = payloadSum ?? Checksum.sum(buffer.bytes.extracting(LinkPacketHeader.size..<payloadEnd))
+            // A sum taken as the payload was laid out is the payload's (debug builds check it).
+            assert(payloadSum == nil || sum == Checksum.sum(buffer.bytes.extracting(LinkPacketHeader.size..<payloadEnd)),
+                   "the payload changed after its sum was taken")
             buffer.setByte(0 &- sum, at: payloadEnd)
         }
         return length

@@ -173,7 +173,10 @@ enum CostBenchmarks {
                         session.write(message, timeout=60)
                         done = 0
                         while done < 64:
-                            done += session.readinto(view[done:], timeout=60)
+                            count = session.readinto(view[done:], timeout=60)
+                            if count == 0:
+                                sys.exit("the session ended early")
+                            done += count
                     view.release()
         """
 
@@ -224,6 +227,15 @@ enum CostBenchmarks {
             throw BenchError("valgrind printed no instruction count:\n\(text.suffix(2_000))")
         }
         return count
+    }
+
+    /// `uname -m`: x86_64, aarch64…
+    static func machineArchitecture() -> String {
+        var names = utsname()
+        uname(&names)
+        return withUnsafeBytes(of: &names.machine) { bytes in
+            String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
+        }
     }
 
     /// This executable's own path (for the child runs).
@@ -279,13 +291,17 @@ enum CostBenchmarks {
     /// The recorded figures (`tools/checks/bench/cost.json`): for each path its instructions
     /// and how far above them a new figure may go (a fraction) before the check fails.
     struct Record {
+        /// The machine's architecture (`uname -m`) the figures were counted on: instructions are
+        /// another machine's on another architecture, and the check does not compare them.
+        var architecture: String
         var figures: [String: (instructions: Double, bound: Double)]
 
         static func read(_ path: String) throws -> Record {
             guard let data = FileManager.default.contents(atPath: path),
                   let object = try JSONSerialization.jsonObject(with: data) as? [String: Any],
+                  let architecture = object["architecture"] as? String,
                   let entries = object["figures"] as? [String: [String: Double]] else {
-                throw BenchError("cannot read the cost record \(path): it must be {\"figures\": {\"direct\": {\"instructions\": 1.6, \"bound\": 0.15}, …}}")
+                throw BenchError("cannot read the cost record \(path): it must be {\"architecture\": \"x86_64\", \"figures\": {\"direct\": {\"instructions\": 1.6, \"bound\": 0.15}, …}}")
             }
             var figures: [String: (instructions: Double, bound: Double)] = [:]
             for (name, entry) in entries {
@@ -294,11 +310,11 @@ enum CostBenchmarks {
                 }
                 figures[name] = (instructions, bound)
             }
-            return Record(figures: figures)
+            return Record(architecture: architecture, figures: figures)
         }
 
         func write(_ path: String) throws {
-            var lines = ["{", "  \"figures\": {"]
+            var lines = ["{", "  \"architecture\": \"\(architecture)\",", "  \"figures\": {"]
             let sorted = figures.sorted { $0.key < $1.key }
             for (index, (name, figure)) in sorted.enumerated() {
                 lines.append("    \"\(name)\": {\"instructions\": \(Report.format(figure.instructions, digits: figure.instructions < 100 ? 3 : 0)), "
@@ -346,22 +362,35 @@ enum CostBenchmarks {
         var values: [String: Double] = [:]
         for figure in figures { values[figure.path.rawValue] = figure.instructions }
         if let path = command.value("write") {
-            var record = Record(figures: [:])
+            var record = Record(architecture: machineArchitecture(), figures: [:])
             for figure in figures { record.figures[figure.path.rawValue] = (figure.instructions, figure.path.bound) }
             try record.write(path)
             StandardError.write("cost: recorded \(figures.count) figures in \(path)\n")
         }
         if let path = command.value("check") {
             let record = try Record.read(path)
+            guard record.architecture == machineArchitecture() else {
+                StandardError.write("cost: not checked: \(path) was counted on \(record.architecture), this machine is \(machineArchitecture()) "
+                    + "(record this architecture's figures with --write to check them here)\n")
+                return .success
+            }
             var failures: [String] = []
             for (name, recorded) in record.figures.sorted(by: { $0.key < $1.key }) {
-                guard let now = values[name] else { continue }
-                if now > recorded.instructions * (1 + recorded.bound) {
+                guard let now = values[name] else {
+                    // A recorded path measured no more is a check that stopped checking.
+                    if paths.contains(where: { $0.rawValue == name }) || Path(rawValue: name) == nil {
+                        failures.append("\(name): recorded but not measured" + (Path(rawValue: name) == nil ? " (no such path)" : ""))
+                    }
+                    continue
+                }
+                if now <= 0 {
+                    failures.append("\(name): \(Report.format(now, digits: 3)) instructions: the larger run cost no more than the smaller, so the measurement is broken")
+                } else if now > recorded.instructions * (1 + recorded.bound) {
                     failures.append("\(name): \(Report.format(now, digits: 3)) instructions, more than the \(Report.format(recorded.instructions, digits: 3)) "
                         + "recorded +\(Report.format(recorded.bound * 100, digits: 0)) %")
                 }
             }
-            for failure in failures { StandardError.write("cost: regression: \(failure)\n") }
+            for failure in failures { StandardError.write("cost: failed: \(failure)\n") }
             if !failures.isEmpty {
                 StandardError.write("cost: \(failures.count) figure(s) past their bound in \(path): find the cause (valgrind --tool=cachegrind and "
                     + "cg_annotate show where the instructions go), or record the new figures with --write \(path) and say why in CHANGELOG.md\n")

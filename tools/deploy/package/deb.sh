@@ -64,7 +64,7 @@ trap 'rm -rf "$work"' EXIT
 maintainer=$(sed -n 's/^Maintainer: //p' "$SCRIPTS/control")
 
 # The files every package has: a directory tree with DEBIAN/, an executable with its man page and
-# completions. stage_executable ROOT SOURCE NAME: SOURCE stripped into ROOT/usr/bin/NAME.
+# completions. stage_executable ROOT NAME: .build/release/NAME stripped into ROOT/usr/bin/NAME.
 stage_tree() { # stage_tree ROOT
     install -d "$1/DEBIAN" "$1/usr/bin" "$1/usr/share/man/man1" \
         "$1/usr/share/bash-completion/completions" "$1/usr/share/zsh/vendor-completions" \
