@@ -107,32 +107,22 @@ enum CostBenchmarks {
         case .link:
             guard let benchmark = try LinkBenchmarks.all().first(where: { $0.name.hasPrefix("link: 64 KiB") }) else { return .software }
             for _ in 0..<max(1, amount / benchmark.bytesPerBatch) { benchmark.body() }
-        case .direct, .directRoundTrip:
-            let rig = try LoopbackBenchmarks.rig(sessions: 1, overPty: false,
-                                                 sessionBufferLimit: AccessoryManager.Configuration().sessionBufferLimit)
+        case .direct, .directRoundTrip, .daemon, .daemonRoundTrip:
+            let limit = AccessoryManager.Configuration().sessionBufferLimit
+            let rig = try LoopbackBenchmarks.rig(sessions: 1, overPty: false, sessionBufferLimit: limit)
             defer {
                 rig.manager.stop()
                 rig.runner?.stop()
             }
-            if path == .direct {
-                _ = try LoopbackBenchmarks.throughput(rig, sessions: 1, bytesPerSession: chunk, payload: payload, repeats: amount / chunk)
+            // Through iapd: a daemon in this process serving the rig's manager, and its client.
+            let through = path == .daemon || path == .daemonRoundTrip
+                ? try DaemonBenchmarks.Through(serving: rig.manager, sessionBufferLimit: limit) : nil
+            defer { through?.stop() }
+            let measured = through.map { LoopbackBenchmarks.Rig(manager: $0.client, runner: rig.runner, accessory: $0.accessory) } ?? rig
+            if path == .direct || path == .daemon {
+                _ = try LoopbackBenchmarks.throughput(measured, sessions: 1, bytesPerSession: chunk, payload: payload, repeats: amount / chunk)
             } else {
-                _ = try LoopbackBenchmarks.roundTrips(rig, size: 64, count: amount)
-            }
-        case .daemon, .daemonRoundTrip:
-            let rig = try LoopbackBenchmarks.rig(sessions: 1, overPty: false,
-                                                 sessionBufferLimit: AccessoryManager.Configuration().sessionBufferLimit)
-            defer {
-                rig.manager.stop()
-                rig.runner?.stop()
-            }
-            let through = try DaemonBenchmarks.Through(serving: rig.manager, sessionBufferLimit: AccessoryManager.Configuration().sessionBufferLimit)
-            defer { through.stop() }
-            let remote = LoopbackBenchmarks.Rig(manager: through.client, runner: rig.runner, accessory: through.accessory)
-            if path == .daemon {
-                _ = try LoopbackBenchmarks.throughput(remote, sessions: 1, bytesPerSession: chunk, payload: payload, repeats: amount / chunk)
-            } else {
-                _ = try LoopbackBenchmarks.roundTrips(remote, size: 64, count: amount)
+                _ = try LoopbackBenchmarks.roundTrips(measured, size: 64, count: amount)
             }
         case .python, .pythonRoundTrip:
             return .software // run by the parent: python3 under valgrind
