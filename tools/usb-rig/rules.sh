@@ -46,10 +46,11 @@ say "72-mfi-accessory-iapd.rules: $node wants iapd.service (tag systemd)"
 plugdev=$(getent group plugdev | cut -d: -f3)
 # A copy the unprivileged user can surely execute (the checkout may not be readable to it).
 install -m 755 "$iapctl" /tmp/iapctl-rules
-as_user() { setpriv --reuid=65534 --regid=65534 "$@" --inh-caps=-all /tmp/iapctl-rules list --timeout 10; }
+as_user() { setpriv --reuid=65534 --regid=65534 "$@" --inh-caps=-all /tmp/iapctl-rules ${verbose:-} list --timeout 10; }
 output=$(as_user --groups="$plugdev" 2>&1) || fail "a plugdev user could not list: $output"
 grep -q "on usb" <<<"$output" || fail "a plugdev user does not see the accessory: $output"
 say "71-mfi-accessory-plugdev.rules: a non-root user in plugdev lists it: $(head -n 1 <<<"$output")"
-output=$(as_user --clear-groups 2>&1) && fail "a user outside plugdev could open it: $output"
+# -v: the steps with their times, so that a failure here shows what happened when.
+output=$(verbose=-v as_user --clear-groups 2>&1) && fail "a user outside plugdev could open it: $output"
 grep -q "udev rule" <<<"$output" || fail "no advice for a user outside plugdev: $output"
 say "a user outside plugdev is told what to install: ok"

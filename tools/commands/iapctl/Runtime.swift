@@ -177,6 +177,9 @@ final class HostContext: Sendable {
 
     /// Prints the failures to standard error; true when there were any.
     func reportFailures() -> Bool {
+        // A failure is recorded by a handler the manager's queue runs after publishing it: one
+        // published before the wait ended may still be queued, so let the queue run it first.
+        manager.queue.sync {}
         let all = failures.entries.withLock { $0 }
         for failure in all { StandardError.write("iapctl: \(failure.escapedForTerminal)\n") }
         return !all.isEmpty
