@@ -18,7 +18,10 @@ internal import SystemCalls
 /// - Wake-ups: the session's Unix socket carries one byte per wake-up and nothing else. A side
 ///   that finds its ring empty (or full) sets the ring's waiting word and looks again; the other
 ///   side wakes it only if the word is set, and only when the ring turns non-empty (or has a
-///   quarter of its room free again), so a busy stream costs no system call per write.
+///   quarter of its room free again), so a busy stream costs no system call per write. The
+///   process's one `RingWakePoller` thread waits on every channel's socket and runs the wake-up
+///   on the channel's queue with `sync`: one thread hand-off per wake byte (a Dispatch read
+///   source, the fallback, costs two).
 /// - The end: the socket stays the session's lifetime: either side closing it (or its process
 ///   dying) is the end of the stream; bytes already in the ring stay readable.
 /// - Acknowledgements: the daemon publishes how many of the client's bytes the accessory
@@ -62,6 +65,8 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     private var queue: DispatchQueue?
     private var handler: (@Sendable (ByteChannelEvent) -> Void)?
     private var source: (any DispatchSourceRead)?
+    /// Activated on the process's `RingWakePoller`, which closes the descriptor once it ends.
+    private var polled = false
     private var wantsWritable = false
     /// The other side's head when the handler last heard of it.
     private var headAtAnnouncement: UInt64 = 0
@@ -86,19 +91,25 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     }
 
     deinit {
-        // Never activated: the descriptor is closed here; activated, the source's cancel closes it.
-        if source == nil, !descriptorClosed { _ = Glibc.close(descriptor) }
+        // Never activated: the descriptor is closed here; activated, the poller (or the
+        // source's cancel) closes it.
+        if source == nil, !polled, !descriptorClosed { _ = Glibc.close(descriptor) }
     }
 
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
         self.queue = queue
         self.handler = handler
-        let source = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: queue)
-        let descriptor = self.descriptor
-        source.setEventHandler { [weak self] in self?.woken() }
-        source.setCancelHandler { _ = Glibc.close(descriptor) }
-        self.source = source
-        source.resume()
+        if RingWakePoller.shared.isAvailable {
+            polled = true
+            RingWakePoller.shared.add(self, descriptor: descriptor, queue: queue)
+        } else {
+            let source = DispatchSource.makeReadSource(fileDescriptor: descriptor, queue: queue)
+            let descriptor = self.descriptor
+            source.setEventHandler { [weak self] in self?.woken() }
+            source.setCancelHandler { _ = Glibc.close(descriptor) }
+            self.source = source
+            source.resume()
+        }
         // Whatever the other side published before the handler was set is announced now.
         queue.async { [weak self] in self?.announce() }
     }
@@ -285,17 +296,18 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
         _ = withUnsafeBytes(of: &byte) { UnixSocket.send(descriptor, $0) }
     }
 
-    /// The socket is readable: wake-ups to swallow, or the other side's end.
-    private func woken() {
+    /// The socket is readable: wake-ups to swallow, or the other side's end. On the queue.
+    func woken() {
         guard !ended else { return }
         // Read until the socket would block: a short read does not mean the end is not behind
-        // the bytes, and the source does not fire again for an end that was already there. At
+        // the bytes, and a source does not fire again for an end that was already there. At
         // most 64 reads a turn: a peer that floods its socket gets the rest read on later turns
-        // of the queue, which serves everything else in between.
+        // of the queue, which serves everything else in between (the poller sees the socket
+        // readable again; a source is asked to look again).
         var reads = 0
         reading: while !peerClosed {
             guard reads < 64 else {
-                queue?.async { [weak self] in self?.woken() }
+                if !polled { queue?.async { [weak self] in self?.woken() } }
                 break reading
             }
             reads += 1
@@ -359,7 +371,9 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
         // descriptor (a turn of the queue later): iapd hands a closed protocol to its next
         // opener only once it sees its holder's end.
         if !descriptorClosed { _ = Glibc.shutdown(descriptor, Int32(SHUT_RDWR)) }
-        if let source { source.cancel() } else if !descriptorClosed { _ = Glibc.close(descriptor) }
+        if polled {
+            if !descriptorClosed { RingWakePoller.shared.remove(descriptor: descriptor) }
+        } else if let source { source.cancel() } else if !descriptorClosed { _ = Glibc.close(descriptor) }
         descriptorClosed = true
         let handler = self.handler
         self.handler = nil
