@@ -122,14 +122,32 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
     }
 
     /// Lends the readable bytes up to the ring's end (the rest, after the wrap, on the next call).
+    ///
+    /// Inlined into the caller's module around ``lend(_:)``, which is not generic: iapd's relay
+    /// calls it from another module at every service, where a generic call would look up the
+    /// metadata of its result types at run time each time.
+    @inlinable
     public func withReadableBytes<Result>(_ body: (RawSpan) throws -> (consumed: Int, result: Result)) rethrows -> Result? {
+        var result: Result?
+        _ = try lend { span in
+            let (consumed, value) = try body(span)
+            result = value
+            return consumed
+        }
+        return result
+    }
+
+    /// Lends the readable bytes up to the ring's end to `body`, which returns how many it
+    /// consumed; false when nothing is readable (and `body` was not called).
+    @usableFromInline
+    func lend(_ body: (RawSpan) throws -> Int) rethrows -> Bool {
         let count = readableByteCount
-        guard count > 0 else { return nil }
+        guard count > 0 else { return false }
         let offset = Int(consumed % capacity)
         let length = min(count, Int(capacity) - offset)
-        let (taken, result) = try memory.withBytes(ring: inbound, offset: offset, count: length, body)
+        let taken = try memory.withBytes(ring: inbound, offset: offset, count: length, body)
         consume(min(max(0, taken), length))
-        return result
+        return true
     }
 
     /// The inbound ring's readable bytes, from its tail as the other side published it (checked).
