@@ -17,6 +17,10 @@ import IAPWire
 /// threads all counted: application, host, link and simulated accessory, and through iapd the
 /// daemon and its client too) and per 64-byte round trip. The Python client's figure counts the
 /// Python process alone (iapd runs in this process, outside valgrind).
+///
+/// The ring poller's busy-polling is turned off in the counted processes
+/// (`ACCESSORYHOST_RING_SPIN_US=0`): how often it spins depends on timing, which valgrind
+/// stretches, so its count would follow the machine's load.
 enum CostBenchmarks {
     /// One measured path: what a child process does with `amount` units.
     enum Path: String, CaseIterable {
@@ -205,7 +209,9 @@ enum CostBenchmarks {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"] + arguments
-        if let environment { process.environment = environment }
+        var environment = environment ?? ProcessInfo.processInfo.environment
+        environment["ACCESSORYHOST_RING_SPIN_US"] = "0" // timing-dependent work would make the count follow the load
+        process.environment = environment
         let errors = Pipe()
         process.standardError = errors
         process.standardOutput = FileHandle.nullDevice
