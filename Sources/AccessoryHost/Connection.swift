@@ -244,7 +244,7 @@ final class Connection: @unchecked Sendable {
         nextKey += 1
         let session = AccessorySession(protocolString: protocolString, accessory: accessory, key: key,
                                        usesNativeTransport: stream.isNative && remote == nil, connection: self)
-        sessions[key] = SessionState(protocolString: protocolString, stream: stream)
+        sessions[key] = SessionState(protocolString: protocolString, stream: stream, readWait: session.readWait)
         sessionKeys.append(key)
         return session
     }

@@ -55,6 +55,8 @@ public final class AccessorySession: Sendable {
     let acknowledgedAtClose = Mutex<Int?>(nil)
     /// ``bytesWritten`` when the session was closed.
     let writtenAtClose = Mutex<Int?>(nil)
+    /// What a reader off the manager's queue looks at while it busy-polls (`ReadWait`).
+    let readWait = ReadWait()
     /// Whether the session's bytes travel on a native transport (the accessory's USB interface
     /// for this protocol, FF/F0/01, raw) rather than multiplexed on the iAP2 link. The API is the
     /// same either way; only throughput and ``bytesAcknowledged``'s source differ.

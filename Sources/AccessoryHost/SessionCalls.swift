@@ -1,6 +1,7 @@
 internal import Dispatch
 internal import IAPLink
 internal import IAPTransport
+internal import QueueConfinement
 internal import Synchronization
 
 // What a session's calls do on its connection: the waits (read, write, flush, drain), the
@@ -40,7 +41,11 @@ extension Connection {
     }
 
     func read(_ session: AccessorySession, maxBytes: Int) async throws -> [UInt8]? {
-        try await wait(on: session) { id, continuation in
+        // Off the manager's queue, a read that answers a write looks for the answer a moment
+        // before it waits (`ReadWait`).
+        let look = QueueMark.isCurrent(queue) ? nil : session.readWait.lookBeforeWaiting()
+        defer { session.readWait.readEnded(since: look) }
+        return try await wait(on: session) { id, continuation in
             self.enqueue(session, gone: { continuation.resume(returning: nil) }) {
                 $0.readers.append(Reader(maxBytes: max(1, maxBytes), continuation: continuation, id: id))
             }
@@ -49,7 +54,9 @@ extension Connection {
 
     /// Waits until bytes are readable (true) or the stream ended with none (false), taking none.
     func waitUntilReadable(_ session: AccessorySession) async throws -> Bool {
-        try await wait(on: session) { id, continuation in
+        let look = QueueMark.isCurrent(queue) ? nil : session.readWait.lookBeforeWaiting()
+        defer { session.readWait.readEnded(since: look) }
+        return try await wait(on: session) { id, continuation in
             self.enqueue(session, gone: { continuation.resume(returning: nil) }) {
                 $0.readers.append(Reader(maxBytes: 0, continuation: continuation, id: id))
             }

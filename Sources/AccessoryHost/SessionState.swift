@@ -76,9 +76,13 @@ final class SessionState {
     var ended: AccessoryError?
     var isEnded = false
 
-    init(protocolString: String, stream: any SessionStream) {
+    /// Told after every service whether a read would find bytes (or the end) now.
+    let readWait: ReadWait
+
+    init(protocolString: String, stream: any SessionStream, readWait: ReadWait) {
         self.protocolString = protocolString
         self.stream = stream
+        self.readWait = readWait
     }
 
     /// Serves the waiting readers, writers, flushers and drainers, and tells the handler what the
@@ -102,6 +106,7 @@ final class SessionState {
             for reader in readers { reader.continuation.resume(returning: nil) }
             readers.removeAll()
         }
+        readWait.setReadable(readable || isEnded)
         var wroteAll = true
         while let first = writers.first {
             guard !isEnded else {

@@ -26,18 +26,13 @@ internal import Synchronization
 /// it sleeps. Traffic that pauses longer than that (a sensor every 10 ms, an idle session) never
 /// makes it spin; a stream that keeps a ring busy sends no wake bytes at all. What it costs: up
 /// to the window of one core after each wake-up of a back-and-forth exchange. Linux's own
-/// `net.core.busy_poll` suggests the same 50 µs. `ACCESSORYHOST_RING_SPIN_US` sets the window for
+/// `net.core.busy_poll` suggests the same 50 µs. `ACCESSORYHOST_BUSY_POLL_US` sets the window for
 /// the process (0 turns it off).
 final class RingWakePoller: Sendable {
     static let shared = RingWakePoller()
 
     /// How long the poller looks again without sleeping after serving a wake-up.
-    static let spinWindow: Duration = {
-        guard let text = getenv("ACCESSORYHOST_RING_SPIN_US"), let micros = Int(String(cString: text)), micros >= 0 else {
-            return .microseconds(50)
-        }
-        return .microseconds(min(micros, 10_000))
-    }()
+    static var spinWindow: Duration { BusyPolling.window }
 
     private struct Member: Sendable {
         let descriptor: Int32
@@ -164,4 +159,17 @@ final class RingWakePoller: Sendable {
             }
         }
     }
+}
+
+/// How long a side that waits for an answer looks for it without sleeping, for the process: the
+/// ring poller after a wake-up it served, a session's read off the manager's queue. 50 µs, or
+/// `ACCESSORYHOST_BUSY_POLL_US` (0 turns it off; at most 10 ms).
+package enum BusyPolling {
+    /// The window, read once from the environment.
+    package static let window: Duration = {
+        guard let text = getenv("ACCESSORYHOST_BUSY_POLL_US"), let micros = Int(String(cString: text)), micros >= 0 else {
+            return .microseconds(50)
+        }
+        return .microseconds(min(micros, 10_000))
+    }()
 }

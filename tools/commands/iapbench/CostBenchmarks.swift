@@ -19,7 +19,7 @@ import IAPWire
 /// Python process alone (iapd runs in this process, outside valgrind).
 ///
 /// The ring poller's busy-polling is turned off in the counted processes
-/// (`ACCESSORYHOST_RING_SPIN_US=0`): how often it spins depends on timing, which valgrind
+/// (`ACCESSORYHOST_BUSY_POLL_US=0`): how often it spins depends on timing, which valgrind
 /// stretches, so its count would follow the machine's load.
 enum CostBenchmarks {
     /// One measured path: what a child process does with `amount` units.
@@ -210,7 +210,7 @@ enum CostBenchmarks {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"] + arguments
         var environment = environment ?? ProcessInfo.processInfo.environment
-        environment["ACCESSORYHOST_RING_SPIN_US"] = "0" // timing-dependent work would make the count follow the load
+        environment["ACCESSORYHOST_BUSY_POLL_US"] = "0" // timing-dependent work would make the count follow the load
         process.environment = environment
         let errors = Pipe()
         process.standardError = errors
