@@ -433,7 +433,7 @@ public struct IAPEndpoint: Sendable {
 
     /// Lends the next received bytes of a session in place; `body` returns how many it consumed. Nil when nothing is readable.
     ///
-    /// Inlined into the caller's module around ``lend(_:_:)``, which is not generic: called
+    /// Inlined into the caller's module around `lend`, which is not generic: called
     /// across modules, a generic `borrow` would look up the metadata of `Result?` and of its
     /// tuple at run time on every call (about 14,000 instructions a 64-byte round trip
     /// through iapd, counted under callgrind).

@@ -123,7 +123,7 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
 
     /// Lends the readable bytes up to the ring's end (the rest, after the wrap, on the next call).
     ///
-    /// Inlined into the caller's module around ``lend(_:)``, which is not generic: iapd's relay
+    /// Inlined into the caller's module around `lend`, which is not generic: iapd's relay
     /// calls it from another module at every service, where a generic call would look up the
     /// metadata of its result types at run time each time.
     @inlinable
