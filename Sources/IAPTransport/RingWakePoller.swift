@@ -111,9 +111,16 @@ final class RingWakePoller: Sendable {
             // The list is rebuilt only after a change: a wake-up allocates nothing.
             let change = state.withLock { state -> (closing: [Int32], members: [Member])? in
                 guard state.generation != generation || dropped else { return nil }
-                // A channel gone without ending (dropped while active) leaves its descriptor here.
-                let closing = state.closing + state.members.filter { $0.channel == nil }.map(\.descriptor)
-                state.members.removeAll { $0.channel == nil }
+                // A channel gone without ending (dropped while active) leaves its descriptor
+                // here. Each weak reference is read once: a channel freed between two reads
+                // would otherwise be dropped from the list without its descriptor closed.
+                var closing = state.closing
+                var alive: [Member] = []
+                alive.reserveCapacity(state.members.count)
+                for member in state.members {
+                    if member.channel == nil { closing.append(member.descriptor) } else { alive.append(member) }
+                }
+                state.members = alive
                 state.closing.removeAll()
                 generation = state.generation
                 return (closing, state.members)
@@ -134,7 +141,12 @@ final class RingWakePoller: Sendable {
                     if case let .success(count) = SystemCall.poll(&watched, timeout: 0), count > 0 { found = true }
                 } while !found && ContinuousClock.now < until
             }
-            if !found, case .failure = SystemCall.poll(&watched) { continue } // EINTR; nothing else with valid arguments
+            if !found, case .failure = SystemCall.poll(&watched) {
+                // Not EINTR (retried inside): out of memory for the poll table. Try again soon
+                // rather than spin.
+                usleep(1_000)
+                continue
+            }
             if window > .zero, let servedAt {
                 spinning = ContinuousClock.now - servedAt <= window * 2
             }

@@ -92,11 +92,24 @@ public final class SharedRingChannel: ByteChannel, @unchecked Sendable {
 
     deinit {
         // Never activated: the descriptor is closed here; activated, the poller (or the
-        // source's cancel) closes it.
-        if source == nil, !polled, !descriptorClosed { _ = Glibc.close(descriptor) }
+        // source's cancel) closes it. One dropped while active (never closed) ends the stream
+        // for the other side now; the shut-down socket reads as ready, so the poller finds the
+        // channel gone at once and closes the descriptor. (No call into the poller here: this
+        // deinit may run on the poller's thread under its lock, where it last let go.)
+        if polled {
+            if !descriptorClosed { _ = Glibc.shutdown(descriptor, Int32(SHUT_RDWR)) }
+        } else if source == nil, !descriptorClosed {
+            _ = Glibc.close(descriptor)
+        }
     }
 
     public func activate(queue: DispatchQueue, handler: @escaping @Sendable (ByteChannelEvent) -> Void) {
+        // Closed before it was activated: its descriptor is gone (its number may be another's
+        // now), so there is nothing to watch; the handler hears the end.
+        guard !descriptorClosed else {
+            queue.async { handler(.closed(nil)) }
+            return
+        }
         self.queue = queue
         self.handler = handler
         if RingWakePoller.shared.isAvailable {

@@ -216,6 +216,29 @@ extension SharedRingChannelTests {
     }
 }
 
+extension SharedRingChannelTests {
+    @Test("a channel dropped while active, never closed, is the end of the stream for the other side")
+    func droppedWhileActive() async throws {
+        let (memory, descriptor) = try SharedRingMemory.create(capacity: 4096, name: "test").get()
+        defer { _ = close(descriptor) }
+        let clientMemory = try SharedRingMemory.attach(descriptor: descriptor).get()
+        let (mine, theirs) = try UnixSocket.pair().get()
+        let client = SharedRingChannel(memory: clientMemory, socket: theirs, role: .client, description: "client")
+        let daemonQueue = DispatchQueue(label: "test.daemon"), clientQueue = DispatchQueue(label: "test.client")
+        let clientEvents = EventLog()
+        client.activate(queue: clientQueue) { clientEvents.append($0) }
+        do {
+            let daemon = SharedRingChannel(memory: memory, socket: mine, role: .daemon, description: "daemon")
+            daemon.activate(queue: daemonQueue) { _ in }
+            daemonQueue.sync { _ = daemon.write([7][...]) }
+        } // the daemon's channel is gone here, without close()
+        try await clientEvents.wait { $0.contains { if case .closed(nil) = $0 { true } else { false } } }
+        var rest: [UInt8] = []
+        clientQueue.sync { Self.drain(client, into: &rest) }
+        #expect(rest == [7])
+    }
+}
+
 /// A channel's events, and a wait for one that does not block a cooperative thread. A wait
 /// ends when its task is cancelled (the suite's time limit), failing the test.
 final class EventLog: Sendable {
