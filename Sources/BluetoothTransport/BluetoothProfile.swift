@@ -349,24 +349,45 @@ package final class BluetoothProfile: Sendable {
         let uuids = device.offersIAP2 ? device.iAP2ServiceUUIDs : Self.iAP2UUIDs
         var refusals: [String] = []
         for uuid in uuids {
-            do {
-                _ = try await bus.call(destination: Self.bluezService, path: device.path, interface: "org.bluez.Device1", member: "ConnectProfile",
-                                       arguments: [.string(uuid)], timeout: options.callTimeout)
-                return uuid
-            } catch {
-                let failure = BlueZError.bluez(error, doing: "connecting to \(address) (service \(uuid))", device: address)
-                guard failure.kind == .notAdvertised else { throw failure }
-                refusals.append("\(uuid): \(error.message)")
-                if uuid == uuids.last {
-                    throw BlueZError(.notAdvertised, "\(address) (\(device.name)) offers no iAP2 service BlueZ can connect to (\(refusals.joined(separator: "; ")))",
+            var attempt = 1
+            while true {
+                do {
+                    _ = try await bus.call(destination: Self.bluezService, path: device.path, interface: "org.bluez.Device1", member: "ConnectProfile",
+                                           arguments: [.string(uuid)], timeout: options.callTimeout)
+                    return uuid
+                } catch {
+                    if attempt < Self.connectAttempts, Self.isTransientRefusal(error.message) {
+                        // Refused for now (seen just after pairing, while the pairing's own
+                        // link goes down): a phone tries again, and so does the host.
+                        attempt += 1
+                        try? await Task.sleep(for: .milliseconds(500))
+                        continue
+                    }
+                    let failure = BlueZError.bluez(error, doing: "connecting to \(address) (service \(uuid))", device: address)
+                    guard failure.kind == .notAdvertised else { throw failure }
+                    refusals.append("\(uuid): \(error.message)")
+                    if uuid == uuids.last {
+                        throw BlueZError(.notAdvertised, "\(address) (\(device.name)) offers no iAP2 service BlueZ can connect to (\(refusals.joined(separator: "; ")))",
                                          advice: "check that the accessory is on and in iAP2 mode; bluetoothctl info \(address) lists its "
                                              + "service UUIDs (accessories advertise \(Self.accessoryIAP2UUID)); if it was paired before "
                                              + "it advertised one, pair it again: bluetoothctl remove \(address), then bluetoothctl pair \(address)",
                                          busError: error)
+                    }
+                    break
                 }
             }
         }
         throw BlueZError(.notAdvertised, "\(address) offers no iAP2 service", advice: "check that the accessory is in iAP2 mode")
+    }
+
+    /// How many times a connection the device refused for now is tried (`isTransientRefusal`),
+    /// half a second apart.
+    package static let connectAttempts = 3
+
+    /// BlueZ's reasons for a refused connection that may well succeed a moment later
+    /// (`br-connection-refused`, `br-connection-busy`).
+    static func isTransientRefusal(_ message: String) -> Bool {
+        message.contains("br-connection-refused") || message.contains("br-connection-busy")
     }
 
     /// Whether BlueZ released the profile (`Release`): no more connections come.

@@ -300,6 +300,13 @@ struct ProfileTests {
         do { try await profile.connect(to: unresolvedDevice.address) } catch { failure = error }
         #expect(failure?.kind == .unreachable)
         #expect(bluez.state.withLock { $0.connectProfileCalls }.count == 1)
+        // Refused for now (BlueZ's br-connection-refused): tried again, three times in all.
+        bluez.state.withLock { $0.connectProfileCalls.removeAll() }
+        bluez.fail("ConnectProfile", with: "org.bluez.Error.Failed", message: "br-connection-refused")
+        failure = nil
+        do { try await profile.connect(to: unresolvedDevice.address) } catch { failure = error }
+        #expect(failure != nil)
+        #expect(bluez.state.withLock { $0.connectProfileCalls }.count == BluetoothProfile.connectAttempts)
         profile.stop()
         bluez.stop()
     }
